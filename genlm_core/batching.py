@@ -1,0 +1,362 @@
+"""The one auto-batcher every backend (and the async trie) uses.
+
+Callers ``await batcher.submit(request, key=...)``. Concurrent requests are gathered
+and handed, as a list, to a synchronous ``batch_fn`` that runs in a worker thread,
+so the event loop (and the particles' own CPU work) keeps running during the
+forward pass.
+
+Timer policy: **first-request deadline**. A batch is run as soon as it holds
+``batch_size`` distinct requests, or ``timeout`` seconds after the *oldest* waiting
+request arrived, whichever comes first. The alternative, a debounce (wait until no
+request has arrived for ``timeout``), is available as ``policy="debounce"``;
+``benchmarks/bench_batcher.py`` measures both on a bursty SMC-like workload. The
+deadline bounds every caller's extra latency by ``timeout`` even under a steady
+trickle of requests, where a debounce can postpone a batch indefinitely; under
+bursts (all particles submit within microseconds) both form the same batches.
+While a batch is running, new requests queue; when the model call returns, the
+next batch starts at once if it is full or its deadline has passed.
+
+Guarantees:
+
+* requests with the same ``key`` that wait together are computed once and every
+  caller gets the result (keys are whole contexts: never a suffix);
+* if ``batch_fn`` raises, every caller of that batch receives the exception and the
+  batcher keeps serving later requests; ``batch_fn`` may also return an
+  ``Exception`` instance in place of one result to fail that request only;
+* a caller cancelled while waiting is dropped from its batch (if no other caller
+  shares its key) and never receives a result; its slot is not leaked;
+* at most ``max_concurrency`` model calls run at a time (default 1), shared with the
+  synchronous path through :attr:`model_lock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+import weakref
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+Req = TypeVar("Req")
+Res = TypeVar("Res")
+
+__all__ = ["AutoBatcher", "BatcherClosed", "BatcherStats"]
+
+
+class BatcherClosed(RuntimeError):
+    """Raised to callers still waiting when the batcher is closed or reset."""
+
+
+@dataclass
+class BatcherStats:
+    """Counters that benchmarks and users can read (times in seconds)."""
+
+    submitted: int = 0
+    computed: int = 0
+    deduplicated: int = 0
+    batches: int = 0
+    failed_batches: int = 0
+    cancelled: int = 0
+    queue_wait: float = 0.0
+    model_time: float = 0.0
+    max_batch_size: int = 0
+    batch_sizes: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.computed / self.batches if self.batches else 0.0
+
+    @property
+    def mean_queue_wait(self) -> float:
+        return self.queue_wait / self.computed if self.computed else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "submitted": self.submitted,
+            "computed": self.computed,
+            "deduplicated": self.deduplicated,
+            "batches": self.batches,
+            "failed_batches": self.failed_batches,
+            "cancelled": self.cancelled,
+            "mean_batch_size": self.mean_batch_size,
+            "max_batch_size": self.max_batch_size,
+            "mean_queue_wait_s": self.mean_queue_wait,
+            "model_time_s": self.model_time,
+        }
+
+
+class _Entry:
+    """One distinct request waiting for a batch, and every future that wants it."""
+
+    __slots__ = ("request", "futures", "arrival")
+
+    def __init__(self, request: Any, arrival: float) -> None:
+        self.request = request
+        self.futures: list[asyncio.Future] = []
+        self.arrival = arrival
+
+    def live_futures(self) -> list[asyncio.Future]:
+        return [f for f in self.futures if not f.done()]
+
+
+class _LoopState:
+    """Per-event-loop queue and worker task (a batcher may serve several loops)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: dict[Hashable, _Entry] = {}
+        self.wake = asyncio.Event()
+        self.worker: asyncio.Task | None = None
+        self.last_arrival = 0.0
+
+
+_unique = itertools.count()
+
+
+class AutoBatcher(Generic[Req, Res]):
+    """Gathers concurrent requests into batches for a synchronous ``batch_fn``.
+
+    Args:
+        batch_fn: ``list[Req] -> Sequence[Res | Exception]``, results in request order.
+        batch_size: most distinct requests per call of ``batch_fn``.
+        timeout: seconds a request may wait for others (see the module docstring).
+        policy: ``"deadline"`` (default) or ``"debounce"``.
+        run_in_thread: run ``batch_fn`` in a worker thread (default). ``False`` runs it
+            on the event loop, for batch functions that cost next to nothing.
+        max_concurrency: model calls that may run at once (1 unless the engine is
+            safe for more).
+        name: used in error messages and thread names.
+    """
+
+    def __init__(
+        self,
+        batch_fn: Callable[[list[Req]], Sequence[Res | BaseException]],
+        *,
+        batch_size: int = 64,
+        timeout: float = 0.002,
+        policy: Literal["deadline", "debounce"] = "deadline",
+        run_in_thread: bool = True,
+        max_concurrency: int = 1,
+        name: str = "batcher",
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if timeout < 0:
+            raise ValueError(f"timeout must be >= 0, got {timeout}")
+        if policy not in ("deadline", "debounce"):
+            raise ValueError(f"policy must be 'deadline' or 'debounce', got {policy!r}")
+        self.batch_fn = batch_fn
+        self.batch_size = batch_size
+        self.timeout = timeout
+        self.policy = policy
+        self.run_in_thread = run_in_thread
+        self.name = name
+        self.stats = BatcherStats()
+        self.model_lock = threading.Semaphore(max_concurrency)
+        self._max_concurrency = max_concurrency
+        self._executor: ThreadPoolExecutor | None = None
+        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._closed = False
+
+    # ------------------------------------------------------------------ public API
+    async def submit(self, request: Req, key: Hashable | None = None) -> Res:
+        """Queue ``request`` and wait for its result.
+
+        ``key`` identifies identical requests (e.g. the whole token tuple); ``None``
+        means the request is never merged with another.
+        """
+        if self._closed:
+            raise BatcherClosed(f"{self.name}: the batcher is closed")
+        state = self._state()
+        loop = state.loop
+        now = loop.time()
+        if key is None:
+            key = ("__unique__", next(_unique))
+        entry = state.pending.get(key)
+        if entry is None:
+            entry = _Entry(request, now)
+            state.pending[key] = entry
+        else:
+            self.stats.deduplicated += 1
+        fut = loop.create_future()
+        entry.futures.append(fut)
+        state.last_arrival = now
+        self.stats.submitted += 1
+        if len(state.pending) == 1 or len(state.pending) >= self.batch_size:
+            state.wake.set()
+        if state.worker is None or state.worker.done():
+            state.worker = loop.create_task(self._worker(state), name=f"{self.name}-worker")
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self.stats.cancelled += 1
+            raise
+
+    def run_sync(self, requests: list[Req]) -> list[Res]:
+        """Run ``batch_fn`` directly (the synchronous path), under the model lock."""
+        with self.model_lock:
+            results = list(self.batch_fn(list(requests)))
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+    def pending_count(self) -> int:
+        """Requests waiting (not yet handed to ``batch_fn``) on all event loops."""
+        return sum(len(s.pending) for s in list(self._states.values()))
+
+    def reset(self) -> None:
+        """Fail every waiting caller with :class:`BatcherClosed` and start afresh.
+
+        Never needed to recover from a failed batch (failures reach their callers);
+        kept for the seeds' ``reset_async_queries`` callers.
+        """
+        for state in list(self._states.values()):
+            self._fail_pending(state, BatcherClosed(f"{self.name}: the batcher was reset"))
+            if state.worker is not None and not state.worker.done():
+                if state.loop.is_closed():
+                    continue
+                try:
+                    running = asyncio.get_running_loop()
+                except RuntimeError:
+                    running = None
+                if running is state.loop:
+                    state.worker.cancel()
+                else:
+                    state.loop.call_soon_threadsafe(state.worker.cancel)
+        self._states = weakref.WeakKeyDictionary()
+
+    def close(self) -> None:
+        """Fail waiting callers, stop the workers and the worker thread."""
+        if self._closed:
+            return
+        self.reset()
+        self._closed = True
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------------ internals
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._states.get(loop)
+        if state is None:
+            state = _LoopState(loop)
+            self._states[loop] = state
+        return state
+
+    def _fail_pending(self, state: _LoopState, exc: BaseException) -> None:
+        pending, state.pending = state.pending, {}
+        for entry in pending.values():
+            for fut in entry.futures:
+                if not fut.done() and not fut.get_loop().is_closed():
+                    fut.set_exception(exc)
+
+    def _deadline(self, state: _LoopState) -> float:
+        if self.policy == "debounce":
+            return state.last_arrival + self.timeout
+        first = next(iter(state.pending.values()))
+        return first.arrival + self.timeout
+
+    def _take_batch(self, state: _LoopState) -> list[_Entry]:
+        batch: list[_Entry] = []
+        while state.pending and len(batch) < self.batch_size:
+            key = next(iter(state.pending))
+            entry = state.pending.pop(key)
+            if entry.live_futures():  # every caller cancelled: drop, no slot used
+                batch.append(entry)
+        return batch
+
+    async def _worker(self, state: _LoopState) -> None:
+        loop = state.loop
+        try:
+            while True:
+                if not state.pending:
+                    state.wake.clear()
+                    await state.wake.wait()
+                    continue
+                if len(state.pending) < self.batch_size:
+                    delay = self._deadline(state) - loop.time()
+                    if delay > 0:
+                        state.wake.clear()
+                        try:
+                            await asyncio.wait_for(state.wake.wait(), delay)
+                        except TimeoutError:
+                            pass
+                        # woken early: loop to re-check fullness / new deadline
+                        if len(state.pending) < self.batch_size and loop.time() < self._deadline(state):
+                            continue
+                batch = self._take_batch(state)
+                if batch:
+                    await self._run_batch(loop, batch)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug here must not leave callers hanging
+            self._fail_pending(state, exc)
+            raise
+
+    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Entry]) -> None:
+        requests = [e.request for e in batch]
+        start = loop.time()
+        self.stats.batches += 1
+        self.stats.computed += len(batch)
+        self.stats.max_batch_size = max(self.stats.max_batch_size, len(batch))
+        if len(self.stats.batch_sizes) < 100_000:
+            self.stats.batch_sizes.append(len(batch))
+        self.stats.queue_wait += sum(start - e.arrival for e in batch)
+        t0 = time.perf_counter()
+        try:
+            if self.run_in_thread:
+                results = await loop.run_in_executor(self._get_executor(), self._locked_call, requests)
+            else:
+                results = self._locked_call(requests)
+            if len(results) != len(batch):
+                raise RuntimeError(
+                    f"{self.name}: batch function returned {len(results)} results "
+                    f"for {len(batch)} requests"
+                )
+        except BaseException as exc:  # noqa: BLE001 - delivered to every caller
+            self.stats.failed_batches += 1
+            self.stats.model_time += time.perf_counter() - t0
+            for entry in batch:
+                for fut in entry.futures:
+                    if not fut.done():
+                        fut.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        self.stats.model_time += time.perf_counter() - t0
+        for entry, result in zip(batch, results):
+            is_error = isinstance(result, BaseException)
+            for fut in entry.futures:
+                if not fut.done():
+                    if is_error:
+                        fut.set_exception(result)
+                    else:
+                        fut.set_result(result)
+
+    def _locked_call(self, requests: list[Req]) -> list[Res | BaseException]:
+        with self.model_lock:
+            return list(self.batch_fn(requests))
+
+    def _get_executor(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=self._max_concurrency, thread_name_prefix=f"genlm-{self.name}"
+            )
+        return self._executor
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        ex = getattr(self, "_executor", None)
+        if ex is not None:
+            ex.shutdown(wait=False, cancel_futures=True)
