@@ -1,0 +1,73 @@
+"""Top-level entry points: load(), list_backends(), load_trie(), explain_auto()."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genlm_core.config import BackendConfig, ConfigError
+from genlm_core.registry import Registration, UnavailableImplementationError, get_registry
+
+__all__ = ["load", "list_backends", "list_implementations", "resolve", "explain_auto", "load_trie", "backend_config"]
+
+
+def resolve(name: str | None = "auto", kind: str = "backend") -> Registration:
+    """The registration ``name`` resolves to (``"auto"``/``None``: best for this machine)."""
+    reg = get_registry()
+    if name in (None, "auto"):
+        return reg.choose_auto(kind)[0]
+    return reg.get(kind, name)
+
+
+def explain_auto(kind: str = "backend") -> dict[str, Any]:
+    """What ``load("auto")`` would pick here, and every candidate it considered."""
+    choice, device, considered = get_registry().choose_auto(kind)
+    return {"choice": choice.name, "device": device, "considered": considered}
+
+
+def backend_config(name: str, **options: Any) -> BackendConfig:
+    """Validate ``options`` against backend ``name``'s config (clear errors on unknown keys)."""
+    reg = resolve(name)
+    cfg_cls = reg.load_config_class() or BackendConfig
+    return cfg_cls.build(reg.name, **options)
+
+
+def load(name: str | None = "auto", /, model: str | None = None, **options: Any) -> Any:
+    """Create a LogprobBackend.
+
+    ``load("hf", model="gpt2")`` picks a backend by name or alias; ``load(model=...)``
+    (or ``"auto"``) picks the best available one for this machine: vLLM on CUDA, MLX
+    on Apple silicon, transformers otherwise (plugins may declare priorities).
+    Options are validated by the backend's pydantic config.
+    """
+    reg = resolve(name)
+    status, reason = reg.status()
+    if status != "available":
+        raise UnavailableImplementationError(f"Backend {reg.name!r} cannot run here: {reason}")
+    cfg_cls = reg.load_config_class() or BackendConfig
+    if model is not None:
+        options["model"] = model
+    config = cfg_cls.build(reg.name, **options)
+    cls = reg.load_target()
+    if not hasattr(cls, "from_config"):
+        raise ConfigError(f"{reg.target} has no from_config(config) constructor")
+    return cls.from_config(config)
+
+
+def list_implementations(kind: str | None = None) -> list[dict[str, Any]]:
+    """Every registered implementation (all kinds by default), plus broken plugins."""
+    reg = get_registry()
+    rows = [r.as_dict() for r in reg.all(kind)]
+    rows += [b.as_dict() for b in reg.broken]
+    return rows
+
+
+def list_backends() -> list[dict[str, Any]]:
+    """Registered LogprobBackends with distribution, version, devices and status
+    (available / unavailable and why / broken and its error). Imports no engine."""
+    return list_implementations("backend")
+
+
+def load_trie(vocab: Any, name: str | None = "auto", **options: Any) -> Any:
+    """Build a token-byte trie over ``vocab`` with the best implementation for this machine."""
+    reg = resolve(name, kind="trie")
+    return reg.load_target()(vocab, **options)

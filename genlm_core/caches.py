@@ -1,0 +1,147 @@
+"""Bounded output cache: LRU over whole contexts, bounded by entries and by bytes."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any
+
+from pydantic import Field
+
+from genlm_core.config import GenlmConfig
+
+__all__ = ["OutputCache", "OutputCacheConfig", "sizeof"]
+
+
+def sizeof(value: Any) -> int:
+    """Bytes held by a cached value: tensors and arrays by their buffers.
+
+    Works for torch tensors, numpy arrays, mlx arrays (``nbytes``), and nested
+    tuples/lists/dicts of them, without importing any engine.
+    """
+    if value is None:
+        return 0
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    numel = getattr(value, "numel", None)
+    elem = getattr(value, "element_size", None)
+    if callable(numel) and callable(elem):
+        return int(numel()) * int(elem())
+    if isinstance(value, (tuple, list)):
+        return sum(sizeof(v) for v in value)
+    if isinstance(value, dict):
+        return sum(sizeof(v) for v in value.values())
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    return 64
+
+
+class OutputCacheConfig(GenlmConfig):
+    """Bounds of an :class:`OutputCache`."""
+
+    max_entries: int | None = Field(4096, ge=0, description="most cached contexts; None: no bound")
+    max_bytes: int | None = Field(
+        1 << 30, ge=0, description="most bytes held by cached results; None: no bound"
+    )
+    to_cpu: bool = Field(False, description="move tensors to the CPU before caching them")
+
+
+class OutputCache:
+    """LRU cache of next-token results keyed by the whole token tuple.
+
+    Bounded by ``max_entries`` and by ``max_bytes`` (the sum of :func:`sizeof` of
+    the stored values); least recently used entries are evicted first. Thread-safe:
+    the batcher's worker thread and the event loop may use it at once.
+    """
+
+    def __init__(
+        self,
+        max_entries: int | None = 4096,
+        max_bytes: int | None = 1 << 30,
+        to_cpu: bool = False,
+    ) -> None:
+        cfg = OutputCacheConfig(max_entries=max_entries, max_bytes=max_bytes, to_cpu=to_cpu)
+        self.max_entries = cfg.max_entries
+        self.max_bytes = cfg.max_bytes
+        self.to_cpu = cfg.to_cpu
+        self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    @classmethod
+    def from_config(cls, config: OutputCacheConfig) -> "OutputCache":
+        return cls(config.max_entries, config.max_bytes, config.to_cpu)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._data
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        with self._lock:
+            item = self._data.get(key)
+            if item is None:
+                self.misses += 1
+                return default
+            self._data.move_to_end(key)
+            self.hits += 1
+            return item[0]
+
+    def __getitem__(self, key: Hashable) -> Any:
+        sentinel = object()
+        value = self.get(key, sentinel)
+        if value is sentinel:
+            raise KeyError(key)
+        return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        if self.max_entries == 0 or self.max_bytes == 0:
+            return
+        if self.to_cpu and hasattr(value, "to") and hasattr(value, "device"):
+            value = value.to("cpu")
+        size = sizeof(value)
+        if self.max_bytes is not None and size > self.max_bytes:
+            return  # larger than the whole budget: never cached
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self.nbytes -= old[1]
+            self._data[key] = (value, size)
+            self.nbytes += size
+            self._evict()
+
+    __setitem__ = put
+
+    def _evict(self) -> None:
+        while self._data and (
+            (self.max_entries is not None and len(self._data) > self.max_entries)
+            or (self.max_bytes is not None and self.nbytes > self.max_bytes)
+        ):
+            _, (_, size) = self._data.popitem(last=False)
+            self.nbytes -= size
+            self.evictions += 1
+
+    def keys(self) -> list[Hashable]:
+        """Keys from least to most recently used."""
+        with self._lock:
+            return list(self._data.keys())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self.nbytes = 0
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "entries": len(self._data),
+            "bytes": self.nbytes,
+            "hits": self.hits,
+            "misses": self.misses,
+            "evictions": self.evictions,
+        }

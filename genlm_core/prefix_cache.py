@@ -1,0 +1,235 @@
+"""Prefix cache: a token trie holding next-token results and engine KV state per prefix.
+
+Engine-agnostic: the KV payload is opaque; its size comes from a ``sizeof`` callable
+(default :func:`genlm_core.caches.sizeof`). Node ``n`` at depth ``d`` stands for the
+prefix ``tokens[:d]``; its ``kv`` covers exactly those ``d`` tokens and its
+``logprobs`` is the next-token distribution after them.
+
+KV payloads are evicted least-recently-used first when their total exceeds
+``kv_budget_bytes``; cached logprobs are bounded likewise by
+``logprobs_budget_bytes``. Nodes that hold nothing and have no children are pruned,
+so the trie's size follows what it holds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from genlm_core.caches import sizeof as default_sizeof
+
+__all__ = ["PrefixCache", "PrefixNode"]
+
+
+class PrefixNode:
+    """One prefix. ``children`` maps the next token id to the child node."""
+
+    __slots__ = ("token", "depth", "parent", "children", "kv", "kv_bytes", "logprobs", "lp_bytes")
+
+    def __init__(self, token: int | None, depth: int, parent: "PrefixNode | None") -> None:
+        self.token = token
+        self.depth = depth
+        self.parent = parent
+        self.children: dict[int, PrefixNode] = {}
+        self.kv: Any = None
+        self.kv_bytes = 0
+        self.logprobs: Any = None
+        self.lp_bytes = 0
+
+    def prefix(self) -> tuple[int, ...]:
+        out: list[int] = []
+        node: PrefixNode | None = self
+        while node is not None and node.token is not None:
+            out.append(node.token)
+            node = node.parent
+        return tuple(reversed(out))
+
+    def __repr__(self) -> str:
+        return f"PrefixNode(depth={self.depth}, kv={self.kv is not None}, logprobs={self.logprobs is not None})"
+
+
+class PrefixCache:
+    """Token trie of cached next-token logprobs and KV states, LRU-bounded by bytes.
+
+    Thread-safe. ``kv_budget_bytes=None`` means unbounded (not recommended).
+    """
+
+    def __init__(
+        self,
+        kv_budget_bytes: int | None = 1 << 30,
+        logprobs_budget_bytes: int | None = 1 << 30,
+        sizeof: Callable[[Any], int] = default_sizeof,
+    ) -> None:
+        if kv_budget_bytes is not None and kv_budget_bytes < 0:
+            raise ValueError("kv_budget_bytes must be >= 0 or None")
+        if logprobs_budget_bytes is not None and logprobs_budget_bytes < 0:
+            raise ValueError("logprobs_budget_bytes must be >= 0 or None")
+        self.kv_budget_bytes = kv_budget_bytes
+        self.logprobs_budget_bytes = logprobs_budget_bytes
+        self.sizeof = sizeof
+        self.root = PrefixNode(None, 0, None)
+        self._kv_lru: OrderedDict[int, PrefixNode] = OrderedDict()
+        self._lp_lru: OrderedDict[int, PrefixNode] = OrderedDict()
+        self.kv_bytes = 0
+        self.lp_bytes = 0
+        self.kv_evictions = 0
+        self.lp_evictions = 0
+        self.hits = 0
+        self.misses = 0
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ lookups
+    def _walk(self, tokens: Sequence[int]) -> list[PrefixNode]:
+        """Nodes along ``tokens`` that exist: [root, node(t0), node(t0 t1), ...]."""
+        path = [self.root]
+        node = self.root
+        for t in tokens:
+            child = node.children.get(t)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        return path
+
+    def get_logprobs(self, tokens: Sequence[int]) -> Any:
+        """Cached next-token result for exactly ``tokens``, or ``None``."""
+        with self._lock:
+            path = self._walk(tokens)
+            if len(path) == len(tokens) + 1 and path[-1].logprobs is not None:
+                node = path[-1]
+                self._lp_lru.move_to_end(id(node))
+                self.hits += 1
+                return node.logprobs
+            self.misses += 1
+            return None
+
+    def deepest_kv(self, tokens: Sequence[int], max_depth: int | None = None) -> tuple[int, Any]:
+        """The deepest cached KV for a prefix of ``tokens`` (at most ``max_depth`` long).
+
+        Returns ``(depth, kv)``; ``(0, None)`` when no prefix has KV. Marks it used.
+        """
+        limit = len(tokens) if max_depth is None else min(max_depth, len(tokens))
+        with self._lock:
+            path = self._walk(tokens[:limit])
+            for node in reversed(path):
+                if node.kv is not None:
+                    self._kv_lru.move_to_end(id(node))
+                    return node.depth, node.kv
+            return 0, None
+
+    # ------------------------------------------------------------------ updates
+    def _node(self, tokens: Sequence[int]) -> PrefixNode:
+        node = self.root
+        for t in tokens:
+            t = int(t)
+            child = node.children.get(t)
+            if child is None:
+                child = PrefixNode(t, node.depth + 1, node)
+                node.children[t] = child
+            node = child
+        return node
+
+    def insert(self, tokens: Sequence[int], *, logprobs: Any = None, kv: Any = None) -> None:
+        """Store the next-token result and/or the KV state of the prefix ``tokens``."""
+        with self._lock:
+            node = self._node(tokens)
+            if logprobs is not None:
+                size = self.sizeof(logprobs)
+                if self.logprobs_budget_bytes is None or size <= self.logprobs_budget_bytes:
+                    self.lp_bytes += size - node.lp_bytes
+                    node.logprobs, node.lp_bytes = logprobs, size
+                    self._lp_lru[id(node)] = node
+                    self._lp_lru.move_to_end(id(node))
+            if kv is not None:
+                size = self.sizeof(kv)
+                if self.kv_budget_bytes is None or size <= self.kv_budget_bytes:
+                    self.kv_bytes += size - node.kv_bytes
+                    node.kv, node.kv_bytes = kv, size
+                    self._kv_lru[id(node)] = node
+                    self._kv_lru.move_to_end(id(node))
+            self._evict(protect=node)
+            self._prune(node)
+
+    def _evict(self, protect: PrefixNode | None = None) -> None:
+        while self.kv_budget_bytes is not None and self.kv_bytes > self.kv_budget_bytes and self._kv_lru:
+            _, node = self._kv_lru.popitem(last=False)
+            self.kv_bytes -= node.kv_bytes
+            node.kv, node.kv_bytes = None, 0
+            self.kv_evictions += 1
+            if node is not protect:
+                self._prune(node)
+        while (
+            self.logprobs_budget_bytes is not None
+            and self.lp_bytes > self.logprobs_budget_bytes
+            and self._lp_lru
+        ):
+            _, node = self._lp_lru.popitem(last=False)
+            self.lp_bytes -= node.lp_bytes
+            node.logprobs, node.lp_bytes = None, 0
+            self.lp_evictions += 1
+            if node is not protect:
+                self._prune(node)
+
+    @staticmethod
+    def _prune(node: PrefixNode) -> None:
+        while (
+            node.parent is not None
+            and not node.children
+            and node.kv is None
+            and node.logprobs is None
+        ):
+            parent = node.parent
+            parent.children.pop(node.token, None)  # type: ignore[arg-type]
+            node.parent = None
+            node = parent
+
+    def clear_kv(self) -> None:
+        """Drop every KV payload; cached logprobs stay."""
+        with self._lock:
+            for node in list(self._kv_lru.values()):
+                node.kv, node.kv_bytes = None, 0
+                self._prune(node)
+            self._kv_lru.clear()
+            self.kv_bytes = 0
+
+    def clear(self) -> None:
+        """Drop everything."""
+        with self._lock:
+            self.root = PrefixNode(None, 0, None)
+            self._kv_lru.clear()
+            self._lp_lru.clear()
+            self.kv_bytes = 0
+            self.lp_bytes = 0
+
+    # ------------------------------------------------------------------ views
+    def kv_prefixes(self) -> list[tuple[int, ...]]:
+        """Prefixes holding KV, least recently used first."""
+        with self._lock:
+            return [n.prefix() for n in self._kv_lru.values()]
+
+    def logprob_prefixes(self) -> list[tuple[int, ...]]:
+        with self._lock:
+            return [n.prefix() for n in self._lp_lru.values()]
+
+    def node_count(self) -> int:
+        with self._lock:
+            count, stack = 0, [self.root]
+            while stack:
+                n = stack.pop()
+                count += 1
+                stack.extend(n.children.values())
+            return count
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "kv_entries": len(self._kv_lru),
+            "kv_bytes": self.kv_bytes,
+            "logprob_entries": len(self._lp_lru),
+            "logprob_bytes": self.lp_bytes,
+            "kv_evictions": self.kv_evictions,
+            "logprob_evictions": self.lp_evictions,
+            "hits": self.hits,
+            "misses": self.misses,
+        }

@@ -1,0 +1,404 @@
+"""The registry: discovers plugins through entry points and resolves implementations.
+
+* Discovery: every entry point in the ``genlm_core`` group names a plugin module
+  implementing the hooks of :mod:`genlm_core.hookspecs`. Each plugin is loaded
+  and called on its own: a plugin that fails to import or to register is reported
+  (a warning naming plugin, version and core version; status ``broken`` in
+  :func:`list_backends`) and the others keep working. ``GENLM_STRICT_PLUGINS=1``
+  makes such failures raise.
+* ``GENLM_PLUGINS`` (comma-separated entry-point or distribution names) is an
+  allow list; ``GENLM_DISABLE_PLUGINS`` a deny list.
+* Registrations are import strings (fsspec style): nothing heavy is imported until
+  an implementation is loaded. Availability is checked with
+  ``importlib.util.find_spec`` and the cheap probes of :mod:`genlm_core.hardware`.
+* Resolution by name, by alias, or by hardware (``"auto"``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata as md
+import importlib.util
+import os
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from genlm_core import hardware
+from genlm_core.hookspecs import ENTRY_POINT_GROUP, HOOK_KINDS, PROJECT, GenlmHookSpecs
+
+__all__ = [
+    "Registration",
+    "BrokenPlugin",
+    "Registry",
+    "get_registry",
+    "PluginError",
+    "UnknownImplementationError",
+    "UnavailableImplementationError",
+    "FIRST_PARTY",
+]
+
+#: First-party implementation names and the distribution that provides them.
+FIRST_PARTY: dict[str, str] = {
+    "hf": "genlm-hf",
+    "vllm": "genlm-vllm",
+    "mlx": "genlm-mlx",
+    "mock": "genlm-mock",
+}
+
+
+class PluginError(RuntimeError):
+    """A plugin failed to load or register (raised only in strict mode)."""
+
+
+class UnknownImplementationError(ValueError):
+    """No implementation is registered under that name."""
+
+
+class UnavailableImplementationError(RuntimeError):
+    """The implementation is registered but cannot run here (engine or device missing)."""
+
+
+def _core_version() -> str:
+    try:
+        return md.version("genlm-core")
+    except md.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass
+class Registration:
+    """One registered implementation of a protocol kind."""
+
+    kind: str
+    name: str
+    target: str
+    config: Any = None
+    devices: tuple[str, ...] = ("cpu",)
+    priority: dict[str, int] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    install: str | None = None
+    auto: bool = True
+    description: str = ""
+    plugin: str = ""
+    distribution: str = ""
+    version: str = ""
+
+    # ------------------------------------------------------------------ status
+    def missing_modules(self) -> list[str]:
+        missing = []
+        for mod in self.requires:
+            try:
+                if importlib.util.find_spec(mod) is None:
+                    missing.append(mod)
+            except (ImportError, ValueError):
+                missing.append(mod)
+        return missing
+
+    def supported_devices(self) -> list[str]:
+        present = hardware.probe().devices
+        return [d for d in present if d in self.devices]
+
+    def status(self) -> tuple[str, str]:
+        """``("available", "")`` or ``("unavailable", why)``."""
+        missing = self.missing_modules()
+        if missing:
+            hint = f"; install with `{self.install}`" if self.install else ""
+            return "unavailable", f"engine not installed: {', '.join(missing)}{hint}"
+        if not self.supported_devices():
+            return "unavailable", (
+                f"no supported device: needs {', '.join(self.devices)}, "
+                f"found {', '.join(hardware.probe().devices)}"
+            )
+        return "available", ""
+
+    def priority_on(self, device: str) -> int:
+        return int(self.priority.get(device, 0))
+
+    # ------------------------------------------------------------------ loading
+    def load_target(self) -> Any:
+        return _import_string(self.target, self)
+
+    def load_config_class(self) -> Any:
+        if self.config is None:
+            cls = self.load_target()
+            return getattr(cls, "config_class", None)
+        if isinstance(self.config, str):
+            return _import_string(self.config, self)
+        return self.config
+
+    def as_dict(self) -> dict[str, Any]:
+        status, reason = self.status()
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "aliases": list(self.aliases),
+            "distribution": self.distribution,
+            "version": self.version,
+            "plugin": self.plugin,
+            "target": self.target,
+            "devices": list(self.devices),
+            "priority": dict(self.priority),
+            "status": status,
+            "reason": reason,
+            "description": self.description,
+        }
+
+
+@dataclass
+class BrokenPlugin:
+    """A plugin that failed to import or to register."""
+
+    plugin: str
+    distribution: str
+    version: str
+    error: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.plugin,
+            "kind": "plugin",
+            "aliases": [],
+            "distribution": self.distribution,
+            "version": self.version,
+            "plugin": self.plugin,
+            "target": "",
+            "devices": [],
+            "priority": {},
+            "status": "broken",
+            "reason": self.error,
+            "description": "",
+        }
+
+
+def _import_string(target: str, reg: Registration | None = None) -> Any:
+    module, _, attr = target.partition(":")
+    try:
+        obj = importlib.import_module(module)
+        for part in attr.split(".") if attr else []:
+            obj = getattr(obj, part)
+        return obj
+    except ImportError as exc:
+        where = f" for {reg.kind} {reg.name!r}" if reg else ""
+        hint = f" Install it with `{reg.install}`." if reg and reg.install else ""
+        raise UnavailableImplementationError(
+            f"Cannot import {target!r}{where}: {exc}.{hint}"
+        ) from exc
+
+
+def _env_list(name: str) -> set[str] | None:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    return {x.strip() for x in raw.split(",") if x.strip()}
+
+
+def _strict() -> bool:
+    return os.environ.get("GENLM_STRICT_PLUGINS", "").lower() in ("1", "true", "yes")
+
+
+class Registry:
+    """All registered implementations, by kind and name."""
+
+    def __init__(self) -> None:
+        self._by_kind: dict[str, dict[str, Registration]] = {k: {} for k in HOOK_KINDS.values()}
+        self._aliases: dict[str, dict[str, str]] = {k: {} for k in HOOK_KINDS.values()}
+        self.broken: list[BrokenPlugin] = []
+        self.plugins: dict[str, tuple[str, str]] = {}
+        self.pm = pluggy.PluginManager(PROJECT)
+        self.pm.add_hookspecs(GenlmHookSpecs)
+
+    # ------------------------------------------------------------------ discovery
+    def discover(self) -> None:
+        """Register the core's built-ins, then every entry-point plugin."""
+        from genlm_core import builtins
+
+        self._add_plugin(builtins, "core", "genlm-core", _core_version())
+        allow = _env_list("GENLM_PLUGINS")
+        deny = _env_list("GENLM_DISABLE_PLUGINS") or set()
+        eps = sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+        seen: set[str] = set()
+        for ep in eps:
+            dist = ep.dist.name if ep.dist is not None else "unknown"
+            version = ep.dist.version if ep.dist is not None else "unknown"
+            if ep.name in seen:
+                continue
+            seen.add(ep.name)
+            if allow is not None and ep.name not in allow and dist not in allow:
+                continue
+            if ep.name in deny or dist in deny:
+                continue
+            try:
+                module = ep.load()
+            except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the rest
+                self._report_broken(ep.name, dist, version, f"import failed: {type(exc).__name__}: {exc}")
+                continue
+            self._add_plugin(module, ep.name, dist, version)
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self._report_broken(getattr(exc, "plugin", "?"), "?", "?", f"unknown hook: {exc}")
+
+    def _add_plugin(self, module: Any, name: str, dist: str, version: str) -> None:
+        try:
+            self.pm.register(module, name=name)
+        except Exception as exc:  # noqa: BLE001
+            self._report_broken(name, dist, version, f"invalid hooks: {type(exc).__name__}: {exc}")
+            return
+        self.plugins[name] = (dist, version)
+        for hook_name, kind in HOOK_KINDS.items():
+            impls = [i for i in getattr(self.pm.hook, hook_name).get_hookimpls() if i.plugin_name == name]
+            for impl in impls:
+                register = self._make_register(kind, name, dist, version)
+                try:
+                    impl.function(register=register)
+                except Exception as exc:  # noqa: BLE001
+                    self._report_broken(
+                        name, dist, version, f"{hook_name} failed: {type(exc).__name__}: {exc}"
+                    )
+
+    def _report_broken(self, plugin: str, dist: str, version: str, error: str) -> None:
+        msg = (
+            f"genlm-core plugin {plugin!r} ({dist} {version}) is broken and was skipped: {error} "
+            f"[genlm-core {_core_version()}]. Other backends keep working; set "
+            f"GENLM_STRICT_PLUGINS=1 to make this an error, or GENLM_DISABLE_PLUGINS={plugin} to hide it."
+        )
+        if _strict():
+            raise PluginError(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        self.broken.append(BrokenPlugin(plugin, dist, version, error))
+
+    def _make_register(self, kind: str, plugin: str, dist: str, version: str):
+        def register(
+            name: str,
+            target: str,
+            *,
+            config: Any = None,
+            devices: list[str] | tuple[str, ...] = ("cpu",),
+            priority: dict[str, int] | int | None = None,
+            aliases: list[str] | tuple[str, ...] = (),
+            requires: list[str] | tuple[str, ...] = (),
+            install: str | None = None,
+            auto: bool = True,
+            description: str = "",
+        ) -> None:
+            if not isinstance(target, str) or ":" not in target:
+                raise ValueError(
+                    f"register({name!r}, {target!r}): target must be an import string 'module:attr'"
+                )
+            if isinstance(priority, int):
+                priority = {d: priority for d in devices}
+            reg = Registration(
+                kind=kind,
+                name=name,
+                target=target,
+                config=config,
+                devices=tuple(devices),
+                priority=dict(priority or {}),
+                aliases=tuple(aliases),
+                requires=tuple(requires),
+                install=install,
+                auto=auto,
+                description=description,
+                plugin=plugin,
+                distribution=dist,
+                version=version,
+            )
+            existing = self._by_kind[kind].get(name)
+            if existing is not None and existing.plugin != plugin:
+                warnings.warn(
+                    f"{kind} {name!r} from plugin {plugin!r} replaces the one from {existing.plugin!r}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            self._by_kind[kind][name] = reg
+            for alias in aliases:
+                self._aliases[kind][alias] = name
+
+        return register
+
+    # ------------------------------------------------------------------ queries
+    def all(self, kind: str | None = None) -> list[Registration]:
+        kinds = [kind] if kind else list(self._by_kind)
+        return [r for k in kinds for r in self._by_kind[k].values()]
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._by_kind[kind])
+
+    def get(self, kind: str, name: str) -> Registration:
+        """The registration called ``name`` (or an alias of it); helpful errors otherwise."""
+        if kind not in self._by_kind:
+            raise ValueError(f"Unknown protocol kind {kind!r}; kinds: {', '.join(self._by_kind)}")
+        table = self._by_kind[kind]
+        real = self._aliases[kind].get(name, name)
+        if real in table:
+            return table[real]
+        installed = sorted(table)
+        if kind == "backend" and name in FIRST_PARTY:
+            raise UnknownImplementationError(
+                f"Backend {name!r} is provided by the {FIRST_PARTY[name]} plugin, which is not "
+                f"installed. Install it with `pip install {FIRST_PARTY[name]}`. "
+                f"Installed backends: {', '.join(installed) or 'none'}."
+            )
+        broken = [b for b in self.broken if b.plugin == name]
+        if broken:
+            raise UnknownImplementationError(
+                f"{kind} {name!r}: its plugin is broken ({broken[0].error})."
+            )
+        candidates = installed + list(self._aliases[kind])
+        close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise UnknownImplementationError(
+            f"Unknown {kind} {name!r}.{hint} Installed: {', '.join(installed) or 'none'}. "
+            f"First-party backends: {', '.join(f'{k} ({v})' for k, v in FIRST_PARTY.items())}."
+        )
+
+    def choose_auto(self, kind: str = "backend") -> tuple[Registration, str, list[dict[str, Any]]]:
+        """Pick the best available implementation for this machine.
+
+        Devices are tried best first (CUDA, Apple silicon, CPU); on the first device
+        some available implementation supports, the highest priority wins (ties go
+        to the name, for a stable choice). Returns the choice, its device and the
+        candidates considered (for ``genlm doctor``).
+        """
+        considered: list[dict[str, Any]] = []
+        regs = [r for r in self._by_kind[kind].values() if r.auto]
+        for device in hardware.probe().devices:
+            ranked = []
+            for reg in regs:
+                if device not in reg.devices:
+                    continue
+                status, reason = reg.status()
+                considered.append(
+                    {"device": device, "name": reg.name, "priority": reg.priority_on(device),
+                     "status": status, "reason": reason}
+                )
+                if status == "available":
+                    ranked.append((reg.priority_on(device), reg.name, reg))
+            if ranked:
+                ranked.sort(key=lambda x: (-x[0], x[1]))
+                return ranked[0][2], device, considered
+        raise UnavailableImplementationError(
+            f"No {kind} can run on this machine (devices: {', '.join(hardware.probe().devices)}). "
+            "Install one, e.g. `pip install genlm-hf`; `genlm backends` shows why each is unavailable."
+        )
+
+
+_registry: Registry | None = None
+_lock = threading.Lock()
+
+
+def get_registry(refresh: bool = False) -> Registry:
+    """The process-wide registry, discovered on first use."""
+    global _registry
+    with _lock:
+        if _registry is None or refresh:
+            reg = Registry()
+            reg.discover()
+            _registry = reg
+        return _registry

@@ -1,0 +1,171 @@
+"""Conformance kit: the pytest suite every LogprobBackend plugin runs against itself.
+
+Usage in a plugin's tests::
+
+    import pytest
+    from genlm_core.testing import LogprobBackendConformance
+
+    class TestMyBackend(LogprobBackendConformance):
+        atol = 1e-5              # tolerance for comparing two computations
+
+        @pytest.fixture(scope="class")
+        def backend(self):
+            llm = genlm_core.load("mine", model=...)
+            yield llm
+            llm.close()
+
+Every test compares the backend with itself along an independent path (single
+vs batched, sync vs async, cached vs uncached, sampling with and without EOS), so
+it can fail without any hard-coded expected value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from typing import Any
+
+import pytest
+
+__all__ = ["LogprobBackendConformance"]
+
+
+class LogprobBackendConformance:
+    """Subclass and provide a ``backend`` fixture (class scope recommended)."""
+
+    #: absolute tolerance between two computations of the same distribution
+    atol: float = 1e-5
+    #: tolerance on sum(exp(logprobs)) - 1
+    norm_tol: float = 1e-4
+    #: number of random contexts used by the comparisons
+    n_contexts: int = 6
+    #: longest random context
+    max_len: int = 8
+
+    @pytest.fixture
+    def backend(self) -> Any:  # pragma: no cover - plugins override
+        raise NotImplementedError("define a `backend` fixture returning the LogprobBackend under test")
+
+    # ------------------------------------------------------------------ helpers
+    def contexts(self, backend: Any, seed: int = 0) -> list[list[int]]:
+        """Random contexts of ordinary (non-special) tokens, some sharing prefixes."""
+        rng = random.Random(seed)
+        special = set(getattr(backend, "eos_token_ids", []) or [])
+        tok = backend.tokenizer
+        for attr in ("all_special_ids",):
+            special |= set(getattr(tok, attr, []) or [])
+        ids = [i for i in range(min(len(backend.byte_vocab), 5000)) if i not in special and len(backend.byte_vocab[i]) > 0]
+        out: list[list[int]] = []
+        for k in range(self.n_contexts):
+            if k % 3 == 2 and out:
+                out.append(out[-1] + [rng.choice(ids)])  # shares a prefix with the previous
+            else:
+                out.append([rng.choice(ids) for _ in range(rng.randint(1, self.max_len))])
+        return out
+
+    @staticmethod
+    def _close(a: Any, b: Any, atol: float) -> bool:
+        import torch
+
+        return bool(torch.allclose(a.float().cpu(), b.float().cpu(), atol=atol, rtol=0))
+
+    # ------------------------------------------------------------------ contract
+    def test_surface(self, backend: Any) -> None:
+        from genlm_core.protocols import LogprobBackend
+        from genlm_core.token import Token
+
+        assert isinstance(backend, LogprobBackend)
+        assert len(backend.byte_vocab) == len(backend.str_vocab)
+        for i in (0, len(backend.byte_vocab) // 2, len(backend.byte_vocab) - 1):
+            tok = backend.byte_vocab[i]
+            assert isinstance(tok, Token) and tok.token_id == i
+
+    def test_shape_dtype_normalised(self, backend: Any) -> None:
+        import torch
+
+        for ctx in self.contexts(backend):
+            lp = backend.next_token_logprobs_sync(ctx)
+            assert lp.dtype == torch.float32
+            assert lp.shape == (len(backend.byte_vocab),)
+            assert torch.isfinite(lp).all() or (lp[torch.isfinite(lp)].numel() > 0)
+            assert math.isclose(float(torch.logsumexp(lp.double(), 0).exp()), 1.0, abs_tol=self.norm_tol)
+
+    def test_deterministic(self, backend: Any) -> None:
+        ctx = self.contexts(backend, seed=1)[0]
+        a = backend.next_token_logprobs_sync(ctx)
+        backend.clear_cache()
+        b = backend.next_token_logprobs_sync(ctx)
+        assert self._close(a, b, self.atol)
+
+    def test_batch_equals_single(self, backend: Any) -> None:
+        ctxs = self.contexts(backend, seed=2)
+        ctxs = ctxs + [ctxs[0]]  # a repeated context in the batch
+        backend.clear_cache()
+        batch = backend.batch_next_token_logprobs_sync(ctxs)
+        assert batch.shape == (len(ctxs), len(backend.byte_vocab))
+        for row, ctx in zip(batch, ctxs):
+            backend.clear_cache()
+            single = backend.next_token_logprobs_uncached(ctx) if hasattr(backend, "next_token_logprobs_uncached") else backend.next_token_logprobs_sync(ctx)
+            assert self._close(row, single, self.atol)
+
+    @pytest.mark.asyncio
+    async def test_async_equals_sync(self, backend: Any) -> None:
+        ctxs = self.contexts(backend, seed=3)
+        sync = [backend.next_token_logprobs_sync(c) for c in ctxs]
+        backend.clear_cache()
+        rows = await asyncio.gather(*(backend.next_token_logprobs(c) for c in ctxs))
+        batch = await backend.batch_next_token_logprobs(ctxs)
+        for s, a, b in zip(sync, rows, batch):
+            assert self._close(s, a, self.atol)
+            assert self._close(s, b, self.atol)
+
+    @pytest.mark.asyncio
+    async def test_seeded_sampling_reproducible(self, backend: Any) -> None:
+        prompt = self.contexts(backend, seed=4)[0]
+        a = await backend.sample(prompt, max_tokens=5, eos_token_ids=[], seed=1234)
+        b = await backend.sample(prompt, max_tokens=5, eos_token_ids=[], seed=1234)
+        assert a == b and len(a) == 5
+        batch = await backend.batch_sample([prompt, prompt], max_tokens=3, eos_token_ids=[], seed=7)
+        assert len(batch) == 2 and all(len(x) == 3 for x in batch)
+        assert batch == await backend.batch_sample([prompt, prompt], max_tokens=3, eos_token_ids=[], seed=7)
+
+    @pytest.mark.asyncio
+    async def test_eos_stops_sampling(self, backend: Any) -> None:
+        prompt = self.contexts(backend, seed=5)[0]
+        free = await backend.sample(prompt, max_tokens=6, eos_token_ids=[], seed=99)
+        assert len(free) == 6
+        k = 2
+        stopped = await backend.sample(prompt, max_tokens=6, eos_token_ids=[free[k]], seed=99)
+        assert stopped == free[: free.index(free[k])]
+        everything = list(range(len(backend.byte_vocab)))
+        assert await backend.sample(prompt, max_tokens=6, eos_token_ids=everything, seed=1) == []
+
+    def bad_inputs(self, backend: Any) -> list[Any]:
+        V = len(backend.byte_vocab)
+        bad: list[Any] = [[], [-1], [V], [V + 1000], [1.5], ["a"], "text", [True], None]
+        limit = getattr(backend, "max_context_length", None)
+        if limit is not None and limit < 100_000:
+            bad.append([0] * (limit + 1))
+        return bad
+
+    @pytest.mark.asyncio
+    async def test_bad_inputs_raise_and_backend_stays_healthy(self, backend: Any) -> None:
+        good = self.contexts(backend, seed=6)
+        expected = [backend.next_token_logprobs_sync(c) for c in good]
+        for bad in self.bad_inputs(backend):
+            with pytest.raises(ValueError):
+                backend.next_token_logprobs_sync(bad)
+            with pytest.raises(ValueError):
+                await backend.next_token_logprobs(bad)
+        backend.clear_cache()
+        # one bad request among concurrent good ones fails alone
+        tasks = [backend.next_token_logprobs(c) for c in good] + [backend.next_token_logprobs([-5])]
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(results[-1], ValueError)
+        for exp, got in zip(expected, results[:-1]):
+            assert not isinstance(got, BaseException), got
+            assert self._close(exp, got, self.atol)
+        with pytest.raises(ValueError):
+            await backend.batch_next_token_logprobs([good[0], [-1]])
+        assert self._close(backend.next_token_logprobs_sync(good[0]), expected[0], self.atol)

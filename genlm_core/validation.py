@@ -1,0 +1,76 @@
+"""Validation of token-id contexts, shared by every backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["validate_context"]
+
+
+def _as_int_tuple(token_ids: Any) -> tuple[int, ...]:
+    if isinstance(token_ids, tuple) or isinstance(token_ids, list):
+        seq = token_ids
+    elif isinstance(token_ids, (str, bytes)):
+        raise ValueError(
+            f"token_ids must be a sequence of integer token ids, got {type(token_ids).__name__}; "
+            "encode text with the backend's tokenizer first (llm.tokenizer.encode(text))"
+        )
+    elif hasattr(token_ids, "tolist") and hasattr(token_ids, "dtype"):  # numpy / torch / mlx
+        kind = str(token_ids.dtype)
+        if "int" not in kind or "bool" in kind:
+            raise ValueError(f"token_ids must hold integers, got an array of dtype {kind}")
+        if getattr(token_ids, "ndim", 1) != 1:
+            raise ValueError(
+                f"token_ids must be 1-D, got shape {tuple(token_ids.shape)}; "
+                "use batch_next_token_logprobs for several contexts"
+            )
+        seq = token_ids.tolist()
+    elif isinstance(token_ids, Sequence):
+        seq = list(token_ids)
+    else:
+        raise ValueError(
+            f"token_ids must be a sequence of integer token ids, got {type(token_ids).__name__}"
+        )
+    for i, t in enumerate(seq):
+        if type(t) is not int:
+            if isinstance(t, bool) or not hasattr(t, "__index__"):
+                raise ValueError(
+                    f"token_ids[{i}] = {t!r} is not an integer token id ({type(t).__name__})"
+                )
+            seq = [int(x.__index__()) if not isinstance(x, bool) else _bad_bool(j) for j, x in enumerate(seq)]
+            break
+    return tuple(seq)
+
+
+def _bad_bool(i: int) -> int:
+    raise ValueError(f"token_ids[{i}] is a bool, not an integer token id")
+
+
+def validate_context(
+    token_ids: Any,
+    vocab_size: int,
+    max_length: int | None = None,
+    allow_empty: bool = False,
+) -> tuple[int, ...]:
+    """Check a context and return it as a tuple of ints, or raise a clear ValueError."""
+    ctx = _as_int_tuple(token_ids)
+    if not ctx and not allow_empty:
+        raise ValueError(
+            "token_ids is empty: a next-token distribution needs at least one context token "
+            "(start with the tokenizer's BOS/EOS token id if you have no prompt)"
+        )
+    if ctx:
+        lo, hi = min(ctx), max(ctx)
+        if lo < 0:
+            raise ValueError(f"token_ids holds a negative id ({lo}); ids run from 0 to {vocab_size - 1}")
+        if hi >= vocab_size:
+            raise ValueError(
+                f"token_ids holds id {hi}, outside the vocabulary (size {vocab_size}, ids 0..{vocab_size - 1})"
+            )
+    if max_length is not None and len(ctx) > max_length:
+        raise ValueError(
+            f"context has {len(ctx)} tokens but the model allows at most {max_length}; "
+            "truncate the context (keep its last tokens) or use a model with a longer window"
+        )
+    return ctx

@@ -1,0 +1,1 @@
+"""genlm-mock: a deterministic mock LogprobBackend (import-light: no torch here)."""

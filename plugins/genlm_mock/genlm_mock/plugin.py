@@ -1,0 +1,17 @@
+"""Hook implementations of genlm-mock. Imports nothing heavy."""
+
+from genlm_core import hookimpl
+
+
+@hookimpl
+def genlm_register_backends(register):
+    register(
+        "mock",
+        "genlm_mock.backend:MockBackend",
+        config="genlm_mock.config:MockConfig",
+        devices=["cpu"],
+        auto=False,  # never picked by load("auto"): it is not a language model
+        requires=["torch", "numpy"],
+        install="pip install genlm-mock",
+        description="deterministic pseudo-random logprobs seeded by the context",
+    )
