@@ -1,0 +1,183 @@
+"""MLX-side work of the backend: batch caches, left-padded prefill, KV payloads.
+
+This module imports mlx at the top: only :mod:`genlm_mlx.backend` imports it, and
+only when a backend is created.
+
+A **KV payload** is the key/value state of one whole prefix, as one contiguous mlx
+array of shape ``(layers, 2, kv_heads, tokens, head_dim)`` (its ``nbytes`` is
+what the prefix cache counts). Payloads exist only for models whose every layer
+uses a plain :class:`KVCache` (see :func:`kv_reuse_problem`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import (
+    ArraysCache,
+    BatchKVCache,
+    BatchRotatingKVCache,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
+
+__all__ = [
+    "batch_cache",
+    "context_limit",
+    "forward",
+    "kv_reuse_problem",
+    "to_numpy_f32",
+]
+
+#: config keys that bound the context length, most specific first
+_LIMIT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
+
+
+def kv_reuse_problem(model: Any) -> str | None:
+    """Why the KV state of this model cannot be stored and reused (``None``: it can).
+
+    Reuse needs every layer to keep all past keys and values (:class:`KVCache`).
+    Recurrent layers (``ArraysCache``: Mamba-style state) cannot be cut at a
+    prefix; rotating (sliding-window) caches drop old tokens, and with ``keep > 0``
+    pin the first tokens in place, so a stored window is not a prefix's state.
+    """
+    kinds = sorted({_describe(c) for c in make_prompt_cache(model) if type(c) is not KVCache})
+    if not kinds:
+        return None
+    return "its cache layers are " + ", ".join(kinds) + " (only plain KVCache layers can be reused)"
+
+
+def _describe(cache: Any) -> str:
+    if isinstance(cache, RotatingKVCache):
+        return f"RotatingKVCache(max_size={cache.max_size}, keep={cache.keep})"
+    if isinstance(cache, ArraysCache):
+        return "ArraysCache (recurrent state)"
+    return type(cache).__name__
+
+
+def batch_cache(model: Any, left_padding: list[int]) -> list[Any] | None:
+    """Batched caches that mirror ``model``'s own, or ``None`` if a layer cannot batch."""
+    out: list[Any] = []
+    for c in make_prompt_cache(model):
+        if type(c) is KVCache:
+            out.append(BatchKVCache(left_padding))
+        elif isinstance(c, RotatingKVCache) and c.keep == 0:
+            out.append(BatchRotatingKVCache(c.max_size, left_padding))
+        elif isinstance(c, ArraysCache):
+            out.append(ArraysCache(len(c.cache), left_padding=left_padding))
+        else:
+            return None
+    return out
+
+
+def context_limit(model: Any, config: dict[str, Any] | None, tokenizer: Any) -> int | None:
+    """Longest context the model accepts, from its config (``None`` if unknown)."""
+    sources: list[Any] = [config or {}, getattr(model, "args", None)]
+    for src in sources:
+        for key in _LIMIT_KEYS:
+            value = src.get(key) if isinstance(src, dict) else getattr(src, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    value = getattr(tokenizer, "model_max_length", None)
+    if isinstance(value, int) and 0 < value < 10_000_000:
+        return value
+    return None
+
+
+def to_numpy_f32(x: mx.array) -> np.ndarray:
+    """float32 numpy copy; bf16/f16 are widened in mlx first (no loss of range)."""
+    if x.dtype != mx.float32:
+        x = x.astype(mx.float32)
+    return np.array(x)
+
+
+def _restore(caches: list[Any], pasts: Sequence[Any], left_padding: list[int], start: int) -> None:
+    """Put the first ``start`` positions of every row into fresh BatchKVCaches.
+
+    Row ``i`` occupies positions ``[left_padding[i], T)``; its payload fills
+    ``[left_padding[i], start)`` (zeros before, which the mask hides).
+    """
+    ref = next(p for p in pasts if p is not None)
+    n_layers, _, heads, _, dim = ref.shape
+    rows = []
+    for past, lp in zip(pasts, left_padding):
+        take = max(start - lp, 0)
+        pad = start - take
+        if take == 0:
+            rows.append(mx.zeros((n_layers, 2, heads, start, dim), dtype=ref.dtype))
+            continue
+        part = past[:, :, :, :take, :]
+        rows.append(mx.pad(part, [(0, 0), (0, 0), (0, 0), (pad, 0), (0, 0)]) if pad else part)
+    stacked = mx.stack(rows, axis=2)  # (layers, 2, B, heads, start, dim)
+    for layer, cache in enumerate(caches):
+        cache.keys = stacked[layer, 0]
+        cache.values = stacked[layer, 1]
+        cache._idx = start
+        cache.offset = cache.offset + start
+
+
+def _payloads(caches: list[Any], left_padding: list[int], total: int) -> list[mx.array]:
+    """The KV payload of every row's whole context (contiguous copies)."""
+    kv = mx.stack([mx.stack([c.keys[..., :total, :], c.values[..., :total, :]]) for c in caches])
+    return [mx.contiguous(kv[:, :, i, :, lp:total, :]) for i, lp in enumerate(left_padding)]
+
+
+def forward(
+    model: Any,
+    contexts: Sequence[Sequence[int]],
+    pasts: Sequence[Any] | None = None,
+    prefill_step_size: int = 2048,
+    want_kv: bool = False,
+) -> tuple[np.ndarray, list[mx.array] | None]:
+    """Next-token logits (float32 numpy, ``(B, V_model)``) for every context.
+
+    Contexts are left-padded to a common length and prefilled together in steps of
+    ``prefill_step_size``. ``pasts[i]`` is ``None`` or the payload of a proper
+    prefix of ``contexts[i]`` (its length is the cached depth). Every row is
+    computed from the first position no row has cached (rows with deeper caches
+    recompute a few tokens). With ``want_kv`` the payloads of the full contexts
+    are returned too.
+    """
+    lengths = [len(c) for c in contexts]
+    total = max(lengths)
+    left_padding = [total - n for n in lengths]
+    caches = batch_cache(model, left_padding)
+    if caches is None:  # some layer cannot batch: one row at a time, model's own cache
+        if want_kv:
+            raise ValueError("KV payloads need batchable KVCache layers")
+        rows = [_forward_one(model, ctx, prefill_step_size) for ctx in contexts]
+        return np.stack(rows), None
+    start = 0
+    if pasts is not None and any(p is not None for p in pasts):
+        depths = [0 if p is None else int(p.shape[3]) for p in pasts]
+        start = min(d + lp for d, lp in zip(depths, left_padding))
+        if start > 0:
+            _restore(caches, pasts, left_padding, start)
+    tokens = mx.array([[0] * lp + list(c) for lp, c in zip(left_padding, contexts)], dtype=mx.int32)
+    tokens = tokens[:, start:]
+    while tokens.shape[1] > 1:
+        n = min(prefill_step_size, tokens.shape[1] - 1)
+        model(tokens[:, :n], cache=caches)
+        mx.eval([c.state for c in caches])
+        tokens = tokens[:, n:]
+    logits = model(tokens, cache=caches)[:, -1, :].astype(mx.float32)
+    payloads = _payloads(caches, left_padding, total) if want_kv else None
+    mx.eval(logits, payloads or [])
+    return to_numpy_f32(logits), payloads
+
+
+def _forward_one(model: Any, context: Sequence[int], prefill_step_size: int) -> np.ndarray:
+    cache = make_prompt_cache(model)
+    tokens = mx.array([list(context)], dtype=mx.int32)
+    while tokens.shape[1] > 1:
+        n = min(prefill_step_size, tokens.shape[1] - 1)
+        model(tokens[:, :n], cache=cache)
+        mx.eval([c.state for c in cache])
+        tokens = tokens[:, n:]
+    logits = model(tokens, cache=cache)[0, -1, :].astype(mx.float32)
+    mx.eval(logits)
+    return to_numpy_f32(logits)
