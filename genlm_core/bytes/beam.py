@@ -1,0 +1,339 @@
+"""`ByteBeamState`: a byte-level language model over any token-level LogprobBackend.
+
+The beam holds candidate tokenizations of the bytes read so far
+(:class:`~genlm_core.bytes.state.LazyTrieState`). Reading a byte moves every
+candidate down the token-byte trie, and also commits the current token of every
+candidate that can end one here (extension) and reads the byte from a fresh
+token. Every new context of a step is scored in one batched model call and one
+batched trie call (``asyncio.gather`` over the candidates, merged by the core
+AutoBatchers, so several beams advancing together share the calls too).
+
+``logZ`` is the log probability that the model's byte stream starts with the
+bytes read (exact with ``K=None, prune_threshold=0``; a lower bound otherwise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from genlm_core.bytes.dist import EOS, EOT_INDEX, ByteDistribution
+from genlm_core.bytes.heal import TokenHealer
+from genlm_core.bytes.lm import StatefulTokenizedLM
+from genlm_core.bytes.masses import EOSMode, mass_trie_for, mode_of
+from genlm_core.bytes.params import BeamParams
+from genlm_core.bytes.state import LazyTrieState
+
+__all__ = ["ByteBeamState", "BeamError", "EmptyBeamError", "TerminatedBeamError", "materialize_all"]
+
+_LN2 = math.log(2.0)
+
+
+class BeamError(ValueError):
+    """The beam cannot answer the request (see the subclasses)."""
+
+
+class EmptyBeamError(BeamError):
+    """No candidate can read the bytes given (probability zero under the beam)."""
+
+
+class TerminatedBeamError(BeamError):
+    """Every candidate has consumed EOS: the sequence has ended."""
+
+
+def _logsumexp(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if x > -math.inf]
+    if not xs:
+        return -math.inf
+    m = max(xs)
+    return m + math.log(sum(math.exp(x - m) for x in xs))
+
+
+async def materialize_all(states: Sequence[LazyTrieState]) -> None:
+    """Materialize ``states``: first every model call (one batch), then every trie
+    call (one batch)."""
+    todo = [s for s in states if not s.materialized]
+    if not todo:
+        return
+    need_lp = [s for s in todo if s._logprobs is None]
+    if need_lp:
+        await asyncio.gather(*(s.fetch_logprobs() for s in need_lp))
+    await asyncio.gather(*(s.materialize() for s in todo))
+
+
+def _as_bytes(bs: bytes | str | Sequence[int]) -> bytes:
+    if isinstance(bs, str):
+        return bs.encode("utf-8")
+    return bytes(bs)
+
+
+class ByteBeamState:
+    """A beam of tokenization candidates (immutable; operations return new beams).
+
+    Build one with ``await ByteBeamState.initial(llm, BeamParams(K=5))``.
+    """
+
+    def __init__(
+        self, states: Sequence[LazyTrieState], params: BeamParams, mode: Any = EOSMode.WITH_EOS
+    ) -> None:
+        live = [s for s in states if s.weight > -math.inf]
+        self.states: tuple[LazyTrieState, ...] = tuple(sorted(live, key=lambda s: -s.weight))
+        self.params = params
+        self.mode = mode_of(mode)
+        self.logZ: float = _logsumexp([s.weight for s in self.states])
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    async def initial(
+        cls, llm: Any, params: BeamParams | dict[str, Any] | None = None, **options: Any
+    ) -> "ByteBeamState":
+        """The beam before any byte: one candidate at the root, materialized.
+
+        Args:
+            llm: a LogprobBackend (``byte_vocab``, ``eos_token_ids``,
+                ``next_token_logprobs``).
+            params: :class:`BeamParams` (or a dict of its options); ``options``
+                override single fields, e.g. ``K=None``.
+        """
+        if params is None:
+            params = BeamParams.build(**options)
+        elif isinstance(params, dict):
+            params = BeamParams.build(**{**params, **options})
+        elif options:
+            params = BeamParams.build(**{**params.model_dump(exclude_unset=True), **options})
+        eos = params.eos_tokens
+        if eos is None:
+            eos = tuple(llm.byte_vocab[i] for i in getattr(llm, "eos_token_ids", ()) or ())
+        trie = mass_trie_for(llm, eos, params.trie)
+        lm = StatefulTokenizedLM.initial(llm, params.initial_context, params.max_context_length)
+        state = LazyTrieState.initial(lm, trie, EOSMode.WITH_EOS)
+        await state.materialize()
+        return cls([state], params)
+
+    @classmethod
+    def from_config(cls, config: BeamParams) -> Any:  # registry hook: needs an llm
+        raise TypeError("use `await ByteBeamState.initial(llm, params)` (a beam needs a backend)")
+
+    # ------------------------------------------------------------------ container
+    def __iter__(self) -> Iterator[LazyTrieState]:
+        return iter(self.states)
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __bool__(self) -> bool:
+        return True
+
+    @property
+    def terminated(self) -> bool:
+        """Every candidate has consumed EOS."""
+        return bool(self.states) and all(s.terminated for s in self.states)
+
+    @property
+    def trie(self) -> Any:
+        return self.states[0].trie if self.states else None
+
+    def _new(self, states: Sequence[LazyTrieState]) -> "ByteBeamState":
+        return ByteBeamState(states, self.params, self.mode)
+
+    # ------------------------------------------------------------------ stepping
+    async def extend(self, logZ: float | None = None) -> list[LazyTrieState]:
+        """Commit the current token of every candidate that can end one here.
+
+        Extensions whose share of ``logZ`` (plus the extensions' own weights) is
+        at most ``prune_threshold`` are dropped; the rest are materialized in one
+        batched model call and one batched trie call.
+        """
+        if logZ is None:
+            logZ = self.logZ
+        cands = [e for s in self.states for e in s.extend()]
+        for e in cands:
+            logZ = float(np.logaddexp(logZ, e.weight))
+        thr = self.params.log_prune_threshold
+        keep = [e for e in cands if e.weight - logZ > thr]
+        await materialize_all(keep)
+        return keep
+
+    async def __lshift__(self, a: int) -> "ByteBeamState":
+        """The beam after reading byte ``a`` (0-255, or ``257`` = EOS). An empty
+        result (``logZ == -inf``) means no candidate could read it."""
+        a = _check_symbol(a)
+        await materialize_all(self.states)
+        new_states = [t for s in self.states if (t := s << a) is not None]
+        logZ = _logsumexp([s.weight for s in new_states])
+        for e in await self.extend(logZ):
+            t = e << a
+            if t is not None:
+                new_states.append(t)
+        new = self._new(new_states)
+        if not new.states and self.params.heal and a != EOS:
+            healed = await self._heal(a)
+            if healed is not None:
+                if self.params.verbose:
+                    print("[heal] applied adaptive token healing")
+                new = healed
+        if self.params.verbose:
+            print(new.pretty())
+        return new
+
+    async def _heal(self, a: int) -> "ByteBeamState | None":
+        healer = TokenHealer(self.params.heal_max_backoff, self.params.heal_max_splits, self.params.verbose)
+        for s in self.states:
+            h = await healer.try_heal(s, a)
+            if h is not None:
+                return self._new([h])
+        return None
+
+    async def logp_next(self) -> ByteDistribution:
+        """Distribution of the next byte (0-255) or EOS (257) given the bytes read.
+
+        The end-of-token entry (``dist[None]``) is always ``-inf`` at the beam
+        level: token boundaries are summed out. Raises :class:`EmptyBeamError`
+        for an empty beam and :class:`TerminatedBeamError` once every candidate
+        has consumed EOS (never NaN).
+        """
+        if not self.states:
+            raise EmptyBeamError("the beam is empty: no tokenization of the bytes read has non-zero weight")
+        live = [s for s in self.states if not s.terminated]
+        if not live:
+            raise TerminatedBeamError("every candidate has consumed EOS: the sequence has ended")
+        await materialize_all(live)
+        rows = [s.logp_next.ps + s.weight for s in live]
+        for e in await self.extend(_logsumexp([s.weight for s in live])):
+            rows.append(e.logp_next.ps + e.weight)
+        q = np.stack(rows)
+        q[:, EOT_INDEX] = -np.inf
+        logps = np.logaddexp.reduce(q, axis=0)
+        Z = _logsumexp(logps.tolist())
+        if Z == -math.inf:
+            raise EmptyBeamError("no candidate can read any further byte")
+        return ByteDistribution(logps - Z)
+
+    def prune(self) -> "ByteBeamState":
+        """Keep the candidates whose share of the mass exceeds ``prune_threshold``,
+        at most ``K`` of them (``K=None``: no limit)."""
+        thr = self.params.log_prune_threshold
+        keep = [s for s in self.states if s.weight - self.logZ > thr]
+        if self.params.K is not None:
+            keep = keep[: self.params.K]
+        return self._new(keep)
+
+    def with_mode(self, mode: Any) -> "ByteBeamState":
+        """The beam read in another EOS mode (``EOSMode.WITH_EOS``: EOS tokens end
+        the sequence; ``WITHOUT_EOS``: ordinary tokens). Exact, no model call."""
+        mode = mode_of(mode)
+        return ByteBeamState([s.with_mode(mode) for s in self.states], self.params, mode)
+
+    # ------------------------------------------------------------------ sequences
+    async def _prefill_without_eos(self, bs: bytes) -> "ByteBeamState":
+        beam = self.with_mode(EOSMode.WITHOUT_EOS)
+        for b in bs:
+            beam = await (beam.prune() << b)
+            if not beam.states:
+                break
+        return beam
+
+    async def prefill(self, bs: bytes | str) -> "ByteBeamState":
+        """Read ``bs`` (pruning before each byte). EOS tokens are ordinary tokens
+        while prefilling; the result is back in this beam's mode."""
+        beam = await self._prefill_without_eos(_as_bytes(bs))
+        return beam.with_mode(self.mode)
+
+    async def log_prefix_prob(self, bs: bytes | str) -> float:
+        """``log P(bs | bytes read so far)``: the log probability that the model's
+        byte stream continues with ``bs`` (EOS tokens are ordinary tokens)."""
+        after = await self._prefill_without_eos(_as_bytes(bs))
+        return after.logZ - self.with_mode(EOSMode.WITHOUT_EOS).logZ
+
+    async def bits_per_byte(self, bs: bytes | str) -> float:
+        """``-log2 P(bs | bytes read so far) / len(bs)``."""
+        data = _as_bytes(bs)
+        if not data:
+            raise ValueError("bits_per_byte of an empty byte string")
+        return -(await self.log_prefix_prob(data)) / (len(data) * _LN2)
+
+    async def _generate(
+        self, context: bytes | str, n: int, rng: np.random.Generator | None, temperature: float
+    ) -> bytes:
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be a non-negative int, got {n!r}")
+        ctx = _as_bytes(context)
+        state = await self.prefill(ctx)
+        out = bytearray()
+        for _ in range(n):
+            state = state.prune()
+            if not state.states:
+                break
+            q = await state.logp_next()
+            b = q.argmax() if rng is None else q.sample(rng, temperature)
+            if b is None or b == EOS:
+                break
+            state = await (state << b)
+            out.append(b)
+        return ctx + bytes(out)
+
+    async def greedy(self, context: bytes | str = b"", n: int = 32) -> bytes:
+        """``context`` followed by up to ``n`` most probable bytes; stops at EOS.
+        The context is read once (after the bytes this beam has read)."""
+        return await self._generate(context, n, None, 0.0)
+
+    async def sample(
+        self, context: bytes | str = b"", n: int = 32, seed: int | None = None, temperature: float = 1.0
+    ) -> bytes:
+        """``context`` followed by up to ``n`` sampled bytes; stops at EOS.
+        ``seed`` makes the draw reproducible."""
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        return await self._generate(context, n, np.random.default_rng(seed), float(temperature))
+
+    @staticmethod
+    async def advance_batch(
+        beams: Sequence["ByteBeamState"], next_bytes: Sequence[int]
+    ) -> list["ByteBeamState"]:
+        """Prune and advance several beams concurrently (their calls are batched)."""
+        if len(beams) != len(next_bytes):
+            raise ValueError("beams and next_bytes must have the same length")
+        return list(await asyncio.gather(*(b.prune() << x for b, x in zip(beams, next_bytes))))
+
+    # ------------------------------------------------------------------ lifecycle
+    async def cleanup(self) -> None:
+        """Drop memoized extensions of the candidates (the shared trie and the
+        backend stay open: they belong to the backend)."""
+        for s in self.states:
+            s.forget()
+
+    async def __aenter__(self) -> "ByteBeamState":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.cleanup()
+
+    # ------------------------------------------------------------------ display
+    def pretty(self, k: int = 10) -> str:
+        lines = [f"logZ: {self.logZ:.4f}  candidates: {len(self.states)}"]
+        for s in self.states[:k]:
+            p = math.exp(s.weight - self.logZ) if self.logZ > -math.inf else 0.0
+            lines.append(f"  ({p:.4f}) {s!r}")
+        if len(self.states) > k:
+            lines.append(f"  ... {len(self.states) - k} more")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<ByteBeamState logZ={self.logZ:.4f} candidates={len(self.states)} mode={self.mode.value}>"
+
+
+def _check_symbol(a: Any) -> int:
+    if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+        raise TypeError(f"a beam reads one byte (int 0-255) or EOS (257), got {a!r}")
+    a = int(a)
+    if not (0 <= a <= 255 or a == EOS):
+        raise ValueError(f"a beam reads one byte (0-255) or EOS (257), got {a}")
+    return a
+
+
+def initial_lm(llm: Any, params: BeamParams) -> StatefulTokenizedLM:
+    return StatefulTokenizedLM.initial(llm, params.initial_context, params.max_context_length)

@@ -1,0 +1,198 @@
+"""Node masses of the core token-byte trie, computed in batches, with both EOS views.
+
+:class:`MassTrie` wraps a core trie (``genlm_core.trie``). ``await masses(logprobs)``
+turns one next-token distribution into the probability mass under every trie node;
+concurrent calls (all candidates of a beam, all beams of a program) are merged into
+one ``batch_weight_sum`` through the core :class:`~genlm_core.batching.AutoBatcher`.
+
+The trie is always asked for ``WITHOUT_EOS`` masses (one batch shape for every
+state); the ``WITH_EOS`` view is derived exactly by moving the weight of the few
+EOS tokens off their byte paths onto the EOS node (what the trie's ``WITH_EOS``
+mode computes). So a state can change mode without another trie call.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from genlm_core.batching import AutoBatcher
+from genlm_core.trie.structure import EOS, EOSMode, coerce_mode
+
+__all__ = ["MassTrie", "Masses", "EOSMode", "mass_trie_for"]
+
+
+class Masses:
+    """Linear masses of every node for one token distribution.
+
+    ``get(node, with_eos)`` reads a node's mass in either EOS view; ``log(...)``
+    its logarithm (``-inf`` for zero mass).
+    """
+
+    __slots__ = ("raw", "_corr", "_zero")
+
+    def __init__(self, raw: np.ndarray, corr: dict[int, float], zero: frozenset[int]) -> None:
+        self.raw = raw
+        self._corr = corr
+        self._zero = zero
+
+    def get(self, node: int, with_eos: bool) -> float:
+        v = float(self.raw[node])
+        if with_eos and self._corr:
+            if node in self._zero:
+                return 0.0
+            c = self._corr.get(node)
+            if c is not None:
+                v = max(v - c, 0.0)
+        return v
+
+    def log(self, node: int, with_eos: bool) -> float:
+        v = self.get(node, with_eos)
+        return math.log(v) if v > 0 else -math.inf
+
+
+class MassTrie:
+    """A core token-byte trie with batched, asynchronous mass computation.
+
+    Args:
+        vocab: the backend's ``byte_vocab``.
+        eos_tokens: EOS tokens (``Token`` or bytes, as the core trie accepts).
+        trie: a registered trie implementation name (``None``: the numpy trie).
+        batch_size: most distributions per trie call.
+        timeout: seconds a request waits for others to join its batch.
+    """
+
+    def __init__(
+        self,
+        vocab: Sequence[bytes],
+        eos_tokens: Sequence[bytes] = (),
+        trie: str | None = None,
+        batch_size: int = 128,
+        timeout: float = 0.0005,
+    ) -> None:
+        if trie is None:
+            from genlm_core.trie.cpu import TokenByteTrie
+
+            self.trie: Any = TokenByteTrie(vocab, eos_tokens=eos_tokens)
+        else:
+            from genlm_core.api import load_trie
+
+            self.trie = load_trie(vocab, trie, eos_tokens=eos_tokens)
+        t = self.trie
+        self.root: int = t.root
+        self.eos_node: int = t.eos_node
+        self.children = t.children
+        self.node2prefix = t.node2prefix
+        self.decode = t.decode
+        self.vocab_size = len(t.decode)
+        self.eos_token_ids: list[int] = list(t.eos_token_ids)
+        self._structure = getattr(t, "structure", None)
+        self._eos_paths = [self._path(i) for i in self.eos_token_ids]
+        self._zero = self._only_eos_nodes()
+        self.batcher: AutoBatcher[Any, np.ndarray] = AutoBatcher(
+            self._batch, batch_size=batch_size, timeout=timeout, run_in_thread=False, name="beam-trie"
+        )
+
+    # ------------------------------------------------------------------ structure
+    def leaves(self, node: int) -> list[int]:
+        """End-of-token leaves below ``node`` (several only for duplicate tokens)."""
+        if self._structure is not None:
+            return self._structure.leaves_of(node)
+        leaf = self.children[node].get(None)
+        return [] if leaf is None else [leaf]
+
+    def token_id(self, leaf: int) -> int:
+        return int(self.trie.leaf2token_id[leaf])
+
+    def _path(self, token_id: int) -> list[int]:
+        """The leaf of ``token_id`` and its ancestors below the root."""
+        leaf = self.trie.word2leaf[int(token_id)] if self._structure else None
+        if self._structure is None:
+            raise RuntimeError("EOS tokens need a trie with a `structure` (genlm_core.trie)")
+        parent = self._structure.parent
+        out = [int(leaf)]
+        node = int(parent[leaf])
+        while node > 0 and node != self.root:
+            out.append(node)
+            node = int(parent[node])
+        return out
+
+    def _only_eos_nodes(self) -> frozenset[int]:
+        """Nodes (on EOS paths) with no non-EOS token below them: exactly 0 in WITH_EOS."""
+        if not self.eos_token_ids:
+            return frozenset()
+        s = self._structure
+        below: dict[int, int] = {}
+        for path in self._eos_paths:
+            for node in path:
+                below[node] = below.get(node, 0) + 1
+        zero = set()
+        for node, n_eos in below.items():
+            total = 1 if node >= s.n_internal else int(s.end[node] - s.start[node])
+            if total <= n_eos:
+                zero.add(node)
+        return frozenset(zero)
+
+    # ------------------------------------------------------------------ masses
+    def _batch(self, rows: list[Any]) -> list[np.ndarray]:
+        import torch
+
+        lp = torch.stack([r.detach().to("cpu", torch.float64) for r in rows])
+        w = torch.exp(lp).numpy()
+        out = self.trie.batch_weight_sum(w, EOSMode.WITHOUT_EOS)
+        out = out.numpy() if hasattr(out, "numpy") else np.asarray(out)
+        return [np.asarray(row, dtype=np.float64) for row in out]
+
+    def _corrections(self, logprobs: Any) -> dict[int, float]:
+        if not self.eos_token_ids:
+            return {}
+        corr: dict[int, float] = {}
+        total = 0.0
+        for tid, path in zip(self.eos_token_ids, self._eos_paths):
+            w = math.exp(float(logprobs[tid]))
+            total += w
+            for node in path:
+                corr[node] = corr.get(node, 0.0) + w
+        corr[self.eos_node] = -total
+        return corr
+
+    async def masses(self, logprobs: Any) -> Masses:
+        """Masses of every node under the token distribution ``exp(logprobs)``."""
+        raw = await self.batcher.submit(logprobs)
+        return Masses(raw, self._corrections(logprobs), self._zero)
+
+    def masses_sync(self, logprobs: Any) -> Masses:
+        raw = self.batcher.run_sync([logprobs])[0]
+        return Masses(raw, self._corrections(logprobs), self._zero)
+
+    def close(self) -> None:
+        self.batcher.close()
+
+
+_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple, MassTrie]]" = weakref.WeakKeyDictionary()
+
+
+def mass_trie_for(llm: Any, eos_tokens: Sequence[bytes], trie: str | None = None) -> MassTrie:
+    """The (cached) :class:`MassTrie` of a backend's vocabulary and EOS tokens."""
+    key = (tuple(sorted(set(bytes(e) for e in eos_tokens))), trie)
+    try:
+        per = _CACHE.setdefault(llm, {})
+    except TypeError:  # not weak-referenceable: no cache
+        return MassTrie(llm.byte_vocab, eos_tokens, trie)
+    mt = per.get(key)
+    if mt is None or mt.batcher.closed:
+        mt = MassTrie(llm.byte_vocab, eos_tokens, trie)
+        per[key] = mt
+    return mt
+
+
+def eos_key() -> int:
+    return EOS
+
+
+def mode_of(mode: Any) -> EOSMode:
+    return coerce_mode(mode)
