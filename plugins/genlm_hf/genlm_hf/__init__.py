@@ -1,0 +1,15 @@
+"""genlm-hf: the Hugging Face transformers LogprobBackend (import-light: no torch here)."""
+
+__all__ = ["HFBackend", "HFConfig"]
+
+
+def __getattr__(name: str):  # lazy: `import genlm_hf` must not import torch
+    if name == "HFBackend":
+        from genlm_hf.backend import HFBackend
+
+        return HFBackend
+    if name == "HFConfig":
+        from genlm_hf.config import HFConfig
+
+        return HFConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,51 @@
+"""Options of the Hugging Face backend (import-light: pydantic and genlm_core only)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from genlm_core.config import BackendConfig
+
+__all__ = ["HFConfig", "DTYPES"]
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class HFConfig(BackendConfig):
+    """Options of ``genlm_core.load("hf", ...)``.
+
+    ``model`` is a hub id or a local folder, loaded with transformers'
+    ``AutoModelForCausalLM.from_pretrained`` (no download happens for a local folder).
+    """
+
+    component = "hf"
+
+    gguf_file: str | None = Field(
+        None, description="GGUF file inside `model` to load (needs the `gguf` package)"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="weights dtype; 'auto' keeps the checkpoint's dtype"
+    )
+    device: str | None = Field(
+        None, description="'cuda', 'cuda:1', 'mps' or 'cpu'; None picks the best device present"
+    )
+    device_map: str | dict[str, Any] | None = Field(
+        None, description="passed to from_pretrained (e.g. 'auto'); the model is then not moved"
+    )
+    hf_opts: dict[str, Any] = Field(
+        default_factory=dict, description="extra keyword arguments for from_pretrained"
+    )
+    bitsandbytes_opts: dict[str, Any] | None = Field(
+        None, description="BitsAndBytesConfig options (CUDA only), e.g. {'load_in_8bit': True}"
+    )
+    trust_remote_code: bool = Field(False, description="allow model code shipped with the checkpoint")
+    kv_cache_bytes: int | None = Field(
+        1 << 30, ge=0, description="bytes of KV state kept for prefix reuse (LRU); None: no bound"
+    )
+    prefix_cache: bool = Field(
+        True, description="reuse the KV state of cached prefixes (run the model on new tokens only)"
+    )
+    lora_path: str | None = Field(None, description="LoRA adapter folder loaded (and activated) at start")
+    lora_name: str = Field("default", description="name of the adapter given by `lora_path`")

@@ -1,0 +1,80 @@
+"""Loading a transformers model and tokenizer from an :class:`HFConfig`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genlm_core import hardware
+from genlm_hf.config import HFConfig
+
+__all__ = ["check_config", "resolve_device", "load_model_and_tokenizer"]
+
+
+def check_config(config: HFConfig) -> None:
+    """Fail early, before any weights are read, on options this machine cannot honour."""
+    if config.model is None:
+        raise ValueError(
+            "the hf backend needs a model: genlm_core.load('hf', model='<hub id or local folder>')"
+        )
+    if config.bitsandbytes_opts:
+        wants_cpu = config.device is not None and not str(config.device).startswith("cuda")
+        if wants_cpu or not hardware.probe().cuda:
+            where = f"device={config.device!r}" if wants_cpu else hardware.probe().cuda_reason
+            raise ValueError(
+                "bitsandbytes quantization needs a CUDA GPU, but this backend would run "
+                f"without one ({where}); drop `bitsandbytes_opts` or run on a CUDA machine"
+            )
+        import importlib.util
+
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise ValueError(
+                "bitsandbytes_opts was given but the `bitsandbytes` package is not installed; "
+                "install it with `pip install genlm-hf[bitsandbytes]`"
+            )
+
+
+def resolve_device(requested: str | None) -> str:
+    """The torch device to run on: the requested one (checked) or the best one present."""
+    import torch
+
+    if requested is not None:
+        kind = str(requested).split(":")[0]
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={requested!r} was requested but torch sees no CUDA device")
+        if kind == "mps" and not torch.backends.mps.is_available():
+            raise ValueError(f"device={requested!r} was requested but torch has no MPS support here")
+        if kind not in ("cuda", "mps", "cpu"):
+            raise ValueError(f"device={requested!r}: expected 'cuda', 'cuda:N', 'mps' or 'cpu'")
+        return str(requested)
+    for dev in hardware.probe().devices:  # cheap probe first, then ask torch
+        if dev == "cuda" and torch.cuda.is_available():
+            return "cuda"
+        if dev == "mps" and torch.backends.mps.is_available():
+            return "mps"
+    return "cpu"
+
+
+def load_model_and_tokenizer(config: HFConfig) -> tuple[Any, Any, str]:
+    """``(model, tokenizer, device)`` through transformers' ``from_pretrained``."""
+    check_config(config)
+    device = resolve_device(config.device)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code}
+    if config.gguf_file is not None:
+        common["gguf_file"] = config.gguf_file
+    tokenizer = AutoTokenizer.from_pretrained(config.model, **common)
+    opts: dict[str, Any] = {**common, "dtype": config.dtype}
+    if config.device_map is not None:
+        opts["device_map"] = config.device_map
+    if config.bitsandbytes_opts:
+        from transformers import BitsAndBytesConfig
+
+        opts["quantization_config"] = BitsAndBytesConfig(**config.bitsandbytes_opts)
+        opts.setdefault("device_map", {"": device})
+    opts.update(config.hf_opts)
+    model = AutoModelForCausalLM.from_pretrained(config.model, **opts)
+    if "device_map" not in opts:
+        model = model.to(device)
+    model.eval()
+    return model, tokenizer, str(model.device)

@@ -1,0 +1,23 @@
+"""Hook implementations of genlm-hf. Imports nothing heavy (no torch, no transformers)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from genlm_core import hookimpl
+
+
+@hookimpl
+def genlm_register_backends(register: Callable[..., Any]) -> None:
+    register(
+        "hf",
+        "genlm_hf.backend:HFBackend",
+        config="genlm_hf.config:HFConfig",
+        devices=["cuda", "mps", "cpu"],
+        priority={"cuda": 50, "mps": 50, "cpu": 50},
+        aliases=["transformers", "huggingface"],
+        requires=["torch", "transformers"],
+        install="pip install genlm-hf",
+        description="Hugging Face transformers: auto-batching, KV prefix reuse, LoRA adapters",
+    )
