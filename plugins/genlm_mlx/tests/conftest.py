@@ -1,0 +1,59 @@
+"""Fixtures of the genlm-mlx tests: real mlx (CPU) on the offline test models."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+if str(REPO / "tests") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests"))
+
+import model_paths  # noqa: E402
+
+
+class HFOracle:
+    """A plain transformers float32 forward pass: the reference distribution."""
+
+    def __init__(self, path: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        self.model.eval()
+
+    def logprobs(self, context: list[int]):
+        torch = self.torch
+        with torch.no_grad():
+            logits = self.model(torch.tensor([context])).logits[0, -1].float()
+        return torch.log_softmax(logits, dim=-1)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path() -> Path:
+    return model_paths.tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_path() -> Path:
+    return model_paths.tiny_gpt2()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return model_paths.smollm2()
+
+
+@pytest.fixture(scope="session")
+def oracle_factory():
+    cache: dict[Path, HFOracle] = {}
+
+    def get(path: Path) -> HFOracle:
+        if path not in cache:
+            cache[path] = HFOracle(path)
+        return cache[path]
+
+    return get

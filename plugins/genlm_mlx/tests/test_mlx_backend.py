@@ -1,0 +1,235 @@
+"""MLXBackend on the tiny offline models: exactness against transformers, KV reuse,
+eviction, sampling, bad inputs, and models whose caches cannot be reused."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+
+import pytest
+import torch
+
+import genlm_core
+
+ORACLE_ATOL = 1e-3  # float32 mlx vs float32 torch: measured ~1e-6
+SELF_ATOL = 1e-5
+
+
+def _contexts(seed: int, n: int, lo: int, hi: int, vocab: int = 1000) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(lo, hi + 1, (1,), generator=g))
+        out.append(torch.randint(1, vocab, (length,), generator=g).tolist())
+    return out
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def arch_path(request, tiny_llama_path, tiny_gpt2_path):
+    return {"llama": tiny_llama_path, "gpt2": tiny_gpt2_path}[request.param]
+
+
+@pytest.fixture(scope="module")
+def llm(arch_path):
+    backend = genlm_core.load("mlx", model=str(arch_path), prefill_step_size=4)
+    yield backend
+    backend.close()
+
+
+def test_matches_transformers(llm, arch_path, oracle_factory):
+    oracle = oracle_factory(arch_path)
+    ctxs = _contexts(0, 5, 1, 30)
+    batch = llm.batch_next_token_logprobs_sync(ctxs)
+    for ctx, row in zip(ctxs, batch):
+        ref = oracle.logprobs(ctx)
+        assert row.shape == ref.shape and row.dtype == torch.float32
+        assert torch.allclose(row, ref, atol=ORACLE_ATOL, rtol=0), (row - ref).abs().max()
+
+
+def test_long_context_prefill_steps_match_transformers(llm, arch_path, oracle_factory):
+    # 200 tokens prefilled 4 at a time, batched with a short context (left padding).
+    ctxs = _contexts(1, 2, 190, 200) + [[3, 4]]
+    batch = llm.batch_next_token_logprobs_sync(ctxs)
+    oracle = oracle_factory(arch_path)
+    for ctx, row in zip(ctxs, batch):
+        assert torch.allclose(row, oracle.logprobs(ctx), atol=ORACLE_ATOL, rtol=0)
+
+
+@pytest.mark.asyncio
+async def test_concurrent_requests_are_batched(llm):
+    llm.clear_cache()
+    ctxs = _contexts(2, 12, 1, 10)
+    before = llm.batcher.stats.batches
+    rows = await asyncio.gather(*(llm.next_token_logprobs(c) for c in ctxs))
+    assert llm.batcher.stats.batches - before < len(ctxs)
+    for ctx, row in zip(ctxs, rows):
+        assert torch.allclose(row, llm.next_token_logprobs_uncached(ctx), atol=SELF_ATOL, rtol=0)
+
+
+class CountingModel:
+    """Delegates to an mlx-lm model and records the token width of every call."""
+
+    def __init__(self, model):
+        self._model = model
+        self.widths: list[int] = []
+
+    def __call__(self, tokens, cache=None):
+        self.widths.append(int(tokens.shape[1]))
+        return self._model(tokens, cache=cache)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+def test_cache_kv_prefix_is_reused(llm):
+    from genlm_mlx.backend import MLXBackend
+
+    counting = CountingModel(llm.mlx_model)
+    backend = MLXBackend(counting, llm.mlx_tokenizer, llm.config)
+    try:
+        prompt = _contexts(3, 1, 20, 20)[0]
+        backend.cache_kv(prompt)
+        assert backend.prefix_cache.kv_prefixes() == [tuple(prompt)]
+        counting.widths.clear()
+        ext = prompt + [7, 9]
+        row = backend.next_token_logprobs_sync(ext)
+        assert sum(counting.widths) == 2  # only the two new tokens were computed
+        assert torch.allclose(row, backend.next_token_logprobs_uncached(ext), atol=SELF_ATOL, rtol=0)
+        # a batch of particles each extending a cached context by one token
+        counting.widths.clear()
+        rows = backend.batch_next_token_logprobs_sync([ext + [t] for t in (1, 2, 3)])
+        assert counting.widths == [1]
+        for t, r in zip((1, 2, 3), rows):
+            assert torch.allclose(r, backend.next_token_logprobs_uncached(ext + [t]), atol=SELF_ATOL, rtol=0)
+    finally:
+        backend.close()
+
+
+def test_cached_equals_uncached_after_eviction(tiny_llama_path):
+    # budget of ~3 payloads of 8 tokens: constant LRU eviction along growing contexts
+    per_token = 2 * 2 * 1 * 32 * 4  # layers * (k, v) * kv_heads * head_dim * float32
+    llm = genlm_core.load(
+        "mlx", model=str(tiny_llama_path), kv_cache_bytes=3 * 8 * per_token, cache_size=0, batch_size=4
+    )
+    try:
+        base = _contexts(4, 4, 4, 6)
+        for step in range(6):
+            ctxs = [b + [10 + step + i for i in range(step)] for b in base]
+            got = llm.batch_next_token_logprobs_sync(ctxs)
+            for ctx, row in zip(ctxs, got):
+                assert torch.allclose(row, llm.next_token_logprobs_uncached(ctx), atol=SELF_ATOL, rtol=0)
+            stats = llm.prefix_cache.stats()
+            assert stats["kv_bytes"] <= llm.config.kv_cache_bytes
+        assert llm.prefix_cache.stats()["kv_evictions"] > 0
+        assert llm.prefix_cache.stats()["kv_entries"] >= 1
+    finally:
+        llm.close()
+
+
+@pytest.mark.asyncio
+async def test_greedy_sampling_follows_argmax(llm):
+    prompt = [5, 6, 7]
+    out = await llm.sample(prompt, max_tokens=4, eos_token_ids=[], temperature=0.0)
+    ctx = list(prompt)
+    for tok in out:
+        assert tok == int(torch.argmax(llm.next_token_logprobs_sync(ctx)))
+        ctx.append(tok)
+
+
+@pytest.mark.asyncio
+async def test_sampling_seeds_and_default_eos(llm):
+    prompt = [11, 12]
+    a = await llm.sample(prompt, max_tokens=8, eos_token_ids=[], seed=5)
+    b = await llm.sample(prompt, max_tokens=8, eos_token_ids=[], seed=6)
+    assert a != b  # different seeds, different draws (2 layers, peaky random weights)
+    assert llm.eos_token_ids == [0]
+    free = await llm.sample(prompt, max_tokens=8, seed=5)  # default EOS: the tokenizer's
+    assert 0 not in free
+    assert await llm.sample(prompt, max_tokens=0) == []
+
+
+@pytest.mark.asyncio
+async def test_sampling_stops_at_the_context_limit(llm):
+    limit = llm.max_context_length
+    assert limit == 256
+    out = await llm.sample([5] * (limit - 3), max_tokens=10, eos_token_ids=[], seed=0)
+    assert len(out) == 3
+
+
+@pytest.mark.asyncio
+async def test_bad_inputs_fail_alone(llm):
+    good = [5, 6, 7]
+    expected = llm.next_token_logprobs_sync(good)
+    for bad in ([], [-1], [1024], [1.5], "abc", [0] * 257, None):
+        with pytest.raises(ValueError):
+            llm.next_token_logprobs_sync(bad)
+        with pytest.raises(ValueError):
+            await llm.next_token_logprobs(bad)
+        with pytest.raises(ValueError):
+            await llm.sample(bad, max_tokens=2)
+    with pytest.raises(ValueError):
+        await llm.sample(good, max_tokens=-1)
+    with pytest.raises(ValueError):
+        llm.cache_kv([-3])
+    llm.clear_cache()
+    res = await asyncio.gather(llm.next_token_logprobs(good), llm.next_token_logprobs([5000]), return_exceptions=True)
+    assert isinstance(res[1], ValueError)
+    assert torch.allclose(res[0], expected, atol=SELF_ATOL, rtol=0)
+
+
+def test_bfloat16_model_gives_float32(tiny_llama_path):
+    import mlx.core as mx
+    from genlm_mlx.backend import MLXBackend
+    from mlx_lm import load
+
+    model, tok = load(str(tiny_llama_path))
+    model.set_dtype(mx.bfloat16)
+    llm = MLXBackend(model, tok)
+    ref = genlm_core.load("mlx", model=str(tiny_llama_path))
+    try:
+        ctx = [5, 6, 7, 8]
+        lp = llm.next_token_logprobs_sync(ctx)
+        assert lp.dtype == torch.float32 and torch.isfinite(lp).all()
+        assert float(torch.logsumexp(lp.double(), 0).exp()) == pytest.approx(1.0, abs=1e-4)
+        assert torch.allclose(lp, ref.next_token_logprobs_sync(ctx), atol=0.2, rtol=0)  # bf16 rounding
+        assert isinstance(llm.prefix_cache.deepest_kv(ctx)[1], mx.array)
+    finally:
+        llm.close()
+        ref.close()
+
+
+def test_unreusable_caches_warn_and_still_compute(tiny_llama_path):
+    from genlm_mlx import engine
+    from genlm_mlx.backend import MLXBackend
+    from mlx_lm import load
+    from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+
+    model, tok = load(str(tiny_llama_path))
+    ctxs = _contexts(5, 3, 1, 12)
+    plain = MLXBackend(model, tok)
+    expected = [plain.next_token_logprobs_uncached(c) for c in ctxs]
+    plain.close()
+    # Sliding window with pinned tokens (keep > 0): not reusable, not batchable.
+    model.make_cache = lambda: [RotatingKVCache(max_size=512, keep=4) for _ in model.layers]
+    with pytest.warns(UserWarning, match="prefix caching is disabled"):
+        llm = MLXBackend(model, tok)
+    try:
+        assert llm.prefix_cache is None and "keep=4" in llm.kv_reuse_problem
+        rows = llm.batch_next_token_logprobs_sync(ctxs)
+        for exp, row in zip(expected, rows):
+            assert torch.allclose(row, exp, atol=SELF_ATOL, rtol=0)
+    finally:
+        llm.close()
+
+    class Recurrent:
+        layers = [0, 0]
+
+        def make_cache(self):
+            return [ArraysCache(2), ArraysCache(2)]
+
+    assert "recurrent" in engine.kv_reuse_problem(Recurrent())
+    # no warning when the user turned prefix caching off
+    model.make_cache = lambda: [RotatingKVCache(max_size=512, keep=4) for _ in model.layers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MLXBackend(model, tok, genlm_core.backend_config("mlx", prefix_cache=False)).close()
