@@ -62,11 +62,12 @@ TINY_HIDDEN = 64
 TINY_HEAD_DIM = 32  # vLLM's CPU attention supports 32, 64, 80, ...; not 16
 TINY_LAYERS = 2
 TINY_SEED = 0
+TINY_ROPE_THETA = 100000.0  # not the default 10000, so engines that misread it disagree
 TINY_INIT_STD = 0.2  # large enough that next-token distributions are not flat
 
 MARKER = ".genlm-model.json"
 # Bump when a builder changes what it writes: existing folders are then rebuilt.
-_BUILDER_VERSION = {"smollm2": 1, "tiny-llama": 1, "tiny-gpt2": 1}
+_BUILDER_VERSION = {"smollm2": 3, "tiny-llama": 2, "tiny-gpt2": 1}
 
 # Local training text for the tiny tokenizers: files that exist on any Debian
 # machine and in any CPython 3.11 standard library (missing ones are skipped).
@@ -155,6 +156,23 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def _library_progress_bars(enabled: bool) -> Iterator[None]:
+    """Silence transformers' own progress bars while building quietly."""
+    if enabled:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _fix_permissions(folder: Path) -> None:
     """mkdtemp and some writers create owner-only entries: apply the usual umask."""
     umask = os.umask(0)
@@ -179,7 +197,8 @@ def _ensure_built(
         report.step(f"building into {final}")
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
         try:
-            info = build(tmp, report)
+            with _library_progress_bars(progress):
+                info = build(tmp, report)
             _fix_permissions(tmp)
             info = {"builder": key, "version": _BUILDER_VERSION[key], **info}
             (tmp / MARKER).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
@@ -226,7 +245,14 @@ def _build_smollm2(gguf: Path, out: Path, report: _Progress) -> dict[str, Any]:
     # its config (without quantization_config) and copy the dequantised tensors in.
     report.step("copying weights into a plain LlamaForCausalLM")
     config_dict = quantised.config.to_dict()
-    for drop in ("quantization_config", "_name_or_path", "transformers_version", "architectures"):
+    drops = (
+        "quantization_config",
+        "_name_or_path",
+        "_model_name_or_path",
+        "transformers_version",
+        "architectures",
+    )
+    for drop in drops:
         config_dict.pop(drop, None)
     config = LlamaConfig(**config_dict)
     config.architectures = ["LlamaForCausalLM"]
@@ -239,11 +265,52 @@ def _build_smollm2(gguf: Path, out: Path, report: _Progress) -> dict[str, Any]:
     model.generation_config = quantised.generation_config
     model.eval()
 
+    _restore_smollm2_tokenizer(tokenizer, config.max_position_embeddings)
+
     report.step("saving safetensors and tokenizer")
     model.save_pretrained(str(out), safe_serialization=True)
+    _update_config_json(out, **_legacy_rope_keys(config))
     tokenizer.save_pretrained(str(out))
     del quantised, model, state
     return {"source": f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF}", "gguf_bytes": gguf.stat().st_size}
+
+
+def _update_config_json(folder: Path, **extra: Any) -> None:
+    path = folder / "config.json"
+    data = json.loads(path.read_text())
+    data.update(extra)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _legacy_rope_keys(config: Any) -> dict[str, Any]:
+    """Top-level ``rope_theta`` next to transformers 5's ``rope_parameters``.
+
+    mlx-lm (0.32) reads only the top-level key and silently falls back to 10000
+    otherwise (SmolLM2 uses 100000); transformers and vLLM accept both.
+    """
+    params = getattr(config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
+    return {} if theta is None else {"rope_theta": float(theta)}
+
+
+def _restore_smollm2_tokenizer(tokenizer: Any, max_length: int) -> None:
+    """Undo what the GGUF round trip loses from SmolLM2's original tokenizer.
+
+    The GGUF says ``tokenizer.ggml.pre = "smollm"``: digits are split one by one
+    before the byte-level regex (as in the original ``tokenizer.json``), but
+    transformers' GGUF converter keeps only the byte-level step, which changes the
+    tokenization of whitespace before digits (``"x  2"``). It also leaves
+    ``model_max_length`` unset.
+    """
+    from tokenizers import pre_tokenizers
+
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
+    )
+    tokenizer.model_max_length = max_length
 
 
 # --------------------------------------------------------------------- tiny models
@@ -344,6 +411,7 @@ def _build_tiny(arch: str, out: Path, report: _Progress) -> dict[str, Any]:
             num_key_value_heads=1,  # grouped-query attention, as in most real models
             head_dim=TINY_HEAD_DIM,
             max_position_embeddings=TINY_MAX_POSITIONS,
+            rope_parameters={"rope_type": "default", "rope_theta": TINY_ROPE_THETA},
             tie_word_embeddings=False,
             bos_token_id=eos_id,
             eos_token_id=eos_id,
@@ -354,6 +422,7 @@ def _build_tiny(arch: str, out: Path, report: _Progress) -> dict[str, Any]:
         _init_weights(model, TINY_SEED)
         model.eval()
         model.save_pretrained(str(out), safe_serialization=True)
+        _update_config_json(out, **_legacy_rope_keys(config))
     else:
         from safetensors.torch import save_file
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -385,10 +454,7 @@ def _build_tiny(arch: str, out: Path, report: _Progress) -> dict[str, Any]:
         save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
         config.architectures = ["GPT2LMHeadModel"]
         config.save_pretrained(str(out))
-        config_file = out / "config.json"
-        data = json.loads(config_file.read_text())
-        data["n_ctx"] = TINY_MAX_POSITIONS  # mlx-lm's GPT-2 requires it
-        config_file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        _update_config_json(out, n_ctx=TINY_MAX_POSITIONS)  # mlx-lm's GPT-2 requires it
         model.generation_config.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     corpus = hashlib.sha256("\x00".join(_tiny_corpus_texts()).encode()).hexdigest()
