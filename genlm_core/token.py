@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 
 class Token(bytes):
@@ -14,10 +14,10 @@ class Token(bytes):
     Compare with plain bytes through :meth:`as_bytes`.
     """
 
-    __slots__ = ("token_id",)
+    # bytes subclasses cannot have non-empty __slots__: token_id lives in the instance dict.
     token_id: int
 
-    def __new__(cls, token_id: int, value: bytes) -> "Token":
+    def __new__(cls, token_id: int, value: bytes) -> Self:
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError(f"Token bytes must be bytes-like, got {type(value).__name__}")
         self = super().__new__(cls, value)
