@@ -285,6 +285,10 @@ def test_duplicates_atomic_empty_and_errors() -> None:
         TrieStructure([])
     with pytest.raises(ValueError):
         TrieStructure([Token(3, b"a")])  # id must equal position
+    buf = np.empty(s.num_nodes, dtype=np.float64)
+    assert t.weight_sum(p, out=buf) is not None and np.array_equal(buf, m)
+    with pytest.raises(ValueError):
+        t.weight_sum(p, out=np.empty(3))
     with pytest.raises(ValueError):
         t.weight_sum(np.ones(4))
     with pytest.raises(ValueError):

@@ -104,7 +104,7 @@ class AsyncTokenByteTrie:
 
     def _check(self, ws: Any) -> None:
         shape = tuple(getattr(ws, "shape", (len(ws),) if hasattr(ws, "__len__") else ()))
-        n = len(self.trie.decode)
+        n = self.trie.structure.num_leaves
         if shape != (n,):
             raise ValueError(f"weights must have shape ({n},), got {shape}")
 

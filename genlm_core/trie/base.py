@@ -37,7 +37,6 @@ class BaseTokenByteTrie:
         else:
             self.structure = TrieStructure(decode, eos_tokens or (), atomic_tokens or ())
         s = self.structure
-        self.decode = s.decode
         self.root = s.root
         self.eos_node = s.eos_node
         self.num_nodes = s.num_nodes
@@ -62,8 +61,13 @@ class BaseTokenByteTrie:
         return self.num_nodes
 
     @property
+    def decode(self) -> list[Token]:
+        """The vocabulary as ``Token`` objects (position = token id)."""
+        return self.structure.decode
+
+    @property
     def vocab_size(self) -> int:
-        return len(self.decode)
+        return self.structure.num_leaves
 
     def leaves_of(self, node: int) -> list[int]:
         """All end-of-token leaves hanging below ``node`` (duplicates included)."""

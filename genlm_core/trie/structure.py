@@ -119,7 +119,30 @@ def to_tokens(decode: Iterable[bytes | Token]) -> list[Token]:
     return out
 
 
-def _select_ids(spec: Iterable[Any], tokens: list[Token], what: str) -> np.ndarray:
+def _raw_bytes(decode: Iterable[bytes | Token]) -> tuple[list[bytes], list[Token] | None]:
+    """Plain bytes of every entry, and the entries themselves when all are ``Token``
+    (checked to carry their position as id); ``Token`` objects for plain bytes are
+    only created when ``decode`` is first read."""
+    items = list(decode)
+    raw: list[bytes] = []
+    all_tokens = True
+    for i, t in enumerate(items):
+        if isinstance(t, Token):
+            if t.token_id != i:
+                raise ValueError(f"vocabulary entry {i} is {t!r}: a Token's token_id must equal its position")
+            raw.append(bytes(t))
+        elif isinstance(t, bytes):
+            all_tokens = False
+            raw.append(t)
+        elif isinstance(t, (bytearray, memoryview)):
+            all_tokens = False
+            raw.append(bytes(t))
+        else:
+            raise TypeError(f"vocabulary entry {i} is {type(t).__name__}, expected bytes or Token")
+    return raw, (items if all_tokens else None)
+
+
+def _select_ids(spec: Iterable[Any], tokens: list[bytes], what: str) -> np.ndarray:
     """Token ids named by ``spec``: a ``Token`` names its id, plain ``bytes``
     every token with those bytes. Unknown entries raise ``ValueError``."""
     by_bytes: dict[bytes, list[int]] | None = None
@@ -127,14 +150,14 @@ def _select_ids(spec: Iterable[Any], tokens: list[Token], what: str) -> np.ndarr
     for s in spec:
         if isinstance(s, Token):
             tid = s.token_id
-            if not (0 <= tid < len(tokens)) or bytes(tokens[tid]) != bytes(s):
+            if not (0 <= tid < len(tokens)) or tokens[tid] != bytes(s):
                 raise ValueError(f"{what} token {s!r} not in vocabulary")
             ids.add(tid)
         elif isinstance(s, (bytes, bytearray, memoryview)):
             if by_bytes is None:
                 by_bytes = {}
-                for t in tokens:
-                    by_bytes.setdefault(bytes(t), []).append(t.token_id)
+                for i, t in enumerate(tokens):
+                    by_bytes.setdefault(t, []).append(i)
             found = by_bytes.get(bytes(s))
             if not found:
                 raise ValueError(f"{what} token {bytes(s)!r} not in vocabulary")
@@ -282,7 +305,7 @@ class _Word2Leaf(Mapping):
         self._by_bytes: dict[bytes, int] | None = None
 
     def __len__(self) -> int:
-        return len(self._s.decode)
+        return len(self._s._raw)
 
     def __iter__(self) -> Iterator[Token]:
         return iter(self._s.decode)
@@ -291,23 +314,23 @@ class _Word2Leaf(Mapping):
         s = self._s
         if isinstance(key, tuple) and len(key) == 2:  # genlm-bytes' (bytes, token_id)
             b, tid = key
-            if isinstance(tid, (int, np.integer)) and 0 <= int(tid) < len(s.decode):
-                if bytes(s.decode[int(tid)]) == bytes(b):
+            if isinstance(tid, (int, np.integer)) and 0 <= int(tid) < len(s._raw):
+                if s._raw[int(tid)] == bytes(b):
                     return s.n_internal + int(tid)
             raise KeyError(key)
         if isinstance(key, Token):
             tid = key.token_id
-            if 0 <= tid < len(s.decode) and bytes(s.decode[tid]) == bytes(key):
+            if 0 <= tid < len(s._raw) and s._raw[tid] == bytes(key):
                 return s.n_internal + tid
             raise KeyError(key)
         if isinstance(key, (bytes, bytearray, memoryview)):
             if self._by_bytes is None:
                 m: dict[bytes, int] = {}
-                for t in s.decode:
-                    m.setdefault(bytes(t), t.token_id)
+                for i, t in enumerate(s._raw):
+                    m.setdefault(t, i)
                 self._by_bytes = m
             return s.n_internal + self._by_bytes[bytes(key)]
-        if isinstance(key, (int, np.integer)) and 0 <= int(key) < len(s.decode):
+        if isinstance(key, (int, np.integer)) and 0 <= int(key) < len(s._raw):
             return s.n_internal + int(key)
         raise KeyError(key)
 
@@ -327,10 +350,10 @@ class _Leaf2(Mapping):
         self._ids = ids
 
     def __len__(self) -> int:
-        return len(self._s.decode)
+        return len(self._s._raw)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self._s.n_internal, self._s.n_internal + len(self._s.decode)))
+        return iter(range(self._s.n_internal, self._s.n_internal + len(self._s._raw)))
 
     def __getitem__(self, leaf: Any) -> Any:
         s = self._s
@@ -338,7 +361,7 @@ class _Leaf2(Mapping):
             tid = int(leaf) - s.n_internal
         except (TypeError, ValueError):
             raise KeyError(leaf) from None
-        if not 0 <= tid < len(s.decode):
+        if not 0 <= tid < len(s._raw):
             raise KeyError(leaf)
         return tid if self._ids else s.decode[tid]
 
@@ -370,16 +393,16 @@ class TrieStructure:
         eos_tokens: Iterable[bytes | Token] = (),
         atomic_tokens: Iterable[bytes | Token] = (),
     ) -> None:
-        tokens = to_tokens(decode)
-        n = len(tokens)
+        raw, tokens = _raw_bytes(decode)
+        n = len(raw)
         if n == 0:
             raise ValueError("cannot build a trie of an empty vocabulary")
-        self.decode: list[Token] = tokens
-        raw = [bytes(t) for t in tokens]
-        self.eos_ids = _select_ids(eos_tokens or (), tokens, "EOS")
-        self.atomic_ids = _select_ids(atomic_tokens or (), tokens, "atomic")
-        self.eos_tokens = frozenset(tokens[i] for i in self.eos_ids.tolist())
-        self.atomic_tokens = frozenset(tokens[i] for i in self.atomic_ids.tolist())
+        self._raw = raw
+        self._tokens = tokens
+        self.eos_ids = _select_ids(eos_tokens or (), raw, "EOS")
+        self.atomic_ids = _select_ids(atomic_tokens or (), raw, "atomic")
+        self.eos_tokens = frozenset(Token(i, raw[i]) for i in self.eos_ids.tolist())
+        self.atomic_tokens = frozenset(Token(i, raw[i]) for i in self.atomic_ids.tolist())
 
         is_atomic = np.zeros(n, dtype=bool)
         is_atomic[self.atomic_ids] = True
@@ -506,6 +529,18 @@ class TrieStructure:
         self.leaf2word = _Leaf2(self, ids=False)
         self.leaf2token_id = _Leaf2(self, ids=True)
 
+    @property
+    def decode(self) -> list[Token]:
+        """The vocabulary as ``Token`` objects (position = token id)."""
+        if self._tokens is None:
+            self._tokens = [Token(i, b) for i, b in enumerate(self._raw)]
+        return self._tokens
+
+    @property
+    def raw(self) -> list[bytes]:
+        """The vocabulary as plain ``bytes``."""
+        return self._raw
+
     # ------------------------------------------------------------------ queries
     def _make_children(self, node: int) -> NodeChildren:
         a, b = self._kid_ptr[node], self._kid_ptr[node + 1]
@@ -543,14 +578,14 @@ class TrieStructure:
         if node == self.root or node == self.eos_node:
             return b""
         if node >= self.n_internal:
-            return bytes(self.decode[node - self.n_internal])
-        tok = self.decode[int(self._intro_tok[node])]
+            return self._raw[node - self.n_internal]
+        tok = self._raw[int(self._intro_tok[node])]
         return bytes(tok)[: int(self.depth[node])]
 
     def is_leaf(self, node: int) -> bool:
         """True for end-of-token leaves."""
-        return self.n_internal <= node < self.n_internal + len(self.decode)
+        return self.n_internal <= node < self.n_internal + len(self._raw)
 
     @property
     def num_leaves(self) -> int:
-        return len(self.decode)
+        return len(self._raw)

@@ -59,7 +59,7 @@ class TorchTokenByteTrie(BaseTokenByteTrie):
         self.precise = precise
         self.max_batch_size = int(max_batch_size)
         s = self.structure
-        self._n = len(s.decode)
+        self._n = s.num_leaves
         self._N = N = s.n_internal
         dev = self.device
 
