@@ -375,6 +375,57 @@ def test_bare_tokenizers_object(gpt2: Case) -> None:
     assert [t.as_bytes() for t in byte_vocab] == [t.as_bytes() for t in gpt2.info.byte_vocab]
 
 
+def test_unigram_sentencepiece_round_trip() -> None:
+    tok = fx.unigram_tokenizer()
+    info = decode_vocab_info(tok)
+    assert info.family == "sentencepiece"
+    assert type(tok.backend_tokenizer.model).__name__ == "Unigram"
+    words = st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,()", min_size=1, max_size=8)
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(words, min_size=1, max_size=6))
+    def check(ws: list[str]) -> None:
+        text = " ".join(ws)
+        ids = tok.encode(text, add_special_tokens=False)
+        assume(tok.unk_token_id not in ids)
+        assert b"".join(info.byte_vocab[i] for i in ids) == b" " + text.encode()
+
+    check()
+
+
+def test_gaps_in_a_hugging_face_vocabulary() -> None:
+    """Model ids 300-301 beyond a 256-byte alphabet: ids 256-299 (less the added
+    token's) are gaps, and the vocabulary reaches the largest id even though
+    len(tokenizer) is smaller."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    table = fx.byte_level_alphabet()
+    vocab = {table[b]: b for b in range(256)} | {"Ġa": 300, "Ġab": 301}
+    backend = Tokenizer(models.BPE(vocab, [("Ġ", "a"), ("Ġa", "b")]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tok.add_special_tokens({"eos_token": "<eos>"})
+    eos = tok.eos_token_id
+    info = decode_vocab_info(tok)
+    assert len(tok) < 302 == len(info.byte_vocab)
+    assert info.gap_ids == frozenset(range(256, 300)) - {eos}
+    assert all(info.byte_vocab[i].as_bytes() == GAP_BYTES for i in info.gap_ids)
+    assert info.byte_vocab[300].as_bytes() == b" a" and info.byte_vocab[301].as_bytes() == b" ab"
+    assert info.byte_vocab[eos].as_bytes() == b"<eos>" and info.special_ids == frozenset({eos})
+    ids = tok.encode(" ab a<eos>x", add_special_tokens=False)
+    assert ids[:2] == [301, 300]
+    assert b"".join(info.byte_vocab[i] for i in ids) == b" ab a<eos>x"
+
+
+def test_tiktoken_ranks_duplicates_and_gaps() -> None:
+    byte_vocab, str_vocab = decode_tiktoken_ranks({b"a": 0, b"\xe2": 1, b"<s>": 2}, {"<s>": 4})
+    assert [t.as_bytes() for t in byte_vocab] == [b"a", b"\xe2", b"<s>", GAP_BYTES, b"<s>"]
+    assert byte_vocab[2] != byte_vocab[4] and byte_vocab[2].as_bytes() == byte_vocab[4].as_bytes()
+    assert str_vocab == ["a", "\ufffd", "<s>", "", "<s>"]
+
+
 # --------------------------------------------------------------------------- refusals
 
 

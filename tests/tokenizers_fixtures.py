@@ -278,3 +278,31 @@ def wordpiece_tokenizer() -> Any:
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+# --------------------------------------------------------------------------- Unigram (trained here)
+
+
+def unigram_tokenizer(vocab_size: int = 600) -> Any:
+    """A small sentencepiece-style Unigram tokenizer trained offline on stdlib sources.
+
+    No PyPI package ships a Unigram model we can use, so this covers the Unigram model
+    path (Metaspace pre-tokenizer and decoder, ``<unk>`` for unseen characters).
+    """
+    import sysconfig
+
+    from tokenizers.implementations import SentencePieceUnigramTokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    lines = [
+        line
+        for name in ("textwrap.py", "argparse.py", "difflib.py")
+        for line in (stdlib / name).read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+    trainer = SentencePieceUnigramTokenizer()
+    trainer.train_from_iterator(
+        lines, vocab_size=vocab_size, show_progress=False, special_tokens=["<unk>"], unk_token="<unk>"
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=trainer._tokenizer, unk_token="<unk>")
