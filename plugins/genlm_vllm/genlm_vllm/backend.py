@@ -182,8 +182,9 @@ class VLLMBackend(BaseLogprobBackend):
 
         tags = self._new_tags(len(contexts))
         params = [
-            SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
-                           extra_args={TAG_KEY: tag})
+            SamplingParams(
+                max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False, extra_args={TAG_KEY: tag}
+            )
             for tag in tags
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
@@ -242,8 +243,9 @@ class VLLMBackend(BaseLogprobBackend):
         max_tokens = min(max_tokens, room)
         if max_tokens <= 0:
             return []
-        req = _SampleRequest(ctx, max_tokens, tuple(sorted(eos)), temperature,
-                             None if seed is None else int(seed))
+        req = _SampleRequest(
+            ctx, max_tokens, tuple(sorted(eos)), temperature, None if seed is None else int(seed)
+        )
         return await self.sample_batcher.submit(req)
 
     async def batch_sample(
@@ -285,6 +287,53 @@ class VLLMBackend(BaseLogprobBackend):
         return self.sample_batcher.run_sync([req])[0]
 
     def _sample_batch_fn(self, requests: list[_SampleRequest]) -> list[list[int]]:
+        results: list[list[int]] = []
+        for group in self._sample_groups(requests):
+            results.extend(self._sample_group(group))
+        return results
+
+    def _sample_groups(self, requests: list[_SampleRequest]) -> list[list[_SampleRequest]]:
+        """Split a sampling batch so no seeded prompt is prefilled in chunks on CPU.
+
+        vLLM 0.32's CPU runner rewinds the per-request generator of a partially
+        prefilled seeded request with ``Generator.set_offset``, which CPU generators do
+        not support (``RuntimeError: CPU Generator does not use offset``). Groups whose
+        prompts fit in one step's token budget are prefilled in one step; a longer
+        seeded prompt is first prefilled unseeded (filling the prefix cache) so the
+        seeded request only computes its last block.
+        """
+        if self._device != "cpu" or all(r.seed is None for r in requests):
+            return [requests]
+        budget = int(self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
+        groups: list[list[_SampleRequest]] = []
+        current: list[_SampleRequest] = []
+        used = 0
+        for r in requests:
+            if current and used + len(r.prompt) > budget:
+                groups.append(current)
+                current, used = [], 0
+            current.append(r)
+            used += len(r.prompt)
+        if current:
+            groups.append(current)
+        for group in groups:
+            if len(group) == 1 and group[0].seed is not None and len(group[0].prompt) > budget:
+                self._warm_prefix(group[0].prompt)
+        return groups
+
+    def _warm_prefix(self, prompt: tuple[int, ...]) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
+        self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(prompt))],
+            params,
+            use_tqdm=False,
+            lora_request=self._active_lora,
+        )
+
+    def _sample_group(self, requests: list[_SampleRequest]) -> list[list[int]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,8 +50,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from vllm.config import VllmConfig
     from vllm.sampling_params import SamplingParams
 
-__all__ = ["TAG_KEY", "CAPTURED", "CaptureLogitsProcessor", "new_namespace", "pop_captured",
-           "discard", "capture_args", "CaptureWorkerExtension"]
+__all__ = [
+    "TAG_KEY",
+    "CAPTURED",
+    "CaptureLogitsProcessor",
+    "new_namespace",
+    "pop_captured",
+    "discard",
+    "capture_args",
+    "CaptureWorkerExtension",
+]
 
 #: key of ``SamplingParams.extra_args`` that marks a request for capture
 TAG_KEY = "genlm_capture"
@@ -59,6 +68,8 @@ TAG_KEY = "genlm_capture"
 CAPTURED: dict[str, torch.Tensor] = {}
 _LOCK = threading.Lock()
 _NAMESPACES = itertools.count()
+#: live processor instances of this process (diagnostics and tests: ``.steps``)
+INSTANCES: weakref.WeakSet[CaptureLogitsProcessor] = weakref.WeakSet()
 
 
 def new_namespace() -> str:
@@ -85,7 +96,9 @@ class CaptureLogitsProcessor(LogitsProcessor):
         self.device = device
         # persistent-batch row -> (tag, running output token list of that request)
         self.rows: dict[int, tuple[str, list[int]]] = {}
-        self.steps = 0
+        self.steps = 0  # apply() calls
+        self.captures = 0  # rows recorded (partial-prefill rows included)
+        INSTANCES.add(self)
 
     @classmethod
     def validate_params(cls, sampling_params: "SamplingParams") -> None:
@@ -129,6 +142,7 @@ class CaptureLogitsProcessor(LogitsProcessor):
         with _LOCK:
             for k, (_, tag) in enumerate(want):
                 CAPTURED[tag] = picked[k]
+        self.captures += len(want)
         return logits
 
 
