@@ -1,10 +1,10 @@
 """Byte-level language models over token-level LogprobBackends ("beam" ByteModel).
 
-    from genlm_core.bytes import ByteBeamState, BeamParams
-    beam = await ByteBeamState.initial(llm, BeamParams(K=5))
-    beam = await beam.prefill(b"An apple a day")
-    dist = await beam.logp_next()          # 256 bytes + EOT + EOS
-    print(dist.pretty())
+from genlm_core.bytes import ByteBeamState, BeamParams
+beam = await ByteBeamState.initial(llm, BeamParams(K=5))
+beam = await beam.prefill(b"An apple a day")
+dist = await beam.logp_next()          # 256 bytes + EOT + EOS
+print(dist.pretty())
 """
 
 from genlm_core.bytes.beam import (

@@ -25,8 +25,7 @@ def default_initial_context(model: Any) -> tuple[int, ...]:
     if eos:
         return (int(eos[0]),)
     raise ValueError(
-        "the tokenizer has neither a BOS nor an EOS token: pass initial_context=(token ids) "
-        "in BeamParams"
+        "the tokenizer has neither a BOS nor an EOS token: pass initial_context=(token ids) in BeamParams"
     )
 
 
@@ -41,9 +40,7 @@ class StatefulTokenizedLM:
 
     __slots__ = ("model", "context", "max_context_length")
 
-    def __init__(
-        self, model: Any, context: Sequence[int], max_context_length: int | None = None
-    ) -> None:
+    def __init__(self, model: Any, context: Sequence[int], max_context_length: int | None = None) -> None:
         if max_context_length is not None and max_context_length < 1:
             raise ValueError(f"max_context_length must be >= 1, got {max_context_length}")
         ctx = tuple(int(t) for t in context)

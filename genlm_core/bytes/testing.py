@@ -47,6 +47,8 @@ class TableBackend(BaseLogprobBackend):
         scale: spread of the pseudo-random logits (larger is peakier).
         seed: mixed into the pseudo-random seed.
         timeout: the batcher's wait for more requests (0: tests run fast).
+        default: ``{token id: probability}`` for contexts not in ``table``
+            (instead of the pseudo-random distribution).
     """
 
     backend_name = "table"
@@ -60,6 +62,7 @@ class TableBackend(BaseLogprobBackend):
         scale: float = 2.0,
         seed: int = 0,
         timeout: float = 0.0,
+        default: Mapping[int, float] | None = None,
     ) -> None:
         byte_vocab = [Token(i, bytes(b)) for i, b in enumerate(vocab)]
         eos = [int(e) for e in eos_token_ids]
@@ -72,13 +75,14 @@ class TableBackend(BaseLogprobBackend):
             eos_token_ids=eos,
         )
         self.table = {tuple(k): dict(v) for k, v in (table or {}).items()}
+        self.default = dict(default) if default is not None else None
         self.scale = scale
         self.seed = seed
         self.forward_calls = 0
         self.forward_rows = 0
 
     def logits_for(self, ctx: tuple[int, ...]) -> np.ndarray:
-        row = self.table.get(tuple(ctx))
+        row = self.table.get(tuple(ctx), self.default)
         if row is not None:
             p = np.zeros(self.vocab_size)
             for i, v in row.items():
@@ -110,7 +114,7 @@ class BruteForce:
         self.vocab = [bytes(t) for t in llm.byte_vocab]
         self.eos = set(llm.eos_token_ids)
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019 - test helper, lives as long as the test
+    @functools.cache  # noqa: B019 - test helper, lives as long as the test
     def _probs(self, ctx: tuple[int, ...]) -> np.ndarray:
         lp = self.llm.next_token_logprobs_sync(ctx)
         return np.exp(lp.detach().cpu().numpy().astype(np.float64))
@@ -118,7 +122,7 @@ class BruteForce:
     def _ordinary(self) -> list[int]:
         return [i for i, t in enumerate(self.vocab) if t and not (self.with_eos and i in self.eos)]
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019
+    @functools.cache  # noqa: B019
     def prefix(self, rest: bytes, ctx: tuple[int, ...] | None = None) -> float:
         """P(the byte stream starts with ``rest``) after ``ctx`` (default: the context)."""
         ctx = self.context if ctx is None else ctx
@@ -135,7 +139,7 @@ class BruteForce:
                 total += p[i] * self.prefix(rest[len(t) :], (*ctx, i))
         return total
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019
+    @functools.cache  # noqa: B019
     def exact_then_eos(self, rest: bytes, ctx: tuple[int, ...] | None = None) -> float:
         """P(the stream is exactly ``rest`` and then EOS) (0 unless ``with_eos``)."""
         if not self.with_eos:

