@@ -263,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     by.add_argument("--dist", action="store_true", help="show the next-byte distribution after the prompt")
     by.set_defaults(func=cmd_bytes)
 
+    dm = sub.add_parser("demo", help="the main job: SIS and byte-level LM on the embedded SmolLM2", add_help=False)
+    dm.add_argument("rest", nargs=argparse.REMAINDER)
+    dm.set_defaults(func=lambda a: __import__("genlm_core.demo", fromlist=["main"]).main(a.rest))
+
     be = sub.add_parser("bench", help="run the benchmark suite (JSON + Markdown table)")
     be.add_argument("--plot", metavar="OUT.png", help="draw throughput plots (needs matplotlib)")
     be.add_argument("--only", nargs="*", help="run only these benchmarks")
