@@ -283,7 +283,7 @@ def wordpiece_tokenizer() -> Any:
 # --------------------------------------------------------------------------- Unigram (trained here)
 
 
-def unigram_tokenizer(vocab_size: int = 600) -> Any:
+def unigram_tokenizer(vocab_size: int = 400) -> Any:
     """A small sentencepiece-style Unigram tokenizer trained offline on stdlib sources.
 
     No PyPI package ships a Unigram model we can use, so this covers the Unigram model
@@ -297,7 +297,7 @@ def unigram_tokenizer(vocab_size: int = 600) -> Any:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     lines = [
         line
-        for name in ("textwrap.py", "argparse.py", "difflib.py")
+        for name in ("textwrap.py", "difflib.py")
         for line in (stdlib / name).read_text(encoding="utf-8").splitlines()
         if line.strip()
     ]
