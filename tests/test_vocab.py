@@ -362,6 +362,24 @@ def test_tiktoken_ranks_match_encoding() -> None:
         assert byte_vocab[i].as_bytes() == enc.decode_single_token_bytes(i)
 
 
+def test_wrapped_tiktoken_encoding() -> None:
+    """Tokenizer classes that wrap a tiktoken Encoding (as ``tokenizer``/``model``)."""
+    enc = fx.cl100k_encoding()
+
+    class Wrapper:
+        def __init__(self) -> None:
+            self.model = enc
+
+        def __len__(self) -> int:
+            return enc.n_vocab + 3  # room for more special tokens
+
+    info = decode_vocab_info(Wrapper())
+    assert info.family == "tiktoken" and len(info.byte_vocab) == enc.n_vocab + 3
+    assert info.gap_ids >= {enc.n_vocab, enc.n_vocab + 2}
+    ids = enc.encode("wrapped 🙂 text")
+    assert b"".join(info.byte_vocab[i] for i in ids) == "wrapped 🙂 text".encode()
+
+
 def test_special_token_text_round_trips(gpt2: Case) -> None:
     """Added tokens are their UTF-8 text: parsing the text back yields them."""
     ids = gpt2.encode("a<|endoftext|>b")
