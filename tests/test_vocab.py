@@ -411,6 +411,26 @@ def test_unigram_sentencepiece_round_trip() -> None:
     check()
 
 
+def test_tiny_byte_level_bpe_without_full_alphabet() -> None:
+    """A byte-level BPE trained on ASCII text only (as tests train tiny models) has no
+    tokens for most non-ASCII bytes: decoding must still succeed and be exact."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    corpus = ["the quick brown fox jumps over the lazy dog", "Hello world, hello there!\n"] * 20
+    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=120, special_tokens=["<eos>"]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    info = decode_vocab_info(tok)
+    assert info.family == "byte_level" and len(info.byte_vocab) == len(tok)
+    assert len({t.as_bytes() for t in info.byte_vocab if len(t) == 1}) < 256
+    for text in ["the lazy fox", " Hello world\n", "over there<eos>"]:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert b"".join(info.byte_vocab[i] for i in ids) == text.encode()
+
+
 def test_gaps_in_a_hugging_face_vocabulary() -> None:
     """Model ids 300-301 beyond a 256-byte alphabet: ids 256-299 (less the added
     token's) are gaps, and the vocabulary reaches the largest id even though
