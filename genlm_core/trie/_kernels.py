@@ -25,6 +25,10 @@ def sum_rows(w, perm, start, end, eos_pos, eos_ids, with_eos, n_internal, out): 
     for r in range(rows):
         wr = w[r]
         o = out[r]
+        # leaves first: this sequential pass also brings the row into cache before
+        # the permuted gather below reads it in random order
+        for k in range(n):
+            o[n_internal + k] = wr[k]
         hi[0] = 0.0
         lo[0] = 0.0
         s = 0.0
@@ -49,8 +53,6 @@ def sum_rows(w, perm, start, end, eos_pos, eos_ids, with_eos, n_internal, out): 
             a = start[i]
             b = end[i]
             o[i] = (hi[b] - hi[a]) + (lo[b] - lo[a])
-        for k in range(n):
-            o[n_internal + k] = wr[k]
         eos = 0.0
         if with_eos:
             for j in range(eos_ids.shape[0]):
