@@ -14,8 +14,13 @@ $PY scripts/build_test_models.py
 echo "[test] ruff"
 .venv/bin/ruff check genlm_core plugins tests benchmarks scripts conftest.py
 mkdir -p build
+# GPU-only tests are deselected (not skipped) where the hardware probe finds no CUDA.
+markers=()
+if ! $PY -c "import sys; from genlm_core.hardware import probe; sys.exit(0 if probe().cuda else 1)"; then
+  markers=(-m "not cuda")
+fi
 set +e
-$PY -m pytest -q -rs --junitxml=build/junit.xml "$@"
+$PY -m pytest -q -rs --junitxml=build/junit.xml "${markers[@]}" "$@"
 rc=$?
 set -e
 $PY scripts/check_junit.py build/junit.xml || exit 1

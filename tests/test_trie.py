@@ -478,7 +478,7 @@ def test_registration_and_make_trie() -> None:
     assert isinstance(t, Trie) and isinstance(tt, Trie)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_torch_cuda_stays_on_device() -> None:  # pragma: no cover - GPU only
     vocab, W = _small()
     t = TorchTokenByteTrie(vocab, device="cuda")
