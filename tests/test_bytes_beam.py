@@ -203,3 +203,21 @@ async def test_mock_backend_end_to_end():
     assert out.startswith(b"Hello")
     q = await (await beam.prefill(b"the")).logp_next()
     assert q.total() == pytest.approx(1.0, abs=1e-6)
+
+
+async def test_prefill_scores_fewer_contexts_but_keeps_the_same_beam():
+    data = b"abbabbaababbbab"
+    saved = 0
+    for K in (1, 2, 3):
+        llm1 = table_llm(seed=11)
+        ref = (await ByteBeamState.initial(llm1, BeamParams(K=K))).with_mode(EOSMode.WITHOUT_EOS)
+        for c in data:  # the seeds' definition of prefill
+            ref = await (ref.prune() << c)
+        ref = ref.with_mode(EOSMode.WITH_EOS)
+        llm2 = table_llm(seed=11)
+        got = await (await ByteBeamState.initial(llm2, BeamParams(K=K))).prefill(data)
+        assert got.logZ == pytest.approx(ref.logZ, abs=1e-12)
+        assert [(s.lm.context, s.partial) for s in got] == [(s.lm.context, s.partial) for s in ref]
+        assert llm2.forward_rows <= llm1.forward_rows
+        saved += llm1.forward_rows - llm2.forward_rows
+    assert saved > 0

@@ -141,12 +141,13 @@ class ByteBeamState:
         return ByteBeamState(states, self.params, self.mode)
 
     # ------------------------------------------------------------------ stepping
-    async def extend(self, logZ: float | None = None) -> list[LazyTrieState]:
+    async def extend(self, logZ: float | None = None, floor: float | None = None) -> list[LazyTrieState]:
         """Commit the current token of every candidate that can end one here.
 
         Extensions whose share of ``logZ`` (plus the extensions' own weights) is
         at most ``prune_threshold`` are dropped; the rest are materialized in one
-        batched model call and one batched trie call.
+        batched model call and one batched trie call. ``floor`` (internal) also
+        skips unmaterialized extensions whose weight is below it.
         """
         if logZ is None:
             logZ = self.logZ
@@ -155,17 +156,29 @@ class ByteBeamState:
             logZ = float(np.logaddexp(logZ, e.weight))
         thr = self.params.log_prune_threshold
         keep = [e for e in cands if e.weight - logZ > thr]
+        if floor is not None:
+            keep = [e for e in keep if e.materialized or e.weight >= floor]
         await materialize_all(keep)
         return keep
 
     async def __lshift__(self, a: int) -> "ByteBeamState":
         """The beam after reading byte ``a`` (0-255, or ``257`` = EOS). An empty
         result (``logZ == -inf``) means no candidate could read it."""
+        return await self._advance(a, None)
+
+    async def _advance(self, a: int, keep_k: int | None) -> "ByteBeamState":
+        """``self << a``; with ``keep_k`` the caller only needs the ``keep_k`` best
+        candidates of the result (exactly), so an extension that cannot beat the
+        ``keep_k``-th candidate already known is not scored (reading a byte never
+        raises a weight)."""
         a = _check_symbol(a)
         await materialize_all(self.states)
         new_states = [t for s in self.states if (t := s << a) is not None]
         logZ = _logsumexp([s.weight for s in new_states])
-        for e in await self.extend(logZ):
+        floor = None
+        if keep_k is not None and len(new_states) >= keep_k:
+            floor = sorted((s.weight for s in new_states), reverse=True)[keep_k - 1]
+        for e in await self.extend(logZ, floor):
             t = e << a
             if t is not None:
                 new_states.append(t)
@@ -231,8 +244,13 @@ class ByteBeamState:
     # ------------------------------------------------------------------ sequences
     async def _prefill_without_eos(self, bs: bytes) -> "ByteBeamState":
         beam = self.with_mode(EOSMode.WITHOUT_EOS)
-        for b in bs:
-            beam = await (beam.prune() << b)
+        # Before the last byte, only the K best candidates survive the next prune():
+        # extensions that cannot reach them are skipped (same beam, fewer model
+        # calls). Exact only without a probability threshold, which depends on logZ.
+        K = self.params.K if self.params.prune_threshold == 0 else None
+        last = len(bs) - 1
+        for i, b in enumerate(bs):
+            beam = await beam.prune()._advance(b, K if i < last else None)
             if not beam.states:
                 break
         return beam
