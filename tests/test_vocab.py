@@ -110,6 +110,9 @@ def _build_case(name: str) -> Case:
     if name == "cl100k":
         tok = fx.cl100k_encoding()
         return _case(name, tok, _tiktoken_encode(tok), _utf8, byte_level=True)
+    if name == "tekken":
+        tok = fx.mistral_tekken()
+        return _case(name, tok, lambda s: tok.encode(s, bos=False, eos=False), _utf8, byte_level=True)
     if name == "mistral-fast":
         # Where a dummy-prefix space goes around special tokens in the text is a
         # tokenizer quirk (fast: only before leading text; slow: before every segment):
@@ -141,8 +144,9 @@ def _missing_bytes(tok: Any) -> frozenset[int]:
     return frozenset(b for b in range(256) if table[b] not in vocab)
 
 
-CASES = ["gpt2", "smollm2", "qwen-hf", "qwen-tiktoken", "cl100k", "mistral-fast", "mistral-slow", "mistral-spm"]
-BYTE_LEVEL_CASES = CASES[:5]
+CASES = [
+    "gpt2", "smollm2", "qwen-hf", "qwen-tiktoken", "cl100k", "tekken", "mistral-fast", "mistral-slow", "mistral-spm"
+]
 
 
 @pytest.fixture(scope="module", params=CASES)
@@ -229,6 +233,7 @@ EXPECTED_LEN = {
     "qwen-hf": 151851,
     "qwen-tiktoken": 151851,
     "cl100k": 100277,
+    "tekken": 131072,
     "mistral-fast": 32000,
     "mistral-slow": 32002,  # BertGenerationTokenizer adds <::::> and <pad>
     "mistral-spm": 32000,
@@ -253,7 +258,7 @@ def test_length_and_ids(case: Case) -> None:
     if hasattr(case.tokenizer, "__len__"):
         assert len(byte_vocab) >= len(case.tokenizer)
     assert all(isinstance(t, Token) and t.token_id == i for i, t in enumerate(byte_vocab))
-    assert case.info.family == ("tiktoken" if case.name in ("qwen-tiktoken", "cl100k") else
+    assert case.info.family == ("tiktoken" if case.name in ("qwen-tiktoken", "cl100k", "tekken") else
                                 "byte_level" if case.byte_level else "sentencepiece")
 
 
@@ -340,6 +345,16 @@ def test_cl100k_gaps_and_specials() -> None:
     assert info.byte_vocab[100257].as_bytes() == b"<|endoftext|>"
     assert info.byte_vocab[100276].as_bytes() == b"<|endofprompt|>"
     assert info.special_ids == frozenset({100257, 100258, 100259, 100260, 100276})
+
+
+def test_tekken_specials_and_offset() -> None:
+    case = _build_case("tekken")
+    tok, v = case.tokenizer, case.info.byte_vocab
+    assert case.info.special_ids == frozenset(range(1000))
+    assert v[tok.bos_id].as_bytes() == b"<s>" and v[tok.eos_id].as_bytes() == b"</s>"
+    assert v[1000].as_bytes() == b"\x00"  # first rank, after the 1,000 special ids
+    ids = tok.encode("Hello world", bos=False, eos=False)
+    assert [v[i].as_bytes() for i in ids] == [b"Hello", b" world"]
 
 
 def test_qwen_248k_from_ranks() -> None:

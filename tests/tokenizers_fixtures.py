@@ -257,6 +257,14 @@ def mistral_fast_tokenizer() -> Any:
     return LlamaTokenizer.from_pretrained(str(folder))
 
 
+def mistral_tekken() -> Any:
+    """mistral-common's Tekkenizer (tiktoken-style, 131,072 ids incl. 1,000 specials)."""
+    path = package_file("mistral_common", "data/tekken_240718.json")
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+    return Tekkenizer.from_file(str(path))
+
+
 def mistral_slow_tokenizer() -> Any:
     """The Mistral model through a slow sentencepiece tokenizer (``sp_model``)."""
     from transformers.models.bert_generation import BertGenerationTokenizer
