@@ -1,0 +1,47 @@
+"""SmolLM2-135M (a real pretrained model, 49k vocabulary), float32, one engine."""
+
+from __future__ import annotations
+
+import pytest
+from oracles import hf_oracle, max_abs_diff, vllm_dict_oracle
+
+import genlm_core
+
+
+@pytest.fixture(scope="module")
+def smol():
+    import model_paths
+
+    path = str(model_paths.smollm2())
+    llm = genlm_core.load(
+        "vllm",
+        model=path,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=512,
+        engine_opts={"max_logprobs": -1},
+    )
+    yield path, llm
+    llm.close()
+
+
+def test_smollm2_matches_oracles(smol) -> None:
+    path, llm = smol
+    assert len(llm.byte_vocab) == 49152
+    tok = llm.tokenizer
+    texts = [
+        "The capital of France is",
+        "The capital of France is Paris. The capital of",
+        "Hello",
+        "def f(x):",
+    ]
+    batch = [tok.encode(t) for t in texts]
+    batch.append(batch[0])  # repeated
+    got = llm.batch_next_token_logprobs_sync(batch)
+    paris = tok.encode(" Paris")[0]
+    assert int(got[0].argmax()) == paris and -0.5 < float(got[0][paris]) < -0.1
+    oracle = vllm_dict_oracle(llm, batch)
+    hf = hf_oracle(path, batch, len(llm.byte_vocab))
+    for i in range(len(batch)):
+        assert max_abs_diff(got[i], oracle[i]) <= 1e-4, i
+        assert max_abs_diff(got[i], hf[i]) <= 1e-3, i
