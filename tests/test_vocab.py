@@ -26,7 +26,11 @@ from genlm_core.vocab import (
     decode_vocab,
     decode_vocab_info,
 )
-from tests import tokenizers_fixtures as fx
+
+try:  # run from the repository root (python -m pytest) or with tests/ on sys.path (pytest)
+    from tests import tokenizers_fixtures as fx
+except ImportError:  # pragma: no cover
+    import tokenizers_fixtures as fx  # type: ignore[no-redef]
 
 # --------------------------------------------------------------------------- cases
 
