@@ -83,11 +83,11 @@ async def test_one_model_call_and_one_trie_call_per_step():
     trie = bm.trie
     n_ext = len([e for s in bm.states for e in s.extend()])
     assert n_ext >= 2
-    calls, rows, tb = llm.forward_calls, llm.forward_rows, trie.batcher.stats.batches
+    calls, rows, tb = llm.forward_calls, llm.forward_rows, trie.trie_batches
     nxt = await (bm << ord("a"))
     assert llm.forward_calls - calls == 1
     assert llm.forward_rows - rows == n_ext
-    assert trie.batcher.stats.batches - tb == 1
+    assert trie.trie_batches - tb == 1
     # logp_next's extensions are the ones << reuses: no new call
     calls = llm.forward_calls
     await nxt.logp_next()
@@ -100,10 +100,10 @@ async def test_concurrent_beams_share_the_batched_calls():
     params = BeamParams(K=None)
     beams = await asyncio.gather(*(ByteBeamState.initial(llm, params) for _ in range(3)))
     beams = [await b.prefill(x) for b, x in zip(beams, (b"ab", b"ba", b"bb"))]
-    calls, tb = llm.forward_calls, beams[0].trie.batcher.stats.batches
+    calls, tb = llm.forward_calls, beams[0].trie.trie_batches
     await ByteBeamState.advance_batch(beams, [ord("a")] * 3)
     assert llm.forward_calls - calls == 1
-    assert beams[0].trie.batcher.stats.batches - tb == 1
+    assert beams[0].trie.trie_batches - tb == 1
 
 
 # ---------------------------------------------------------------------- distribution

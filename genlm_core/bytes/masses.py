@@ -93,9 +93,19 @@ class MassTrie:
         self._structure = getattr(t, "structure", None)
         self._eos_paths = [self._path(i) for i in self.eos_token_ids]
         self._zero = self._only_eos_nodes()
-        self.batcher: AutoBatcher[Any, np.ndarray] = AutoBatcher(
-            self._batch, batch_size=batch_size, timeout=timeout, run_in_thread=False, name="beam-trie"
-        )
+        self.async_trie: Any = None
+        self._closed = False
+        try:
+            from genlm_core.trie.async_trie import AsyncTokenByteTrie
+        except ImportError:  # pragma: no cover - older core: batch here with the core batcher
+            self.batcher: AutoBatcher[Any, np.ndarray] | None = AutoBatcher(
+                self._batch, batch_size=batch_size, timeout=timeout, run_in_thread=False, name="beam-trie"
+            )
+        else:
+            self.batcher = None
+            self.async_trie = AsyncTokenByteTrie(
+                t, max_batch_size=batch_size, timeout=timeout, run_in_thread=False
+            )
 
     # ------------------------------------------------------------------ structure
     def leaves(self, node: int) -> list[int]:
@@ -160,17 +170,44 @@ class MassTrie:
         corr[self.eos_node] = -total
         return corr
 
+    @staticmethod
+    def _weights(logprobs: Any) -> np.ndarray:
+        import torch
+
+        return torch.exp(logprobs.detach().to("cpu", torch.float64)).numpy()
+
     async def masses(self, logprobs: Any) -> Masses:
-        """Masses of every node under the token distribution ``exp(logprobs)``."""
-        raw = await self.batcher.submit(logprobs)
+        """Masses of every node under the token distribution ``exp(logprobs)``
+        (one ``WITHOUT_EOS`` trie row, batched with concurrent callers)."""
+        if self.async_trie is not None:
+            raw = await self.async_trie.weight_sum(self._weights(logprobs), EOSMode.WITHOUT_EOS)
+            raw = np.asarray(raw.numpy() if hasattr(raw, "numpy") else raw, dtype=np.float64)
+        else:  # pragma: no cover
+            raw = await self.batcher.submit(logprobs)
         return Masses(raw, self._corrections(logprobs), self._zero)
 
     def masses_sync(self, logprobs: Any) -> Masses:
-        raw = self.batcher.run_sync([logprobs])[0]
+        raw = self.trie.weight_sum(self._weights(logprobs), EOSMode.WITHOUT_EOS)
+        raw = np.asarray(raw.numpy() if hasattr(raw, "numpy") else raw, dtype=np.float64)
         return Masses(raw, self._corrections(logprobs), self._zero)
 
+    @property
+    def trie_batches(self) -> int:
+        """Trie calls made so far (each one a batch of rows)."""
+        if self.async_trie is not None:
+            return int(sum(v["batches"] for v in self.async_trie.stats.values()))
+        return self.batcher.stats.batches  # pragma: no cover
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
-        self.batcher.close()
+        self._closed = True
+        if self.async_trie is not None:
+            self.async_trie.shutdown()
+        else:  # pragma: no cover
+            self.batcher.close()
 
 
 _CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple, MassTrie]]" = weakref.WeakKeyDictionary()
@@ -184,7 +221,7 @@ def mass_trie_for(llm: Any, eos_tokens: Sequence[bytes], trie: str | None = None
     except TypeError:  # not weak-referenceable: no cache
         return MassTrie(llm.byte_vocab, eos_tokens, trie)
     mt = per.get(key)
-    if mt is None or mt.batcher.closed:
+    if mt is None or mt.closed:
         mt = MassTrie(llm.byte_vocab, eos_tokens, trie)
         per[key] = mt
     return mt
