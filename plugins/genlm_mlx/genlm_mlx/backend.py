@@ -65,6 +65,9 @@ class MLXBackend(BaseLogprobBackend):
         self._max_len = engine.context_limit(model, model_config, hf_tokenizer)
         self.kv_reuse_problem = engine.kv_reuse_problem(model)
         self.prefix_cache: PrefixCache | None = None
+        self.forward_calls = 0
+        self.tokens_computed = 0
+        self.tokens_reused = 0
         if self.config.prefix_cache:
             if self.kv_reuse_problem is None:
                 self.prefix_cache = PrefixCache(
@@ -112,18 +115,23 @@ class MLXBackend(BaseLogprobBackend):
         if cache is None:
             return self._forward_uncached(contexts)
         pasts = [cache.deepest_kv(c, max_depth=len(c) - 1)[1] for c in contexts]
-        logits, payloads = self._engine.forward(
-            self.mlx_model, contexts, pasts, self.config.prefill_step_size, want_kv=True
-        )
-        for ctx, kv in zip(contexts, payloads or []):
+        out = self._engine.forward(self.mlx_model, contexts, pasts, self.config.prefill_step_size, want_kv=True)
+        self._count(out)
+        for ctx, kv in zip(contexts, out.payloads or []):
             cache.insert(ctx, kv=kv)
-        return torch.from_numpy(logits)
+        return torch.from_numpy(out.logits)
 
     def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         import torch
 
-        logits, _ = self._engine.forward(self.mlx_model, contexts, None, self.config.prefill_step_size)
-        return torch.from_numpy(logits)
+        out = self._engine.forward(self.mlx_model, contexts, None, self.config.prefill_step_size)
+        self._count(out)
+        return torch.from_numpy(out.logits)
+
+    def _count(self, out: Any) -> None:
+        self.forward_calls += 1
+        self.tokens_computed += out.computed
+        self.tokens_reused += out.reused
 
     def _clear_engine_cache(self) -> None:
         import mlx.core as mx
@@ -145,6 +153,13 @@ class MLXBackend(BaseLogprobBackend):
         out = super().stats()
         if self.prefix_cache is not None:
             out["prefix_cache"] = self.prefix_cache.stats()
+        out["engine"] = {
+            "forward_calls": self.forward_calls,
+            "tokens_computed": self.tokens_computed,
+            "tokens_reused": self.tokens_reused,
+            "kv_reuse": self.prefix_cache is not None,
+            "device": self.device,
+        }
         return out
 
     async def sample(

@@ -12,7 +12,7 @@ uses a plain :class:`KVCache` (see :func:`kv_reuse_problem`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -26,6 +26,7 @@ from mlx_lm.models.cache import (
 )
 
 __all__ = [
+    "Forward",
     "batch_cache",
     "context_limit",
     "forward",
@@ -35,6 +36,15 @@ __all__ = [
 
 #: config keys that bound the context length, most specific first
 _LIMIT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
+
+
+class Forward(NamedTuple):
+    """Result of :func:`forward`."""
+
+    logits: np.ndarray  # (B, V_model) float32
+    payloads: list[mx.array] | None  # KV of every full context (``want_kv``)
+    computed: int  # context tokens run through the model (padding excluded)
+    reused: int  # context tokens whose KV came from ``pasts``
 
 
 def kv_reuse_problem(model: Any) -> str | None:
@@ -132,7 +142,7 @@ def forward(
     pasts: Sequence[Any] | None = None,
     prefill_step_size: int = 2048,
     want_kv: bool = False,
-) -> tuple[np.ndarray, list[mx.array] | None]:
+) -> Forward:
     """Next-token logits (float32 numpy, ``(B, V_model)``) for every context.
 
     Contexts are left-padded to a common length and prefilled together in steps of
@@ -150,7 +160,7 @@ def forward(
         if want_kv:
             raise ValueError("KV payloads need batchable KVCache layers")
         rows = [_forward_one(model, ctx, prefill_step_size) for ctx in contexts]
-        return np.stack(rows), None
+        return Forward(np.stack(rows), None, sum(lengths), 0)
     start = 0
     if pasts is not None and any(p is not None for p in pasts):
         depths = [0 if p is None else int(p.shape[3]) for p in pasts]
@@ -167,7 +177,8 @@ def forward(
     logits = model(tokens, cache=caches)[:, -1, :].astype(mx.float32)
     payloads = _payloads(caches, left_padding, total) if want_kv else None
     mx.eval(logits, payloads or [])
-    return to_numpy_f32(logits), payloads
+    reused = sum(max(start - lp, 0) for lp in left_padding)
+    return Forward(to_numpy_f32(logits), payloads, sum(lengths) - reused, reused)
 
 
 def _forward_one(model: Any, context: Sequence[int], prefill_step_size: int) -> np.ndarray:

@@ -94,6 +94,8 @@ def test_cache_kv_prefix_is_reused(llm):
         ext = prompt + [7, 9]
         row = backend.next_token_logprobs_sync(ext)
         assert sum(counting.widths) == 2  # only the two new tokens were computed
+        engine = backend.stats()["engine"]
+        assert engine["tokens_reused"] == 20 and engine["kv_reuse"] is True
         assert torch.allclose(row, backend.next_token_logprobs_uncached(ext), atol=SELF_ATOL, rtol=0)
         # a batch of particles each extending a cached context by one token
         counting.widths.clear()
