@@ -63,3 +63,10 @@ def test_unknown_option_is_a_clear_error():
 
     with pytest.raises(genlm_core.ConfigError, match="prefill_step_size"):
         genlm_core.backend_config("mlx", prefil_step_size=4)
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path):
+    import genlm_core
+
+    with pytest.raises(genlm_core.ConfigError, match="does not exist"):
+        genlm_core.load("mlx", model=str(tmp_path / "nope"))
