@@ -1,0 +1,366 @@
+"""Autobatched sequential importance sampling (the seeds' README workload), timed.
+
+16 particles extend "Montreal is" by up to 20 tokens (tokens longer than 10 bytes
+masked out, EOS forced at the end), with a fixed seed. Every particle step is one
+``next_token_logprobs`` call; particles run as asyncio coroutines, so a backend that
+batches concurrent calls (and reuses KV) runs one forward pass per step.
+
+Figures (next-token calls per second and wall time):
+
+  (a) genlm-core's ``--backend`` (hf by default; mlx and vllm reuse the workload),
+  (b) genlm-backend 0.3.1's ``AsyncTransformer`` (hf only), installed from PyPI into
+      ``benchmarks/.anchor-venv-hf`` by this script and run in a subprocess,
+  (c) a sequential loop of uncached Hugging Face forward passes (hf only).
+
+(a) is also given as a fraction of the compute limit: model FLOPs per token times
+the tokens the backend actually ran, per second, against a measured float32
+matmul rate. Results go to ``benchmarks/out/sis.json`` (merged per backend) and a
+Markdown table is printed.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_sis.py                 # hf, SmolLM2-135M, CPU float32
+    .venv/bin/python benchmarks/bench_sis.py --backend mlx --no-anchor --no-uncached
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ANCHOR_VENV = HERE / ".anchor-venv-hf"
+ANCHOR_PINS = ("torch==2.13.0", "genlm-backend==0.3.1")
+PROMPT = "Montreal is"
+
+NextLogprobs = Callable[[list[int]], Awaitable[Any]]
+
+
+# ---------------------------------------------------------------------- workload
+async def sis(
+    next_logprobs: NextLogprobs,
+    token_lengths: Sequence[int],
+    eos_id: int,
+    prompt_ids: list[int],
+    *,
+    n_particles: int = 16,
+    max_tokens: int = 20,
+    max_token_length: int = 10,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The README's autobatched SIS. Returns the particles and the number of calls."""
+    import torch
+
+    valid = torch.tensor(
+        [i == eos_id or n <= max_token_length for i, n in enumerate(token_lengths)], dtype=torch.float
+    ).log()
+    eos_only = torch.nn.functional.one_hot(torch.tensor(eos_id), len(token_lengths)).float().log()
+    gen = torch.Generator().manual_seed(seed)
+    particles = [{"context": [], "log_weight": 0.0, "active": True} for _ in range(n_particles)]
+    calls = 0
+
+    async def extend(p: dict[str, Any]) -> None:
+        nonlocal calls
+        calls += 1
+        logps = await next_logprobs(prompt_ids + p["context"])
+        mask = eos_only if len(p["context"]) >= max_tokens else valid
+        masked = logps.float().cpu() + mask
+        log_z = masked.logsumexp(dim=-1)
+        p["log_weight"] += float(log_z)
+        tok = int(torch.multinomial((masked - log_z).exp(), 1, generator=gen).item())
+        if tok == eos_id:
+            p["active"] = False
+        else:
+            p["context"].append(tok)
+
+    while any(p["active"] for p in particles):
+        await asyncio.gather(*[extend(p) for p in particles if p["active"]])
+    return {"particles": particles, "calls": calls}
+
+
+async def timed_runs(
+    make_next: Callable[[], NextLogprobs],
+    token_lengths: Sequence[int],
+    eos_id: int,
+    prompt_ids: list[int],
+    args: argparse.Namespace,
+    reset: Callable[[], None] = lambda: None,
+    tokens: Callable[[], int] = lambda: 0,
+) -> dict[str, Any]:
+    """A short warm-up, then ``args.repeats`` timed runs from clean caches (median reported)."""
+    reset()
+    await sis(make_next(), token_lengths, eos_id, prompt_ids, n_particles=2, max_tokens=2, seed=args.seed + 1)
+    walls, calls, texts, ran = [], 0, [], 0
+    for _ in range(args.repeats):
+        reset()
+        next_lp = make_next()
+        before = tokens()
+        t0 = time.perf_counter()
+        res = await sis(
+            next_lp, token_lengths, eos_id, prompt_ids,
+            n_particles=args.particles, max_tokens=args.max_tokens, seed=args.seed,
+        )
+        walls.append(time.perf_counter() - t0)
+        ran = tokens() - before
+        calls = res["calls"]
+        texts = [p["context"] for p in res["particles"]]
+    wall = statistics.median(walls)
+    return {"calls": calls, "wall_s": wall, "calls_per_s": calls / wall, "walls": walls, "contexts": texts,
+            "tokens_computed_per_run": ran}
+
+
+# ---------------------------------------------------------------------- (a) genlm-core
+def run_genlm_core(args: argparse.Namespace) -> dict[str, Any]:
+    import genlm_core
+
+    options: dict[str, Any] = dict(json.loads(args.options)) if args.options else {}
+    if args.backend == "hf":
+        options.setdefault("dtype", "float32")
+        options.setdefault("device", "cpu")
+    t0 = time.perf_counter()
+    llm = genlm_core.load(args.backend, model=str(args.model), **options)
+    load_s = time.perf_counter() - t0
+    prompt_ids = list(llm.tokenizer.encode(PROMPT))
+    eos = llm.tokenizer.eos_token_id
+    lengths = [len(t) for t in llm.byte_vocab]
+
+    def reset() -> None:
+        llm.clear_cache()
+
+    def tokens() -> int:
+        return int(llm.stats().get("engine", {}).get("tokens_computed", 0))
+
+    res = asyncio.run(timed_runs(lambda: llm.next_token_logprobs, lengths, eos, prompt_ids, args, reset, tokens))
+    stats = llm.stats()
+    engine = stats.get("engine", {})
+    res.update(load_s=load_s, prompt_ids=prompt_ids, batcher=stats.get("batcher"), engine=engine)
+    if getattr(llm, "model", None) is not None:
+        res["flops_per_token"] = model_flops_per_token(llm.model)
+    llm.close()
+    return res
+
+
+# ---------------------------------------------------------------------- (c) uncached loop
+def run_uncached(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    n_vocab = len(tok)
+    tokens = 0
+
+    async def next_lp(ids: list[int]) -> Any:  # no await inside: the particles run one by one
+        nonlocal tokens
+        tokens += len(ids)
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids]), use_cache=False).logits[0, -1, :n_vocab]
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    lengths = byte_lengths(tok)
+    prompt_ids = list(tok.encode(PROMPT))
+    res = asyncio.run(timed_runs(lambda: next_lp, lengths, tok.eos_token_id, prompt_ids, args, tokens=lambda: tokens))
+    res["flops_per_token"] = model_flops_per_token(model)
+    return res
+
+
+def byte_lengths(tokenizer: Any) -> list[int]:
+    """Byte length of every token (genlm-core's vocabulary decoder when present)."""
+    try:
+        from genlm_core.vocab import decode_vocab
+
+        return [len(t) for t in decode_vocab(tokenizer)[0]]
+    except ImportError:  # the anchor venv
+        return [len(t.encode("utf-8")) for t in tokenizer.convert_ids_to_tokens(range(len(tokenizer)))]
+
+
+# ---------------------------------------------------------------------- (b) genlm-backend
+def ensure_anchor_venv() -> Path:
+    """Create the anchor venv (torch CPU first, then genlm-backend) unless it works already."""
+    py = ANCHOR_VENV / "bin" / "python"
+    check = [str(py), "-c", "import genlm.backend, torch; assert torch.__version__.startswith('2.13.0')"]
+    if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return py
+    subprocess.run(["python3.11", "-m", "venv", str(ANCHOR_VENV)], check=True)
+    pip = [str(py), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, ANCHOR_PINS[0]], check=True)  # the CPU wheel, before anything pulls CUDA
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(ANCHOR_PINS[0] + "\n")  # keep that torch: no CUDA build sneaks in
+    subprocess.run([*pip, "-c", f.name, ANCHOR_PINS[1]], check=True)
+    out = subprocess.run([str(py), "-m", "pip", "list"], capture_output=True, text=True, check=True).stdout
+    if any(name in out.lower() for name in ("nvidia-", "vllm ")):
+        raise RuntimeError(f"the anchor venv pulled CUDA packages or vllm:\n{out}")
+    subprocess.run(check, check=True)
+    return py
+
+
+def run_anchor(args: argparse.Namespace) -> dict[str, Any]:
+    py = ensure_anchor_venv()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "anchor.json"
+        cmd = [
+            str(py), str(Path(__file__).resolve()), "--anchor-worker", "--model", str(args.model),
+            "--threads", str(args.threads), "--repeats", str(args.repeats), "--seed", str(args.seed),
+            "--particles", str(args.particles), "--max-tokens", str(args.max_tokens), "--out", str(out),
+        ]
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"anchor worker failed:\n{proc.stderr[-4000:]}")
+        return json.loads(out.read_text())
+
+
+def anchor_worker(args: argparse.Namespace) -> None:
+    """Runs inside the anchor venv: genlm-backend 0.3.1's AsyncTransformer, defaults kept."""
+    import importlib.metadata as md
+
+    import torch
+    from genlm.backend.llm import AsyncTransformer
+
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    llm = AsyncTransformer.from_name(str(args.model), hf_opts={"device_map": "cpu", "torch_dtype": torch.float32})
+    load_s = time.perf_counter() - t0
+    prompt_ids = list(llm.tokenizer.encode(PROMPT))
+    lengths = [len(t) for t in llm.byte_vocab]
+    res = asyncio.run(
+        timed_runs(lambda: llm.next_token_logprobs, lengths, llm.tokenizer.eos_token_id, prompt_ids, args,
+                   llm.clear_cache)
+    )
+    res.update(load_s=load_s, version=md.version("genlm-backend"), transformers=md.version("transformers"),
+               batch_size=llm.batch_size, timeout=llm.timeout)
+    Path(args.out).write_text(json.dumps(res))
+
+
+# ---------------------------------------------------------------------- compute limit
+def model_flops_per_token(model: Any) -> int:
+    """2 x the weights of every linear layer (LM head included): matmul FLOPs per token."""
+    import torch
+
+    return 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def matmul_rate(n: int = 1024, seconds: float = 1.0) -> float:
+    """Measured float32 matmul FLOP/s (square ``n x n``) with the current thread count."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------- main
+def default_model(backend: str) -> Path:
+    from genlm_core import embedded
+
+    return embedded.smollm2_path(progress=False)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", default="hf", help="genlm-core backend for (a): hf, mlx, vllm, ...")
+    p.add_argument("--model", type=Path, default=None, help="model folder (default: embedded SmolLM2-135M)")
+    p.add_argument("--options", default="", help="JSON of extra load() options for (a)")
+    p.add_argument("--particles", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per figure (median)")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--no-anchor", action="store_true", help="skip (b) genlm-backend")
+    p.add_argument("--no-uncached", action="store_true", help="skip (c) the uncached loop")
+    p.add_argument("--out", type=Path, default=HERE / "out" / "sis.json")
+    p.add_argument("--anchor-worker", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.anchor_worker:
+        anchor_worker(args)
+        return {}
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.model is None:
+        args.model = default_model(args.backend)
+    figures: dict[str, Any] = {}
+    figures["a"] = run_genlm_core(args)
+    if args.backend == "hf" and not args.no_anchor:
+        figures["b"] = run_anchor(args)
+    if args.backend == "hf" and not args.no_uncached:
+        figures["c"] = run_uncached(args)
+    rate = matmul_rate()
+    a = figures["a"]
+    if a.get("flops_per_token") and a.get("tokens_computed_per_run"):
+        per_run = a["tokens_computed_per_run"]
+        achieved = a["flops_per_token"] * per_run / a["wall_s"]
+        a["compute_limit"] = {
+            "matmul_flops_per_s": rate,
+            "tokens_computed_per_run": per_run,
+            "achieved_flops_per_s": achieved,
+            "fraction": achieved / rate,
+        }
+    record = {
+        "backend": args.backend,
+        "model": str(args.model),
+        "workload": {"prompt": PROMPT, "particles": args.particles, "max_tokens": args.max_tokens,
+                     "seed": args.seed, "repeats": args.repeats},
+        "machine": {"threads": args.threads, "cpus": os.cpu_count(), "platform": platform.platform(),
+                    "torch": torch.__version__, "matmul_gflops": rate / 1e9},
+        "figures": {k: {kk: vv for kk, vv in v.items() if kk not in ("contexts",)} for k, v in figures.items()},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if "b" in figures:
+        record["speedup_vs_genlm_backend"] = a["calls_per_s"] / figures["b"]["calls_per_s"]
+    if "c" in figures:
+        record["speedup_vs_uncached"] = a["calls_per_s"] / figures["c"]["calls_per_s"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    existing = json.loads(args.out.read_text()) if args.out.exists() else {}
+    existing[args.backend] = record
+    args.out.write_text(json.dumps(existing, indent=2))
+    print(markdown(record))
+    return record
+
+
+def markdown(record: dict[str, Any]) -> str:
+    names = {"a": f"(a) genlm-core `{record['backend']}`", "b": "(b) genlm-backend 0.3.1 AsyncTransformer",
+             "c": "(c) sequential uncached HF forward passes"}
+    lines = [
+        f"SIS: {record['workload']['particles']} particles, {record['workload']['max_tokens']} tokens, "
+        f"prompt {record['workload']['prompt']!r}, model {Path(record['model']).name}, "
+        f"{record['machine']['threads']} torch threads, float32 matmul "
+        f"{record['machine']['matmul_gflops']:.1f} GFLOP/s",
+        "",
+        "| | calls | wall (s) | calls/s | vs (a) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    a = record["figures"]["a"]["calls_per_s"]
+    for key, fig in record["figures"].items():
+        lines.append(f"| {names[key]} | {fig['calls']} | {fig['wall_s']:.2f} | {fig['calls_per_s']:.1f} | "
+                     f"{a / fig['calls_per_s']:.2f}x |")
+    limit = record["figures"]["a"].get("compute_limit")
+    if limit:
+        lines.append("")
+        lines.append(f"(a) runs {limit['tokens_computed_per_run']:.0f} tokens per run at "
+                     f"{limit['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s = "
+                     f"{100 * limit['fraction']:.0f}% of the measured matmul rate")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

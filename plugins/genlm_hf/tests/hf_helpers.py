@@ -1,0 +1,34 @@
+"""Helpers of the genlm-hf tests (a unique module name: other plugins have a conftest too)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+_TESTS = Path(__file__).resolve().parents[3] / "tests"
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
+
+#: batched / cached results must match a full uncached forward pass this closely
+ATOL = 1e-5
+
+
+def load_hf(path: str, **options: Any) -> Any:
+    """A float32 CPU HFBackend through the public entry point."""
+    import genlm_core
+
+    options.setdefault("dtype", "float32")
+    options.setdefault("device", "cpu")
+    return genlm_core.load("hf", model=path, **options)
+
+
+def max_diff(a: Any, b: Any) -> float:
+    return float((a.float().cpu() - b.float().cpu()).abs().max())
+
+
+def reference(llm: Any, contexts: list[list[int]]) -> Any:
+    """Full forward passes, one context at a time, no cache of any kind."""
+    import torch
+
+    return torch.stack([llm.next_token_logprobs_uncached(c) for c in contexts])

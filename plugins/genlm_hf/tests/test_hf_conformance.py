@@ -1,0 +1,44 @@
+"""The genlm-core conformance kit against the real transformers engine."""
+
+import pytest
+from hf_helpers import ATOL, load_hf
+
+from genlm_core.testing import LogprobBackendConformance
+
+
+class TestHFLlamaConformance(LogprobBackendConformance):
+    atol = ATOL
+    max_len = 12
+
+    @pytest.fixture(scope="class")
+    def backend(self, tiny_llama_path):
+        llm = load_hf(tiny_llama_path)
+        yield llm
+        llm.close()
+
+
+class TestHFGPT2Conformance(LogprobBackendConformance):
+    """GPT-2 (learned positions, tied head) in batches of 3 with a small KV budget."""
+
+    atol = ATOL
+    max_len = 12
+
+    @pytest.fixture(scope="class")
+    def backend(self, tiny_gpt2_path):
+        llm = load_hf(tiny_gpt2_path, batch_size=3, kv_cache_bytes=64 * 1024)
+        yield llm
+        llm.close()
+
+
+class TestHFNoPrefixCacheConformance(LogprobBackendConformance):
+    """Plain padded batches without KV reuse and without the output cache."""
+
+    atol = ATOL
+    max_len = 12
+
+    @pytest.fixture(scope="class")
+    def backend(self, tiny_llama_path):
+        llm = load_hf(tiny_llama_path, prefix_cache=False, cache_size=0)
+        assert not llm.kv_reuse
+        yield llm
+        llm.close()

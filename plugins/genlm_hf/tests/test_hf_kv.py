@@ -1,0 +1,197 @@
+"""KV prefix reuse: batched == unbatched == uncached, at every cached depth, under eviction."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+from hf_helpers import ATOL, load_hf, max_diff, reference
+
+
+def _contexts(V: int, seed: int = 0) -> list[list[int]]:
+    """Mixed lengths; some share prefixes (of several depths), some share nothing."""
+    rng = random.Random(seed)
+    tok = lambda: rng.randrange(3, V)  # noqa: E731
+    base = [tok() for _ in range(14)]
+    other = [tok() for _ in range(9)]
+    return [
+        base[:1],
+        base[:4],
+        base[:9],
+        base,
+        base[:4] + [tok(), tok()],
+        other,
+        other[:3] + [tok()],
+        [tok() for _ in range(6)],
+        [tok()],
+    ]
+
+
+def _engine(llm) -> dict:
+    return dict(llm.stats()["engine"])
+
+
+def test_batched_equals_unbatched_equals_uncached(tiny) -> None:
+    llm = tiny
+    llm.clear_cache()
+    ctxs = _contexts(llm.vocab_size)
+    ref = reference(llm, ctxs)
+    # KV cached at various depths before the batch: 0 (none), 2, 4 (= a whole context), 11
+    for depth in (2, 4, 11):
+        llm.cache_kv(ctxs[3][:depth])
+    assert sorted(map(len, llm.prefix_cache.kv_prefixes())) == [2, 4, 11]
+    llm.output_cache.clear()
+    batched = llm.batch_next_token_logprobs_sync(ctxs)  # one batch: rows with/without pasts
+    assert max_diff(batched, ref) <= ATOL
+    # unbatched, each from clean caches
+    for c, r in zip(ctxs, ref):
+        llm.clear_cache()
+        assert max_diff(llm.next_token_logprobs_sync(c), r) <= ATOL
+    # now every context has KV: extend each by one or three tokens, in one batch
+    llm.clear_cache()
+    llm.batch_next_token_logprobs_sync(ctxs)
+    rng = random.Random(1)
+    ext = [c + [rng.randrange(3, llm.vocab_size) for _ in range(1 + 2 * (i % 2))] for i, c in enumerate(ctxs)]
+    before = _engine(llm)
+    got = llm.batch_next_token_logprobs_sync(ext)
+    after = _engine(llm)
+    assert after["tokens_computed"] - before["tokens_computed"] == sum(len(e) - len(c) for e, c in zip(ext, ctxs))
+    assert max_diff(got, reference(llm, ext)) <= ATOL
+
+
+def test_extension_by_one_token_runs_one_token(tiny) -> None:
+    llm = tiny
+    llm.clear_cache()
+    ctx = _contexts(llm.vocab_size, seed=3)[3]
+    llm.next_token_logprobs_sync(ctx)
+    before = _engine(llm)
+    lp = llm.next_token_logprobs_sync(ctx + [7])  # the sync path uses the ancestor's KV
+    after = _engine(llm)
+    assert after["tokens_computed"] - before["tokens_computed"] == 1
+    assert after["tokens_reused"] - before["tokens_reused"] == len(ctx)
+    assert max_diff(lp, llm.next_token_logprobs_uncached(ctx + [7])) <= ATOL
+
+
+async def test_async_particles_reuse_kv_and_match(tiny) -> None:
+    llm = tiny
+    llm.clear_cache()
+    rng = random.Random(5)
+    prompt = [rng.randrange(3, llm.vocab_size) for _ in range(5)]
+    particles = [list(prompt) for _ in range(6)]
+    computed = reused = 0
+    for _ in range(4):
+        before = _engine(llm)
+        rows = await asyncio.gather(*(llm.next_token_logprobs(p) for p in particles))
+        after = _engine(llm)
+        computed += after["tokens_computed"] - before["tokens_computed"]
+        reused += after["tokens_reused"] - before["tokens_reused"]
+        for p, row in zip(particles, rows):
+            assert max_diff(row, llm.next_token_logprobs_uncached(p)) <= ATOL
+            p.append(rng.randrange(3, llm.vocab_size))
+    assert computed == 5 + 3 * 6  # the prompt once (merged), then one token per particle
+    assert reused == 6 * (5 + 6 + 7)  # each later step reuses the particle's whole previous context
+
+
+def test_suffix_merge_fault_is_fixed(tiny) -> None:
+    """Two contexts with equal suffixes after different cached prefixes, in one batch."""
+    llm = tiny
+    llm.clear_cache()
+    V = llm.vocab_size
+    pa, pb = [11, 12, 13, 14], [21, 22, 23, 24]  # same length: same past length too
+    suffix = [31, 32]
+    llm.cache_kv(pa)
+    llm.cache_kv(pb)
+    llm.output_cache.clear()
+    a, b = pa + suffix, pb + suffix
+    assert max(a + b) < V
+    before = _engine(llm)
+    got = llm.batch_next_token_logprobs_sync([a, b])
+    assert _engine(llm)["forward_calls"] - before["forward_calls"] == 1  # one batch
+    ra, rb = reference(llm, [a, b])
+    assert max_diff(got[0], ra) <= ATOL
+    assert max_diff(got[1], rb) <= ATOL
+    assert max_diff(ra, rb) > 1e-3  # the two really differ
+
+
+async def test_suffix_merge_fault_async(tiny) -> None:
+    llm = tiny
+    llm.clear_cache()
+    pa, pb, suffix = [41, 42, 43], [51, 52, 53], [61]
+    llm.cache_kv(pa)
+    llm.cache_kv(pb)
+    ga, gb = await asyncio.gather(llm.next_token_logprobs(pa + suffix), llm.next_token_logprobs(pb + suffix))
+    assert max_diff(ga, llm.next_token_logprobs_uncached(pa + suffix)) <= ATOL
+    assert max_diff(gb, llm.next_token_logprobs_uncached(pb + suffix)) <= ATOL
+    assert max_diff(ga, gb) > 1e-3
+
+
+def test_eviction_mid_run_stays_correct(tiny_gpt2_path: str) -> None:
+    # one KV entry of this model holds 2 layers x 2 x 2 heads x 32 x 4 bytes = 1 KiB per token
+    llm = load_hf(tiny_gpt2_path, kv_cache_bytes=24 * 1024, cache_size=0, batch_size=4)
+    try:
+        rng = random.Random(7)
+        V = llm.vocab_size
+        particles = [[rng.randrange(3, V) for _ in range(rng.randint(1, 6))] for _ in range(6)]
+        for step in range(6):
+            got = llm.batch_next_token_logprobs_sync(particles)
+            assert max_diff(got, reference(llm, particles)) <= ATOL, step
+            assert llm.prefix_cache.kv_bytes <= 24 * 1024
+            for p in particles:
+                p.append(rng.randrange(3, V))
+        stats = llm.prefix_cache.stats()
+        assert stats["kv_evictions"] > 0
+        assert _engine(llm)["tokens_reused"] > 0
+    finally:
+        llm.close()
+
+
+def test_cache_kv_and_clear_kv_cache(llama) -> None:
+    llm = llama
+    llm.clear_cache()
+    prompt = [5, 6, 7, 8, 9]
+    llm.cache_kv(prompt)
+    assert llm.prefix_cache.kv_prefixes() == [tuple(prompt)]
+    before = _engine(llm)
+    llm.cache_kv(prompt)  # already there: no work
+    assert _engine(llm)["forward_calls"] == before["forward_calls"]
+    lp = llm.next_token_logprobs_sync(prompt + [10])
+    assert _engine(llm)["tokens_computed"] - before["tokens_computed"] == 1
+    llm.clear_kv_cache()
+    assert llm.prefix_cache.kv_prefixes() == []
+    assert llm.prefix_cache.kv_bytes == 0
+    llm.cache_kv(prompt)  # logprobs are cached but the KV is gone: recomputed
+    assert llm.prefix_cache.kv_prefixes() == [tuple(prompt)]
+    llm.output_cache.clear()
+    assert max_diff(llm.next_token_logprobs_sync(prompt + [10]), lp) <= ATOL
+    with pytest.raises(ValueError):
+        llm.cache_kv([])
+
+
+def test_kv_payloads_own_exactly_their_bytes(llama) -> None:
+    llm = llama
+    llm.clear_cache()
+    llm.batch_next_token_logprobs_sync([[1, 2, 3], [4, 5], [6, 7, 8, 9]])
+    total = 0
+    for prefix in llm.prefix_cache.kv_prefixes():
+        depth, kv = llm.prefix_cache.deepest_kv(prefix)
+        assert depth == len(prefix)
+        cfg = llm.model.config
+        assert kv.shape == (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, depth, cfg.head_dim)
+        assert kv.is_contiguous()
+        assert kv.untyped_storage().nbytes() == kv.numel() * kv.element_size()
+        total += kv.numel() * kv.element_size()
+    assert total == llm.prefix_cache.kv_bytes
+
+
+def test_padded_batch_of_lengths_without_reuse(tiny_llama_path: str) -> None:
+    llm = load_hf(tiny_llama_path, prefix_cache=False, cache_size=0)
+    try:
+        ctxs = _contexts(llm.vocab_size, seed=9)
+        got = llm.batch_next_token_logprobs_sync(ctxs)
+        assert max_diff(got, reference(llm, ctxs)) <= ATOL
+        assert llm.prefix_cache.kv_bytes == 0
+        assert torch.isfinite(got).all()
+    finally:
+        llm.close()

@@ -1,0 +1,86 @@
+"""LoRA adapters through peft: a tiny random adapter built offline on the tiny Llama."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hf_helpers import ATOL, load_hf, max_diff
+
+peft = pytest.importorskip("peft")
+
+CONTEXTS = [[5, 6, 7], [5, 6, 7, 8, 9], [40, 41]]
+
+
+def _make_adapter(base_path: str, out: Path, seed: int) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    cfg = peft.LoraConfig(
+        r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"],
+        init_lora_weights=False,  # random, non-zero B: the adapter changes the outputs
+    )
+    peft.get_peft_model(model, cfg).save_pretrained(str(out))
+    return out
+
+
+def _peft_reference(base_path: str, adapter: Path, contexts: list[list[int]]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(model, str(adapter)).eval()
+    with torch.inference_mode():
+        rows = [model(torch.tensor([c])).logits[0, -1] for c in contexts]
+    return torch.log_softmax(torch.stack(rows).float(), dim=-1)
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_llama_path: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lora")
+    return {name: _make_adapter(tiny_llama_path, root / name, seed) for name, seed in (("a", 1), ("b", 2))}
+
+
+def test_lora_changes_distributions_and_clear_restores(tiny_llama_path: str, adapters: dict[str, Path]) -> None:
+    llm = load_hf(tiny_llama_path)
+    try:
+        base = llm.batch_next_token_logprobs_sync(CONTEXTS)
+        llm.load_lora(adapters["a"], "a")
+        llm.load_lora(adapters["b"], "b")
+        assert llm.active_lora is None
+        assert max_diff(llm.batch_next_token_logprobs_sync(CONTEXTS), base) <= ATOL  # loading alone: no change
+        llm.cache_kv(CONTEXTS[0])
+        llm.set_lora("a")
+        assert llm.prefix_cache.kv_bytes == 0 and len(llm.output_cache) == 0  # switching cleared caches
+        with_a = llm.batch_next_token_logprobs_sync(CONTEXTS)
+        assert max_diff(with_a, base) > 1e-2
+        assert max_diff(with_a, _peft_reference(tiny_llama_path, adapters["a"], CONTEXTS)) <= ATOL
+        # KV reuse under the adapter stays exact
+        ext = [c + [11] for c in CONTEXTS]
+        assert max_diff(
+            llm.batch_next_token_logprobs_sync(ext), torch.stack([llm.next_token_logprobs_uncached(c) for c in ext])
+        ) <= ATOL
+        llm.set_lora("b")
+        with_b = llm.batch_next_token_logprobs_sync(CONTEXTS)
+        assert max_diff(with_b, with_a) > 1e-2
+        assert max_diff(with_b, _peft_reference(tiny_llama_path, adapters["b"], CONTEXTS)) <= ATOL
+        llm.clear_lora()
+        assert llm.active_lora is None
+        assert max_diff(llm.batch_next_token_logprobs_sync(CONTEXTS), base) <= ATOL
+        with pytest.raises(ValueError, match="no LoRA adapter named 'c'"):
+            llm.set_lora("c")
+        with pytest.raises(ValueError, match="already loaded"):
+            llm.load_lora(adapters["a"], "a")
+    finally:
+        llm.close()
+
+
+def test_lora_from_config(tiny_llama_path: str, adapters: dict[str, Path]) -> None:
+    llm = load_hf(tiny_llama_path, lora_path=str(adapters["a"]), lora_name="mine")
+    try:
+        assert llm.active_lora == "mine"
+        ref = _peft_reference(tiny_llama_path, adapters["a"], CONTEXTS[:1])[0]
+        assert max_diff(llm.next_token_logprobs_sync(CONTEXTS[0]), ref) <= ATOL
+    finally:
+        llm.close()
