@@ -153,6 +153,8 @@ def forward(
     are returned too.
     """
     lengths = [len(c) for c in contexts]
+    if len(set(lengths)) > 1 and not _padding_safe(model):
+        return _by_length(model, contexts, prefill_step_size)
     total = max(lengths)
     left_padding = [total - n for n in lengths]
     caches = batch_cache(model, left_padding)
@@ -179,6 +181,30 @@ def forward(
     mx.eval(logits, payloads or [])
     reused = sum(max(start - lp, 0) for lp in left_padding)
     return Forward(to_numpy_f32(logits), payloads, sum(lengths) - reused, reused)
+
+
+def _padding_safe(model: Any) -> bool:
+    """Whether left padding leaves the real rows exact: not for recurrent layers.
+
+    mlx-lm 0.32's ``ArraysCache`` takes a ``left_padding`` but Mamba-style layers still
+    fold the padding tokens into their state (measured: rows differ by up to 1.0).
+    """
+    return not any(isinstance(c, ArraysCache) for c in make_prompt_cache(model))
+
+
+def _by_length(model: Any, contexts: Sequence[Sequence[int]], prefill_step_size: int) -> Forward:
+    """Batch rows of equal length together (no padding), one group at a time."""
+    groups: dict[int, list[int]] = {}
+    for i, ctx in enumerate(contexts):
+        groups.setdefault(len(ctx), []).append(i)
+    rows: list[np.ndarray | None] = [None] * len(contexts)
+    computed = 0
+    for idx in groups.values():
+        out = forward(model, [contexts[i] for i in idx], None, prefill_step_size)
+        computed += out.computed
+        for i, row in zip(idx, out.logits):
+            rows[i] = row
+    return Forward(np.stack(rows), None, computed, 0)  # type: ignore[arg-type]
 
 
 def _forward_one(model: Any, context: Sequence[int], prefill_step_size: int) -> np.ndarray:
