@@ -66,10 +66,11 @@ class MLXBackend(BaseLogprobBackend):
         self._max_len = engine.context_limit(model, model_config, hf_tokenizer)
         self.kv_reuse_problem = engine.kv_reuse_problem(model)
         self.prefix_cache: PrefixCache | None = None
+        self._kv_token_bytes = 0  # KV bytes per token, known after the first payload
         self.forward_calls = 0
         self.tokens_computed = 0
         self.tokens_reused = 0
-        if self.config.prefix_cache:
+        if self.config.prefix_cache and self.config.kv_cache_bytes != 0:
             if self.kv_reuse_problem is None:
                 self.prefix_cache = PrefixCache(
                     kv_budget_bytes=self.config.kv_cache_bytes, logprobs_budget_bytes=0
@@ -119,10 +120,16 @@ class MLXBackend(BaseLogprobBackend):
         if cache is None:
             return self._forward_uncached(contexts)
         pasts = [cache.deepest_kv(c, max_depth=len(c) - 1)[1] for c in contexts]
-        out = self._engine.forward(self.mlx_model, contexts, pasts, self.config.prefill_step_size, want_kv=True)
+        budget = self.config.kv_cache_bytes
+        max_kv_tokens = budget // self._kv_token_bytes if budget is not None and self._kv_token_bytes else None
+        out = self._engine.forward(
+            self.mlx_model, contexts, pasts, self.config.prefill_step_size, want_kv=True, max_kv_tokens=max_kv_tokens
+        )
         self._count(out)
         for ctx, kv in zip(contexts, out.payloads or []):
-            cache.insert(ctx, kv=kv)
+            if kv is not None:
+                self._kv_token_bytes = kv.nbytes // max(1, kv.shape[3])
+                cache.insert(ctx, kv=kv)
         return torch.from_numpy(out.logits)
 
     def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":

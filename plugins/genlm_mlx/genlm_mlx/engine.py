@@ -42,7 +42,7 @@ class Forward(NamedTuple):
     """Result of :func:`forward`."""
 
     logits: np.ndarray  # (B, V_model) float32
-    payloads: list[mx.array] | None  # KV of every full context (``want_kv``)
+    payloads: list[mx.array | None] | None  # KV of every full context (``want_kv``)
     computed: int  # context tokens run through the model (padding excluded)
     reused: int  # context tokens whose KV came from ``pasts``
 
@@ -130,10 +130,16 @@ def _restore(caches: list[Any], pasts: Sequence[Any], left_padding: list[int], s
         cache.offset = cache.offset + start
 
 
-def _payloads(caches: list[Any], left_padding: list[int], total: int) -> list[mx.array]:
-    """The KV payload of every row's whole context (contiguous copies)."""
+def _payloads(
+    caches: list[Any], left_padding: list[int], total: int, max_tokens: int | None
+) -> list[mx.array | None]:
+    """The KV payload of every row's whole context (contiguous copies); ``None`` for
+    rows longer than ``max_tokens`` (they would not fit the cache's budget)."""
     kv = mx.stack([mx.stack([c.keys[..., :total, :], c.values[..., :total, :]]) for c in caches])
-    return [mx.contiguous(kv[:, :, i, :, lp:total, :]) for i, lp in enumerate(left_padding)]
+    return [
+        None if max_tokens is not None and total - lp > max_tokens else mx.contiguous(kv[:, :, i, :, lp:total, :])
+        for i, lp in enumerate(left_padding)
+    ]
 
 
 def forward(
@@ -142,6 +148,7 @@ def forward(
     pasts: Sequence[Any] | None = None,
     prefill_step_size: int = 2048,
     want_kv: bool = False,
+    max_kv_tokens: int | None = None,
 ) -> Forward:
     """Next-token logits (float32 numpy, ``(B, V_model)``) for every context.
 
@@ -150,7 +157,7 @@ def forward(
     prefix of ``contexts[i]`` (its length is the cached depth). Every row is
     computed from the first position no row has cached (rows with deeper caches
     recompute a few tokens). With ``want_kv`` the payloads of the full contexts
-    are returned too.
+    (those of at most ``max_kv_tokens`` tokens) are returned too.
     """
     lengths = [len(c) for c in contexts]
     if len(set(lengths)) > 1 and not _padding_safe(model):
@@ -177,8 +184,8 @@ def forward(
         mx.eval([c.state for c in caches])
         tokens = tokens[:, n:]
     logits = model(tokens, cache=caches)[:, -1, :].astype(mx.float32)
-    payloads = _payloads(caches, left_padding, total) if want_kv else None
-    mx.eval(logits, payloads or [])
+    payloads = _payloads(caches, left_padding, total, max_kv_tokens) if want_kv else None
+    mx.eval(logits, [p for p in payloads or [] if p is not None])
     reused = sum(max(start - lp, 0) for lp in left_padding)
     return Forward(to_numpy_f32(logits), payloads, sum(lengths) - reused, reused)
 

@@ -124,6 +124,19 @@ def test_cached_equals_uncached_after_eviction(tiny_llama_path):
             assert stats["kv_bytes"] <= llm.config.kv_cache_bytes
         assert llm.prefix_cache.stats()["kv_evictions"] > 0
         assert llm.prefix_cache.stats()["kv_entries"] >= 1
+        # a context whose KV exceeds the whole budget is computed but never stored
+        long = _contexts(6, 1, 30, 30)[0]
+        row = llm.next_token_logprobs_sync(long)
+        assert torch.allclose(row, llm.next_token_logprobs_uncached(long), atol=SELF_ATOL, rtol=0)
+        assert tuple(long) not in llm.prefix_cache.kv_prefixes()
+    finally:
+        llm.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        llm = genlm_core.load("mlx", model=str(tiny_llama_path), kv_cache_bytes=0)
+    try:
+        assert llm.prefix_cache is None
+        assert llm.next_token_logprobs_sync([1, 2, 3]).shape == (1024,)
     finally:
         llm.close()
 
