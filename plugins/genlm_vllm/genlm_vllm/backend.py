@@ -175,6 +175,13 @@ class VLLMBackend(BaseLogprobBackend):
         return [f"{self._namespace}:{next(self._counter)}" for _ in range(n)]
 
     def _forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        return self._capture(contexts, read_prefix_cache=True)
+
+    def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        """The same engine step, reading no KV block from vLLM's prefix cache."""
+        return self._capture(contexts, read_prefix_cache=False)
+
+    def _capture(self, contexts: list[tuple[int, ...]], read_prefix_cache: bool) -> torch.Tensor:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -183,7 +190,12 @@ class VLLMBackend(BaseLogprobBackend):
         tags = self._new_tags(len(contexts))
         params = [
             SamplingParams(
-                max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False, extra_args={TAG_KEY: tag}
+                max_tokens=1,
+                temperature=0.0,
+                ignore_eos=True,
+                detokenize=False,
+                extra_args={TAG_KEY: tag},
+                skip_reading_prefix_cache=None if read_prefix_cache else True,
             )
             for tag in tags
         ]

@@ -47,3 +47,11 @@ def tiny_backend(tiny_path: str):
     )
     yield llm
     llm.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _release_reference_models():
+    yield
+    import oracles
+
+    oracles.close_all()

@@ -59,3 +59,29 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     fa, fb = torch.isfinite(a), torch.isfinite(b)
     assert torch.equal(fa, fb), "the two distributions disagree on impossible tokens"
     return float((a[fa] - b[fb]).abs().max()) if fa.any() else 0.0
+
+
+_OPENED: set[str] = set()
+
+
+@functools.cache
+def _genlm_hf(path: str) -> Any:
+    import genlm_core
+
+    _OPENED.add(path)
+    return genlm_core.load("hf", model=path, dtype="float32", device="cpu", cache_size=0)
+
+
+def genlm_hf_oracle(path: str, contexts: Sequence[Sequence[int]]) -> torch.Tensor:
+    """genlm-hf's batched distributions for the same model folder (float32, CPU)."""
+    return _genlm_hf(path).batch_next_token_logprobs_sync([list(c) for c in contexts])
+
+
+def close_all() -> None:
+    """Release the reference models (end of the test session)."""
+    if _genlm_hf.cache_info().currsize:
+        for path in list(_OPENED):
+            _genlm_hf(path).close()
+    _genlm_hf.cache_clear()
+    _hf_model.cache_clear()
+    _OPENED.clear()

@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 from genlm_vllm.capture import CAPTURED, INSTANCES
-from oracles import hf_oracle, max_abs_diff, vllm_dict_oracle
+from oracles import genlm_hf_oracle, hf_oracle, max_abs_diff, vllm_dict_oracle
 
 import genlm_core
 from conftest import TINY_BUDGET
@@ -86,9 +86,11 @@ def test_matches_dict_oracle_and_transformers(tiny_backend, tiny_path) -> None:
     assert got.device.type == tiny_backend.device
     oracle = vllm_dict_oracle(tiny_backend, batch)
     hf = hf_oracle(tiny_path, batch, len(tiny_backend.byte_vocab))
+    ghf = genlm_hf_oracle(tiny_path, batch)
     for i in range(len(batch)):
         assert max_abs_diff(got[i], oracle[i]) <= 1e-4, i
         assert max_abs_diff(got[i], hf[i]) <= 1e-3, i
+        assert max_abs_diff(got[i], ghf[i]) <= 1e-3, i
     assert torch.equal(got[1], got[6])  # repeated prompt
     assert not torch.allclose(got[3], got[4])  # different contexts really differ
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from oracles import hf_oracle, max_abs_diff, vllm_dict_oracle
+from oracles import genlm_hf_oracle, hf_oracle, max_abs_diff, vllm_dict_oracle
 
 import genlm_core
 
@@ -42,6 +42,8 @@ def test_smollm2_matches_oracles(smol) -> None:
     assert int(got[0].argmax()) == paris and -0.5 < float(got[0][paris]) < -0.1
     oracle = vllm_dict_oracle(llm, batch)
     hf = hf_oracle(path, batch, len(llm.byte_vocab))
+    ghf = genlm_hf_oracle(path, batch)
     for i in range(len(batch)):
         assert max_abs_diff(got[i], oracle[i]) <= 1e-4, i
         assert max_abs_diff(got[i], hf[i]) <= 1e-3, i
+        assert max_abs_diff(got[i], ghf[i]) <= 1e-3, i
