@@ -130,6 +130,7 @@ class VLLMBackend(BaseLogprobBackend):
         self._device = device or _engine_device()
         model_config = llm.llm_engine.model_config
         self._max_model_len = int(model_config.max_model_len)
+        self.in_process = _engine_in_process(llm)
         tokenizer = llm.get_tokenizer()
         super().__init__(tokenizer, config)
         self._namespace = new_namespace()
@@ -216,13 +217,20 @@ class VLLMBackend(BaseLogprobBackend):
         return torch.stack(rows)  # type: ignore[arg-type]
 
     def _fetch(self, tags: list[str]) -> list[torch.Tensor | None]:
-        per_worker = self.llm.collective_rpc("genlm_pop_captured", args=(tags,))
+        method = "genlm_pop_captured" if self.in_process else "genlm_pop_captured_bytes"
+        per_worker = self.llm.collective_rpc(method, args=(tags,))
         rows: list[torch.Tensor | None] = [None] * len(tags)
         for result in per_worker:  # tensor-parallel ranks all capture; take any
             for i, r in enumerate(result or ()):
                 if rows[i] is None and r is not None:
                     rows[i] = r
-        return [r if r is None or r.device.type == self._device else r.to(self._device) for r in rows]
+        return [None if r is None else self._as_row(r) for r in rows]
+
+    def _as_row(self, row: Any) -> torch.Tensor:
+        # in-process: the engine's own tensor; across processes: raw float32 bytes
+        if not isinstance(row, torch.Tensor):
+            row = torch.frombuffer(bytearray(row), dtype=torch.float32)
+        return row if row.device.type == self._device else row.to(self._device)
 
     def _discard(self, tags: list[str]) -> None:
         try:
@@ -420,6 +428,14 @@ class VLLMBackend(BaseLogprobBackend):
         out = super().stats()
         out["sample_batcher"] = self.sample_batcher.stats.as_dict()
         return out
+
+
+def _engine_in_process(llm: Any) -> bool:
+    """Whether the engine core and its only worker run in this process."""
+    engine = llm.llm_engine
+    parallel = engine.vllm_config.parallel_config
+    inproc = type(engine.engine_core).__name__ == "InprocClient"
+    return inproc and parallel.world_size == 1 and parallel.distributed_executor_backend in (None, "uni")
 
 
 def _shutdown(llm: Any) -> None:

@@ -152,6 +152,14 @@ class CaptureWorkerExtension:
     def genlm_pop_captured(self, tags: list[str]) -> list[torch.Tensor | None]:
         return pop_captured(list(tags))
 
+    def genlm_pop_captured_bytes(self, tags: list[str]) -> list[bytes | None]:
+        """For engines in other processes: float32 bytes (vLLM's RPC results do not
+        carry tensor payloads)."""
+        return [
+            None if r is None else r.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+            for r in pop_captured(list(tags))
+        ]
+
     def genlm_discard_captured(self, tags: list[str]) -> None:
         discard(list(tags))
 
