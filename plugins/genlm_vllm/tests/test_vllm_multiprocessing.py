@@ -1,0 +1,51 @@
+"""The engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1): rows come
+back through LLM.collective_rpc as float32 bytes and equal the in-process ones."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+from oracles import max_abs_diff
+
+CONTEXTS = [[5, 6, 7], [8, 9, 10, 11, 12] * 9, [5, 6, 7], [300]]
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, torch, genlm_core
+
+    def main():
+        llm = genlm_core.load("vllm", model=sys.argv[1], dtype="float32", enforce_eager=True,
+                              max_model_len=128, max_num_batched_tokens=32, engine_opts={"block_size": 32})
+        assert not llm.in_process
+        rows = llm.batch_next_token_logprobs_sync(eval(sys.argv[2]))
+        torch.save(rows, sys.argv[3])
+        llm.close()
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def test_multiprocessing_engine_core(tiny_backend, tiny_path, tmp_path: Path) -> None:
+    assert tiny_backend.in_process
+    script = tmp_path / "mp_engine.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "rows.pt"
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(script), tiny_path, repr(CONTEXTS), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    remote = torch.load(out)
+    local = tiny_backend.batch_next_token_logprobs_sync(CONTEXTS)
+    assert max_abs_diff(remote, local) <= 1e-5
