@@ -83,6 +83,7 @@ async def run_ours(path: Path, ks: list[int], threads: int) -> dict[str, Any]:
             "bits_per_byte": -after.logZ / (len(data) * math.log(2)),
             "model_batches": llm.batcher.stats.batches - calls0,
             "contexts_scored": llm.batcher.stats.computed - rows0,
+            "load_avg_1m": os.getloadavg()[0],
         }
         print(f"(a) K={k}: {out['runs'][str(k)]}", flush=True)
     llm.close()
@@ -122,10 +123,9 @@ def run_anchor(path: Path, ks: list[int], threads: int) -> dict[str, Any]:
         cmd = [str(py), str(Path(__file__).resolve()), "--anchor-worker", "--model", str(path),
                "--threads", str(threads), "--k", *map(str, ks), "--out", str(out)]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        proc = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True)  # stdout streams
         if proc.returncode != 0:
             raise RuntimeError(f"anchor worker failed:\n{proc.stderr[-4000:]}")
-        print(proc.stdout, end="")
         return json.loads(out.read_text())
 
 
@@ -161,6 +161,7 @@ def anchor_worker(args: argparse.Namespace) -> None:
                 "bytes_per_s": len(data) / dt,
                 "logZ": logz,
                 "bits_per_byte": -logz / (len(data) * math.log(2)),
+                "load_avg_1m": os.getloadavg()[0],
             }
             print(f"(b) K={k}: {out['runs'][str(k)]}", flush=True)
             await beam.cleanup()

@@ -19,7 +19,7 @@ TEXT = b"An apple a day keeps the doctor away."
 PROMPT = b"An apple a day keeps the"
 ENGINE_OPTS = {
     "hf": {},
-    "vllm": {"dtype": "float32", "max_model_len": 512},
+    "vllm": {"dtype": "float32", "max_model_len": 512, "enforce_eager": True},
     "mlx": {},
 }
 _REF: dict[str, float] = {}

@@ -77,7 +77,9 @@ class MassTrie:
         if trie is None:
             from genlm_core.trie.cpu import TokenByteTrie
 
-            self.trie: Any = TokenByteTrie(vocab, eos_tokens=eos_tokens)
+            # NumPy path: one row per candidate is cheap, and importing numba (llvmlite)
+            # before vLLM starts breaks vLLM 0.32's kernel scan in the same process.
+            self.trie: Any = TokenByteTrie(vocab, eos_tokens=eos_tokens, accel="numpy")
         else:
             from genlm_core.api import load_trie
 
