@@ -351,7 +351,3 @@ def _check_symbol(a: Any) -> int:
     if not (0 <= a <= 255 or a == EOS):
         raise ValueError(f"a beam reads one byte (0-255) or EOS (257), got {a}")
     return a
-
-
-def initial_lm(llm: Any, params: BeamParams) -> StatefulTokenizedLM:
-    return StatefulTokenizedLM.initial(llm, params.initial_context, params.max_context_length)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from genlm_core.batching import AutoBatcher
-from genlm_core.trie.structure import EOS, EOSMode, coerce_mode
+from genlm_core.trie.structure import EOSMode, coerce_mode
 
 __all__ = ["MassTrie", "Masses", "EOSMode", "mass_trie_for"]
 
@@ -227,10 +227,6 @@ def mass_trie_for(llm: Any, eos_tokens: Sequence[bytes], trie: str | None = None
         mt = MassTrie(llm.byte_vocab, eos_tokens, trie)
         per[key] = mt
     return mt
-
-
-def eos_key() -> int:
-    return EOS
 
 
 def mode_of(mode: Any) -> EOSMode:
