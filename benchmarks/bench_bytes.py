@@ -184,12 +184,17 @@ def main() -> None:
         anchor_worker(args)
         return
 
-    from common import machine, markdown_table
-
     path = model_path()
     figures: dict[str, Any] = {"a": asyncio.run(run_ours(path, args.k, args.threads))}
+    write_report(figures, args)  # (a) alone first: the anchor takes long on a busy machine
     if not args.no_anchor:
         figures["b"] = run_anchor(path, args.k, args.threads)
+        write_report(figures, args)
+
+
+def write_report(figures: dict[str, Any], args: argparse.Namespace) -> None:
+    from common import machine, markdown_table
+
     rows = []
     for k in args.k:
         a = figures["a"]["runs"][str(k)]
