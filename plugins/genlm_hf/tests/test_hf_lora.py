@@ -9,6 +9,7 @@ import torch
 from hf_helpers import ATOL, load_hf, max_diff
 
 peft = pytest.importorskip("peft")
+pytestmark = pytest.mark.filterwarnings("ignore:Already found a `peft_config`:UserWarning")
 
 CONTEXTS = [[5, 6, 7], [5, 6, 7, 8, 9], [40, 41]]
 
