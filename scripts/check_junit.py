@@ -3,14 +3,17 @@
 import sys
 import xml.etree.ElementTree as ET
 
-root = ET.parse(sys.argv[1]).getroot()
-suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-tests = sum(int(s.get("tests", 0)) for s in suites)
-skipped = [
-    f"{case.get('classname')}::{case.get('name')}"
-    for case in root.iter("testcase")
-    if case.find("skipped") is not None
-]
+tests = 0
+skipped = []
+for path in sys.argv[1:]:
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    tests += sum(int(s.get("tests", 0)) for s in suites)
+    skipped += [
+        f"{case.get('classname')}::{case.get('name')}"
+        for case in root.iter("testcase")
+        if case.find("skipped") is not None
+    ]
 if tests == 0:
     print("check_junit: pytest ran no test", file=sys.stderr)
     sys.exit(1)

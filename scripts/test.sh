@@ -19,9 +19,16 @@ markers=()
 if ! $PY -c "import sys; from genlm_core.hardware import probe; sys.exit(0 if probe().cuda else 1)"; then
   markers=(-m "not cuda")
 fi
+# vLLM 0.32 crashes at engine start when llvmlite (numba, used by the trie kernels)
+# is already loaded in the process (its kernel registry scans every module), so
+# the vLLM-using suites run in a process of their own, first.
+VLLM_SUITES=(plugins/genlm_vllm tests/test_bytes_models.py)
 set +e
-$PY -m pytest -q -rs --junitxml=build/junit.xml "${markers[@]}" "$@"
-rc=$?
+$PY -m pytest -q -rs --junitxml=build/junit-vllm.xml "${markers[@]}" "${VLLM_SUITES[@]}" "$@"
+rc1=$?
+$PY -m pytest -q -rs --junitxml=build/junit.xml "${markers[@]}" \
+    --ignore=plugins/genlm_vllm --ignore=tests/test_bytes_models.py "$@"
+rc2=$?
 set -e
-$PY scripts/check_junit.py build/junit.xml || exit 1
-exit $rc
+$PY scripts/check_junit.py build/junit-vllm.xml build/junit.xml || exit 1
+[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]
