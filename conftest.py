@@ -24,8 +24,19 @@ def _install_fixture_plugins() -> None:
     if stamp.exists() and stamp.stat().st_mtime >= newest:
         return
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--upgrade", "--target", str(TARGET), *map(str, FIXTURE_PLUGINS)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--upgrade",
+            "--target",
+            str(TARGET),
+            *map(str, FIXTURE_PLUGINS),
+        ],
         check=True,
     )
     stamp.touch()
@@ -35,9 +46,9 @@ def pytest_configure(config) -> None:
     _install_fixture_plugins()
     sys.path.insert(0, str(TARGET))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(TARGET), *filter(None, [os.environ.get("PYTHONPATH")])])
-    from genlm_core.registry import get_registry
-
     import warnings
+
+    from genlm_core.registry import get_registry
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -38,8 +38,13 @@ async def overhead(batch: int, total: int, in_thread: bool) -> dict:
     dt = time.perf_counter() - t0
     n = rounds * batch
     b.close()
-    return {"batch_size": batch, "thread": in_thread, "requests": n,
-            "us_per_request": dt / n * 1e6, "mean_batch": b.stats.mean_batch_size}
+    return {
+        "batch_size": batch,
+        "thread": in_thread,
+        "requests": n,
+        "us_per_request": dt / n * 1e6,
+        "mean_batch": b.stats.mean_batch_size,
+    }
 
 
 async def smc_policy(policy: str, timeout: float, particles: int, steps: int, seed: int) -> dict:
@@ -64,9 +69,15 @@ async def smc_policy(policy: str, timeout: float, particles: int, steps: int, se
     dt = time.perf_counter() - t0
     st = b.stats
     b.close()
-    return {"policy": policy, "timeout_ms": timeout * 1e3, "particles": particles, "wall_s": dt,
-            "batches": st.batches, "mean_batch": st.mean_batch_size,
-            "mean_wait_ms": st.mean_queue_wait * 1e3}
+    return {
+        "policy": policy,
+        "timeout_ms": timeout * 1e3,
+        "particles": particles,
+        "wall_s": dt,
+        "batches": st.batches,
+        "mean_batch": st.mean_batch_size,
+        "mean_wait_ms": st.mean_queue_wait * 1e3,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -111,8 +111,13 @@ async def timed_runs(
         before = tokens()
         t0 = time.perf_counter()
         res = await sis(
-            next_lp, token_lengths, eos_id, prompt_ids,
-            n_particles=args.particles, max_tokens=args.max_tokens, seed=args.seed,
+            next_lp,
+            token_lengths,
+            eos_id,
+            prompt_ids,
+            n_particles=args.particles,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
         )
         walls.append(time.perf_counter() - t0)
         log(f"  run: {res['calls']} calls in {walls[-1]:.2f} s")
@@ -120,8 +125,14 @@ async def timed_runs(
         calls = res["calls"]
         texts = [p["context"] for p in res["particles"]]
     wall = statistics.median(walls)
-    return {"calls": calls, "wall_s": wall, "calls_per_s": calls / wall, "walls": walls, "contexts": texts,
-            "tokens_computed_per_run": ran}
+    return {
+        "calls": calls,
+        "wall_s": wall,
+        "calls_per_s": calls / wall,
+        "walls": walls,
+        "contexts": texts,
+        "tokens_computed_per_run": ran,
+    }
 
 
 # ---------------------------------------------------------------------- (a) genlm-core
@@ -150,7 +161,9 @@ def run_genlm_core(args: argparse.Namespace) -> dict[str, Any]:
     def tokens() -> int:
         return int(llm.stats().get("engine", {}).get("tokens_computed", 0))
 
-    res = asyncio.run(timed_runs(lambda: llm.next_token_logprobs, lengths, eos, prompt_ids, args, reset, tokens))
+    res = asyncio.run(
+        timed_runs(lambda: llm.next_token_logprobs, lengths, eos, prompt_ids, args, reset, tokens)
+    )
     stats = llm.stats()
     engine = stats.get("engine", {})
     res.update(load_s=load_s, prompt_ids=prompt_ids, batcher=stats.get("batcher"), engine=engine)
@@ -184,7 +197,9 @@ def run_uncached(args: argparse.Namespace) -> dict[str, Any]:
     prompt_ids = list(tok.encode(PROMPT))
     # sequential calls cost the same whatever the particle count: fewer particles, same rate
     sub = argparse.Namespace(**{**vars(args), "particles": args.uncached_particles or args.particles})
-    res = asyncio.run(timed_runs(lambda: next_lp, lengths, tok.eos_token_id, prompt_ids, sub, tokens=lambda: tokens))
+    res = asyncio.run(
+        timed_runs(lambda: next_lp, lengths, tok.eos_token_id, prompt_ids, sub, tokens=lambda: tokens)
+    )
     res["particles"] = sub.particles
     res["flops_per_token"] = model_flops_per_token(model)
     return res
@@ -226,9 +241,23 @@ def run_anchor(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "anchor.json"
         cmd = [
-            str(py), str(Path(__file__).resolve()), "--anchor-worker", "--model", str(args.model),
-            "--threads", str(args.threads), "--repeats", str(args.repeats), "--seed", str(args.seed),
-            "--particles", str(args.particles), "--max-tokens", str(args.max_tokens), "--out", str(out),
+            str(py),
+            str(Path(__file__).resolve()),
+            "--anchor-worker",
+            "--model",
+            str(args.model),
+            "--threads",
+            str(args.threads),
+            "--repeats",
+            str(args.repeats),
+            "--seed",
+            str(args.seed),
+            "--particles",
+            str(args.particles),
+            "--max-tokens",
+            str(args.max_tokens),
+            "--out",
+            str(out),
         ]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -246,16 +275,29 @@ def anchor_worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    llm = AsyncTransformer.from_name(str(args.model), hf_opts={"device_map": "cpu", "torch_dtype": torch.float32})
+    llm = AsyncTransformer.from_name(
+        str(args.model), hf_opts={"device_map": "cpu", "torch_dtype": torch.float32}
+    )
     load_s = time.perf_counter() - t0
     prompt_ids = list(llm.tokenizer.encode(PROMPT))
     lengths = [len(t) for t in llm.byte_vocab]
     res = asyncio.run(
-        timed_runs(lambda: llm.next_token_logprobs, lengths, llm.tokenizer.eos_token_id, prompt_ids, args,
-                   llm.clear_cache)
+        timed_runs(
+            lambda: llm.next_token_logprobs,
+            lengths,
+            llm.tokenizer.eos_token_id,
+            prompt_ids,
+            args,
+            llm.clear_cache,
+        )
     )
-    res.update(load_s=load_s, version=md.version("genlm-backend"), transformers=md.version("transformers"),
-               batch_size=llm.batch_size, timeout=llm.timeout)
+    res.update(
+        load_s=load_s,
+        version=md.version("genlm-backend"),
+        transformers=md.version("transformers"),
+        batch_size=llm.batch_size,
+        timeout=llm.timeout,
+    )
     Path(args.out).write_text(json.dumps(res))
 
 
@@ -300,8 +342,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--no-anchor", action="store_true", help="skip (b) genlm-backend")
     p.add_argument("--no-uncached", action="store_true", help="skip (c) the uncached loop")
-    p.add_argument("--uncached-particles", type=int, default=4,
-                   help="particles for (c) (its calls run one by one: the rate does not depend on it; 0: same as (a))")
+    p.add_argument(
+        "--uncached-particles",
+        type=int,
+        default=4,
+        help="particles for (c) (its calls run one by one: the rate does not depend on it; 0: same as (a))",
+    )
     p.add_argument("--out", type=Path, default=HERE / "out" / "sis.json")
     p.add_argument("--anchor-worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -338,11 +384,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     record = {
         "backend": args.backend,
         "model": str(args.model),
-        "workload": {"prompt": PROMPT, "particles": args.particles, "max_tokens": args.max_tokens,
-                     "seed": args.seed, "repeats": args.repeats},
-        "machine": {"threads": args.threads, "cpus": os.cpu_count(), "platform": platform.platform(),
-                    "torch": torch.__version__, "matmul_gflops": rate / 1e9},
-        "figures": {k: {kk: vv for kk, vv in v.items() if kk not in ("contexts",)} for k, v in figures.items()},
+        "workload": {
+            "prompt": PROMPT,
+            "particles": args.particles,
+            "max_tokens": args.max_tokens,
+            "seed": args.seed,
+            "repeats": args.repeats,
+        },
+        "machine": {
+            "threads": args.threads,
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "matmul_gflops": rate / 1e9,
+        },
+        "figures": {
+            k: {kk: vv for kk, vv in v.items() if kk not in ("contexts",)} for k, v in figures.items()
+        },
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if "b" in figures:
@@ -358,8 +416,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def markdown(record: dict[str, Any]) -> str:
-    names = {"a": f"(a) genlm-core `{record['backend']}`", "b": "(b) genlm-backend 0.3.1 AsyncTransformer",
-             "c": "(c) sequential uncached HF forward passes"}
+    names = {
+        "a": f"(a) genlm-core `{record['backend']}`",
+        "b": "(b) genlm-backend 0.3.1 AsyncTransformer",
+        "c": "(c) sequential uncached HF forward passes",
+    }
     lines = [
         f"SIS: {record['workload']['particles']} particles, {record['workload']['max_tokens']} tokens, "
         f"prompt {record['workload']['prompt']!r}, model {Path(record['model']).name}, "
@@ -371,19 +432,25 @@ def markdown(record: dict[str, Any]) -> str:
     ]
     a = record["figures"]["a"]["calls_per_s"]
     for key, fig in record["figures"].items():
-        lines.append(f"| {names[key]} | {fig['calls']} | {fig['wall_s']:.2f} | {fig['calls_per_s']:.1f} | "
-                     f"{a / fig['calls_per_s']:.2f}x |")
+        lines.append(
+            f"| {names[key]} | {fig['calls']} | {fig['wall_s']:.2f} | {fig['calls_per_s']:.1f} | "
+            f"{a / fig['calls_per_s']:.2f}x |"
+        )
     c = record["figures"].get("c")
     if c and c.get("particles") != record["workload"]["particles"]:
         lines.append("")
-        lines.append(f"(c) runs the workload with {c['particles']} particles: its calls run one by one, "
-                     "so the rate does not depend on the particle count.")
+        lines.append(
+            f"(c) runs the workload with {c['particles']} particles: its calls run one by one, "
+            "so the rate does not depend on the particle count."
+        )
     limit = record["figures"]["a"].get("compute_limit")
     if limit:
         lines.append("")
-        lines.append(f"(a) runs {limit['tokens_computed_per_run']:.0f} tokens per run at "
-                     f"{limit['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s = "
-                     f"{100 * limit['fraction']:.0f}% of the measured matmul rate")
+        lines.append(
+            f"(a) runs {limit['tokens_computed_per_run']:.0f} tokens per run at "
+            f"{limit['achieved_flops_per_s'] / 1e9:.1f} GFLOP/s = "
+            f"{100 * limit['fraction']:.0f}% of the measured matmul rate"
+        )
     return "\n".join(lines)
 
 

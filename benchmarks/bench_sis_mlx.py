@@ -73,8 +73,10 @@ def main() -> None:
     print("| backend | calls | wall (s) | calls/s | tokens computed | vs hf |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, fig in figures.items():
-        print(f"| {name} | {fig['calls']} | {fig['wall_s']:.2f} | {fig['calls_per_s']:.2f} | "
-              f"{fig.get('tokens_computed_per_run', 0)} | {fig['calls_per_s'] / hf:.3f}x |")
+        print(
+            f"| {name} | {fig['calls']} | {fig['wall_s']:.2f} | {fig['calls_per_s']:.2f} | "
+            f"{fig.get('tokens_computed_per_run', 0)} | {fig['calls_per_s'] / hf:.3f}x |"
+        )
 
 
 if __name__ == "__main__":

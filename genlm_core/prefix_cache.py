@@ -47,7 +47,9 @@ class PrefixNode:
         return tuple(reversed(out))
 
     def __repr__(self) -> str:
-        return f"PrefixNode(depth={self.depth}, kv={self.kv is not None}, logprobs={self.logprobs is not None})"
+        return (
+            f"PrefixNode(depth={self.depth}, kv={self.kv is not None}, logprobs={self.logprobs is not None})"
+        )
 
 
 class PrefixCache:
@@ -174,12 +176,7 @@ class PrefixCache:
 
     @staticmethod
     def _prune(node: PrefixNode) -> None:
-        while (
-            node.parent is not None
-            and not node.children
-            and node.kv is None
-            and node.logprobs is None
-        ):
+        while node.parent is not None and not node.children and node.kv is None and node.logprobs is None:
             parent = node.parent
             parent.children.pop(node.token, None)  # type: ignore[arg-type]
             node.parent = None

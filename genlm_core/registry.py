@@ -186,9 +186,7 @@ def _import_string(target: str, reg: Registration | None = None) -> Any:
     except ImportError as exc:
         where = f" for {reg.kind} {reg.name!r}" if reg else ""
         hint = f" Install it with `{reg.install}`." if reg and reg.install else ""
-        raise UnavailableImplementationError(
-            f"Cannot import {target!r}{where}: {exc}.{hint}"
-        ) from exc
+        raise UnavailableImplementationError(f"Cannot import {target!r}{where}: {exc}.{hint}") from exc
 
 
 def _env_list(name: str) -> set[str] | None:
@@ -347,9 +345,7 @@ class Registry:
             )
         broken = [b for b in self.broken if b.plugin == name]
         if broken:
-            raise UnknownImplementationError(
-                f"{kind} {name!r}: its plugin is broken ({broken[0].error})."
-            )
+            raise UnknownImplementationError(f"{kind} {name!r}: its plugin is broken ({broken[0].error}).")
         candidates = installed + list(self._aliases[kind])
         close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
@@ -375,8 +371,13 @@ class Registry:
                     continue
                 status, reason = reg.status()
                 considered.append(
-                    {"device": device, "name": reg.name, "priority": reg.priority_on(device),
-                     "status": status, "reason": reason}
+                    {
+                        "device": device,
+                        "name": reg.name,
+                        "priority": reg.priority_on(device),
+                        "status": status,
+                        "reason": reason,
+                    }
                 )
                 if status == "available":
                     ranked.append((reg.priority_on(device), reg.name, reg))

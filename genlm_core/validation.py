@@ -29,15 +29,11 @@ def _as_int_tuple(token_ids: Any) -> tuple[int, ...]:
     elif isinstance(token_ids, Sequence):
         seq = list(token_ids)
     else:
-        raise ValueError(
-            f"token_ids must be a sequence of integer token ids, got {type(token_ids).__name__}"
-        )
+        raise ValueError(f"token_ids must be a sequence of integer token ids, got {type(token_ids).__name__}")
     for i, t in enumerate(seq):
         if type(t) is not int:
             if isinstance(t, bool) or not hasattr(t, "__index__"):
-                raise ValueError(
-                    f"token_ids[{i}] = {t!r} is not an integer token id ({type(t).__name__})"
-                )
+                raise ValueError(f"token_ids[{i}] = {t!r} is not an integer token id ({type(t).__name__})")
             seq = [int(x.__index__()) if not isinstance(x, bool) else _bad_bool(j) for j, x in enumerate(seq)]
             break
     return tuple(seq)

@@ -260,7 +260,9 @@ def _raw_from_tekken(tokenizer: Any) -> _Raw:
     from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 
     keep = SpecialTokenPolicy.KEEP  # special tokens as their text
-    values: list[bytes | None] = [bytes(tokenizer.id_to_byte_piece(i, keep)) for i in range(tokenizer.n_words)]
+    values: list[bytes | None] = [
+        bytes(tokenizer.id_to_byte_piece(i, keep)) for i in range(tokenizer.n_words)
+    ]
     return _Raw(TIKTOKEN, values, set(range(tokenizer.num_special_tokens)))
 
 

@@ -28,7 +28,12 @@ def main() -> int:
         try:
             cfg = r.load_config_class() if r.config is not None or r.kind == "backend" else None
         except Exception as exc:  # noqa: BLE001 - engine missing: still document the name
-            lines += [f"## {r.kind} `{r.name}` ({r.distribution})", "", f"(config not importable here: {exc})", ""]
+            lines += [
+                f"## {r.kind} `{r.name}` ({r.distribution})",
+                "",
+                f"(config not importable here: {exc})",
+                "",
+            ]
             continue
         if cfg is None:
             continue
@@ -38,7 +43,9 @@ def main() -> int:
         lines += ["| option | type | default | description |", "|---|---|---|---|"]
         for name, field in cfg.model_fields.items():
             ann = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
-            default = "required" if field.is_required() else repr(field.get_default(call_default_factory=True))
+            default = (
+                "required" if field.is_required() else repr(field.get_default(call_default_factory=True))
+            )
             desc = (field.description or "").replace("|", "\\|")
             lines.append(f"| `{name}` | `{ann}` | `{default}` | {desc} |")
         lines.append("")

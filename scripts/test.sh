@@ -13,6 +13,7 @@ echo "[test] building the offline test models (tiny Llama / GPT-2, SmolLM2-135M 
 $PY scripts/build_test_models.py
 echo "[test] ruff"
 .venv/bin/ruff check genlm_core plugins tests benchmarks scripts conftest.py
+.venv/bin/ruff format --check genlm_core plugins tests benchmarks scripts conftest.py
 mkdir -p build
 # GPU-only tests are deselected (not skipped) where the hardware probe finds no CUDA.
 markers=()

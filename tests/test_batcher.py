@@ -80,8 +80,10 @@ async def test_per_request_exception_fails_only_that_caller():
 async def test_batch_of_50_with_cancelled_caller_and_bad_input():
     llm = genlm_core.load("mock", batch_size=64, timeout=0.05, cache_size=0)
     rng = torch.Generator().manual_seed(0)
-    contexts = [torch.randint(0, llm.vocab_size, (int(n),), generator=rng).tolist()
-                for n in torch.randint(1, 12, (50,), generator=rng)]
+    contexts = [
+        torch.randint(0, llm.vocab_size, (int(n),), generator=rng).tolist()
+        for n in torch.randint(1, 12, (50,), generator=rng)
+    ]
     contexts[17] = [-3]  # bad input
     expected = {i: llm.next_token_logprobs_uncached(c) for i, c in enumerate(contexts) if i != 17}
     tasks = [asyncio.ensure_future(llm.next_token_logprobs(c)) for c in contexts]

@@ -18,7 +18,9 @@ ENGINES = ("torch", "transformers", "vllm", "mlx", "mlx_lm")
 
 def run_py(code: str, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120
+    )
 
 
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -109,8 +111,10 @@ def test_auto_resolution_uses_devices_and_priority():
     # with only the example plugin (priority 1 on cpu) and mock (auto=False), auto picks the example
     assert run_py(code, GENLM_PLUGINS="example").stdout.strip() == "example-bigram"
     # a device the example does not support leaves nothing to choose
-    r = run_py("import genlm_core\ntry:\n genlm_core.load(model='x')\nexcept Exception as e: print(e)",
-               GENLM_PLUGINS="mock")
+    r = run_py(
+        "import genlm_core\ntry:\n genlm_core.load(model='x')\nexcept Exception as e: print(e)",
+        GENLM_PLUGINS="mock",
+    )
     assert "No backend can run" in r.stdout
 
 

@@ -55,7 +55,9 @@ class Case:
         self.byte_level = byte_level
         self.info: DecodedVocab = decode_vocab_info(tokenizer)
         # Byte values with no single-byte token: a byte-level BPE silently drops them.
-        self.missing_bytes = _missing_bytes(tokenizer) if byte_level and hasattr(tokenizer, "get_vocab") else frozenset()
+        self.missing_bytes = (
+            _missing_bytes(tokenizer) if byte_level and hasattr(tokenizer, "get_vocab") else frozenset()
+        )
         # Substrings whose handling is a tokenizer quirk, not a vocabulary property.
         self.excluded = excluded
 
@@ -149,7 +151,15 @@ def _missing_bytes(tok: Any) -> frozenset[int]:
 
 
 CASES = [
-    "gpt2", "smollm2", "qwen-hf", "qwen-tiktoken", "cl100k", "tekken", "mistral-fast", "mistral-slow", "mistral-spm"
+    "gpt2",
+    "smollm2",
+    "qwen-hf",
+    "qwen-tiktoken",
+    "cl100k",
+    "tekken",
+    "mistral-fast",
+    "mistral-slow",
+    "mistral-spm",
 ]
 
 
@@ -175,10 +185,52 @@ def _joined(case: Case, ids: list[int]) -> bytes:
 # --------------------------------------------------------------------------- strategies
 
 SNIPPETS = [
-    "Hello", " world", "\n", "\n\n", "\t", "  ", "   ", "\r\n", "'s", "'ll", " 123", "4567",
-    "é", "e\u0301", "a\u0308\u0304", "ñ", "日本語", "中文", "한국어", "ไทย", "Ελληνικά", "русский",
-    "🙂", "👍🏽", "🇫🇷", "👨‍👩‍👧", "𠀀", "𝔘𝔫𝔦", "\u0915\u094d\u0937", "\u200b", "\ufeff", "\x00", "\x7f",
-    "<|endoftext|>", "<s>", "</s>", "<0x41>", "▁", "Ġ", "Ċ", "{", "}", "def f(x):", "://", "…", "—",
+    "Hello",
+    " world",
+    "\n",
+    "\n\n",
+    "\t",
+    "  ",
+    "   ",
+    "\r\n",
+    "'s",
+    "'ll",
+    " 123",
+    "4567",
+    "é",
+    "e\u0301",
+    "a\u0308\u0304",
+    "ñ",
+    "日本語",
+    "中文",
+    "한국어",
+    "ไทย",
+    "Ελληνικά",
+    "русский",
+    "🙂",
+    "👍🏽",
+    "🇫🇷",
+    "👨‍👩‍👧",
+    "𠀀",
+    "𝔘𝔫𝔦",
+    "\u0915\u094d\u0937",
+    "\u200b",
+    "\ufeff",
+    "\x00",
+    "\x7f",
+    "<|endoftext|>",
+    "<s>",
+    "</s>",
+    "<0x41>",
+    "▁",
+    "Ġ",
+    "Ċ",
+    "{",
+    "}",
+    "def f(x):",
+    "://",
+    "…",
+    "—",
 ]
 RARE = ["🙂", "𠀀", "𝔘", "👨‍👩‍👧", "\U0001f9ec", "\u0fcc", "ᚠᛇ", "ꙮ", "\U00010348"]
 
@@ -262,8 +314,13 @@ def test_length_and_ids(case: Case) -> None:
     if hasattr(case.tokenizer, "__len__"):
         assert len(byte_vocab) >= len(case.tokenizer)
     assert all(isinstance(t, Token) and t.token_id == i for i, t in enumerate(byte_vocab))
-    assert case.info.family == ("tiktoken" if case.name in ("qwen-tiktoken", "cl100k", "tekken") else
-                                "byte_level" if case.byte_level else "sentencepiece")
+    assert case.info.family == (
+        "tiktoken"
+        if case.name in ("qwen-tiktoken", "cl100k", "tekken")
+        else "byte_level"
+        if case.byte_level
+        else "sentencepiece"
+    )
 
 
 def test_str_vocab_matches_bytes_when_valid_utf8(case: Case) -> None:
@@ -417,7 +474,9 @@ def test_unigram_sentencepiece_round_trip() -> None:
     info = decode_vocab_info(tok)
     assert info.family == "sentencepiece"
     assert type(tok.backend_tokenizer.model).__name__ == "Unigram"
-    words = st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,()", min_size=1, max_size=8)
+    words = st.text(
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,()", min_size=1, max_size=8
+    )
 
     @settings(max_examples=60, deadline=None)
     @given(st.lists(words, min_size=1, max_size=6))
@@ -583,7 +642,11 @@ def test_token_eq_hash_order_by_id() -> None:
     a, b, c = Token(5, b"x"), Token(6, b"x"), Token(5, b"y")
     assert a != b and a == c and hash(a) == hash(c) and hash(a) != hash(b)
     assert a < b and b > a and a <= c and a >= c
-    assert sorted([Token(3, b"a"), Token(1, b"z"), Token(2, b"m")]) == [Token(1, b""), Token(2, b""), Token(3, b"")]
+    assert sorted([Token(3, b"a"), Token(1, b"z"), Token(2, b"m")]) == [
+        Token(1, b""),
+        Token(2, b""),
+        Token(3, b""),
+    ]
     assert len({a, b, c}) == 2
     assert a.as_bytes() == b"x" and type(a.as_bytes()) is bytes
     assert a + b"y" == b"xy" and a[:1] == b"x" and a.startswith(b"x")

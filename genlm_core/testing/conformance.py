@@ -55,7 +55,11 @@ class LogprobBackendConformance:
         tok = backend.tokenizer
         for attr in ("all_special_ids",):
             special |= set(getattr(tok, attr, []) or [])
-        ids = [i for i in range(min(len(backend.byte_vocab), 5000)) if i not in special and len(backend.byte_vocab[i]) > 0]
+        ids = [
+            i
+            for i in range(min(len(backend.byte_vocab), 5000))
+            if i not in special and len(backend.byte_vocab[i]) > 0
+        ]
         out: list[list[int]] = []
         for k in range(self.n_contexts):
             if k % 3 == 2 and out:
@@ -106,7 +110,11 @@ class LogprobBackendConformance:
         assert batch.shape == (len(ctxs), len(backend.byte_vocab))
         for row, ctx in zip(batch, ctxs):
             backend.clear_cache()
-            single = backend.next_token_logprobs_uncached(ctx) if hasattr(backend, "next_token_logprobs_uncached") else backend.next_token_logprobs_sync(ctx)
+            single = (
+                backend.next_token_logprobs_uncached(ctx)
+                if hasattr(backend, "next_token_logprobs_uncached")
+                else backend.next_token_logprobs_sync(ctx)
+            )
             assert self._close(row, single, self.atol)
 
     @pytest.mark.asyncio

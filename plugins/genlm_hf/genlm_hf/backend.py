@@ -78,8 +78,11 @@ class HFBackend(BaseLogprobBackend):
         with torch.inference_mode():
             if not self.kv_reuse:
                 logits, _ = forward_rows(
-                    self.model, [Row(c) for c in contexts], want_kv=False,
-                    logits_to_keep=self._logits_to_keep, pad_id=self._pad_id,
+                    self.model,
+                    [Row(c) for c in contexts],
+                    want_kv=False,
+                    logits_to_keep=self._logits_to_keep,
+                    pad_id=self._pad_id,
                 )
                 self._count(len(contexts), sum(map(len, contexts)), 0)
                 return logits
@@ -185,7 +188,9 @@ class HFBackend(BaseLogprobBackend):
         """Activate the loaded adapter ``name`` (clears the output and KV caches)."""
         if name not in self.loras:
             loaded = ", ".join(self.loras) or "none"
-            raise ValueError(f"no LoRA adapter named {name!r} is loaded (loaded: {loaded}); call load_lora first")
+            raise ValueError(
+                f"no LoRA adapter named {name!r} is loaded (loaded: {loaded}); call load_lora first"
+            )
         with self.batcher.model_lock:
             self.model.set_adapter(name)
             self.model.enable_adapters()

@@ -22,7 +22,15 @@ def test_registered_with_aliases_devices_and_priority() -> None:
     assert hf["distribution"] == "genlm-hf"
     assert genlm_core.resolve("transformers").name == "hf"
     schema = genlm_core.resolve("hf").load_config_class().schema_json()
-    for key in ("gguf_file", "dtype", "device_map", "hf_opts", "bitsandbytes_opts", "kv_cache_bytes", "lora_path"):
+    for key in (
+        "gguf_file",
+        "dtype",
+        "device_map",
+        "hf_opts",
+        "bitsandbytes_opts",
+        "kv_cache_bytes",
+        "lora_path",
+    ):
         assert key in schema
 
 

@@ -57,7 +57,9 @@ def test_batched_equals_unbatched_equals_uncached(tiny) -> None:
     before = _engine(llm)
     got = llm.batch_next_token_logprobs_sync(ext)
     after = _engine(llm)
-    assert after["tokens_computed"] - before["tokens_computed"] == sum(len(e) - len(c) for e, c in zip(ext, ctxs))
+    assert after["tokens_computed"] - before["tokens_computed"] == sum(
+        len(e) - len(c) for e, c in zip(ext, ctxs)
+    )
     assert max_diff(got, reference(llm, ext)) <= ATOL
 
 

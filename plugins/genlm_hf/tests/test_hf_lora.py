@@ -20,7 +20,9 @@ def _make_adapter(base_path: str, out: Path, seed: int) -> Path:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
     cfg = peft.LoraConfig(
-        r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"],
+        r=4,
+        lora_alpha=16,
+        target_modules=["q_proj", "v_proj", "down_proj"],
         init_lora_weights=False,  # random, non-zero B: the adapter changes the outputs
     )
     peft.get_peft_model(model, cfg).save_pretrained(str(out))
@@ -43,14 +45,18 @@ def adapters(tiny_llama_path: str, tmp_path_factory: pytest.TempPathFactory) -> 
     return {name: _make_adapter(tiny_llama_path, root / name, seed) for name, seed in (("a", 1), ("b", 2))}
 
 
-def test_lora_changes_distributions_and_clear_restores(tiny_llama_path: str, adapters: dict[str, Path]) -> None:
+def test_lora_changes_distributions_and_clear_restores(
+    tiny_llama_path: str, adapters: dict[str, Path]
+) -> None:
     llm = load_hf(tiny_llama_path)
     try:
         base = llm.batch_next_token_logprobs_sync(CONTEXTS)
         llm.load_lora(adapters["a"], "a")
         llm.load_lora(adapters["b"], "b")
         assert llm.active_lora is None
-        assert max_diff(llm.batch_next_token_logprobs_sync(CONTEXTS), base) <= ATOL  # loading alone: no change
+        assert (
+            max_diff(llm.batch_next_token_logprobs_sync(CONTEXTS), base) <= ATOL
+        )  # loading alone: no change
         llm.cache_kv(CONTEXTS[0])
         llm.set_lora("a")
         assert llm.prefix_cache.kv_bytes == 0 and len(llm.output_cache) == 0  # switching cleared caches
@@ -59,9 +65,13 @@ def test_lora_changes_distributions_and_clear_restores(tiny_llama_path: str, ada
         assert max_diff(with_a, _peft_reference(tiny_llama_path, adapters["a"], CONTEXTS)) <= ATOL
         # KV reuse under the adapter stays exact
         ext = [c + [11] for c in CONTEXTS]
-        assert max_diff(
-            llm.batch_next_token_logprobs_sync(ext), torch.stack([llm.next_token_logprobs_uncached(c) for c in ext])
-        ) <= ATOL
+        assert (
+            max_diff(
+                llm.batch_next_token_logprobs_sync(ext),
+                torch.stack([llm.next_token_logprobs_uncached(c) for c in ext]),
+            )
+            <= ATOL
+        )
         llm.set_lora("b")
         with_b = llm.batch_next_token_logprobs_sync(CONTEXTS)
         assert max_diff(with_b, with_a) > 1e-2

@@ -97,7 +97,9 @@ class MLXBackend(BaseLogprobBackend):
         if (local.is_absolute() or model_path.startswith(".")) and not local.exists():
             raise ConfigError(f"mlx: model folder {model_path!r} does not exist")
         try:
-            model, tokenizer, model_config = load(str(local) if local.exists() else model_path, return_config=True)
+            model, tokenizer, model_config = load(
+                str(local) if local.exists() else model_path, return_config=True
+            )
         except (OSError, ValueError) as exc:
             raise ConfigError(f"mlx: mlx_lm.load could not load {model_path!r}: {exc}") from exc
         return cls(model, tokenizer, config, model_config=model_config)
@@ -121,9 +123,16 @@ class MLXBackend(BaseLogprobBackend):
             return self._forward_uncached(contexts)
         pasts = [cache.deepest_kv(c, max_depth=len(c) - 1)[1] for c in contexts]
         budget = self.config.kv_cache_bytes
-        max_kv_tokens = budget // self._kv_token_bytes if budget is not None and self._kv_token_bytes else None
+        max_kv_tokens = (
+            budget // self._kv_token_bytes if budget is not None and self._kv_token_bytes else None
+        )
         out = self._engine.forward(
-            self.mlx_model, contexts, pasts, self.config.prefill_step_size, want_kv=True, max_kv_tokens=max_kv_tokens
+            self.mlx_model,
+            contexts,
+            pasts,
+            self.config.prefill_step_size,
+            want_kv=True,
+            max_kv_tokens=max_kv_tokens,
         )
         self._count(out)
         for ctx, kv in zip(contexts, out.payloads or []):

@@ -18,7 +18,8 @@ class MLXConfig(BackendConfig):
         2048, ge=1, description="most tokens per model call while prefilling a batch"
     )
     prefix_cache: bool = Field(
-        True, description="reuse the KV state of cached prefixes (off for models whose caches cannot be reused)"
+        True,
+        description="reuse the KV state of cached prefixes (off for models whose caches cannot be reused)",
     )
     kv_cache_bytes: int | None = Field(
         1 << 30, ge=0, description="bytes of KV state the prefix cache keeps (LRU; None: no bound)"

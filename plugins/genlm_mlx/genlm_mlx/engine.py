@@ -137,7 +137,9 @@ def _payloads(
     rows longer than ``max_tokens`` (they would not fit the cache's budget)."""
     kv = mx.stack([mx.stack([c.keys[..., :total, :], c.values[..., :total, :]]) for c in caches])
     return [
-        None if max_tokens is not None and total - lp > max_tokens else mx.contiguous(kv[:, :, i, :, lp:total, :])
+        None
+        if max_tokens is not None and total - lp > max_tokens
+        else mx.contiguous(kv[:, :, i, :, lp:total, :])
         for i, lp in enumerate(left_padding)
     ]
 

@@ -14,10 +14,18 @@ def _sliding_llama():
 
     return llama.Model(
         llama.ModelArgs(
-            model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-            num_attention_heads=2, rms_norm_eps=1e-6, vocab_size=1024, head_dim=32,
-            num_key_value_heads=1, max_position_embeddings=256,
-            layer_types=["sliding_attention", "full_attention"], sliding_window=4,
+            model_type="llama",
+            hidden_size=64,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            num_attention_heads=2,
+            rms_norm_eps=1e-6,
+            vocab_size=1024,
+            head_dim=32,
+            num_key_value_heads=1,
+            max_position_embeddings=256,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=4,
         )
     )
 
@@ -27,8 +35,16 @@ def _mamba():
 
     return mamba.Model(
         mamba.ModelArgs(
-            model_type="mamba", vocab_size=1024, hidden_size=64, intermediate_size=128, state_size=8,
-            num_hidden_layers=2, conv_kernel=4, use_bias=False, use_conv_bias=True, time_step_rank=8,
+            model_type="mamba",
+            vocab_size=1024,
+            hidden_size=64,
+            intermediate_size=128,
+            state_size=8,
+            num_hidden_layers=2,
+            conv_kernel=4,
+            use_bias=False,
+            use_conv_bias=True,
+            time_step_rank=8,
         )
     )
 

@@ -187,7 +187,9 @@ async def test_bad_inputs_fail_alone(llm):
     with pytest.raises(ValueError):
         llm.cache_kv([-3])
     llm.clear_cache()
-    res = await asyncio.gather(llm.next_token_logprobs(good), llm.next_token_logprobs([5000]), return_exceptions=True)
+    res = await asyncio.gather(
+        llm.next_token_logprobs(good), llm.next_token_logprobs([5000]), return_exceptions=True
+    )
     assert isinstance(res[1], ValueError)
     assert torch.allclose(res[0], expected, atol=SELF_ATOL, rtol=0)
 
