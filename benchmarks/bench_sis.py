@@ -167,12 +167,37 @@ def run_genlm_core(args: argparse.Namespace) -> dict[str, Any]:
     stats = llm.stats()
     engine = stats.get("engine", {})
     res.update(load_s=load_s, prompt_ids=prompt_ids, batcher=stats.get("batcher"), engine=engine)
+    if args.sweep:
+        res["sweep"] = [sweep_point(llm, p, lengths, eos, prompt_ids, args) for p in args.sweep]
     import torch
 
     if isinstance(getattr(llm, "model", None), torch.nn.Module):  # torch engines only
         res["flops_per_token"] = model_flops_per_token(llm.model)
     llm.close()
     return res
+
+
+def sweep_point(
+    llm: Any, particles: int, lengths: list[int], eos: int, prompt_ids: list[int], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The workload again with ``particles`` particles on the loaded backend (throughput curve)."""
+    log(f"(a) sweep: {particles} particles")
+    sub = argparse.Namespace(**{**vars(args), "particles": particles})
+    before = dict(llm.stats().get("batcher") or {})
+    r = asyncio.run(
+        timed_runs(lambda: llm.next_token_logprobs, lengths, eos, prompt_ids, sub, llm.clear_cache)
+    )
+    after = dict(llm.stats().get("batcher") or {})
+    batches = after.get("batches", 0) - before.get("batches", 0)
+    computed = after.get("computed", 0) - before.get("computed", 0)
+    return {
+        "particles": particles,
+        "calls": r["calls"],
+        "wall_s": r["wall_s"],
+        "calls_per_s": r["calls_per_s"],
+        # includes the warm-up run's batches (2 particles, 2 tokens): a slight underestimate
+        "mean_batch_size": computed / batches if batches else None,
+    }
 
 
 # ---------------------------------------------------------------------- (c) uncached loop
@@ -336,6 +361,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, default=None, help="model folder (default: embedded SmolLM2-135M)")
     p.add_argument("--options", default="", help="JSON of extra load() options for (a)")
     p.add_argument("--particles", type=int, default=16)
+    p.add_argument(
+        "--sweep",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time (a) at these particle counts (throughput against particles; same loaded model)",
+    )
     p.add_argument("--max-tokens", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1, help="timed runs per figure (median)")
