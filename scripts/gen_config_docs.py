@@ -3,16 +3,35 @@ implementation (core and installed plugins), so the reference always matches the
 
 from __future__ import annotations
 
+import inspect
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 
 from genlm_core.registry import get_registry
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+# the reference documents the distributions of this repository, not whatever else is installed
+FIRST_PARTY = {"genlm-core", "genlm-hf", "genlm-vllm", "genlm-mlx", "genlm-mock"}
 
 
-def main() -> int:
+def _doc_markdown(doc: str) -> list[str]:
+    """A docstring as Markdown: prose paragraphs joined, ``::`` blocks fenced as code."""
+    out: list[str] = []
+    for para in inspect.cleandoc(doc).split("\n\n"):
+        lines = para.splitlines()
+        if lines and all(line.startswith("    ") or not line.strip() for line in lines):
+            out += ["```python", textwrap.dedent(para), "```", ""]
+            continue
+        text = " ".join(line.strip() for line in lines)
+        if text.endswith("::"):
+            text = text[:-1]
+        out += [text, ""]
+    return out[:-1] if out and out[-1] == "" else out
+
+
+def render() -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         reg = get_registry()
@@ -25,6 +44,8 @@ def main() -> int:
         "",
     ]
     for r in sorted(reg.all(), key=lambda r: (r.kind, r.name)):
+        if r.distribution not in FIRST_PARTY:
+            continue
         try:
             cfg = r.load_config_class() if r.config is not None or r.kind == "backend" else None
         except Exception as exc:  # noqa: BLE001 - engine missing: still document the name
@@ -39,17 +60,32 @@ def main() -> int:
             continue
         lines += [f"## {r.kind} `{r.name}` ({r.distribution})", ""]
         if cfg.__doc__:
-            lines += [" ".join(cfg.__doc__.split()), ""]
+            lines += [*_doc_markdown(cfg.__doc__), ""]
         lines += ["| option | type | default | description |", "|---|---|---|---|"]
         for name, field in cfg.model_fields.items():
-            ann = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+            ann = str(field.annotation).replace("typing.", "")
+            if isinstance(field.annotation, type):  # plain classes: their name, not "<class ...>"
+                ann = field.annotation.__name__
+            ann = ann.replace("|", "\\|")
             default = (
                 "required" if field.is_required() else repr(field.get_default(call_default_factory=True))
             )
             desc = (field.description or "").replace("|", "\\|")
             lines.append(f"| `{name}` | `{ann}` | `{default}` | {desc} |")
         lines.append("")
-    OUT.write_text("\n".join(lines))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    text = render()
+    if "--check" in argv:
+        if not OUT.exists() or OUT.read_text() != text:
+            print(f"{OUT} is out of date: run `.venv/bin/python scripts/gen_config_docs.py`", file=sys.stderr)
+            return 1
+        print(f"{OUT} is up to date")
+        return 0
+    OUT.write_text(text)
     print(f"wrote {OUT}")
     return 0
 

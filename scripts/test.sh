@@ -20,9 +20,9 @@ markers=()
 if ! $PY -c "import sys; from genlm_core.hardware import probe; sys.exit(0 if probe().cuda else 1)"; then
   markers=(-m "not cuda")
 fi
-# vLLM 0.32 crashes at engine start when llvmlite (numba, used by the trie kernels)
-# is already loaded in the process (its kernel registry scans every module), so
-# the vLLM-using suites run in a process of their own, first.
+# The vLLM-using suites run in a process of their own, first: their engines live for
+# the whole session (in-process engine core, its KV cache and threads) and would
+# otherwise sit beside every other suite on our 2 cores.
 VLLM_SUITES=(plugins/genlm_vllm tests/test_bytes_models.py)
 set +e
 $PY -m pytest -q -rs --junitxml=build/junit-vllm.xml "${markers[@]}" "${VLLM_SUITES[@]}" "$@"

@@ -61,7 +61,7 @@ class MassTrie:
     Args:
         vocab: the backend's ``byte_vocab``.
         eos_tokens: EOS tokens (``Token`` or bytes, as the core trie accepts).
-        trie: a registered trie implementation name (``None``: the numpy trie).
+        trie: a registered trie implementation name (``None``: the CPU trie, numba-accelerated when installed).
         batch_size: most distributions per trie call.
         timeout: seconds a request waits for others to join its batch.
     """
@@ -77,9 +77,8 @@ class MassTrie:
         if trie is None:
             from genlm_core.trie.cpu import TokenByteTrie
 
-            # NumPy path: one row per candidate is cheap, and importing numba (llvmlite)
-            # before vLLM starts breaks vLLM 0.32's kernel scan in the same process.
-            self.trie: Any = TokenByteTrie(vocab, eos_tokens=eos_tokens, accel="numpy")
+            # numba kernels when installed (genlm-vllm makes vLLM start alongside them)
+            self.trie: Any = TokenByteTrie(vocab, eos_tokens=eos_tokens)
         else:
             from genlm_core.api import load_trie
 

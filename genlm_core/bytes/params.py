@@ -49,7 +49,10 @@ class BeamParams(GenlmConfig):
     max_context_length: int | None = Field(
         None, ge=1, description="keep at most this many context tokens (None: the model's limit)"
     )
-    trie: str | None = Field(None, description="registered trie implementation (None: numpy)")
+    trie: str | None = Field(
+        None,
+        description="registered trie implementation (None: the CPU trie, numba-accelerated when installed)",
+    )
 
     model_config = {**GenlmConfig.model_config, "populate_by_name": True}
 

@@ -20,6 +20,7 @@ import gc
 import importlib.util
 import itertools
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -56,6 +57,24 @@ class _SampleRequest:
 def _require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
         raise VLLMNotInstalledError(f"the 'vllm' backend needs vLLM: {INSTALL_HINT}")
+
+
+def _tolerate_llvmlite() -> None:
+    """Let vLLM start in a process that already loaded llvmlite (numba: the trie kernels).
+
+    At platform start vLLM 0.32 scans every module namespace and calls
+    ``vars(value).get(...)`` on each attribute that answers ``__dict__``. llvmlite's
+    ``ffi.lib`` wrapper answers every attribute lookup with a ctypes function wrapper,
+    ``__dict__`` included, so the scan raises ``'_lib_fn_wrapper' object has no
+    attribute 'get'`` and the engine never starts. Pre-seeding the wrapper's
+    function table with an empty ``__dict__`` makes ``vars(lib)`` an empty dict
+    (what a slotted object without one should give) and changes nothing else.
+    """
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    lib = getattr(ffi, "lib", None)
+    table = getattr(lib, "_fntab", None)
+    if isinstance(table, dict) and not isinstance(table.get("__dict__"), dict):
+        table["__dict__"] = {}
 
 
 def _engine_device() -> str:
@@ -158,6 +177,7 @@ class VLLMBackend(BaseLogprobBackend):
     @classmethod
     def from_config(cls, config: VLLMConfig) -> "VLLMBackend":
         _require_vllm()
+        _tolerate_llvmlite()
         device = _engine_device()
         _prepare_environment(config, device)
         from vllm import LLM
