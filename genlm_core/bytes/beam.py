@@ -24,6 +24,7 @@ import numpy as np
 from genlm_core.bytes.dist import EOS, EOT_INDEX, ByteDistribution
 from genlm_core.bytes.heal import TokenHealer
 from genlm_core.bytes.lm import StatefulTokenizedLM
+from genlm_core.bytes.lookahead import Lookahead
 from genlm_core.bytes.masses import EOSMode, mass_trie_for, mode_of
 from genlm_core.bytes.params import BeamParams
 from genlm_core.bytes.state import LazyTrieState
@@ -149,8 +150,12 @@ class ByteBeamState:
         batched model call and one batched trie call. ``floor`` (internal) also
         skips unmaterialized extensions whose weight is below it.
         """
-        if logZ is None:
-            logZ = self.logZ
+        keep = self._extensions(self.logZ if logZ is None else logZ, floor)
+        await materialize_all(keep)
+        return keep
+
+    def _extensions(self, logZ: float, floor: float | None) -> list[LazyTrieState]:
+        """The extensions :meth:`extend` keeps (no model call)."""
         cands = [e for s in self.states for e in s.extend()]
         for e in cands:
             logZ = float(np.logaddexp(logZ, e.weight))
@@ -158,8 +163,23 @@ class ByteBeamState:
         keep = [e for e in cands if e.weight - logZ > thr]
         if floor is not None:
             keep = [e for e in keep if e.materialized or e.weight >= floor]
-        await materialize_all(keep)
         return keep
+
+    def _moved(self, a: int, keep_k: int | None) -> tuple[list[LazyTrieState], float, float | None]:
+        """The candidates after reading ``a`` without a new token, their ``logZ``, and
+        the weight an extension must reach to matter when only ``keep_k`` survive."""
+        new_states = [t for s in self.states if (t := s << a) is not None]
+        logZ = _logsumexp([s.weight for s in new_states])
+        floor = None
+        if keep_k is not None and len(new_states) >= keep_k:
+            floor = sorted((s.weight for s in new_states), reverse=True)[keep_k - 1]
+        return new_states, logZ, floor
+
+    async def _pending(self, a: int, keep_k: int | None) -> list[LazyTrieState]:
+        """The contexts ``_advance(a, keep_k)`` will ask the model for."""
+        await materialize_all(self.states)
+        _, logZ, floor = self._moved(a, keep_k)
+        return [e for e in self._extensions(logZ, floor) if not e.materialized]
 
     async def __lshift__(self, a: int) -> "ByteBeamState":
         """The beam after reading byte ``a`` (0-255, or ``257`` = EOS). An empty
@@ -173,11 +193,7 @@ class ByteBeamState:
         raises a weight)."""
         a = _check_symbol(a)
         await materialize_all(self.states)
-        new_states = [t for s in self.states if (t := s << a) is not None]
-        logZ = _logsumexp([s.weight for s in new_states])
-        floor = None
-        if keep_k is not None and len(new_states) >= keep_k:
-            floor = sorted((s.weight for s in new_states), reverse=True)[keep_k - 1]
+        new_states, logZ, floor = self._moved(a, keep_k)
         for e in await self.extend(logZ, floor):
             t = e << a
             if t is not None:
@@ -249,8 +265,25 @@ class ByteBeamState:
         # calls). Exact only without a probability threshold, which depends on logZ.
         K = self.params.K if self.params.prune_threshold == 0 else None
         last = len(bs) - 1
+        look = None
+        # one candidate (K=1) follows a single path, token after token: nothing to overlap
+        if self.params.lookahead and self.params.K != 1 and len(bs) > 1 and beam.states:
+            trie = beam.states[0].trie
+            rows = getattr(getattr(beam.states[0].lm.model, "config", None), "batch_size", None)
+            look = Lookahead(
+                trie.token_index(),
+                bs,
+                horizon=self.params.lookahead,
+                width=self.params.lookahead_width,
+                margin=self.params.lookahead_margin,
+                max_rows=rows if isinstance(rows, int) and rows > 0 else 32,
+            )
         for i, b in enumerate(bs):
-            beam = await beam.prune()._advance(b, K if i < last else None)
+            pruned = beam.prune()
+            keep_k = K if i < last else None
+            if look is not None:
+                await look.before(pruned.states, i, await pruned._pending(b, keep_k))
+            beam = await pruned._advance(b, keep_k)
             if not beam.states:
                 break
         return beam

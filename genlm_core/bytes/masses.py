@@ -116,6 +116,19 @@ class MassTrie:
         leaf = self.children[node].get(None)
         return [] if leaf is None else [leaf]
 
+    def token_index(self) -> tuple[dict[bytes, list[int]], int]:
+        """``bytes -> token ids`` (several for duplicates) and the longest token's
+        length; built once per trie (the lookahead of known bytes reads it)."""
+        idx = getattr(self, "_token_index", None)
+        if idx is None:
+            index: dict[bytes, list[int]] = {}
+            for i, tok in enumerate(self.decode):
+                b = bytes(tok)
+                if b:
+                    index.setdefault(b, []).append(i)
+            idx = self._token_index = (index, max(map(len, index), default=0))
+        return idx
+
     def token_id(self, leaf: int) -> int:
         return int(self.trie.leaf2token_id[leaf])
 

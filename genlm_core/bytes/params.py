@@ -49,6 +49,20 @@ class BeamParams(GenlmConfig):
     max_context_length: int | None = Field(
         None, ge=1, description="keep at most this many context tokens (None: the model's limit)"
     )
+    lookahead: int = Field(
+        16,
+        ge=0,
+        description="when the bytes are known (prefill, bits_per_byte): score tokenizations up to this many "
+        "bytes ahead, so one forward pass serves several bytes (0: off; results are the same)",
+    )
+    lookahead_width: int = Field(
+        16, ge=1, description="most lookahead contexts scored per byte position and forward pass"
+    )
+    lookahead_margin: float = Field(
+        12.0,
+        gt=0.0,
+        description="lookahead skips tokenizations this many nats below the best one ending at the same byte",
+    )
     trie: str | None = Field(
         None,
         description="registered trie implementation (None: the CPU trie, numba-accelerated when installed)",
