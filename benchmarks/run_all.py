@@ -298,6 +298,16 @@ def headline(sections: list[str]) -> list[dict[str, Any]]:
                 rows.append(
                     _row("byte beam K=5, abs(logZ - genlm-bytes logZ)", d, target="<= 1e-3", met=d <= 1e-3)
                 )
+                d64 = b.get("abs_logZ_a_minus_b_float64_trie_K5")
+                if d64 is not None:
+                    rows.append(
+                        _row(
+                            "byte beam K=5, same vs genlm-bytes with its trie sums in float64",
+                            d64,
+                            target="<= 1e-3",
+                            met=d64 <= 1e-3,
+                        )
+                    )
             rows.append(_row(f"byte beam K={r['K']}, bits/byte", r["(a) bits/byte"], r.get("(b) bits/byte")))
     return rows
 
