@@ -365,7 +365,10 @@ def plot(path: Path) -> None:
         ylabel="next-token distributions per second",
         title="SIS throughput vs particle count (higher is better)",
     )
-    ax.legend(fontsize=7, loc="upper left")
+    if sis:
+        ax.legend(fontsize=7, loc="upper left")
+    else:
+        ax.text(0.5, 0.5, "SIS section not run", ha="center", va="center", transform=ax.transAxes)
     ax.grid(alpha=0.3, which="both")
 
     ax = axes[0][1]
