@@ -187,51 +187,38 @@ def cmd_logprobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sample(args: argparse.Namespace) -> int:
+def _with_llm(args: argparse.Namespace, job: Any) -> int:
+    """Load the model of ``args``, print ``asyncio.run(job(llm))``, close the model."""
     import asyncio
-
-    from genlm_core.smc import run_sis
 
     llm = _load_llm(args)
     try:
-        result = asyncio.run(
-            run_sis(
-                llm,
-                args.prompt,
-                n_particles=args.particles,
-                max_tokens=args.max_tokens,
-                seed=args.seed,
-                progress=True,
-            )
-        )
-        print(result.report())
+        print(asyncio.run(job(llm)))
     finally:
         llm.close()
     return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from genlm_core.demo import sis_demo
+
+    return _with_llm(args, lambda llm: sis_demo(llm, args.prompt, args.particles, args.max_tokens, args.seed))
 
 
 def cmd_bytes(args: argparse.Namespace) -> int:
-    import asyncio
-
     from genlm_core.demo import byte_demo
 
-    llm = _load_llm(args)
-    try:
-        print(
-            asyncio.run(
-                byte_demo(
-                    llm,
-                    args.prompt,
-                    n_bytes=args.n_bytes,
-                    k=args.beam,
-                    bpb_text=args.bits_per_byte,
-                    show_dist=args.dist,
-                )
-            )
-        )
-    finally:
-        llm.close()
-    return 0
+    return _with_llm(
+        args,
+        lambda llm: byte_demo(
+            llm,
+            args.prompt,
+            n_bytes=args.n_bytes,
+            k=args.beam,
+            bpb_text=args.bits_per_byte,
+            show_dist=args.dist,
+        ),
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

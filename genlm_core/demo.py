@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["byte_demo", "main"]
+__all__ = ["byte_demo", "sis_demo", "main"]
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 
@@ -50,22 +50,22 @@ async def byte_demo(
     return "\n".join(lines)
 
 
-async def _run(llm: Any, args: argparse.Namespace) -> None:
+async def sis_demo(llm: Any, prompt: str, particles: int, max_tokens: int, seed: int) -> str:
+    """The seeds' autobatched SIS from ``prompt`` (progress bar on stderr); its report."""
     from genlm_core.smc import run_sis
 
+    result = await run_sis(
+        llm, prompt, n_particles=particles, max_tokens=max_tokens, seed=seed, progress=True
+    )
+    return result.report()
+
+
+async def _run(llm: Any, args: argparse.Namespace) -> None:
     print(
         f"\n== Autobatched SIS: prompt {args.prompt!r}, {args.particles} particles, "
         f"up to {args.max_tokens} tokens =="
     )
-    result = await run_sis(
-        llm,
-        args.prompt,
-        n_particles=args.particles,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-        progress=True,
-    )
-    print(result.report())
+    print(await sis_demo(llm, args.prompt, args.particles, args.max_tokens, args.seed))
     print("\n== Byte-level language model ==")
     print(await byte_demo(llm, "An apple a day keeps the", n_bytes=args.n_bytes, k=5, bpb_text=SENTENCE))
 

@@ -159,3 +159,19 @@ def test_cli_doctor_and_one_line_errors():
     assert bad.returncode == 2
     lines = [ln for ln in bad.stderr.splitlines() if ln.startswith("genlm")]
     assert len(lines) == 1 and "Unknown backend 'nonesuch'" in lines[0]
+
+
+def test_cli_sample_and_bytes_on_the_mock():
+    r = run_cli("sample", "Montreal is", "--backend", "mock", "--particles", "4", "--max-tokens", "3")
+    assert r.returncode == 0, r.stderr
+    probs = [
+        float(ln.split()[0])
+        for ln in r.stdout.splitlines()
+        if ln.startswith("   0.") or ln.startswith("   1.")
+    ]
+    assert len(probs) == 4 and abs(sum(probs) - 1) < 2e-3  # normalised over the particles
+    assert "next-token calls batched into" in r.stdout
+    b = run_cli("bytes", "ab", "--backend", "mock", "--beam", "2", "--n-bytes", "6")
+    assert b.returncode == 0, b.stderr
+    line = b.stdout.splitlines()[1].strip()
+    assert line.startswith("'ab") or line.startswith('"ab')  # the continuation starts with the prompt

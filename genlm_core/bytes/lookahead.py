@@ -42,7 +42,6 @@ class _Node:
     weight: float  # log P(committed tokens)
     # log-probabilities of the tokens that spell data[start:start+j], by token id
     along: dict[int, float] | None = None
-    expanded: bool = False
     children: list[tuple[int, int]] = field(default_factory=list)  # (token id, end position)
 
 
@@ -78,6 +77,7 @@ class Lookahead:
         self.max_rows = max_rows
         self._index, self._longest = token_index
         self._nodes: dict[tuple[int, ...], _Node] = {}
+        self._frontier: list[_Node] = []  # scored, not yet expanded
         self._best_at: dict[int, float] = {}
         self.rounds = 0
         self.prefetched = 0
@@ -102,6 +102,7 @@ class Lookahead:
         vals = logprobs[ids]
         vals = vals.tolist() if hasattr(vals, "tolist") else list(vals)
         node.along = {t: float(v) for t, v in zip(ids, vals)}
+        self._frontier.append(node)
 
     def _add(self, lm: StatefulTokenizedLM, start: int, weight: float) -> _Node:
         node = self._nodes.get(lm.context)
@@ -117,6 +118,7 @@ class Lookahead:
         if cut <= 0 or len(self._nodes) < 256:
             return
         self._nodes = {k: n for k, n in self._nodes.items() if n.start >= cut}
+        self._frontier = [n for n in self._frontier if n.start >= cut]
         self._best_at = {p: w for p, w in self._best_at.items() if p >= cut}
 
     # ------------------------------------------------------------------ one step
@@ -132,7 +134,7 @@ class Lookahead:
                 node = self._add(s.lm, pos - len(s.partial), s.base_weight)
                 if node.along is None and s._logprobs is not None:
                     self._set_scores(node, s._logprobs)
-        misses = [e for e in needed if self._scored(e.lm.context) is False]
+        misses = [e for e in needed if not self._scored(e.lm.context)]
         if not misses:
             return
         self.rounds += 1
@@ -142,16 +144,18 @@ class Lookahead:
             todo[e.lm.context] = node
         # the frontier: scored, unexpanded nodes whose next token starts within reach
         cand: dict[int, list[tuple[float, StatefulTokenizedLM]]] = {}
-        for node in list(self._nodes.values()):
-            if node.expanded or node.along is None or node.start > pos + self.horizon:
+        later = []
+        for node in self._frontier:
+            if node.start > pos + self.horizon:
+                later.append(node)
                 continue
-            node.expanded = True
             for t, end in node.children:
                 lp = node.along.get(t, -math.inf)
                 if lp == -math.inf:
                     continue
                 w = node.weight + lp
                 cand.setdefault(end, []).append((w, node.lm << t))
+        self._frontier = later
         spec: list[tuple[float, int, StatefulTokenizedLM]] = []
         for end, items in cand.items():
             best = max(self._best_at.get(end, -math.inf), max(w for w, _ in items))
