@@ -210,6 +210,22 @@ def test_random_vocab_matches_brute_force(case, by_bytes: bool) -> None:
                 batch = as_np(getattr(t, f"batch_weight_{op}")(W, mode))
                 np.testing.assert_array_equal(batch[0], as_np(single))
                 check_values(name, s, oracle_rev, batch[1], log)
+                if op == "sum" and isinstance(t, TokenByteTrie):
+                    check_lazy(name, s, t, w, W, mode, oracle, oracle_rev)
+
+
+def check_lazy(name, s, t, w, W, mode, oracle, oracle_rev) -> None:
+    """Lazy masses: every way of reading them equals the brute force."""
+    every = np.arange(s.num_nodes)
+    lazy = t.weight_sum(w, mode, lazy=True)
+    check_values(f"{name}-lazy-take", s, oracle, lazy.take(every), False)
+    check_values(f"{name}-lazy-scalar", s, oracle, np.array([lazy[i] for i in range(s.num_nodes)]), False)
+    check_values(f"{name}-lazy-array", s, oracle, np.asarray(lazy), False)
+    np.testing.assert_array_equal(lazy[-1], lazy[s.num_nodes - 1])
+    batch = t.batch_weight_sum(W, mode, lazy=True)
+    assert batch.shape == (2, s.num_nodes)
+    check_values(f"{name}-lazy-batch", s, oracle_rev, batch[1].take(every), False)
+    check_values(f"{name}-lazy-batch-array", s, oracle_rev, np.asarray(batch)[1], False)
 
 
 # ---------------------------------------------------------------------- worked example
@@ -309,8 +325,77 @@ def test_tiny_masses_keep_relative_precision() -> None:
         m = as_np(t.weight_sum(w))
         assert abs(m[z] - want) / want < 1e-9, name
         assert abs(m[s.root] - 1.0) < 1e-12
-    naive = TokenByteTrie(s, accel="numpy", precise=False).weight_sum(w)[z]
-    assert abs(naive - want) / want > 1e-3  # documents why the residual is carried
+        if isinstance(t, TokenByteTrie):
+            lazy = t.weight_sum(w, lazy=True)
+            assert abs(lazy[z] - want) / want < 1e-9, name
+            assert abs(lazy.take([z])[0] - want) / want < 1e-9, name
+    for accel in ["numpy"] + (["numba"] if HAVE_NUMBA else []):
+        fast = TokenByteTrie(s, accel=accel, precise=False)
+        naive = fast.weight_sum(w)[z]
+        assert abs(naive - want) / want > 1e-3  # documents why the residual is carried
+        assert abs(fast.weight_sum(w, lazy=True)[z] - naive) <= 1e-15  # the documented bound
+
+
+def test_tiny_masses_across_the_lane_boundary() -> None:
+    # the tiny subtree straddles the middle of the sorted vocabulary, where the
+    # lazy layout joins its two prefix-sum lanes
+    big = [b"a%04d" % i for i in range(995)]
+    tiny = [b"m%d" % i for i in range(10)]
+    vocab = big + tiny + [b"z%04d" % i for i in range(995)]
+    w = np.concatenate([np.full(995, 1 / 1990), np.full(10, 1e-19), np.full(995, 1 / 1990)])
+    s = TrieStructure(vocab)
+    m = s.children[s.root][ord("m")]
+    lo, hi = int(s.start[m]), int(s.end[m])
+    L = (len(vocab) + 1) // 2
+    assert lo < L < hi  # really across the boundary
+    want = 1e-18
+    for name, t in implementations(s).items():
+        assert abs(as_np(t.weight_sum(w))[m] - want) / want < 1e-9, name
+        if isinstance(t, TokenByteTrie):
+            assert abs(t.weight_sum(w, lazy=True)[m] - want) / want < 1e-9, name
+
+
+def test_lazy_buffers_are_recycled_not_shared() -> None:
+    # live lazy results keep their own prefix sums while dropped ones are reused
+    rng = np.random.default_rng(5)
+    vocab = [bytes(rng.integers(97, 100, size=rng.integers(1, 6)).tolist()) for _ in range(3000)]
+    for accel in ["numpy"] + (["numba"] if HAVE_NUMBA else []):
+        t = TokenByteTrie(vocab, accel=accel)
+        ws = [rng.dirichlet(np.ones(len(vocab))) for _ in range(6)]
+        ref = [t.weight_sum(w) for w in ws]
+        keep = [t.weight_sum(ws[0], lazy=True)]
+        for i in range(1, 6):
+            tmp = t.batch_weight_sum(np.stack([ws[i], ws[i - 1]]), lazy=True)
+            np.testing.assert_allclose(tmp[0].take(np.arange(t.num_nodes)), ref[i], rtol=1e-12)
+            np.asarray(tmp[1])  # materialising uses (and returns) pool buffers too
+            del tmp
+            keep.append(t.weight_sum(ws[i], lazy=True))
+            t.weight_sum(ws[i - 1])  # eager calls borrow buffers as well
+        assert t._pool, "dropped results should give their buffers back"
+        for i, m in enumerate(keep):
+            np.testing.assert_allclose(m.take(np.arange(t.num_nodes)), ref[i], rtol=1e-12)
+
+
+def test_lazy_errors() -> None:
+    t = TokenByteTrie([b"a", b"ab", b"b"])
+    m = t.weight_sum(np.ones(3), lazy=True)
+    with pytest.raises(IndexError, match="out of range"):
+        m[t.num_nodes]
+    with pytest.raises(IndexError, match="out of range"):
+        m.take([0, -t.num_nodes - 1])
+    with pytest.raises(ValueError, match="lazy=True"):
+        t.weight_sum(np.ones(3), lazy=True, out=np.empty(t.num_nodes))
+    assert m.total == pytest.approx(3.0)
+    assert list(m[1:3]) == list(np.asarray(m)[1:3])
+    torch_trie = TorchTokenByteTrie([b"a", b"ab", b"b"], device="cpu")
+    from genlm_core.trie.async_trie import AsyncTokenByteTrie
+
+    async def go() -> None:
+        async with AsyncTokenByteTrie(torch_trie) as at:
+            with pytest.raises(ValueError, match="no lazy weight_sum"):
+                await at.weight_sum(np.ones(3), lazy=True)
+
+    asyncio.run(go())
 
 
 # ---------------------------------------------------------------------- real vocabularies
@@ -375,6 +460,11 @@ def test_real_vocabularies_agree(name: str, request: pytest.FixtureRequest) -> N
     P = np.stack([p, p[::-1].copy()])
     for t in tries.values():
         np.testing.assert_allclose(as_np(t.batch_weight_sum(P))[0], ref, rtol=1e-6)
+        if isinstance(t, TokenByteTrie):
+            lazy = t.batch_weight_sum(P, lazy=True)[0]
+            assert abs(lazy.total - 1.0) < 1e-6
+            np.testing.assert_allclose(lazy.take(np.arange(s.num_nodes)), ref, rtol=1e-6)
+            np.testing.assert_allclose(np.asarray(lazy), ref, rtol=1e-6)
 
 
 # ---------------------------------------------------------------------- async
@@ -403,7 +493,11 @@ def test_async_matches_sync() -> None:
             for w in W[:4]:
                 for m in EOSMode:
                     np.testing.assert_array_equal(next(it), trie.weight_sum(w, m))
+            lazy = await asyncio.gather(*[at.weight_sum(w, EOSMode.WITH_EOS, lazy=True) for w in W])
+            for w, got in zip(W, lazy):
+                np.testing.assert_allclose(np.asarray(got), trie.weight_sum(w, EOSMode.WITH_EOS), rtol=1e-12)
             stats = at.stats
+            assert stats["sum-lazy/with_eos"]["batches"] < len(W)
             assert stats["sum/with_eos"]["submitted"] == 24
             assert stats["sum/with_eos"]["batches"] < 24  # requests were batched
             assert stats["sum/with_eos"]["max_batch_size"] <= 8

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from genlm_core.batching import AutoBatcher
-from genlm_core.trie.structure import EOSMode, coerce_mode
+from genlm_core.trie.structure import EOS, EOSMode, coerce_mode
 
 __all__ = ["MassTrie", "Masses", "EOSMode", "mass_trie_for"]
 
@@ -30,15 +30,21 @@ class Masses:
     """Linear masses of every node for one token distribution.
 
     ``get(node, with_eos)`` reads a node's mass in either EOS view; ``log(...)``
-    its logarithm (``-inf`` for zero mass).
+    its logarithm (``-inf`` for zero mass); ``log_many(nodes, with_eos)`` the
+    same for an array of nodes. ``raw`` is the trie's ``WITHOUT_EOS`` result: an
+    array, or lazy :class:`~genlm_core.trie.node_masses.NodeMasses` (CPU trie),
+    read only at the nodes a state looks at.
     """
 
-    __slots__ = ("raw", "_corr", "_zero")
+    __slots__ = ("raw", "_corr", "_zero", "_special")
 
-    def __init__(self, raw: np.ndarray, corr: dict[int, float], zero: frozenset[int]) -> None:
+    def __init__(
+        self, raw: Any, corr: dict[int, float], zero: frozenset[int], special: np.ndarray | None = None
+    ) -> None:
         self.raw = raw
         self._corr = corr
         self._zero = zero
+        self._special = special  # bool per node: on an EOS path (needs get())
 
     def get(self, node: int, with_eos: bool) -> float:
         v = float(self.raw[node])
@@ -53,6 +59,16 @@ class Masses:
     def log(self, node: int, with_eos: bool) -> float:
         v = self.get(node, with_eos)
         return math.log(v) if v > 0 else -math.inf
+
+    def log_many(self, nodes: np.ndarray, with_eos: bool) -> np.ndarray:
+        """``log`` of each node of ``nodes`` (one vectorised read of ``raw``)."""
+        vals = np.asarray(self.raw.take(nodes), dtype=np.float64)
+        if with_eos and self._corr and self._special is not None:
+            for i in np.flatnonzero(self._special[nodes]):
+                vals[i] = self.get(int(nodes[i]), True)
+        with np.errstate(divide="ignore"):
+            out = np.log(np.maximum(vals, 0.0))
+        return out
 
 
 class MassTrie:
@@ -94,6 +110,12 @@ class MassTrie:
         self._structure = getattr(t, "structure", None)
         self._eos_paths = [self._path(i) for i in self.eos_token_ids]
         self._zero = self._only_eos_nodes()
+        self._special: np.ndarray | None = None
+        if self.eos_token_ids:
+            self._special = np.zeros(t.num_nodes, dtype=bool)
+            self._special[[n for path in self._eos_paths for n in path] + [self.eos_node]] = True
+        self._child_tables: dict[int, tuple[np.ndarray, np.ndarray, int | None]] = {}
+        self._lazy = False
         self.async_trie: Any = None
         self._closed = False
         try:
@@ -107,6 +129,9 @@ class MassTrie:
             self.async_trie = AsyncTokenByteTrie(
                 t, max_batch_size=batch_size, timeout=timeout, run_in_thread=False
             )
+            # node masses read on access when the trie can (a state reads a few
+            # hundred nodes of each distribution, not all of them)
+            self._lazy = self.async_trie._supports_lazy()
 
     # ------------------------------------------------------------------ structure
     def leaves(self, node: int) -> list[int]:
@@ -128,6 +153,24 @@ class MassTrie:
                     index.setdefault(b, []).append(i)
             idx = self._token_index = (index, max(map(len, index), default=0))
         return idx
+
+    def child_table(self, node: int) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """Byte edges out of ``node`` as arrays ``(bytes, child nodes)`` and the
+        EOS child (``None`` if none); memoised per node."""
+        tab = self._child_tables.get(node)
+        if tab is None:
+            keys: list[int] = []
+            kids: list[int] = []
+            eos_child = None
+            for key, child in self.children[node].items():
+                if isinstance(key, int) and 0 <= key < 256:
+                    keys.append(key)
+                    kids.append(child)
+                elif key == EOS:
+                    eos_child = child
+            tab = (np.array(keys, dtype=np.intp), np.array(kids, dtype=np.intp), eos_child)
+            self._child_tables[node] = tab
+        return tab
 
     def token_id(self, leaf: int) -> int:
         return int(self.trie.leaf2token_id[leaf])
@@ -194,16 +237,22 @@ class MassTrie:
         """Masses of every node under the token distribution ``exp(logprobs)``
         (one ``WITHOUT_EOS`` trie row, batched with concurrent callers)."""
         if self.async_trie is not None:
-            raw = await self.async_trie.weight_sum(self._weights(logprobs), EOSMode.WITHOUT_EOS)
-            raw = np.asarray(raw.numpy() if hasattr(raw, "numpy") else raw, dtype=np.float64)
+            raw = await self.async_trie.weight_sum(
+                self._weights(logprobs), EOSMode.WITHOUT_EOS, lazy=self._lazy
+            )
+            if not self._lazy:
+                raw = np.asarray(raw.numpy() if hasattr(raw, "numpy") else raw, dtype=np.float64)
         else:  # pragma: no cover
             raw = await self.batcher.submit(logprobs)
-        return Masses(raw, self._corrections(logprobs), self._zero)
+        return Masses(raw, self._corrections(logprobs), self._zero, self._special)
 
     def masses_sync(self, logprobs: Any) -> Masses:
-        raw = self.trie.weight_sum(self._weights(logprobs), EOSMode.WITHOUT_EOS)
-        raw = np.asarray(raw.numpy() if hasattr(raw, "numpy") else raw, dtype=np.float64)
-        return Masses(raw, self._corrections(logprobs), self._zero)
+        if self._lazy:
+            raw = self.trie.weight_sum(self._weights(logprobs), EOSMode.WITHOUT_EOS, lazy=True)
+        else:
+            raw = self.trie.weight_sum(self._weights(logprobs), EOSMode.WITHOUT_EOS)
+            raw = np.asarray(raw.numpy() if hasattr(raw, "numpy") else raw, dtype=np.float64)
+        return Masses(raw, self._corrections(logprobs), self._zero, self._special)
 
     @property
     def trie_batches(self) -> int:

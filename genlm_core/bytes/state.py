@@ -185,11 +185,11 @@ class LazyTrieState:
         if self._logp_next is None:
             logps = np.full(SIZE, -np.inf)
             here = self.log_mass(self.node)
-            for key, child in self.actions().items():
-                if isinstance(key, int) and 0 <= key < 256:
-                    logps[key] = self.log_mass(child) - here
-                elif key == EOS:
-                    logps[EOS_INDEX] = self.log_mass(child) - here
+            keys, kids, eos_child = self.trie.child_table(self.node)
+            if kids.size:
+                logps[keys] = self.masses.log_many(kids, self.with_eos) - here
+            if eos_child is not None:
+                logps[EOS_INDEX] = self.log_mass(eos_child) - here
             if not self.at_root:
                 eot = sum(self.masses.get(leaf, self.with_eos) for leaf in self.trie.leaves(self.node))
                 logps[EOT_INDEX] = (math.log(eot) if eot > 0 else -math.inf) - here

@@ -1,14 +1,17 @@
-"""Fused numba kernels for :class:`genlm_core.trie.cpu.TokenByteTrie` (optional).
+"""Numba kernels for :class:`genlm_core.trie.cpu.TokenByteTrie` (optional).
 
-Imported only when numba is installed; the NumPy code path computes the same
-values. One pass each, no temporaries beyond two prefix arrays:
+Imported only when numba is installed; :mod:`genlm_core.trie.node_masses` computes
+the same values with NumPy. The layout they share (see that module): the weights,
+gathered into sorted-vocabulary order, are split into two *lanes* (positions
+``[0, L)`` and ``[L, n)``, ``L = ceil(n / 2)``), and each lane gets its own running
+float64 prefix sum ``H[lane, k]`` (sum of the lane's first ``k`` weights) and, when
+``precise``, the running Neumaier/TwoSum residual ``R[lane, k]``. Two independent
+dependency chains keep both floating-point pipes busy (one chain is bound by the
+add latency); this is the cost of every mass, so it is the hot loop.
 
-* ``sum_rows``: permuted gather + Neumaier-compensated float64 prefix sum (high
-  part ``hi`` and the running compensation ``lo``), then each internal node
-  ``(hi[end]-hi[start]) + (lo[end]-lo[start])``, then the leaves (a copy of the
-  weights).
-* ``max_rows``: a reverse pass over the pre-order parent array (children have
-  larger ids than their parents), exact.
+* ``prefix_rows``: the lane prefix sums of each row (one pass, gather fused in).
+* ``nodes_rows``: every node's mass from the lane prefix sums (eager results).
+* ``max_rows``: a reverse pass over the pre-order parent array, exact.
 """
 
 from __future__ import annotations
@@ -17,49 +20,91 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, boundscheck=False, nogil=True)
-def sum_rows(w, perm, start, end, eos_pos, eos_ids, with_eos, n_internal, out):  # pragma: no cover
-    rows, n = w.shape
-    hi = np.empty(n + 1)
-    lo = np.empty(n + 1)
-    for r in range(rows):
-        wr = w[r]
-        o = out[r]
-        # leaves first: this sequential pass also brings the row into cache before
-        # the permuted gather below reads it in random order
-        for k in range(n):
-            o[n_internal + k] = wr[k]
-        hi[0] = 0.0
-        lo[0] = 0.0
-        s = 0.0
-        c = 0.0
-        if with_eos:
-            skip = np.zeros(n, dtype=np.bool_)
-            for k in range(eos_pos.shape[0]):
-                skip[eos_pos[k]] = True
-        for k in range(n):
-            v = np.float64(wr[perm[k]])
-            if with_eos and skip[k]:
-                v = 0.0
-            t = s + v
-            if abs(s) >= abs(v):
-                c += (s - t) + v
-            else:
-                c += (v - t) + s
-            s = t
-            hi[k + 1] = s
-            lo[k + 1] = c
-        for i in range(start.shape[0]):
-            a = start[i]
-            b = end[i]
-            o[i] = (hi[b] - hi[a]) + (lo[b] - lo[a])
-        eos = 0.0
-        if with_eos:
-            for j in range(eos_ids.shape[0]):
-                eos += np.float64(wr[eos_ids[j]])
-                o[n_internal + eos_ids[j]] = 0.0
-            o[0] = (hi[n] + lo[n]) + eos
+@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def prefix_row(wr, perm, precise, h, rr):  # pragma: no cover - compiled
+    """Lane prefix sums of one row: ``h[j, k]`` (and residuals ``rr[j, k]``)."""
+    n = perm.shape[0]
+    L = h.shape[1] - 1
+    full = n - L  # lane 1 holds positions L..n-1 (full <= L)
+    h0 = h[0]
+    h1 = h[1]
+    h0[0] = 0.0
+    h1[0] = 0.0
+    s0 = 0.0
+    s1 = 0.0
+    if precise:
+        r0 = rr[0]
+        r1 = rr[1]
+        r0[0] = 0.0
+        r1[0] = 0.0
+        c0 = 0.0
+        c1 = 0.0
+        for k in range(L):
+            v0 = np.float64(wr[perm[k]])
+            v1 = np.float64(wr[perm[L + k]]) if k < full else 0.0
+            t0 = s0 + v0
+            b0 = t0 - s0
+            c0 += (s0 - (t0 - b0)) + (v0 - b0)
+            s0 = t0
+            t1 = s1 + v1
+            b1 = t1 - s1
+            c1 += (s1 - (t1 - b1)) + (v1 - b1)
+            s1 = t1
+            h0[k + 1] = s0
+            h1[k + 1] = s1
+            r0[k + 1] = c0
+            r1[k + 1] = c1
+    else:
+        for k in range(L):
+            s0 += np.float64(wr[perm[k]])
+            if k < full:
+                s1 += np.float64(wr[perm[L + k]])
+            h0[k + 1] = s0
+            h1[k + 1] = s1
+
+
+@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def globalize(h, rr, precise):  # pragma: no cover - compiled
+    """Turn lane 1 into global prefix sums in place (lane 0's total added with an
+    exact TwoSum, its rounding error kept in the residual). Afterwards the global
+    prefix before position ``p`` sits at flat index ``p + (p > L)`` of ``h``."""
+    L = h.shape[1] - 1
+    a = h[0, L]
+    ra = rr[0, L] if precise else 0.0
+    for k in range(L + 1):
+        b = h[1, k]
+        s = a + b
+        bp = s - a
+        err = (a - (s - bp)) + (b - bp)
+        h[1, k] = s
+        if precise:
+            rr[1, k] = rr[1, k] + ra + err
+        else:
+            pass
+
+
+@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def nodes_row(hf, rf, precise, gstart, gend, wr, eos_ids, eos, with_eos, n_internal, o):  # pragma: no cover
+    """Every node's mass of one row from globalized prefix sums (flat views);
+    ``gstart``/``gend`` are the node ranges as flat indices (``p + (p > L)``)."""
+    n = wr.shape[0]
+    if precise:
+        for i in range(n_internal):
+            a = gstart[i]
+            b = gend[i]
+            o[i] = (hf[b] - hf[a]) + (rf[b] - rf[a])
+    else:
+        for i in range(n_internal):
+            o[i] = hf[gend[i]] - hf[gstart[i]]
+    for k in range(n):
+        o[n_internal + k] = wr[k]
+    if with_eos:
+        for j in range(eos_ids.shape[0]):
+            o[n_internal + eos_ids[j]] = 0.0
+        o[0] += eos
         o[n_internal + n] = eos
+    else:
+        o[n_internal + n] = 0.0
 
 
 @njit(cache=True, boundscheck=False, nogil=True)

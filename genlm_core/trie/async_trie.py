@@ -86,10 +86,11 @@ class AsyncTokenByteTrie:
         key = (op, mode)
         b = self._batchers.get(key)
         if b is None or b.closed:
-            fn = self.trie.batch_weight_sum if op == "sum" else self.trie.batch_weight_max
+            fn = self.trie.batch_weight_sum if op.startswith("sum") else self.trie.batch_weight_max
+            extra = {"lazy": True} if op == "sum-lazy" else {}
 
             def batch_fn(requests: list[Any], fn: Any = fn, mode: EOSMode = mode) -> list[Any]:
-                out = fn(list(requests), mode)
+                out = fn(list(requests), mode, **extra)
                 return [out[i] for i in range(len(requests))]
 
             b = AutoBatcher(
@@ -109,13 +110,28 @@ class AsyncTokenByteTrie:
             raise ValueError(f"weights must have shape ({n},), got {shape}")
 
     async def weight_sum(
-        self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS, *, key: Hashable | None = None
+        self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS, *, key: Hashable | None = None, lazy: bool = False
     ) -> Any:
         """The trie's ``weight_sum(ws, mode)``, batched with concurrent calls.
-        ``key`` (optional, hashable) lets identical requests be computed once."""
+        ``key`` (optional, hashable) lets identical requests be computed once;
+        ``lazy=True`` returns node masses computed on access (CPU trie only, see
+        :class:`~genlm_core.trie.node_masses.NodeMasses`)."""
         self._check(ws)
         m = coerce_mode(mode)
-        return await self._batcher("sum", m).submit(ws, key=key)
+        if lazy and not self._supports_lazy():
+            raise ValueError(
+                f"{type(self.trie).__name__} has no lazy weight_sum; use lazy=False "
+                "(or the CPU trie, genlm_core.trie.TokenByteTrie)"
+            )
+        return await self._batcher("sum-lazy" if lazy else "sum", m).submit(ws, key=key)
+
+    def _supports_lazy(self) -> bool:
+        import inspect
+
+        try:
+            return "lazy" in inspect.signature(self.trie.batch_weight_sum).parameters
+        except (TypeError, ValueError):  # pragma: no cover
+            return False
 
     async def weight_max(
         self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS, *, key: Hashable | None = None

@@ -1,20 +1,25 @@
-"""NumPy token-byte trie: node masses as range sums over the sorted vocabulary.
+"""CPU token-byte trie: node masses as range sums over the sorted vocabulary.
 
 Every internal node covers a contiguous range ``[start, end)`` of the tokens
 sorted by bytes (see :mod:`genlm_core.trie.structure`). ``weight_sum`` gathers the
-weights into that order, takes one float64 prefix sum ``S`` and reads each node as
-``S[end] - S[start]``; leaves are the token weights themselves.
+weights into that order and takes float64 prefix sums; a node is a difference of
+two of them, a leaf is the token's weight. The prefix sums run in two lanes (the
+two halves of the sorted order, each its own dependency chain; layout in
+:mod:`genlm_core.trie.node_masses`). ``weight_sum(ws, lazy=True)`` stops there
+and returns :class:`~genlm_core.trie.node_masses.NodeMasses` (nodes computed on
+access); the default writes every node's mass.
 
 Precision: a bare prefix-sum difference has an absolute error of about
 ``eps64 * sum(ws)`` (~1e-16 of the total), so masses below ~1e-12 of the total
 would lose their relative precision (or even come out negative). We therefore
-carry the rounding residual of the prefix sum, ``r_k = x_k - (S_k - S_{k-1})``
-(computed exactly or to ``eps * x_k``), and its own prefix sum ``R``; a node is
-``(S[end]-S[start]) + (R[end]-R[start])``. The remaining absolute error is about
-``eps64**2 * n * sum(ws)`` (~1e-27 for 151k tokens) plus ``eps64`` relative:
-masses down to ~1e-20 of the total keep ~1e-7 relative precision, and the root of a
-normalised float32 distribution is 1 up to its float32 rounding. ``precise=False``
-skips the residual (about 30% faster; absolute error ~1e-16 * total).
+carry the rounding residual of each prefix sum (TwoSum, exact) and its own prefix
+sum ``R``; a node is ``(S[end]-S[start]) + (R[end]-R[start])``. The remaining
+absolute error is about ``eps64**2 * n * sum(ws)`` (~1e-27 for 151k tokens) plus
+``eps64`` relative: masses down to ~1e-20 of the total keep ~1e-7 relative
+precision, and the root of a normalised float32 distribution is 1 up to its
+float32 rounding. ``precise=False`` skips the residual (about 40% faster lazily);
+then the bound is the bare one: absolute error ~1e-16 of the total (at most
+``n/2 * eps64 * sum|ws|``), so masses below ~1e-10 of the total are not reliable.
 
 ``weight_max`` is exact: a segment max (``np.maximum.reduceat`` over the node
 ranges) in NumPy, a reverse pass over the pre-order parent array with numba. Empty nodes (the EOS node without EOS tokens, or in ``WITHOUT_EOS``
@@ -25,9 +30,9 @@ Inputs: numpy arrays or torch tensors (any device; moved to the host), 1-D of
 columns; the dtype is float64 for float64 input and float32 otherwise
 (accumulation is always float64). Torch input gives a torch tensor back (CPU).
 
-When numba is installed (``accel="auto"``, the default) the same computations run
-as fused one-pass kernels (:mod:`genlm_core.trie._kernels`, compiled once and
-cached on disk); ``accel="numpy"`` forces the vectorised NumPy path.
+When numba is installed (``accel="auto"``, the default) the passes run as
+compiled kernels (:mod:`genlm_core.trie._kernels`, compiled once and cached on
+disk); ``accel="numpy"`` forces the vectorised NumPy path.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import numpy as np
 
 from genlm_core.token import Token
 from genlm_core.trie.base import BaseTokenByteTrie
+from genlm_core.trie.node_masses import NodeMasses, NodeMassesBatch, numpy_prefix_row
 from genlm_core.trie.structure import EOSMode, TrieStructure
 
 __all__ = ["TokenByteTrie"]
@@ -65,9 +71,14 @@ class TokenByteTrie(BaseTokenByteTrie):
             ``bytes`` = every token with those bytes).
         atomic_tokens: tokens that take a single edge (their whole bytes) from the
             root instead of one edge per byte.
-        precise: carry the prefix-sum residual (default; NumPy path only, the numba
-            kernel always compensates).
+        precise: carry the prefix-sum residual (default; see the module docstring
+            for the bound without it).
         accel: ``"auto"`` (numba when importable), ``"numba"`` or ``"numpy"``.
+        buffer_pool_bytes: prefix-sum buffers of finished calls (and of garbage-
+            collected lazy results) are kept for reuse up to this many bytes
+            (default 128 MiB; 0 disables). Fresh memory costs page faults and
+            zeroing that are slower than the sums themselves (about 2.4 MB per
+            distribution at 151k tokens).
     """
 
     device = "cpu"
@@ -80,6 +91,7 @@ class TokenByteTrie(BaseTokenByteTrie):
         *,
         precise: bool = True,
         accel: str = "auto",
+        buffer_pool_bytes: int = 128 << 20,
         **_ignored: Any,
     ) -> None:
         super().__init__(decode, eos_tokens, atomic_tokens)
@@ -96,6 +108,11 @@ class TokenByteTrie(BaseTokenByteTrie):
         self._rs_idx[1::2] = s.end
         self._eos_pos = s.eos_pos
         self._eos_ids = s.eos_ids
+        self._eos_set = frozenset(s.eos_ids.tolist())
+        self._L = (n + 1) // 2  # lane length of the prefix sums (node_masses layout)
+        self._no_residual = np.zeros((2, 1))  # R placeholder when precise=False
+        self._pool: list[np.ndarray] = []
+        self._pool_cap = max(0, int(buffer_pool_bytes)) // (16 * (self._L + 1))
         self._k = None
         if accel not in ("auto", "numba", "numpy"):
             raise ValueError(f"accel must be 'auto', 'numba' or 'numpy', got {accel!r}")
@@ -109,8 +126,10 @@ class TokenByteTrie(BaseTokenByteTrie):
                 self._k = _kernels
                 i32 = np.int32 if n < 2**31 - 2 and s.num_nodes < 2**31 else np.int64
                 self._kperm = s.perm.astype(i32)
-                self._kstart = s.start.astype(i32)
-                self._kend = s.end.astype(i32)
+                L = (n + 1) // 2
+                # node ranges as flat indices into globalized lane prefix sums
+                self._kgstart = (s.start + (s.start > L)).astype(i32)
+                self._kgend = (s.end + (s.end > L)).astype(i32)
                 self._keos_pos = s.eos_pos.astype(i32)
                 self._keos_ids = s.eos_ids.astype(i32)
                 self._ktok_node = s.tok_node.astype(i32)
@@ -151,53 +170,117 @@ class TokenByteTrie(BaseTokenByteTrie):
                 raise ValueError(f"out must be a C-contiguous {dt} array of shape {shape}")
             out = out.reshape(rows.shape[0], self.num_nodes)
         with_eos = mode is EOSMode.WITH_EOS and len(self._eos_ids) > 0
-        if self._k is not None:
-            if op == "sum":
-                self._k.sum_rows(
-                    rows,
-                    self._kperm,
-                    self._kstart,
-                    self._kend,
-                    self._keos_pos,
-                    self._keos_ids,
-                    with_eos,
-                    self._N,
-                    out,
-                )
-            else:
-                self._k.max_rows(rows, self._ktok_node, self._kparent, self._keos_ids, with_eos, self._N, out)
-        else:
-            fn = self._np_sum if op == "sum" else self._np_max
+        if op == "sum":
+            # row by row, so the prefix buffers of one row are reused (cache-hot) by the next
             for r in range(rows.shape[0]):
-                fn(rows[r], with_eos, out[r])
+                H, R, eos = self._prefix(rows[r : r + 1], with_eos)
+                self._nodes(H, R, rows[r : r + 1], eos, with_eos, out[r : r + 1])
+        elif self._k is not None:
+            self._k.max_rows(rows, self._ktok_node, self._kparent, self._keos_ids, with_eos, self._N, out)
+        else:
+            for r in range(rows.shape[0]):
+                self._np_max(rows[r], with_eos, out[r])
         return out.reshape(shape)
 
-    # ------------------------------------------------------------------ numpy path
-    def _np_sum(self, w: np.ndarray, with_eos: bool, out: np.ndarray) -> None:
-        n, N = self._n, self._N
-        x = w.take(self._perm).astype(np.float64, copy=False)
-        if with_eos:
-            x[self._eos_pos] = 0.0
-        S = np.zeros(n + 1)
-        np.cumsum(x, out=S[1:])
-        mass = S.take(self._end)
-        mass -= S.take(self._start)
-        if self.precise:
-            r = x - np.diff(S)
-            R = np.zeros(n + 1)
-            np.cumsum(r, out=R[1:])
-            corr = R.take(self._end)
-            corr -= R.take(self._start)
-            mass += corr
-        out[N : N + n] = w
-        eos = 0.0
-        if with_eos:
-            eos = float(w.take(self._eos_ids).astype(np.float64).sum())
-            mass[0] += eos
-            out[N + self._eos_ids] = 0.0
-        out[:N] = mass
-        out[N + n] = eos
+    # ------------------------------------------------------------------ sums
+    def _prefix(
+        self, rows: np.ndarray, with_eos: bool
+    ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+        """Lane prefix sums ``H[r]`` (and residuals ``R[r]``) of each row, EOS
+        tokens left out in ``WITH_EOS`` mode; ``eos`` = each row's EOS mass.
 
+        One array per row (not one block for the batch): a freed per-row array is
+        reused by the allocator on the next call, while a batch-sized block is a
+        fresh mapping whose page faults cost more than the sums themselves."""
+        B = rows.shape[0]
+        src = rows
+        eos = np.zeros(B)
+        if with_eos:
+            eos = rows[:, self._eos_ids].astype(np.float64).sum(axis=1)
+            src = rows.copy()
+            src[:, self._eos_ids] = 0
+        H = [self._buffer() for _ in range(B)]
+        R = [self._buffer() if self.precise else self._no_residual for _ in range(B)]
+        for r in range(B):
+            if self._k is not None:
+                self._k.prefix_row(src[r], self._kperm, self.precise, H[r], R[r])
+            else:
+                numpy_prefix_row(src[r], self._perm, self.precise, H[r], R[r])
+        return H, R, eos
+
+    def _nodes(
+        self,
+        H: list[np.ndarray],
+        R: list[np.ndarray],
+        rows: np.ndarray,
+        eos: np.ndarray,
+        with_eos: bool,
+        out: np.ndarray,
+    ) -> None:
+        """Every node's mass from the lane prefix sums (into ``out``; ``H``/``R``
+        are consumed)."""
+        if self._k is not None:
+            k = self._k
+            for r in range(rows.shape[0]):
+                k.globalize(H[r], R[r], self.precise)
+                k.nodes_row(
+                    H[r].reshape(-1),
+                    R[r].reshape(-1),
+                    self.precise,
+                    self._kgstart,
+                    self._kgend,
+                    rows[r],
+                    self._keos_ids,
+                    float(eos[r]),
+                    with_eos,
+                    self._N,
+                    out[r],
+                )
+                self._recycle(H[r], R[r])
+            return
+        every = np.arange(self.num_nodes)
+        for r in range(rows.shape[0]):  # the lazy row recycles H[r], R[r] when dropped
+            out[r] = self._lazy_row(H[r], R[r], rows[r], float(eos[r]), with_eos, out.dtype).take(every)
+
+    def _buffer(self) -> np.ndarray:
+        """A ``(2, L + 1)`` float64 buffer, recycled when one is free."""
+        try:
+            return self._pool.pop()
+        except IndexError:
+            return np.empty((2, self._L + 1))
+
+    def _recycle(self, *bufs: np.ndarray | None) -> None:
+        """Give buffers back to the pool (each exactly once: callers own them)."""
+        for b in bufs:
+            if b is not None and b is not self._no_residual and len(self._pool) < self._pool_cap:
+                self._pool.append(b)
+
+    def _lazy_row(
+        self, h: np.ndarray, r: np.ndarray, w: np.ndarray, eos: float, with_eos: bool, dt: np.dtype
+    ) -> NodeMasses:
+        return NodeMasses(self, h, r if self.precise else None, w, eos, with_eos, dt)
+
+    def _lazy(self, arr: np.ndarray, mode: EOSMode, dt: np.dtype) -> list[NodeMasses]:
+        rows = arr.reshape(-1, self._n)
+        with_eos = mode is EOSMode.WITH_EOS and len(self._eos_ids) > 0
+        H, R, eos = self._prefix(rows, with_eos)
+        return [
+            self._lazy_row(H[i], R[i], rows[i], float(eos[i]), with_eos, dt) for i in range(rows.shape[0])
+        ]
+
+    def _materialize(self, nm: NodeMasses) -> np.ndarray:
+        """All node masses of a lazy result (called by :meth:`NodeMasses.numpy`)."""
+        out = np.empty((1, self.num_nodes), dtype=nm.dtype)
+        h = self._buffer()
+        h[...] = nm._h
+        r = self._no_residual
+        if nm._r is not None:
+            r = self._buffer()
+            r[...] = nm._r
+        self._nodes([h], [r], nm._w[None], np.array([nm._eos]), nm._with_eos, out)
+        return out[0]
+
+    # ------------------------------------------------------------------ numpy max
     def _np_max(self, w: np.ndarray, with_eos: bool, out: np.ndarray) -> None:
         n, N = self._n, self._N
         x = np.empty(n + 1)
@@ -216,7 +299,14 @@ class TokenByteTrie(BaseTokenByteTrie):
         out[N + n] = eos
 
     # ------------------------------------------------------------------ public API
-    def weight_sum(self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS, *, out: np.ndarray | None = None) -> Any:
+    def weight_sum(
+        self,
+        ws: Any,
+        mode: Any = EOSMode.WITHOUT_EOS,
+        *,
+        out: np.ndarray | None = None,
+        lazy: bool = False,
+    ) -> Any:
         """Mass of every node: the sum of the weights of the tokens below it.
 
         Args:
@@ -224,19 +314,40 @@ class TokenByteTrie(BaseTokenByteTrie):
             mode: :class:`EOSMode` (default ``WITHOUT_EOS``).
             out: optional preallocated result (C-contiguous, ``(num_nodes,)``, the
                 output dtype): reusing one saves the page faults of a fresh array.
+            lazy: return a :class:`~genlm_core.trie.node_masses.NodeMasses` that
+                computes node masses when they are read (``m[node]``,
+                ``m.take(nodes)``, ``np.asarray(m)`` for all of them) instead of
+                writing out all ``num_nodes`` values: the prefix-sum pass alone,
+                about a third of the eager cost at 151k tokens. It keeps a reference
+                to ``ws``.
 
         Returns:
-            shape ``(num_nodes,)``; a torch tensor if ``ws`` was one.
+            shape ``(num_nodes,)``; a torch tensor if ``ws`` was one (eager only).
         """
         arr, ft, dt = self._prep(ws, 1)
+        if lazy:
+            if out is not None:
+                raise ValueError("out= cannot be used with lazy=True (nothing is written out)")
+            return self._lazy(arr, self._mode(mode), dt)[0]
         return self._wrap(self._run(arr, self._mode(mode), dt, "sum", out), ft)
 
     def batch_weight_sum(
-        self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS, *, out: np.ndarray | None = None
+        self,
+        ws: Any,
+        mode: Any = EOSMode.WITHOUT_EOS,
+        *,
+        out: np.ndarray | None = None,
+        lazy: bool = False,
     ) -> Any:
         """:meth:`weight_sum` of each row of ``ws`` (shape ``(batch, len(decode))``,
-        or a list of 1-D weight vectors). Returns ``(batch, num_nodes)``."""
+        or a list of 1-D weight vectors). Returns ``(batch, num_nodes)``, or with
+        ``lazy=True`` a :class:`~genlm_core.trie.node_masses.NodeMassesBatch` (one
+        lazy row per distribution)."""
         arr, ft, dt = self._prep(self._stack(ws), 2)
+        if lazy:
+            if out is not None:
+                raise ValueError("out= cannot be used with lazy=True (nothing is written out)")
+            return NodeMassesBatch(self._lazy(arr, self._mode(mode), dt), self)
         return self._wrap(self._run(arr, self._mode(mode), dt, "sum", out), ft)
 
     def weight_max(self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS) -> Any:
