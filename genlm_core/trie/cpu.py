@@ -111,6 +111,9 @@ class TokenByteTrie(BaseTokenByteTrie):
         self._eos_set = frozenset(s.eos_ids.tolist())
         self._L = (n + 1) // 2  # lane length of the prefix sums (node_masses layout)
         self._no_residual = np.zeros((2, 1))  # R placeholder when precise=False
+        # node ranges as flat indices into joined lane prefix sums (``p + (p > L)``)
+        self._gstart = s.start + (s.start > self._L)
+        self._gend = s.end + (s.end > self._L)
         self._pool: list[np.ndarray] = []
         self._pool_cap = max(0, int(buffer_pool_bytes)) // (16 * (self._L + 1))
         self._k = None
@@ -126,10 +129,8 @@ class TokenByteTrie(BaseTokenByteTrie):
                 self._k = _kernels
                 i32 = np.int32 if n < 2**31 - 2 and s.num_nodes < 2**31 else np.int64
                 self._kperm = s.perm.astype(i32)
-                L = (n + 1) // 2
-                # node ranges as flat indices into globalized lane prefix sums
-                self._kgstart = (s.start + (s.start > L)).astype(i32)
-                self._kgend = (s.end + (s.end > L)).astype(i32)
+                self._kgstart = self._gstart.astype(i32)
+                self._kgend = self._gend.astype(i32)
                 self._keos_pos = s.eos_pos.astype(i32)
                 self._keos_ids = s.eos_ids.astype(i32)
                 self._ktok_node = s.tok_node.astype(i32)
@@ -238,9 +239,28 @@ class TokenByteTrie(BaseTokenByteTrie):
                 )
                 self._recycle(H[r], R[r])
             return
-        every = np.arange(self.num_nodes)
-        for r in range(rows.shape[0]):  # the lazy row recycles H[r], R[r] when dropped
-            out[r] = self._lazy_row(H[r], R[r], rows[r], float(eos[r]), with_eos, out.dtype).take(every)
+        N, n = self._N, self._n
+        for r in range(rows.shape[0]):
+            h, rr = H[r], R[r]
+            a = h[0, -1]  # join the lanes as the kernel's ``globalize`` does
+            b = h[1].copy()
+            h[1] += a
+            bp = h[1] - a
+            err = (a - (h[1] - bp)) + (b - bp)
+            hf = h.reshape(-1)
+            m = hf[self._gend] - hf[self._gstart]
+            if self.precise:
+                rr[1] += rr[0, -1] + err
+                rf = rr.reshape(-1)
+                m += rf[self._gend] - rf[self._gstart]
+            o = out[r]
+            o[:N] = m
+            o[N : N + n] = rows[r]
+            if with_eos:
+                o[N + self._eos_ids] = 0.0
+                o[0] += eos[r]
+            o[N + n] = eos[r] if with_eos else 0.0
+            self._recycle(h, rr)
 
     def _buffer(self) -> np.ndarray:
         """A ``(2, L + 1)`` float64 buffer, recycled when one is free."""
