@@ -344,12 +344,7 @@ class TokenByteTrie(BaseTokenByteTrie):
         Returns:
             shape ``(num_nodes,)``; a torch tensor if ``ws`` was one (eager only).
         """
-        arr, ft, dt = self._prep(ws, 1)
-        if lazy:
-            if out is not None:
-                raise ValueError("out= cannot be used with lazy=True (nothing is written out)")
-            return self._lazy(arr, self._mode(mode), dt)[0]
-        return self._wrap(self._run(arr, self._mode(mode), dt, "sum", out), ft)
+        return self._sum(ws, 1, mode, out, lazy)
 
     def batch_weight_sum(
         self,
@@ -363,12 +358,16 @@ class TokenByteTrie(BaseTokenByteTrie):
         or a list of 1-D weight vectors). Returns ``(batch, num_nodes)``, or with
         ``lazy=True`` a :class:`~genlm_core.trie.node_masses.NodeMassesBatch` (one
         lazy row per distribution)."""
-        arr, ft, dt = self._prep(self._stack(ws), 2)
-        if lazy:
-            if out is not None:
-                raise ValueError("out= cannot be used with lazy=True (nothing is written out)")
-            return NodeMassesBatch(self._lazy(arr, self._mode(mode), dt), self)
-        return self._wrap(self._run(arr, self._mode(mode), dt, "sum", out), ft)
+        return self._sum(self._stack(ws), 2, mode, out, lazy)
+
+    def _sum(self, ws: Any, ndim: int, mode: Any, out: np.ndarray | None, lazy: bool) -> Any:
+        arr, ft, dt = self._prep(ws, ndim)
+        if not lazy:
+            return self._wrap(self._run(arr, self._mode(mode), dt, "sum", out), ft)
+        if out is not None:
+            raise ValueError("out= cannot be used with lazy=True (nothing is written out)")
+        rows = self._lazy(arr, self._mode(mode), dt)
+        return rows[0] if ndim == 1 else NodeMassesBatch(rows, self)
 
     def weight_max(self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS) -> Any:
         """Max of the weights of the tokens below every node (``-inf`` when none).
