@@ -131,7 +131,7 @@ class MassTrie:
             )
             # node masses read on access when the trie can (a state reads a few
             # hundred nodes of each distribution, not all of them)
-            self._lazy = self.async_trie._supports_lazy()
+            self._lazy = self.async_trie.supports_lazy
 
     # ------------------------------------------------------------------ structure
     def leaves(self, node: int) -> list[int]:

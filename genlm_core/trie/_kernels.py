@@ -9,8 +9,8 @@ float64 prefix sum ``H[lane, k]`` (sum of the lane's first ``k`` weights) and, w
 dependency chains keep both floating-point pipes busy (one chain is bound by the
 add latency); this is the cost of every mass, so it is the hot loop.
 
-* ``prefix_rows``: the lane prefix sums of each row (one pass, gather fused in).
-* ``nodes_rows``: every node's mass from the lane prefix sums (eager results).
+* ``prefix_row``: the lane prefix sums of one row (one pass, gather fused in).
+* ``globalize`` + ``nodes_row``: every node's mass from them (eager results).
 * ``max_rows``: a reverse pass over the pre-order parent array, exact.
 """
 
@@ -79,8 +79,6 @@ def globalize(h, rr, precise):  # pragma: no cover - compiled
         h[1, k] = s
         if precise:
             rr[1, k] = rr[1, k] + ra + err
-        else:
-            pass
 
 
 @njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")

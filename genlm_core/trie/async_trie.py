@@ -9,6 +9,8 @@ batcher keeps serving); a request of the wrong shape fails alone, before batchin
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Hashable, Iterable
 from typing import Any
 
@@ -118,16 +120,16 @@ class AsyncTokenByteTrie:
         :class:`~genlm_core.trie.node_masses.NodeMasses`)."""
         self._check(ws)
         m = coerce_mode(mode)
-        if lazy and not self._supports_lazy():
+        if lazy and not self.supports_lazy:
             raise ValueError(
                 f"{type(self.trie).__name__} has no lazy weight_sum; use lazy=False "
                 "(or the CPU trie, genlm_core.trie.TokenByteTrie)"
             )
         return await self._batcher("sum-lazy" if lazy else "sum", m).submit(ws, key=key)
 
-    def _supports_lazy(self) -> bool:
-        import inspect
-
+    @functools.cached_property
+    def supports_lazy(self) -> bool:
+        """Whether the wrapped trie has ``batch_weight_sum(..., lazy=True)``."""
         try:
             return "lazy" in inspect.signature(self.trie.batch_weight_sum).parameters
         except (TypeError, ValueError):  # pragma: no cover

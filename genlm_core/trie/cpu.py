@@ -131,7 +131,6 @@ class TokenByteTrie(BaseTokenByteTrie):
                 self._kperm = s.perm.astype(i32)
                 self._kgstart = self._gstart.astype(i32)
                 self._kgend = self._gend.astype(i32)
-                self._keos_pos = s.eos_pos.astype(i32)
                 self._keos_ids = s.eos_ids.astype(i32)
                 self._ktok_node = s.tok_node.astype(i32)
                 self._kparent = s.parent[: s.n_internal].astype(i32)
