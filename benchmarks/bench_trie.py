@@ -198,12 +198,12 @@ def timeit(fn, k: int) -> tuple[float, float]:
 def measure(trie, x, X, lp, repeat: int, reuse_out: bool, lazy: bool = False):
     """(single, batch, weight_max) (median, min) seconds and the ``out=``-reused
     (single ms, batch per-row ms) or None. ``lazy``: ``weight_sum(..., lazy=True)``
-    (prefix sums only; node masses read on access), no ``weight_max`` column."""
+    (block sums only; node masses read on access), no ``weight_max`` column."""
     kw = {"lazy": True} if lazy else {}
     trie.weight_sum(x, **kw)
     trie.weight_max(x)  # warm (numba compile / cache load)
     single = timeit(lambda: trie.weight_sum(x, **kw), repeat)
-    batch = timeit(lambda: trie.batch_weight_sum(X, **kw), max(3, repeat // 10))
+    batch = timeit(lambda: trie.batch_weight_sum(X, **kw), max(5, repeat // 3))
     wmax = None if lazy else timeit(lambda: trie.weight_max(lp), max(5, repeat // 3))
     reuse = None
     if reuse_out and not lazy:  # preallocated output: no page faults of a fresh array
@@ -229,7 +229,7 @@ def bench_ours(vocab: list[bytes], p: np.ndarray, P: np.ndarray, repeat: int) ->
     build = time.perf_counter() - t0
     impls = {
         "genlm-core numba": lambda: TokenByteTrie(s, accel="numba"),
-        # lazy=True: the prefix-sum pass only; a program then reads the nodes it needs
+        # lazy=True: block sums only; a program then reads the nodes it needs
         "genlm-core numba lazy": lambda: TokenByteTrie(s, accel="numba"),
         "genlm-core numba lazy precise=False": lambda: TokenByteTrie(s, accel="numba", precise=False),
         "genlm-core numpy": lambda: TokenByteTrie(s, accel="numpy"),
@@ -252,12 +252,15 @@ def bench_ours(vocab: list[bytes], p: np.ndarray, P: np.ndarray, repeat: int) ->
         x, X = (pt, Pt) if "torch" in name else (p, P)
         lazy = "lazy" in name
         single, batch, wmax, reuse = measure(trie, x, X, lp, repeat, reuse_out="torch" not in name, lazy=lazy)
-        m = trie.weight_sum(x, lazy=True) if lazy else trie.weight_sum(x)
-        masses[name] = m.numpy() if hasattr(m, "numpy") else m
-        read = None
-        if lazy:  # reading what one step of a program reads: the root's 256 children
+        read = read_rand = None
+        if lazy:  # reading what one step of a program reads: the root's byte children
+            m = trie.weight_sum(x, lazy=True)  # fresh: nothing materialised yet
             kids = np.array([c for k, c in trie.children[trie.root].items() if isinstance(k, int)])
             read = timeit(lambda m=m, kids=kids: m.take(kids), repeat)[0] * 1e3
+            some = np.random.default_rng(2).integers(0, trie.num_nodes, size=1000)
+            read_rand = timeit(lambda m=m, some=some: m.take(some), repeat)[0] * 1e3
+        m = trie.weight_sum(x, lazy=True) if lazy else trie.weight_sum(x)
+        masses[name] = m.numpy() if hasattr(m, "numpy") else m
         res[name] = {
             "build_s": build,
             "init_s": extra,
@@ -266,6 +269,7 @@ def bench_ours(vocab: list[bytes], p: np.ndarray, P: np.ndarray, repeat: int) ->
             "batch32_per_ms": batch[0] * 1e3 / P.shape[0],
             "weight_max_ms": None if wmax is None else wmax[0] * 1e3,
             "lazy_read_root_children_ms": read,
+            "lazy_read_1000_random_nodes_ms": read_rand,
             "single_out_reused_ms": None if reuse is None else reuse[0],
             "batch32_per_out_reused_ms": None if reuse is None else reuse[1],
             "num_nodes": int(s.num_nodes),
@@ -373,13 +377,18 @@ def markdown(report: dict) -> str:
     lines += [
         "",
         "eager: `weight_sum(ws)` writes all num_nodes masses; lazy: `weight_sum(ws, lazy=True)`"
-        " computes the prefix sums and reads nodes on access (reading the root's 256 children"
-        " afterwards: "
+        " computes block sums (one pass over the weights) and each node's mass when it is read."
+        " Reading the root's byte children afterwards: "
         + ", ".join(
             f"{v} {e['ours'].get('genlm-core numba lazy', {}).get('lazy_read_root_children_ms') or float('nan'):.3f} ms"
             for v, e in report["vocabs"].items()
         )
-        + ").",
+        + "; 1000 random nodes: "
+        + ", ".join(
+            f"{v} {e['ours'].get('genlm-core numba lazy', {}).get('lazy_read_1000_random_nodes_ms') or float('nan'):.3f} ms"
+            for v, e in report["vocabs"].items()
+        )
+        + ".",
         "",
         "Targets: " + json.dumps(report["targets"]),
         "",

@@ -46,6 +46,18 @@ def implementations(structure: TrieStructure) -> dict[str, object]:
     return out
 
 
+def lazy_variants(structure: TrieStructure) -> dict[str, TokenByteTrie]:
+    """CPU tries whose lazy blocks are small enough for tiny vocabularies to have
+    nodes over full blocks, partial blocks and both (the default block is 64)."""
+    accels = ["numpy"] + (["numba"] if HAVE_NUMBA else [])
+    return {
+        f"{a}-block{b}{'' if p else '-fast'}": TokenByteTrie(structure, accel=a, lazy_block=b, precise=p)
+        for a in accels
+        for b in (1, 2, 3)
+        for p in (True, False)
+    }
+
+
 def as_np(x: object) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         return x.detach().cpu().numpy()
@@ -212,6 +224,9 @@ def test_random_vocab_matches_brute_force(case, by_bytes: bool) -> None:
                 check_values(name, s, oracle_rev, batch[1], log)
                 if op == "sum" and isinstance(t, TokenByteTrie):
                     check_lazy(name, s, t, w, W, mode, oracle, oracle_rev)
+            if op == "sum":
+                for name, t in lazy_variants(s).items():
+                    check_lazy(name, s, t, w, W, mode, oracle, oracle_rev)
 
 
 def check_lazy(name, s, t, w, W, mode, oracle, oracle_rev) -> None:
@@ -338,7 +353,7 @@ def test_tiny_masses_keep_relative_precision() -> None:
 
 def test_tiny_masses_across_the_lane_boundary() -> None:
     # the tiny subtree straddles the middle of the sorted vocabulary, where the
-    # lazy layout joins its two prefix-sum lanes
+    # eager layout joins its two prefix-sum lanes (and spans lazy blocks)
     big = [b"a%04d" % i for i in range(995)]
     tiny = [b"m%d" % i for i in range(10)]
     vocab = big + tiny + [b"z%04d" % i for i in range(995)]
@@ -355,8 +370,9 @@ def test_tiny_masses_across_the_lane_boundary() -> None:
             assert abs(t.weight_sum(w, lazy=True)[m] - want) / want < 1e-9, name
 
 
-def test_lazy_buffers_are_recycled_not_shared() -> None:
-    # live lazy results keep their own prefix sums while dropped ones are reused
+def test_lazy_results_stay_valid_across_calls() -> None:
+    # live lazy results keep their own block sums while later calls (lazy, eager,
+    # materialising) run on the same trie and its recycled eager buffers
     rng = np.random.default_rng(5)
     vocab = [bytes(rng.integers(97, 100, size=rng.integers(1, 6)).tolist()) for _ in range(3000)]
     for accel in ["numpy"] + (["numba"] if HAVE_NUMBA else []):
@@ -365,13 +381,13 @@ def test_lazy_buffers_are_recycled_not_shared() -> None:
         ref = [t.weight_sum(w) for w in ws]
         keep = [t.weight_sum(ws[0], lazy=True)]
         for i in range(1, 6):
-            tmp = t.batch_weight_sum(np.stack([ws[i], ws[i - 1]]), lazy=True)
+            tmp = t.batch_weight_sum(np.stack([ws[i], ws[i - 1], ws[i]]), lazy=True)
             np.testing.assert_allclose(tmp[0].take(np.arange(t.num_nodes)), ref[i], rtol=1e-12)
-            np.asarray(tmp[1])  # materialising uses (and returns) pool buffers too
+            np.testing.assert_allclose(np.asarray(tmp[1]), ref[i - 1], rtol=1e-12)
             del tmp
             keep.append(t.weight_sum(ws[i], lazy=True))
-            t.weight_sum(ws[i - 1])  # eager calls borrow buffers as well
-        assert t._pool, "dropped results should give their buffers back"
+            t.weight_sum(ws[i - 1])
+        assert t._pool, "eager calls should give their prefix buffers back"
         for i, m in enumerate(keep):
             np.testing.assert_allclose(m.take(np.arange(t.num_nodes)), ref[i], rtol=1e-12)
 

@@ -12,6 +12,9 @@ add latency); this is the cost of every mass, so it is the hot loop.
 * ``prefix_row``: the lane prefix sums of one row (one pass, gather fused in).
 * ``globalize`` + ``nodes_row``: every node's mass from them (eager results).
 * ``max_rows``: a reverse pass over the pre-order parent array, exact.
+* ``block_rows`` + ``take_nodes``: the lazy layout of
+  :mod:`genlm_core.trie.node_masses` (block sums by a histogram pass over the
+  weights in token order, node masses on access).
 """
 
 from __future__ import annotations
@@ -138,3 +141,111 @@ def max_rows(w, tok_node, parent, eos_ids, with_eos, n_internal, out):  # pragma
         for i in range(n_internal):
             o[i] = acc[i]
         o[n_internal + n] = eos
+
+
+@njit(cache=True, boundscheck=False, nogil=True, inline="always")
+def _block_prefix(acc, precise, bh, br):  # pragma: no cover - compiled
+    nb = bh.shape[0] - 1
+    s = 0.0
+    c = 0.0
+    bh[0] = 0.0
+    br[0] = 0.0
+    if precise:
+        for b in range(nb):
+            v = acc[b]
+            t = s + v
+            bp = t - s
+            c += (s - (t - bp)) + (v - bp)
+            s = t
+            bh[b + 1] = s
+            br[b + 1] = c
+    else:
+        for b in range(nb):
+            s += acc[b]
+            bh[b + 1] = s
+
+
+@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def block_rows(W, blk, precise, acc, bhr, left):  # pragma: no cover - compiled
+    """Block sums of each row of ``W`` and their prefix sums.
+
+    ``acc[blk[t]] += W[r, t]`` in token order (sequential reads; the ``nb + 1``
+    accumulators stay in L1), so no gather into sorted order is needed; block
+    ``nb`` collects what is left out (EOS tokens in ``WITH_EOS`` mode; its sum
+    goes to ``left[r]``). Rows go in pairs (two independent histograms per
+    pass over ``blk``). Then ``bhr[r, 0, b]`` = sum of blocks ``< b`` and, when
+    ``precise``, ``bhr[r, 1, b]`` its running TwoSum residual."""
+    rows, n = W.shape
+    nb = bhr.shape[2] - 1
+    a0 = acc[0]
+    a1 = acc[1]
+    r = 0
+    while r < rows:
+        a0[:] = 0.0
+        w0 = W[r]
+        if r + 1 < rows:
+            a1[:] = 0.0
+            w1 = W[r + 1]
+            for t in range(n):
+                b = blk[t]
+                a0[b] += np.float64(w0[t])
+                a1[b] += np.float64(w1[t])
+            _block_prefix(a1, precise, bhr[r + 1, 0], bhr[r + 1, 1])
+            left[r + 1] = a1[nb]
+        else:
+            for t in range(n):
+                a0[blk[t]] += np.float64(w0[t])
+        _block_prefix(a0, precise, bhr[r, 0], bhr[r, 1])
+        left[r] = a0[nb]
+        r += 2
+
+
+@njit(cache=True, boundscheck=False, nogil=True, inline="always")
+def _direct(wr, perm, skip, use_skip, a, b):  # pragma: no cover - compiled
+    s = 0.0
+    if use_skip:
+        for k in range(a, b):
+            if not skip[k]:
+                s += np.float64(wr[perm[k]])
+    else:
+        for k in range(a, b):
+            s += np.float64(wr[perm[k]])
+    return s
+
+
+@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def take_nodes(
+    nodes, start, end, n_internal, B, bh, br, precise, wr, perm, skip, eos_tok, use_skip, eos, out
+):  # pragma: no cover
+    """Masses of ``nodes`` (already in ``[0, num_nodes)``) from block prefix sums:
+    an internal node ``[a, e)`` is the full blocks inside it (a prefix-sum
+    difference) plus its partial blocks at either end, summed directly (at most
+    ``2 (B - 1)`` weights); a range inside one or two blocks is summed directly.
+    ``use_skip``: ``WITH_EOS`` mode (EOS tokens count only for the root and the
+    EOS node, with mass ``eos``)."""
+    n = wr.shape[0]
+    for i in range(nodes.shape[0]):
+        nd = nodes[i]
+        if nd < n_internal:
+            a = start[nd]
+            e = end[nd]
+            bs = (a + B - 1) // B
+            be = e // B
+            if bs >= be:
+                v = _direct(wr, perm, skip, use_skip, a, e)
+            else:
+                v = _direct(wr, perm, skip, use_skip, a, bs * B) + _direct(
+                    wr, perm, skip, use_skip, be * B, e
+                )
+                mid = bh[be] - bh[bs]
+                if precise:
+                    mid += br[be] - br[bs]
+                v = mid + v
+            if nd == 0:
+                v += eos
+        elif nd < n_internal + n:
+            k = nd - n_internal
+            v = 0.0 if (use_skip and eos_tok[k]) else np.float64(wr[k])
+        else:
+            v = eos
+        out[i] = v

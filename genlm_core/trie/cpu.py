@@ -4,10 +4,12 @@ Every internal node covers a contiguous range ``[start, end)`` of the tokens
 sorted by bytes (see :mod:`genlm_core.trie.structure`). ``weight_sum`` gathers the
 weights into that order and takes float64 prefix sums; a node is a difference of
 two of them, a leaf is the token's weight. The prefix sums run in two lanes (the
-two halves of the sorted order, each its own dependency chain; layout in
-:mod:`genlm_core.trie.node_masses`). ``weight_sum(ws, lazy=True)`` stops there
-and returns :class:`~genlm_core.trie.node_masses.NodeMasses` (nodes computed on
-access); the default writes every node's mass.
+two halves of the sorted order, each its own dependency chain).
+``weight_sum(ws, lazy=True)`` instead returns
+:class:`~genlm_core.trie.node_masses.NodeMasses`: block sums from one histogram
+pass over the weights in token order, node masses computed on access (layout
+and bounds in :mod:`genlm_core.trie.node_masses`); the default writes every
+node's mass.
 
 Precision: a bare prefix-sum difference has an absolute error of about
 ``eps64 * sum(ws)`` (~1e-16 of the total), so masses below ~1e-12 of the total
@@ -19,7 +21,8 @@ absolute error is about ``eps64**2 * n * sum(ws)`` (~1e-27 for 151k tokens) plus
 precision, and the root of a normalised float32 distribution is 1 up to its
 float32 rounding. ``precise=False`` skips the residual (about 40% faster lazily);
 then the bound is the bare one: absolute error ~1e-16 of the total (at most
-``n/2 * eps64 * sum|ws|``), so masses below ~1e-10 of the total are not reliable.
+``n/2 * eps64 * sum|ws|``), so masses below ~1e-10 of the total are not reliable
+(lazily, nodes within a block or two are summed directly and stay exact).
 
 ``weight_max`` is exact: a segment max (``np.maximum.reduceat`` over the node
 ranges) in NumPy, a reverse pass over the pre-order parent array with numba. Empty nodes (the EOS node without EOS tokens, or in ``WITHOUT_EOS``
@@ -44,7 +47,14 @@ import numpy as np
 
 from genlm_core.token import Token
 from genlm_core.trie.base import BaseTokenByteTrie
-from genlm_core.trie.node_masses import NodeMasses, NodeMassesBatch, numpy_prefix_row
+from genlm_core.trie.node_masses import (
+    BLOCK,
+    NodeMasses,
+    NodeMassesBatch,
+    numpy_block_row,
+    numpy_prefix_row,
+    numpy_take_nodes,
+)
 from genlm_core.trie.structure import EOSMode, TrieStructure
 
 __all__ = ["TokenByteTrie"]
@@ -74,11 +84,12 @@ class TokenByteTrie(BaseTokenByteTrie):
         precise: carry the prefix-sum residual (default; see the module docstring
             for the bound without it).
         accel: ``"auto"`` (numba when importable), ``"numba"`` or ``"numpy"``.
-        buffer_pool_bytes: prefix-sum buffers of finished calls (and of garbage-
-            collected lazy results) are kept for reuse up to this many bytes
-            (default 128 MiB; 0 disables). Fresh memory costs page faults and
-            zeroing that are slower than the sums themselves (about 2.4 MB per
-            distribution at 151k tokens).
+        buffer_pool_bytes: the eager path's prefix-sum buffers are kept for reuse
+            up to this many bytes (default 128 MiB; 0 disables). Fresh memory
+            costs page faults and zeroing that are slower than the sums
+            themselves (about 2.4 MB per distribution at 151k tokens).
+        lazy_block: positions per block of the lazy layout (default 64: the
+            block accumulators fit in L1 and a read sums at most 126 weights).
     """
 
     device = "cpu"
@@ -92,6 +103,7 @@ class TokenByteTrie(BaseTokenByteTrie):
         precise: bool = True,
         accel: str = "auto",
         buffer_pool_bytes: int = 128 << 20,
+        lazy_block: int = BLOCK,
         **_ignored: Any,
     ) -> None:
         super().__init__(decode, eos_tokens, atomic_tokens)
@@ -114,6 +126,22 @@ class TokenByteTrie(BaseTokenByteTrie):
         # node ranges as flat indices into joined lane prefix sums (``p + (p > L)``)
         self._gstart = s.start + (s.start > self._L)
         self._gend = s.end + (s.end > self._L)
+        # lazy layout (node_masses): block of every token's sorted position; in
+        # WITH_EOS mode EOS tokens go to the spare block ``nb`` instead
+        if not isinstance(lazy_block, int) or lazy_block < 1:
+            raise ValueError(f"lazy_block must be a positive int, got {lazy_block!r}")
+        self._B = B = lazy_block
+        self._nb = nb = -(-n // B)
+        bdt = np.uint16 if nb + 1 <= np.iinfo(np.uint16).max else np.int32
+        pos = np.empty(n, dtype=np.int64)
+        pos[s.perm] = np.arange(n)
+        self._blk = (pos // B).astype(bdt)
+        self._blk_eos = self._blk.copy()
+        self._blk_eos[s.eos_ids] = nb
+        self._skip = np.zeros(n, dtype=np.bool_)
+        self._skip[s.eos_pos] = True
+        self._eos_tok = np.zeros(n, dtype=np.bool_)
+        self._eos_tok[s.eos_ids] = True
         self._pool: list[np.ndarray] = []
         self._pool_cap = max(0, int(buffer_pool_bytes)) // (16 * (self._L + 1))
         self._k = None
@@ -131,6 +159,8 @@ class TokenByteTrie(BaseTokenByteTrie):
                 self._kperm = s.perm.astype(i32)
                 self._kgstart = self._gstart.astype(i32)
                 self._kgend = self._gend.astype(i32)
+                self._kstart = s.start.astype(i32)
+                self._kend = s.end.astype(i32)
                 self._keos_ids = s.eos_ids.astype(i32)
                 self._ktok_node = s.tok_node.astype(i32)
                 self._kparent = s.parent[: s.n_internal].astype(i32)
@@ -171,10 +201,7 @@ class TokenByteTrie(BaseTokenByteTrie):
             out = out.reshape(rows.shape[0], self.num_nodes)
         with_eos = mode is EOSMode.WITH_EOS and len(self._eos_ids) > 0
         if op == "sum":
-            # row by row, so the prefix buffers of one row are reused (cache-hot) by the next
-            for r in range(rows.shape[0]):
-                H, R, eos = self._prefix(rows[r : r + 1], with_eos)
-                self._nodes(H, R, rows[r : r + 1], eos, with_eos, out[r : r + 1])
+            self._eager_sum(rows, with_eos, out)
         elif self._k is not None:
             self._k.max_rows(rows, self._ktok_node, self._kparent, self._keos_ids, with_eos, self._N, out)
         else:
@@ -183,6 +210,12 @@ class TokenByteTrie(BaseTokenByteTrie):
         return out.reshape(shape)
 
     # ------------------------------------------------------------------ sums
+    def _eager_sum(self, rows: np.ndarray, with_eos: bool, out: np.ndarray) -> None:
+        # row by row, so the prefix buffers of one row are reused (cache-hot) by the next
+        for r in range(rows.shape[0]):
+            H, R, eos = self._prefix(rows[r : r + 1], with_eos)
+            self._nodes(H, R, rows[r : r + 1], eos, with_eos, out[r : r + 1])
+
     def _prefix(
         self, rows: np.ndarray, with_eos: bool
     ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
@@ -274,29 +307,67 @@ class TokenByteTrie(BaseTokenByteTrie):
             if b is not None and b is not self._no_residual and len(self._pool) < self._pool_cap:
                 self._pool.append(b)
 
-    def _lazy_row(
-        self, h: np.ndarray, r: np.ndarray, w: np.ndarray, eos: float, with_eos: bool, dt: np.dtype
-    ) -> NodeMasses:
-        return NodeMasses(self, h, r if self.precise else None, w, eos, with_eos, dt)
-
     def _lazy(self, arr: np.ndarray, mode: EOSMode, dt: np.dtype) -> list[NodeMasses]:
+        """Block sums of each row (the lazy layout of :mod:`node_masses`)."""
         rows = arr.reshape(-1, self._n)
         with_eos = mode is EOSMode.WITH_EOS and len(self._eos_ids) > 0
-        H, R, eos = self._prefix(rows, with_eos)
+        blk = self._blk_eos if with_eos else self._blk
+        nb = self._nb
+        bhr = np.empty((rows.shape[0], 2, nb + 1))
+        left = np.zeros(rows.shape[0])
+        if self._k is not None:
+            self._k.block_rows(rows, blk, self.precise, np.empty((2, nb + 1)), bhr, left)
+        else:
+            for i in range(rows.shape[0]):
+                left[i] = numpy_block_row(rows[i], blk, self.precise, bhr[i])
         return [
-            self._lazy_row(H[i], R[i], rows[i], float(eos[i]), with_eos, dt) for i in range(rows.shape[0])
+            NodeMasses(self, bhr[i], self.precise, rows[i], left[i] if with_eos else 0.0, with_eos, dt)
+            for i in range(rows.shape[0])
         ]
 
+    def _take_nodes(self, nm: NodeMasses, nodes: np.ndarray) -> np.ndarray:
+        """float64 masses of in-range ``nodes`` of a lazy result."""
+        if self._k is not None:
+            out = np.empty(nodes.shape[0])
+            self._k.take_nodes(
+                nodes,
+                self._kstart,
+                self._kend,
+                self._N,
+                self._B,
+                nm._bhr[0],
+                nm._bhr[1],
+                nm._precise,
+                nm._w,
+                self._kperm,
+                self._skip,
+                self._eos_tok,
+                nm._with_eos,
+                nm._eos,
+                out,
+            )
+            return out
+        return numpy_take_nodes(
+            nodes,
+            self._start,
+            self._end,
+            self._N,
+            self._B,
+            nm._bhr,
+            nm._precise,
+            nm._w,
+            self._perm,
+            self._skip,
+            self._eos_tok,
+            nm._with_eos,
+            nm._eos,
+        )
+
     def _materialize(self, nm: NodeMasses) -> np.ndarray:
-        """All node masses of a lazy result (called by :meth:`NodeMasses.numpy`)."""
+        """All node masses of a lazy result (called by :meth:`NodeMasses.numpy`):
+        the eager computation on the weights it keeps."""
         out = np.empty((1, self.num_nodes), dtype=nm.dtype)
-        h = self._buffer()
-        h[...] = nm._h
-        r = self._no_residual
-        if nm._r is not None:
-            r = self._buffer()
-            r[...] = nm._r
-        self._nodes([h], [r], nm._w[None], np.array([nm._eos]), nm._with_eos, out)
+        self._eager_sum(nm._w[None], nm._with_eos, out)
         return out[0]
 
     # ------------------------------------------------------------------ numpy max
@@ -337,7 +408,8 @@ class TokenByteTrie(BaseTokenByteTrie):
                 computes node masses when they are read (``m[node]``,
                 ``m.take(nodes)``, ``np.asarray(m)`` for all of them) instead of
                 writing out all ``num_nodes`` values: the prefix-sum pass alone,
-                about a third of the eager cost at 151k tokens. It keeps a reference
+                one histogram pass over the weights (no vocabulary-sized output;
+                see :mod:`~genlm_core.trie.node_masses`). It keeps a reference
                 to ``ws``.
 
         Returns:

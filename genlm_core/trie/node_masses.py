@@ -1,26 +1,28 @@
 """Node masses read on demand: the lazy result of ``weight_sum(..., lazy=True)``.
 
 Every internal node of a :class:`~genlm_core.trie.structure.TrieStructure` covers a
-contiguous range ``[start, end)`` of the vocabulary sorted by bytes, so its mass is
-a difference of two prefix sums of the sorted weights. Computing those prefix sums
-is one pass over the vocabulary (about 0.2 ms for 151k tokens on one core, see
-``benchmarks/``); writing out all ~3 node masses per token afterwards costs more than
-that again. A program reads a handful of nodes per step (the children of the nodes
-its particles stand on), so :class:`NodeMasses` keeps the prefix sums and answers
-``masses[node]`` / ``masses.take(nodes)`` in O(1) per node; ``np.asarray(masses)``
-gives the full vector (the same values as ``weight_sum(..., lazy=False)``).
+contiguous range ``[start, end)`` of the vocabulary sorted by bytes. Writing out
+every node's mass (~3 values per token, 1.9 MB per distribution at 151k tokens)
+costs more than reading the weights, and a program reads only a handful of nodes
+per step (the children of the nodes its particles stand on). So the lazy result
+keeps just *block sums*: the sorted order is cut into blocks of ``B`` positions
+(``B = 64``), and one pass over the weights **in token order** adds each weight to
+its block (a histogram into ~2.4k accumulators that stay in L1: sequential reads,
+no gather, nothing the size of the vocabulary written). Their prefix sums ``BH``
+(with the running TwoSum residual ``BR`` when ``precise``) make every node
 
-Layout (shared with :mod:`genlm_core.trie._kernels`): the sorted weights are split
-into two lanes, positions ``[0, L)`` and ``[L, n)`` with ``L = ceil(n / 2)``; lane
-``j`` has its own running sum ``H[j, k]`` (its first ``k`` weights) and, when
-``precise``, the running TwoSum residual ``R[j, k]``. A range inside one lane is
-``(H[j, e] - H[j, s]) + (R[j, e] - R[j, s])``; a range across the lane boundary
-adds lane 0's total to lane 1's prefix with an exact TwoSum. Precision: see
-:mod:`genlm_core.trie.cpu`.
+    mass[a, e) = (BH[be] - BH[bs]) + (BR[be] - BR[bs])      full blocks inside
+               + sum of the weights of [a, bs*B) and [be*B, e)  partial blocks
+
+with ``bs = ceil(a / B)``, ``be = floor(e / B)``; a range inside one or two blocks
+is summed directly. A read costs at most ``2 (B - 1)`` weights. Precision: the
+partial and block sums are plain float64 sums of at most ``2B`` terms (relative
+error ~1e-14); the prefix difference has the absolute error of the eager path
+(see :mod:`genlm_core.trie.cpu`), so tiny masses keep their relative precision.
 
 A :class:`NodeMasses` keeps a reference to the weights it was computed from (the
-leaves are those weights): do not overwrite that buffer while you still read the
-result.
+leaves and partial blocks are read from them): do not overwrite that buffer while
+you still read the result.
 """
 
 from __future__ import annotations
@@ -30,12 +32,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["NodeMasses", "NodeMassesBatch", "numpy_prefix_row"]
+__all__ = [
+    "BLOCK",
+    "NodeMasses",
+    "NodeMassesBatch",
+    "numpy_prefix_row",
+    "numpy_block_row",
+    "numpy_take_nodes",
+]
+
+BLOCK = 64
+"""Positions of the sorted vocabulary per block of the lazy layout."""
 
 
 def numpy_prefix_row(w: np.ndarray, perm: np.ndarray, precise: bool, h: np.ndarray, rr: np.ndarray) -> None:
-    """NumPy version of ``_kernels.prefix_row`` (same layout; the residual is
-    ``x_k - (S_k - S_{k-1})``, exact or within ``eps * x_k``)."""
+    """NumPy version of ``_kernels.prefix_row`` (eager path; two lanes, the
+    residual is ``x_k - (S_k - S_{k-1})``, exact or within ``eps * x_k``)."""
     L = h.shape[1] - 1
     x = w.take(perm).astype(np.float64, copy=False)
     for j, seg in enumerate((x[:L], x[L:])):
@@ -49,36 +61,122 @@ def numpy_prefix_row(w: np.ndarray, perm: np.ndarray, precise: bool, h: np.ndarr
             rr[j, m + 1 :] = rr[j, m]
 
 
+def numpy_block_row(w: np.ndarray, blk: np.ndarray, precise: bool, bhr: np.ndarray) -> float:
+    """NumPy version of ``_kernels.block_row``; ``bhr`` is ``(2, nb + 1)``
+    (``BH``, ``BR``). Returns the left-out mass (block ``nb``)."""
+    nb = bhr.shape[1] - 1
+    acc = np.bincount(blk, weights=w, minlength=nb + 1)
+    bh, br = bhr[0], bhr[1]
+    bh[0] = 0.0
+    np.cumsum(acc[:nb], out=bh[1:])
+    br[:] = 0.0
+    if precise:
+        np.cumsum(acc[:nb] - np.diff(bh), out=br[1:])
+    return float(acc[nb])
+
+
+def numpy_take_nodes(
+    nodes: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    n_internal: int,
+    B: int,
+    bhr: np.ndarray,
+    precise: bool,
+    w: np.ndarray,
+    perm: np.ndarray,
+    skip: np.ndarray,
+    eos_tok: np.ndarray,
+    use_skip: bool,
+    eos: float,
+) -> np.ndarray:
+    """NumPy version of ``_kernels.take_nodes`` (vectorised over ``nodes``)."""
+    n = w.shape[0]
+    out = np.empty(nodes.shape[0], dtype=np.float64)
+    internal = nodes < n_internal
+    if internal.any():
+        nd = nodes[internal]
+        a, e = start[nd], end[nd]
+        bs, be = (a + B - 1) // B, e // B
+        full = bs < be
+        # [a, left_end) and [right_start, e): the whole range when no full block
+        left_end = np.where(full, bs * B, e)
+        right_start = np.where(full, be * B, e)
+        v = _segment_sums(a, left_end, 2 * B, w, perm, skip, use_skip)
+        v += _segment_sums(right_start, e, B, w, perm, skip, use_skip)
+        bh, br = bhr[0], bhr[1]
+        bsf, bef = np.where(full, bs, 0), np.where(full, be, 0)
+        mid = bh[bef] - bh[bsf]
+        if precise:
+            mid += br[bef] - br[bsf]
+        v = mid + v
+        v[nd == 0] += eos
+        out[internal] = v
+    leaf = (nodes >= n_internal) & (nodes < n_internal + n)
+    if leaf.any():
+        tok = nodes[leaf] - n_internal
+        vals = w[tok].astype(np.float64)
+        if use_skip:
+            vals[eos_tok[tok]] = 0.0
+        out[leaf] = vals
+    out[nodes == n_internal + n] = eos
+    return out
+
+
+def _segment_sums(
+    a: np.ndarray,
+    b: np.ndarray,
+    width: int,
+    w: np.ndarray,
+    perm: np.ndarray,
+    skip: np.ndarray,
+    use_skip: bool,
+) -> np.ndarray:
+    """``sum(w[perm[a_i:b_i]])`` for segments shorter than ``width``."""
+    if a.shape[0] == 0:
+        return np.zeros(0)
+    span = int((b - a).max(initial=0))
+    if span == 0:
+        return np.zeros(a.shape[0])
+    width = min(width, span)
+    idx = a[:, None] + np.arange(width)
+    mask = idx < b[:, None]
+    idx = np.where(mask, idx, 0)
+    if use_skip:
+        mask &= ~skip[idx]
+    vals = w[perm[idx]].astype(np.float64)
+    return np.where(mask, vals, 0.0).sum(axis=1)
+
+
 class NodeMasses:
     """The mass of every node of a trie under one weight vector, computed on access.
 
     Indexing follows the trie's node numbering: ``m[node]`` (a float),
     ``m[array_of_nodes]`` / ``m.take(nodes)`` (an array), ``m[a:b]``;
-    ``np.asarray(m)`` / ``m.numpy()`` materialise all ``num_nodes`` values. The
-    dtype is the one the eager ``weight_sum`` returns (float64 for float64 weights,
-    float32 otherwise); values are accumulated in float64.
+    ``np.asarray(m)`` / ``m.numpy()`` materialise all ``num_nodes`` values (the
+    eager computation, once). The dtype is the one the eager ``weight_sum``
+    returns (float64 for float64 weights, float32 otherwise); values are
+    accumulated in float64.
     """
 
-    __slots__ = ("_trie", "_h", "_r", "_precise", "_w", "_eos", "_with_eos", "_L", "dtype", "_full")
+    __slots__ = ("_trie", "_bhr", "_precise", "_w", "_eos", "_with_eos", "dtype", "_full")
 
     def __init__(
         self,
         trie: Any,
-        h: np.ndarray,
-        r: np.ndarray | None,
+        bhr: np.ndarray,
+        precise: bool,
         w: np.ndarray,
         eos: float,
         with_eos: bool,
         dtype: np.dtype,
     ) -> None:
         self._trie = trie
-        self._h = h
-        self._r = r
-        self._precise = r is not None
+        self._bhr = bhr
+        self._precise = precise
         self._w = w
         self._eos = float(eos)
         self._with_eos = with_eos
-        self._L = h.shape[1] - 1
         self.dtype = np.dtype(dtype)
         self._full: np.ndarray | None = None
 
@@ -97,116 +195,20 @@ class NodeMasses:
     @property
     def total(self) -> float:
         """The root's mass (every token, EOS included in ``WITH_EOS`` mode)."""
-        return self._node(0)
+        return float(self._take(np.zeros(1, dtype=np.int64))[0])
 
-    # ------------------------------------------------------------------ scalar access
-    def _prefix(self, p: int) -> tuple[float, float]:
-        h, L = self._h, self._L
-        if p <= L:
-            return float(h[0, p]), (float(self._r[0, p]) if self._precise else 0.0)
-        a = float(h[0, L])
-        b = float(h[1, p - L])
-        s = a + b
-        bp = s - a
-        err = (a - (s - bp)) + (b - bp)
-        if self._precise:
-            err = err + float(self._r[0, L]) + float(self._r[1, p - L])
-        return s, err
+    # ------------------------------------------------------------------ access
+    def _take(self, flat: np.ndarray) -> np.ndarray:
+        """float64 masses of in-range node ids (no checks)."""
+        return self._trie._take_nodes(self, flat)
 
-    def _range(self, a: int, b: int) -> float:
-        L = self._L
-        if b <= L or a >= L:
-            j, base = (0, 0) if b <= L else (1, L)
-            m = float(self._h[j, b - base]) - float(self._h[j, a - base])
-            if self._precise:
-                m += float(self._r[j, b - base]) - float(self._r[j, a - base])
-            return m
-        ha, la = self._prefix(a)
-        hb, lb = self._prefix(b)
-        return (hb - ha) + (lb - la)
-
-    def _node(self, node: int) -> float:
-        t = self._trie
-        N = t._N
-        if node < N:
-            v = self._range(int(t._start[node]), int(t._end[node]))
-            if node == 0 and self._with_eos:
-                v += self._eos
-            return v
-        k = node - N
-        if k < t._n:
-            if self._with_eos and k in t._eos_set:
-                return 0.0
-            return float(self._w[k])
-        return self._eos if self._with_eos else 0.0
-
-    # ------------------------------------------------------------------ vector access
     def take(self, nodes: Any) -> np.ndarray:
         """Masses of ``nodes`` (any integer array-like), in the result dtype."""
         idx = np.asarray(nodes, dtype=np.int64)
         if self._full is not None:
             return self._full.take(idx)
         flat = self._check(idx.ravel())
-        t = self._trie
-        N, n = t._N, t._n
-        out = np.zeros(flat.shape[0], dtype=np.float64)
-        internal = flat < N
-        if internal.any():
-            nodes_i = flat[internal]
-            out[internal] = self._ranges(t._start[nodes_i], t._end[nodes_i])
-            if self._with_eos:
-                out[internal] += np.where(nodes_i == 0, self._eos, 0.0)
-        leaf = (flat >= N) & (flat < N + n)
-        if leaf.any():
-            tok = flat[leaf] - N
-            vals = self._w[tok].astype(np.float64)
-            if self._with_eos and len(t._eos_ids):
-                vals[np.isin(tok, t._eos_ids)] = 0.0
-            out[leaf] = vals
-        if self._with_eos:
-            out[flat == N + n] = self._eos
-        return out.astype(self.dtype, copy=False).reshape(idx.shape)
-
-    def _ranges(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        h, L = self._h, self._L
-        lane1 = a >= L
-        same = (b <= L) | lane1
-        j = lane1.astype(np.intp)
-        base = np.where(lane1, L, 0)
-        m = np.empty(a.shape[0], dtype=np.float64)
-        sa, sb = a[same] - base[same], b[same] - base[same]
-        js = j[same]
-        m[same] = h[js, sb] - h[js, sa]
-        if self._precise:
-            m[same] += self._r[js, sb] - self._r[js, sa]
-        cross = ~same
-        if cross.any():
-            ha, la = self._prefix_vec(a[cross])
-            hb, lb = self._prefix_vec(b[cross])
-            m[cross] = (hb - ha) + (lb - la)
-        return m
-
-    def _prefix_vec(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        h, L = self._h, self._L
-        lo_lane = p <= L
-        hi = np.empty(p.shape[0])
-        lo = np.zeros(p.shape[0])
-        q = p[lo_lane]
-        hi[lo_lane] = h[0, q]
-        if self._precise:
-            lo[lo_lane] = self._r[0, q]
-        up = ~lo_lane
-        if up.any():
-            a = h[0, L]
-            b = h[1, p[up] - L]
-            s = a + b
-            bp = s - a
-            err = (a - (s - bp)) + (b - bp)
-            if self._precise:
-                err = err + self._r[0, L] + self._r[1, p[up] - L]
-            hi[up] = s
-            lo[up] = err
-        return hi, lo
+        return self._take(flat).astype(self.dtype, copy=False).reshape(idx.shape)
 
     def _check(self, flat: np.ndarray) -> np.ndarray:
         nn = self._trie.num_nodes
@@ -223,7 +225,7 @@ class NodeMasses:
                 raise IndexError(f"node {node} is out of range for a trie of {nn} nodes")
             if self._full is not None:
                 return self._full[node]
-            return self.dtype.type(self._node(node % nn))
+            return self.dtype.type(self._take(np.array([node % nn], dtype=np.int64))[0])
         if isinstance(key, slice):
             return self.take(np.arange(*key.indices(len(self))))
         if isinstance(key, np.ndarray) and key.dtype == np.bool_:
@@ -232,13 +234,6 @@ class NodeMasses:
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.numpy())
-
-    def __del__(self) -> None:
-        # the prefix-sum buffers go back to the trie's pool (see TokenByteTrie)
-        try:
-            self._trie._recycle(self._h, self._r)
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
 
     # ------------------------------------------------------------------ materialise
     def numpy(self) -> np.ndarray:
