@@ -70,6 +70,7 @@ class BaseLogprobBackend:
             self._batch_fn,
             batch_size=cfg.batch_size,
             timeout=cfg.timeout,
+            run_in_thread=cfg.forward_thread if cfg.forward_thread is not None else self._forward_in_thread(),
             name=f"{self.backend_name}-logprobs",
         )
         self._closed = False
@@ -96,6 +97,16 @@ class BaseLogprobBackend:
 
     def _clear_engine_cache(self) -> None:
         """Drop engine-side caches (KV). Engines with such caches override."""
+
+    def _forward_in_thread(self) -> bool:
+        """Where async batches run when ``forward_thread`` is None (called during ``__init__``).
+
+        A worker thread keeps the event loop (the particles' own work) running during a
+        forward pass, which pays when the pass waits on an accelerator. An engine that
+        computes on the CPU with every core already (torch's intra-op threads) gains
+        nothing from it and pays the thread hop: such engines return False.
+        """
+        return True
 
     @property
     def max_context_length(self) -> int | None:

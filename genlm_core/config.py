@@ -78,3 +78,10 @@ class BackendConfig(GenlmConfig):
         1 << 30, ge=0, description="bytes held by the output cache (None: no bound)"
     )
     cache_to_cpu: bool = Field(False, description="keep cached results on the CPU")
+    forward_thread: bool | None = Field(
+        None,
+        description=(
+            "run async forward passes in a worker thread (True) or on the event loop's own thread "
+            "(False); None: the backend decides (a thread for accelerators, the loop for CPU engines)"
+        ),
+    )

@@ -36,10 +36,10 @@ class HFBackend(BaseLogprobBackend):
 
     def __init__(self, model: Any, tokenizer: Any, config: HFConfig | None = None) -> None:
         config = config if config is not None else HFConfig()
-        super().__init__(tokenizer, config)
-        self.config: HFConfig = config
         self.model = model.eval()
         self._device = model.device
+        super().__init__(tokenizer, config)
+        self.config: HFConfig = config
         self.prefix_cache = PrefixCache(
             kv_budget_bytes=config.kv_cache_bytes, logprobs_budget_bytes=config.cache_bytes
         )
@@ -74,6 +74,11 @@ class HFBackend(BaseLogprobBackend):
         return self._device
 
     # ------------------------------------------------------------------ engine
+    def _forward_in_thread(self) -> bool:
+        # on CPU torch's intra-op threads already use every core: a worker thread only
+        # adds a hop (the SIS benchmark ran 7% slower with one, benchmarks/bench_sis.py)
+        return torch.device(self._device).type != "cpu"
+
     def _forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         with torch.inference_mode():
             if not self.kv_reuse:

@@ -14,6 +14,13 @@ least one real token before any padding), so no NaNs appear. Row ``i``'s KV for 
 whole context is then the contiguous slot range ``[P - d_i, P + s_i)``.
 
 A KV payload is one tensor ``[n_layers, 2, kv_heads, length, head_dim]`` per context.
+
+Every slot of the batch lives in one buffer ``[n_layers, 2, B, kv_heads, P + S,
+head_dim]``: each row's past is copied in once, the model's cache layers
+(:class:`_SlotLayer`) write the new tokens' KV in place instead of concatenating, and
+each row's payload is cut out with one copy. transformers' own ``DynamicCache``
+would copy the whole past three more times per step (on construction, on every
+layer's ``torch.cat``, and when the rows are split again).
 """
 
 from __future__ import annotations
@@ -48,21 +55,71 @@ def supports_kv_reuse(model: Any) -> bool:
     return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
-def _past(model: Any, rows: list[Row], past_len: int) -> DynamicCache:
-    """A batched ``DynamicCache`` holding each row's past, left-padded to ``past_len``."""
-    if past_len == 0:
-        return DynamicCache(config=model.config)
-    example = next(r.kv for r in rows if r.kv is not None)
-    n_layers = example.shape[0]
-    if all(r.depth == past_len for r in rows):
-        buf = torch.stack([r.kv for r in rows], dim=2)  # type: ignore[misc]
-    else:
-        n_layers, _, heads, _, head_dim = example.shape
-        buf = example.new_zeros((n_layers, 2, len(rows), heads, past_len, head_dim))
-        for i, r in enumerate(rows):
+class _Slots:
+    """The batch's KV buffer, allocated when the first layer reports its KV shape."""
+
+    def __init__(self, rows: list[Row], past_len: int, new_len: int) -> None:
+        self.rows = rows
+        self.past_len = past_len
+        self.capacity = past_len + new_len
+        self.buf: torch.Tensor | None = None
+
+    def allocate(self, n_layers: int, key_states: torch.Tensor) -> torch.Tensor:
+        """``[n_layers, 2, B, heads, P + S, head_dim]`` holding every row's left-padded past."""
+        B, heads, _, head_dim = key_states.shape
+        P = self.past_len
+        buf = key_states.new_empty((n_layers, 2, B, heads, self.capacity, head_dim))
+        for i, r in enumerate(self.rows):
+            if r.depth < P:  # masked slots: any finite value works, garbage may be NaN
+                buf[:, :, i, :, : P - r.depth].zero_()
             if r.depth:
-                buf[:, :, i, :, past_len - r.depth :] = r.kv
-    return DynamicCache([(buf[layer, 0], buf[layer, 1]) for layer in range(n_layers)], config=model.config)
+                buf[:, :, i, :, P - r.depth : P].copy_(r.kv)  # type: ignore[arg-type]
+        self.buf = buf
+        return buf
+
+
+class _SlotLayer(DynamicLayer):
+    """A full-attention cache layer whose KV lives in the batch's shared buffer.
+
+    ``keys``/``values`` are views of the filled slots, so ``get_seq_length`` and the
+    mask sizes are those of a ``DynamicLayer`` holding the past; ``update`` writes the
+    new tokens' KV into the next slots in place (no ``torch.cat``).
+    """
+
+    def __init__(self, slots: _Slots, index: int, n_layers: int) -> None:
+        super().__init__()
+        self._slots = slots
+        self._index = index
+        self._n_layers = n_layers
+        self._filled = slots.past_len
+
+    def get_seq_length(self) -> int:
+        return self._filled
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        buf = self._slots.buf
+        if buf is None:
+            buf = self._slots.allocate(self._n_layers, key_states)
+        start, end = self._filled, self._filled + key_states.shape[-2]
+        if end > buf.shape[-2]:  # pragma: no cover - the batch was sized for its tokens
+            raise RuntimeError(f"KV slots overflow: {end} > {buf.shape[-2]}")
+        layer = buf[self._index]
+        layer[0, :, :, start:end].copy_(key_states)
+        layer[1, :, :, start:end].copy_(value_states)
+        self._filled = end
+        self.keys, self.values = layer[0, :, :, :end], layer[1, :, :, :end]
+        self.dtype, self.device = buf.dtype, buf.device
+        self.is_initialized = True
+        return self.keys, self.values
+
+
+def _slot_cache(model: Any, slots: _Slots) -> DynamicCache:
+    cache = DynamicCache(config=model.config)
+    n_layers = len(cache.layers)
+    cache.layers = [_SlotLayer(slots, i, n_layers) for i in range(n_layers)]
+    return cache
 
 
 def forward_rows(
@@ -95,10 +152,10 @@ def forward_rows(
         "attention_mask": torch.tensor(mask, dtype=torch.long, device=device),
         "position_ids": torch.tensor(pos, dtype=torch.long, device=device),
     }
-    use_cache = want_kv or P > 0
-    if use_cache:
-        kwargs["past_key_values"] = _past(model, rows, P)
-    kwargs["use_cache"] = use_cache
+    slots = _Slots(rows, P, S) if want_kv or P > 0 else None
+    if slots is not None:
+        kwargs["past_key_values"] = _slot_cache(model, slots)
+    kwargs["use_cache"] = slots is not None
     last = [s - 1 for s in suffix]
     cols = last
     if logits_to_keep:  # only the rows' last positions go through the LM head
@@ -110,17 +167,17 @@ def forward_rows(
             kwargs["logits_to_keep"] = torch.tensor(keep, dtype=torch.long, device=device)
             where = {k: j for j, k in enumerate(keep)}
             cols = [where[c] for c in last]
-    out = model(**kwargs)
-    logits = out.logits
-    rows_idx = torch.arange(len(rows), device=logits.device)
-    logits = logits[rows_idx, torch.tensor(cols, dtype=torch.long, device=logits.device)]
+    logits = model(**kwargs).logits
+    if cols == [0] * len(rows) and logits.shape[1] == 1:
+        logits = logits[:, 0]
+    else:
+        rows_idx = torch.arange(len(rows), device=logits.device)
+        logits = logits[rows_idx, torch.tensor(cols, dtype=torch.long, device=logits.device)]
     if not want_kv:
         return logits, None
-    layers = out.past_key_values.layers
-    kvs: list[torch.Tensor] = []
-    for i, (r, s) in enumerate(zip(rows, suffix)):
-        a, b = P - r.depth, P + s
-        parts = [t for layer in layers for t in (layer.keys[i, :, a:b], layer.values[i, :, a:b])]
-        kv = torch.stack(parts)  # one copy: contiguous, owns exactly its bytes
-        kvs.append(kv.view(len(layers), 2, *kv.shape[1:]))
+    buf = slots.buf  # type: ignore[union-attr]
+    if buf is None:  # pragma: no cover - a model that never touched its cache
+        raise RuntimeError("the model did not write its KV cache (does it accept past_key_values?)")
+    # one copy per row: contiguous, owns exactly its bytes
+    kvs = [buf[:, :, i, :, P - r.depth : P + s].contiguous() for i, (r, s) in enumerate(zip(rows, suffix))]
     return logits, kvs

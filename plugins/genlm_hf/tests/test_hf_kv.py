@@ -197,3 +197,21 @@ def test_padded_batch_of_lengths_without_reuse(tiny_llama_path: str) -> None:
         assert torch.isfinite(got).all()
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("forward_thread", [None, True, False])
+async def test_forward_thread_choice_gives_the_same_results(tiny_llama_path: str, forward_thread) -> None:
+    """On CPU the async batches run on the event loop unless a worker thread is asked for."""
+    llm = load_hf(tiny_llama_path, forward_thread=forward_thread)
+    try:
+        assert llm.batcher.run_in_thread is bool(forward_thread)  # None: CPU model -> the loop
+        rng = random.Random(11)
+        particles = [[rng.randrange(3, llm.vocab_size) for _ in range(rng.randint(1, 5))] for _ in range(5)]
+        for _ in range(3):
+            rows = await asyncio.gather(*(llm.next_token_logprobs(p) for p in particles))
+            for p, row in zip(particles, rows):
+                assert max_diff(row, llm.next_token_logprobs_uncached(p)) <= ATOL
+                p.append(rng.randrange(3, llm.vocab_size))
+        assert llm.batcher.stats.batches == 3  # one batch per step either way
+    finally:
+        llm.close()
