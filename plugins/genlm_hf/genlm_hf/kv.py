@@ -103,8 +103,13 @@ class _SlotLayer(DynamicLayer):
         if buf is None:
             buf = self._slots.allocate(self._n_layers, key_states)
         start, end = self._filled, self._filled + key_states.shape[-2]
-        if end > buf.shape[-2]:  # pragma: no cover - the batch was sized for its tokens
-            raise RuntimeError(f"KV slots overflow: {end} > {buf.shape[-2]}")
+        B, heads, _, head_dim = key_states.shape
+        if (B, heads, head_dim) != (buf.shape[2], buf.shape[3], buf.shape[5]) or end > buf.shape[-2]:
+            raise RuntimeError(
+                f"layer {self._index} caches KV of shape {tuple(key_states.shape)}, which does not fit "
+                f"the batch's KV slots {tuple(buf.shape)} (layers with different KV shapes?); "
+                "load the model with prefix_cache=False"
+            )
         layer = buf[self._index]
         layer[0, :, :, start:end].copy_(key_states)
         layer[1, :, :, start:end].copy_(value_states)
