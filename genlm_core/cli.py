@@ -143,17 +143,25 @@ def _default_model(model: str | None) -> str:
     return str(embedded.smollm2_path(progress=True))
 
 
-def _load_llm(args: argparse.Namespace) -> Any:
-    import genlm_core
-
-    model = _default_model(args.model)
-    opts = {}
-    for kv in args.opt or []:
-        key, _, value = kv.partition("=")
+def parse_opts(pairs: list[str] | None) -> dict[str, Any]:
+    """``--opt key=value`` pairs as load() options (values parsed as JSON when they are)."""
+    opts: dict[str, Any] = {}
+    for kv in pairs or []:
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"genlm: --opt takes KEY=VALUE, got {kv!r} (e.g. --opt batch_size=16)")
         try:
             opts[key] = json.loads(value)
         except json.JSONDecodeError:
             opts[key] = value
+    return opts
+
+
+def _load_llm(args: argparse.Namespace) -> Any:
+    import genlm_core
+
+    model = _default_model(args.model)
+    opts = parse_opts(args.opt)
     print(f"loading {model} with backend {args.backend} ...", file=sys.stderr)
     return genlm_core.load(args.backend, model=model, **opts)
 
@@ -240,6 +248,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------- parser
+def add_model_arguments(sp: argparse.ArgumentParser) -> None:
+    """``--backend``, ``--model`` and ``--opt``: what every model command takes."""
+    sp.add_argument("--backend", default="auto", help="backend name (default: best for this machine)")
+    sp.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M)")
+    sp.add_argument("--opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="genlm", description="genlm-core: backends for LM probabilistic programs"
@@ -262,12 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--quiet", action="store_true")
     m.set_defaults(func=cmd_models)
 
-    def model_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--backend", default="auto", help="backend name (default: best for this machine)")
-        sp.add_argument(
-            "--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M)"
-        )
-        sp.add_argument("--opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
+    model_args = add_model_arguments
 
     lp = sub.add_parser("logprobs", help="top-k next tokens of a prompt")
     model_args(lp)
@@ -293,11 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
     by.add_argument("--dist", action="store_true", help="show the next-byte distribution after the prompt")
     by.set_defaults(func=cmd_bytes)
 
-    dm = sub.add_parser(
-        "demo", help="the main job: SIS and byte-level LM on the embedded SmolLM2", add_help=False
-    )
-    dm.add_argument("rest", nargs=argparse.REMAINDER)
-    dm.set_defaults(func=lambda a: __import__("genlm_core.demo", fromlist=["main"]).main(a.rest))
+    dm = sub.add_parser("demo", help="the main job: SIS and byte-level LM on the embedded SmolLM2")
+    from genlm_core import demo
+
+    demo.add_arguments(dm)
+    dm.set_defaults(func=demo.run)
 
     be = sub.add_parser("bench", help="run the benchmark suite (JSON + Markdown table)")
     be.add_argument("--plot", metavar="OUT.png", help="draw throughput plots (needs matplotlib)")

@@ -70,20 +70,25 @@ async def _run(llm: Any, args: argparse.Namespace) -> None:
     print(await byte_demo(llm, "An apple a day keeps the", n_bytes=args.n_bytes, k=5, bpb_text=SENTENCE))
 
 
-def main(argv: list[str] | None = None) -> int:
-    import genlm_core
-    from genlm_core import embedded
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The demo's options (``genlm demo`` and ``python -m genlm_core.demo``)."""
+    from genlm_core.cli import add_model_arguments
 
-    ap = argparse.ArgumentParser(prog="genlm demo", description=__doc__)
-    ap.add_argument("--backend", default="auto")
-    ap.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    add_model_arguments(ap)
     ap.add_argument("--prompt", default="Montreal is")
     ap.add_argument("--particles", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=20)
     ap.add_argument("--n-bytes", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
 
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model ``args`` name (default: the embedded SmolLM2) and run the demo."""
+    import genlm_core
+    from genlm_core import embedded
+    from genlm_core.cli import parse_opts
+
+    opts = parse_opts(args.opt)
     model = args.model or str(embedded.smollm2_path(progress=True))
     reg = genlm_core.resolve(args.backend)
     print(
@@ -94,15 +99,21 @@ def main(argv: list[str] | None = None) -> int:
             else ""
         )
     )
-    print(f"Model: {model}")
+    print(f"Model: {model}" + (f"; options {opts}" if opts else ""))
     t0 = time.perf_counter()
-    llm = genlm_core.load(args.backend, model=model)
+    llm = genlm_core.load(args.backend, model=model, **opts)
     print(f"Loaded in {time.perf_counter() - t0:.1f} s; vocabulary of {len(llm.byte_vocab)} tokens")
     try:
         asyncio.run(_run(llm, args))
     finally:
         llm.close()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="genlm demo", description=__doc__)
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
 
 
 if __name__ == "__main__":  # pragma: no cover

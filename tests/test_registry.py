@@ -175,3 +175,17 @@ def test_cli_sample_and_bytes_on_the_mock():
     assert b.returncode == 0, b.stderr
     line = b.stdout.splitlines()[1].strip()
     assert line.startswith("'ab") or line.startswith('"ab')  # the continuation starts with the prompt
+
+
+def test_cli_demo_takes_the_model_options():
+    r = run_cli(
+        "demo", "--backend", "mock", "--particles", "3", "--max-tokens", "2", "--n-bytes", "4",
+        "--opt", "batch_size=2",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "options {'batch_size': 2}" in r.stdout
+    passes = r.stdout.split("next-token calls batched into ")[1].split()[0]
+    calls = int(r.stdout.split(" next-token calls batched")[0].split()[-1])
+    assert int(passes) >= calls / 2  # no forward pass held more than batch_size=2 contexts
+    bad = run_cli("demo", "--backend", "mock", "--opt", "batch_size")
+    assert bad.returncode != 0 and "--opt takes KEY=VALUE" in bad.stderr
