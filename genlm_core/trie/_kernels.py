@@ -23,6 +23,14 @@ import numpy as np
 from numba import njit
 
 
+@njit(cache=True, boundscheck=False, nogil=True, inline="always")
+def _two_sum(s, v):  # pragma: no cover - compiled
+    """``s + v`` and its exact rounding error (Knuth's TwoSum)."""
+    t = s + v
+    b = t - s
+    return t, (s - (t - b)) + (v - b)
+
+
 @njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def prefix_row(wr, perm, precise, h, rr):  # pragma: no cover - compiled
     """Lane prefix sums of one row: ``h[j, k]`` (and residuals ``rr[j, k]``)."""
@@ -45,14 +53,10 @@ def prefix_row(wr, perm, precise, h, rr):  # pragma: no cover - compiled
         for k in range(L):
             v0 = np.float64(wr[perm[k]])
             v1 = np.float64(wr[perm[L + k]]) if k < full else 0.0
-            t0 = s0 + v0
-            b0 = t0 - s0
-            c0 += (s0 - (t0 - b0)) + (v0 - b0)
-            s0 = t0
-            t1 = s1 + v1
-            b1 = t1 - s1
-            c1 += (s1 - (t1 - b1)) + (v1 - b1)
-            s1 = t1
+            s0, e0 = _two_sum(s0, v0)
+            s1, e1 = _two_sum(s1, v1)
+            c0 += e0
+            c1 += e1
             h0[k + 1] = s0
             h1[k + 1] = s1
             r0[k + 1] = c0
@@ -75,10 +79,7 @@ def globalize(h, rr, precise):  # pragma: no cover - compiled
     a = h[0, L]
     ra = rr[0, L] if precise else 0.0
     for k in range(L + 1):
-        b = h[1, k]
-        s = a + b
-        bp = s - a
-        err = (a - (s - bp)) + (b - bp)
+        s, err = _two_sum(a, h[1, k])
         h[1, k] = s
         if precise:
             rr[1, k] = rr[1, k] + ra + err
@@ -152,11 +153,8 @@ def _block_prefix(acc, precise, bh, br):  # pragma: no cover - compiled
     br[0] = 0.0
     if precise:
         for b in range(nb):
-            v = acc[b]
-            t = s + v
-            bp = t - s
-            c += (s - (t - bp)) + (v - bp)
-            s = t
+            s, e = _two_sum(s, acc[b])
+            c += e
             bh[b + 1] = s
             br[b + 1] = c
     else:
