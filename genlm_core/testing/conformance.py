@@ -34,9 +34,13 @@ __all__ = ["LogprobBackendConformance"]
 class LogprobBackendConformance:
     """Subclass and provide a ``backend`` fixture (class scope recommended)."""
 
-    #: absolute tolerance between two computations of the same distribution
+    #: absolute tolerance between two computations of the same distribution. In float32
+    #: the two differ by reduction order only (another batch shape or padding makes the
+    #: matmul and attention kernels sum in another order): each dot product of length d
+    #: moves by ~sqrt(d) eps32 relative, which on logits of magnitude ~10 through a few
+    #: layers of a tiny model is ~1e-6. Engines computing in 16-bit set their own.
     atol: float = 1e-5
-    #: tolerance on sum(exp(logprobs)) - 1
+    #: tolerance on sum(exp(logprobs)) - 1 (a float32 row: ~(log2 V + 4) eps32, plus margin)
     norm_tol: float = 1e-4
     #: number of random contexts used by the comparisons
     n_contexts: int = 6
