@@ -16,6 +16,7 @@ def check_config(config: HFConfig) -> None:
         raise ValueError(
             "the hf backend needs a model: genlm_core.load('hf', model='<hub id or local folder>')"
         )
+    config.check_model()
     if config.bitsandbytes_opts:
         wants_cpu = config.device is not None and not str(config.device).startswith("cuda")
         if wants_cpu or not hardware.probe().cuda:

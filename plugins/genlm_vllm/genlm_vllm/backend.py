@@ -176,6 +176,7 @@ class VLLMBackend(BaseLogprobBackend):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, config: VLLMConfig) -> "VLLMBackend":
+        config.check_model()
         _require_vllm()
         _tolerate_llvmlite()
         device = _engine_device()

@@ -1,0 +1,197 @@
+"""What a user sees for bad input and long work (issue 17, rows 10, 11, 12, 14, 15):
+model folders checked before any engine loads, config errors that name the option, the
+value and the accepted range, CLI numbers checked at parse time, ``pathlib.Path``
+models, progress bars and engine notes on stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import annotated_types
+import pytest
+
+import genlm_core
+from genlm_core.cli import main
+from genlm_core.config import BackendConfig, ConfigError, GenlmConfig
+from genlm_core.model_folder import check_model_folder, looks_like_path
+
+ENGINES = ("torch", "transformers", "vllm", "mlx", "mlx_lm")
+BACKENDS = ("hf", "vllm", "mlx", "mock", "auto")
+
+
+def tiny_gpt2() -> pathlib.Path:
+    import model_paths
+
+    return model_paths.tiny_gpt2()
+
+
+# ---------------------------------------------------------------------- row 10: model folders
+def test_missing_or_empty_model_folder_same_message_on_every_backend_before_any_engine(tmp_path):
+    """Every backend (and "auto") says the same thing about a bad folder, before it
+    imports an engine: checked in a fresh process, where no engine is loaded yet."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "no-tokenizer").mkdir()
+    (tmp_path / "no-tokenizer" / "config.json").write_text("{}")
+    code = f"""
+import json, pathlib, sys
+import genlm_core
+out = {{}}
+for name in {BACKENDS!r}:
+    for case, model in [("missing", "{tmp_path}/nope"), ("path", pathlib.Path("{tmp_path}/nope")),
+                        ("empty", "{tmp_path}/empty"), ("config only", "{tmp_path}/no-tokenizer")]:
+        try:
+            genlm_core.load(name, model=model)
+            out.setdefault(case, {{}})[name] = "loaded"
+        except genlm_core.ConfigError as exc:
+            out.setdefault(case, {{}})[name] = str(exc)
+print(json.dumps({{"messages": out, "engines": [m for m in {ENGINES!r} if m in sys.modules]}}))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["engines"] == []  # the check ran before any engine import
+    msgs = got["messages"]
+    for case, expected in [
+        ("missing", f"model folder '{tmp_path}/nope' does not exist"),
+        ("path", f"model folder '{tmp_path}/nope' does not exist"),
+        ("empty", f"model folder '{tmp_path}/empty' lacks config.json and tokenizer files"),
+        ("config only", f"model folder '{tmp_path}/no-tokenizer' lacks tokenizer files"),
+    ]:
+        hf_vllm_mlx_auto = {msgs[case][n] for n in BACKENDS if n != "mock"}
+        assert len(hf_vllm_mlx_auto) == 1, msgs[case]  # one message, whichever backend
+        assert next(iter(hf_vllm_mlx_auto)).startswith(expected), msgs[case]
+    # the mock backend only takes a tokenizer from a folder: it needs no config.json
+    assert msgs["empty"]["mock"].startswith(f"model folder '{tmp_path}/empty' lacks tokenizer files")
+    assert msgs["config only"]["mock"].startswith(f"model folder '{tmp_path}/no-tokenizer' lacks tokenizer")
+    assert "it is empty" in msgs["empty"]["hf"] and "it holds config.json" in msgs["config only"]["hf"]
+
+
+def test_folder_holding_the_model_one_level_down_is_pointed_at(tmp_path):
+    inner = tmp_path / "checkpoint"
+    inner.mkdir()
+    (inner / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=f"did you mean '{inner}'"):
+        check_model_folder(str(tmp_path))
+
+
+def test_hub_ids_stay_hub_ids(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing named like a hub id exists here
+    for hub_id in ("gpt2", "org/name", "HuggingFaceTB/SmolLM2-135M"):
+        assert not looks_like_path(hub_id)
+        BackendConfig(model=hub_id).check_model()  # passes: the engine resolves it on the hub
+    for path in ("/abs/x", "./x", "../x", "~/x", "a/b/c", pathlib.Path("gpt2")):
+        assert looks_like_path(path)
+    (tmp_path / "org" / "name").mkdir(parents=True)  # an existing folder is local, as for transformers
+    assert looks_like_path("org/name")
+    with pytest.raises(ConfigError, match="lacks config.json"):
+        BackendConfig(model="org/name").check_model()
+
+
+def test_cli_missing_model_folder_is_one_clear_line(capsys):
+    assert main(["logprobs", "--backend", "hf", "--model", "/nonexistent/model", "hi"]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("genlm logprobs: error")]
+    assert len(lines) == 1 and "model folder '/nonexistent/model' does not exist" in lines[0]
+    assert "Repo id" not in err
+
+
+# ---------------------------------------------------------------------- row 11: config errors
+def _configs() -> list[type[GenlmConfig]]:
+    from genlm_core.bytes import BeamParams
+    from genlm_core.caches import OutputCacheConfig
+
+    classes: list[type[GenlmConfig]] = [BeamParams, OutputCacheConfig, BackendConfig]
+    for reg in genlm_core.get_registry().all("backend"):
+        cls = reg.load_config_class()
+        if cls is not None and cls not in classes:
+            classes.append(cls)
+    return classes
+
+
+def _bounded_fields() -> list[tuple[type[GenlmConfig], str, object, str]]:
+    """Every bounded numeric option of every config, a value just outside its bound and
+    the bound as the message must state it (``>= 1``)."""
+    cases = []
+    ops = [
+        (annotated_types.Ge, "ge", ">=", -1),
+        (annotated_types.Gt, "gt", ">", 0),
+        (annotated_types.Le, "le", "<=", +1),
+        (annotated_types.Lt, "lt", "<", 0),
+    ]
+    for cls in _configs():
+        for name, info in cls.model_fields.items():
+            for m in info.metadata:
+                for kind, attr, op, step in ops:
+                    if isinstance(m, kind):
+                        bound = getattr(m, attr)
+                        cases.append((cls, name, bound + step, f"{op} {bound}"))
+    return cases
+
+
+@pytest.mark.parametrize(("cls", "field", "bad", "bound"), _bounded_fields())
+def test_every_bounded_option_names_itself_the_value_and_the_range(cls, field, bad, bound):
+    for make in (lambda: cls(**{field: bad}), lambda: cls.build(**{field: bad})):
+        with pytest.raises(ConfigError) as exc:
+            make()
+        msg = str(exc.value)
+        assert f"{field}={bad!r}" in msg and bound in msg, msg
+        assert "validation error" not in msg and "errors.pydantic.dev" not in msg, msg
+    ok = cls()
+    with pytest.raises(ConfigError, match=f"{field}={bad!r}"):
+        setattr(ok, field, bad)  # assignment is validated too
+
+
+def test_beam_params_and_choices_and_types():
+    from genlm_core.bytes import BeamParams
+
+    with pytest.raises(ConfigError) as exc:
+        BeamParams(K=0)
+    assert str(exc.value) == (
+        "Invalid option for 'beam': K=0: Input should be greater than or equal to 1 "
+        "(accepted: an integer >= 1, or None)"
+    )
+    assert isinstance(exc.value, ValueError)
+    with pytest.raises(ConfigError, match=r"K='x'.*accepted: an integer >= 1, or None"):
+        BeamParams(K="x")
+    with pytest.raises(ConfigError, match=r"eos_byte_strings=5: expected byte strings"):
+        BeamParams(eos_byte_strings=5)  # was a TypeError from inside the validator
+    with pytest.raises(ConfigError, match=r"Unknown option 'Kk' \(did you mean 'K'\?\)"):
+        BeamParams(Kk=3)
+    with pytest.raises(ConfigError, match=r"K=0"):
+        BeamParams.model_validate({"K": 0})
+    hf = genlm_core.resolve("hf").load_config_class()
+    with pytest.raises(ConfigError, match=r"dtype='f32': Input should be 'auto', 'float32'"):
+        hf.build("hf", dtype="f32")
+    with pytest.raises(ConfigError, match=r"device_map=3 \(accepted: a string, or a mapping, or None\)"):
+        hf.build("hf", device_map=3)
+
+
+def test_cli_bad_option_value_is_one_line_naming_it(capsys):
+    assert main(["sample", "--backend", "mock", "--opt", "cache_bytes=-1", "hi"]) == 2
+    err = capsys.readouterr().err
+    line = next(ln for ln in err.splitlines() if ln.startswith("genlm sample: error"))
+    assert "cache_bytes=-1" in line and ">= 0" in line and "validation error" not in err
+
+
+# ---------------------------------------------------------------------- row 14: Path models
+def test_path_models_are_accepted_everywhere(tmp_path, monkeypatch):
+    model = tiny_gpt2()
+    by_path = genlm_core.load("hf", model=model)
+    by_str = genlm_core.load("hf", model=str(model))
+    try:
+        ids = by_str.tokenizer.encode("Hello world", add_special_tokens=False)
+        assert by_path.config.model == str(model)
+        assert (by_path.next_token_logprobs_sync(ids) == by_str.next_token_logprobs_sync(ids)).all()
+    finally:
+        by_path.close()
+        by_str.close()
+    monkeypatch.chdir(tmp_path)
+    # a relative Path is a local folder, held as its absolute path
+    assert BackendConfig(model=pathlib.Path("m")).model == os.path.join(str(tmp_path), "m")
+    assert BackendConfig(model="~/m").model == os.path.expanduser("~/m")
+    vllm_cfg = genlm_core.resolve("vllm").load_config_class()
+    assert vllm_cfg(tokenizer=pathlib.Path("tok")).tokenizer == os.path.join(str(tmp_path), "tok")
