@@ -72,14 +72,14 @@ async def _run(llm: Any, args: argparse.Namespace) -> None:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The demo's options (``genlm demo`` and ``python -m genlm_core.demo``)."""
-    from genlm_core.cli import add_model_arguments
+    from genlm_core.cli import POSITIVE, SEED, add_model_arguments
 
     add_model_arguments(ap)
     ap.add_argument("--prompt", default="Montreal is")
-    ap.add_argument("--particles", type=int, default=10)
-    ap.add_argument("--max-tokens", type=int, default=20)
-    ap.add_argument("--n-bytes", type=int, default=30)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--particles", type=POSITIVE, default=10)
+    ap.add_argument("--max-tokens", type=POSITIVE, default=20)
+    ap.add_argument("--n-bytes", type=POSITIVE, default=30)
+    ap.add_argument("--seed", type=SEED, default=0)
 
 
 def run(args: argparse.Namespace) -> int:

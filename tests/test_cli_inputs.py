@@ -177,6 +177,46 @@ def test_cli_bad_option_value_is_one_line_naming_it(capsys):
     assert "cache_bytes=-1" in line and ">= 0" in line and "validation error" not in err
 
 
+# ---------------------------------------------------------------------- row 12: CLI numbers
+@pytest.mark.parametrize(
+    ("argv", "option", "shown"),
+    [
+        (["logprobs", "--top-k", "0", "hi"], "--top-k", "0"),
+        (["logprobs", "--top-k", "-1", "hi"], "--top-k", "-1"),
+        (["logprobs", "--top-k", "ten", "hi"], "--top-k", "'ten'"),
+        (["sample", "--particles", "0", "hi"], "--particles", "0"),
+        (["sample", "--max-tokens", "-1", "hi"], "--max-tokens", "-1"),
+        (["sample", "--seed", "-1", "hi"], "--seed", "-1"),
+        (["bytes", "--beam", "0", "hi"], "--beam", "0"),
+        (["bytes", "--n-bytes", "0", "hi"], "--n-bytes", "0"),
+        (["demo", "--particles", "0"], "--particles", "0"),
+        (["demo", "--max-tokens", "0"], "--max-tokens", "0"),
+        (["demo", "--n-bytes", "-2"], "--n-bytes", "-2"),
+    ],
+)
+def test_cli_numbers_are_checked_when_parsed(argv, option, shown, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([argv[0], "--backend", "mock", *argv[1:]])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: expected an integer " in err and f"got {shown}" in err, err
+    assert "loading" not in err  # rejected before any model was loaded
+
+
+def test_cli_top_k_above_the_vocabulary_shows_all_with_a_note(capsys):
+    model = str(tiny_gpt2())
+    assert main(["logprobs", "--backend", "mock", "--model", model, "--top-k", "100000", "--json", "hi"]) == 0
+    out, err = capsys.readouterr()
+    llm = genlm_core.load("mock", model=model)
+    vocab, ids = llm.vocab_size, llm.tokenizer.encode("hi", add_special_tokens=False)
+    expected = llm.next_token_logprobs_sync(ids).argsort(descending=True, stable=True).tolist()
+    llm.close()
+    rows = json.loads(out)
+    assert len(rows) == vocab and sorted(r["id"] for r in rows) == list(range(vocab))
+    assert [r["id"] for r in rows][:5] == expected[:5]  # best first, as argsort says
+    assert f"--top-k 100000 is more than the vocabulary's {vocab} tokens" in err
+
+
 # ---------------------------------------------------------------------- row 14: Path models
 def test_path_models_are_accepted_everywhere(tmp_path, monkeypatch):
     model = tiny_gpt2()
