@@ -349,10 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from genlm_core.progress import show_notes
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with show_notes():  # what a long load is doing, on stderr
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("genlm: interrupted", file=sys.stderr)
         return 130

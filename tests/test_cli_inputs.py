@@ -6,6 +6,7 @@ models, progress bars and engine notes on stderr."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import subprocess
@@ -18,6 +19,7 @@ import genlm_core
 from genlm_core.cli import main
 from genlm_core.config import BackendConfig, ConfigError, GenlmConfig
 from genlm_core.model_folder import check_model_folder, looks_like_path
+from genlm_core.progress import summarise_repeats
 
 ENGINES = ("torch", "transformers", "vllm", "mlx", "mlx_lm")
 BACKENDS = ("hf", "vllm", "mlx", "mock", "auto")
@@ -235,3 +237,79 @@ def test_path_models_are_accepted_everywhere(tmp_path, monkeypatch):
     assert BackendConfig(model="~/m").model == os.path.expanduser("~/m")
     vllm_cfg = genlm_core.resolve("vllm").load_config_class()
     assert vllm_cfg(tokenizer=pathlib.Path("tok")).tokenizer == os.path.join(str(tmp_path), "tok")
+
+
+# ---------------------------------------------------------------------- row 15: long work
+def test_byte_cli_and_demo_show_progress_on_stderr(capsys):
+    assert (
+        main(["bytes", "ab", "--backend", "mock", "--beam", "2", "--n-bytes", "5", "--bits-per-byte", "cd"])
+        == 0
+    )
+    out, err = capsys.readouterr()
+    assert "Byte-level greedy continuation" in out
+    for bar in ("reading bytes", "generating bytes", "scoring bytes"):
+        assert bar in err and bar not in out, err
+    args = ["demo", "--backend", "mock", "--particles", "2", "--max-tokens", "2", "--n-bytes", "3"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "SIS steps" in err and "generating bytes" in err and "Bits per byte" in out
+
+
+def test_repeated_engine_log_lines_are_summarised_once(caplog):
+    engine = logging.getLogger("fake_engine")
+    child = logging.getLogger("fake_engine.loader")
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Keep()
+    engine.addHandler(handler)
+    engine.propagate = False
+    try:
+        with caplog.at_level(logging.INFO, logger="genlm"), summarise_repeats("fake_engine", keep=2):
+            for i in range(50):
+                if i == 20:  # the engine replaces its handler mid-start, as vLLM's dictConfig does
+                    engine.removeHandler(handler)
+                    handler = Keep()
+                    engine.addHandler(handler)
+                child.warning("cast weight %d from float32 to bfloat16", i)  # one call site
+            engine.warning("a different warning")
+            engine.error("errors always pass")
+            engine.error("errors always pass")
+            engine.error("errors always pass")
+        child.warning("after the block: not filtered")
+    finally:
+        engine.removeHandler(handler)
+        engine.propagate = True
+    assert seen == [
+        "cast weight 0 from float32 to bfloat16",
+        "cast weight 1 from float32 to bfloat16",
+        "a different warning",
+        *["errors always pass"] * 3,
+        "after the block: not filtered",
+    ]
+    notes = [r for r in caplog.records if r.name == "genlm"]
+    assert [r.getMessage() for r in notes] == [
+        "fake_engine: 48 more similar warnings suppressed, like: cast weight 2 from float32 to bfloat16"
+    ]
+    assert notes[0].levelno == logging.WARNING  # summarised warnings stay visible without logging set up
+
+
+def test_vllm_start_says_what_it_does_and_how_to_start_faster_on_cpu(caplog):
+    pytest.importorskip("torch")
+    from genlm_vllm.backend import _announce_start
+
+    with caplog.at_level(logging.INFO, logger="genlm"):
+        _announce_start({}, "cpu")
+    texts = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "genlm"]
+    assert texts[0][1].startswith("vllm: starting the engine on cpu (reading the weights, compiling")
+    assert texts[1][0] == logging.WARNING and "--opt enforce_eager=true" in texts[1][1]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="genlm"):
+        _announce_start({"enforce_eager": True}, "cpu")
+        _announce_start({}, "cuda")  # no CPU advice on a GPU
+    texts = [r.getMessage() for r in caplog.records if r.name == "genlm"]
+    assert len(texts) == 2 and all("compile" not in t or "torch.compile" in t for t in texts)
+    assert "compiling" not in texts[0] and not any("enforce_eager=True" in t for t in texts)

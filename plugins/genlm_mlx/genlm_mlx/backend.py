@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from genlm_core.backend import BaseLogprobBackend
 from genlm_core.config import ConfigError
 from genlm_core.prefix_cache import PrefixCache
+from genlm_core.progress import note
 from genlm_mlx.config import MLXConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,6 +94,7 @@ class MLXBackend(BaseLogprobBackend):
             from genlm_core.embedded import smollm2_path
 
             model_path = str(smollm2_path())
+        note(f"mlx: loading {model_path} with mlx-lm")
         try:
             model, tokenizer, model_config = load(model_path, return_config=True)
         except (OSError, ValueError) as exc:
