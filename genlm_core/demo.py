@@ -113,9 +113,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from genlm_core.progress import show_notes
+
     ap = argparse.ArgumentParser(prog="genlm demo", description=__doc__)
     add_arguments(ap)
-    return run(ap.parse_args(argv))
+    args = ap.parse_args(argv)
+    with show_notes():  # what the model load is doing, on stderr (as `genlm demo` does)
+        return run(args)
 
 
 if __name__ == "__main__":  # pragma: no cover
