@@ -25,6 +25,15 @@ Guarantees:
   ``Exception`` instance in place of one result to fail that request only;
 * a caller cancelled while waiting is dropped from its batch (if no other caller
   shares its key) and never receives a result; its slot is not leaked;
+* every caller owns what it gets: when several callers share a key, the first gets
+  the result and each further one a private copy (``copy_result``, default
+  :func:`genlm_core.memory.private_copy`: tensors cloned, arrays copied), so a
+  caller that edits its result in place changes nobody else's;
+* :meth:`~AutoBatcher.close` and :meth:`~AutoBatcher.reset` fail every *queued*
+  caller with :class:`BatcherClosed`; a batch already handed to ``batch_fn``
+  completes and its callers get its results. No caller ever gets
+  ``CancelledError`` unless it was itself cancelled (a worker stopped some other
+  way, e.g. its event loop shutting down, fails its callers with ``BatcherClosed``);
 * at most ``max_concurrency`` model calls run at a time (default 1), shared with the
   synchronous path through :attr:`model_lock`.
 """
@@ -41,6 +50,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+from genlm_core.memory import private_copy
+
 Req = TypeVar("Req")
 Res = TypeVar("Res")
 
@@ -48,7 +59,8 @@ __all__ = ["AutoBatcher", "BatcherClosed", "BatcherStats"]
 
 
 class BatcherClosed(RuntimeError):
-    """Raised to callers still waiting when the batcher is closed or reset."""
+    """Raised to callers still queued when the batcher is closed or reset (and to
+    ``submit`` after ``close``)."""
 
 
 @dataclass
@@ -112,6 +124,8 @@ class _LoopState:
         self.wake = asyncio.Event()
         self.worker: asyncio.Task | None = None
         self.last_arrival = 0.0
+        self.running = False  # a batch is with batch_fn now
+        self.stopped = False  # reset/close: the worker finishes its running batch, then exits
 
 
 _unique = itertools.count()
@@ -130,6 +144,9 @@ class AutoBatcher(Generic[Req, Res]):
         max_concurrency: model calls that may run at once (1 unless the engine is
             safe for more).
         name: used in error messages and thread names.
+        copy_result: makes the copy each further caller of a shared key gets (default
+            :func:`~genlm_core.memory.private_copy`); ``None`` shares one result object
+            (for immutable results).
     """
 
     def __init__(
@@ -142,6 +159,7 @@ class AutoBatcher(Generic[Req, Res]):
         run_in_thread: bool = True,
         max_concurrency: int = 1,
         name: str = "batcher",
+        copy_result: Callable[[Res], Res] | None = private_copy,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -155,6 +173,7 @@ class AutoBatcher(Generic[Req, Res]):
         self.policy = policy
         self.run_in_thread = run_in_thread
         self.name = name
+        self.copy_result = copy_result
         self.stats = BatcherStats()
         self.model_lock = threading.Semaphore(max_concurrency)
         self._max_concurrency = max_concurrency
@@ -212,32 +231,25 @@ class AutoBatcher(Generic[Req, Res]):
         return sum(len(s.pending) for s in list(self._states.values()))
 
     def reset(self) -> None:
-        """Fail every waiting caller with :class:`BatcherClosed` and start afresh.
+        """Fail every queued caller with :class:`BatcherClosed` and start afresh.
 
-        Never needed to recover from a failed batch (failures reach their callers);
-        kept for the seeds' ``reset_async_queries`` callers.
+        A batch already handed to ``batch_fn`` completes and its callers get its
+        results. Never needed to recover from a failed batch (failures reach their
+        callers); kept for the seeds' ``reset_async_queries`` callers. Callable from
+        any thread.
         """
-        for state in list(self._states.values()):
-            self._fail_pending(state, BatcherClosed(f"{self.name}: the batcher was reset"))
-            if state.worker is not None and not state.worker.done():
-                if state.loop.is_closed():
-                    continue
-                try:
-                    running = asyncio.get_running_loop()
-                except RuntimeError:
-                    running = None
-                if running is state.loop:
-                    state.worker.cancel()
-                else:
-                    state.loop.call_soon_threadsafe(state.worker.cancel)
-        self._states = weakref.WeakKeyDictionary()
+        self._stop_all(f"{self.name}: the batcher was reset while this request was queued")
 
     def close(self) -> None:
-        """Fail waiting callers, stop the workers and the worker thread."""
+        """Fail queued callers, let a running batch finish, stop the workers and the thread.
+
+        Blocks until a batch running in the worker thread returns. Later ``submit``
+        calls raise :class:`BatcherClosed`.
+        """
         if self._closed:
             return
-        self.reset()
         self._closed = True
+        self._stop_all(f"{self.name}: the batcher was closed while this request was queued")
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
@@ -255,8 +267,46 @@ class AutoBatcher(Generic[Req, Res]):
             self._states[loop] = state
         return state
 
-    def _fail_pending(self, state: _LoopState, exc: BaseException) -> None:
+    def _stop_all(self, message: str) -> None:
+        states, self._states = list(self._states.values()), weakref.WeakKeyDictionary()
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for state in states:
+            if state.loop.is_closed():
+                continue  # its futures can never be awaited again
+            if running is state.loop:
+                self._stop(state, message)
+            else:  # futures belong to their loop's thread
+                try:
+                    state.loop.call_soon_threadsafe(self._stop, state, message)
+                except RuntimeError:  # the loop closed meanwhile
+                    pass
+
+    def _stop(self, state: _LoopState, message: str) -> None:
+        """On ``state.loop``: fail the queue; the worker exits (after its running batch)."""
+        state.stopped = True
+        self._fail_pending(state, message)
+        worker = state.worker
+        if worker is not None and not worker.done():
+            if state.running:
+                state.wake.set()  # it checks ``stopped`` once its batch is delivered
+            else:
+                worker.cancel()
+
+    @staticmethod
+    def _fail_entries(entries: Sequence[_Entry], message: str) -> None:
+        for entry in entries:
+            for fut in entry.futures:
+                if not fut.done() and not fut.get_loop().is_closed():
+                    fut.set_exception(BatcherClosed(message))
+
+    def _fail_pending(self, state: _LoopState, exc: BaseException | str) -> None:
         pending, state.pending = state.pending, {}
+        if isinstance(exc, str):
+            self._fail_entries(list(pending.values()), exc)
+            return
         for entry in pending.values():
             for fut in entry.futures:
                 if not fut.done() and not fut.get_loop().is_closed():
@@ -280,7 +330,7 @@ class AutoBatcher(Generic[Req, Res]):
     async def _worker(self, state: _LoopState) -> None:
         loop = state.loop
         try:
-            while True:
+            while not state.stopped:
                 if not state.pending:
                     state.wake.clear()
                     await state.wake.wait()
@@ -298,14 +348,18 @@ class AutoBatcher(Generic[Req, Res]):
                             continue
                 batch = self._take_batch(state)
                 if batch:
-                    await self._run_batch(loop, batch)
+                    await self._run_batch(state, batch)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug here must not leave callers hanging
             self._fail_pending(state, exc)
             raise
+        finally:  # stopped, cancelled with its loop, or failed: nobody may wait forever
+            if state.pending:
+                self._fail_pending(state, f"{self.name}: the batcher's worker stopped")
 
-    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Entry]) -> None:
+    async def _run_batch(self, state: _LoopState, batch: list[_Entry]) -> None:
+        loop = state.loop
         requests = [e.request for e in batch]
         start = loop.time()
         self.stats.batches += 1
@@ -315,6 +369,7 @@ class AutoBatcher(Generic[Req, Res]):
             self.stats.batch_sizes.append(len(batch))
         self.stats.queue_wait += sum(start - e.arrival for e in batch)
         t0 = time.perf_counter()
+        state.running = True
         try:
             if self.run_in_thread:
                 results = await loop.run_in_executor(self._get_executor(), self._locked_call, requests)
@@ -324,6 +379,11 @@ class AutoBatcher(Generic[Req, Res]):
                 raise RuntimeError(
                     f"{self.name}: batch function returned {len(results)} results for {len(batch)} requests"
                 )
+        except asyncio.CancelledError:
+            # the worker itself was cancelled (its loop is shutting down): its callers were not
+            self.stats.failed_batches += 1
+            self._fail_entries(batch, f"{self.name}: the batcher's worker was cancelled while this batch ran")
+            raise
         except BaseException as exc:  # noqa: BLE001 - delivered to every caller
             self.stats.failed_batches += 1
             self.stats.model_time += time.perf_counter() - t0
@@ -331,24 +391,36 @@ class AutoBatcher(Generic[Req, Res]):
                 for fut in entry.futures:
                     if not fut.done():
                         fut.set_exception(exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
             return
+        finally:
+            state.running = False
         self.stats.model_time += time.perf_counter() - t0
         for entry, result in zip(batch, results):
-            is_error = isinstance(result, BaseException)
+            self._deliver(entry, result)
+
+    def _deliver(self, entry: _Entry, result: Any) -> None:
+        if isinstance(result, BaseException):
             for fut in entry.futures:
                 if not fut.done():
-                    if is_error:
-                        fut.set_exception(result)
-                    else:
-                        fut.set_result(result)
+                    fut.set_exception(result)
+            return
+        first = True
+        for fut in entry.futures:
+            if fut.done():  # cancelled meanwhile
+                continue
+            if first or self.copy_result is None:
+                fut.set_result(result)
+                first = False
+            else:
+                fut.set_result(self.copy_result(result))
 
     def _locked_call(self, requests: list[Req]) -> list[Res | BaseException]:
         with self.model_lock:
             return list(self.batch_fn(requests))
 
     def _get_executor(self) -> ThreadPoolExecutor:
+        if self._closed:
+            raise BatcherClosed(f"{self.name}: the batcher was closed before this batch could start")
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
                 max_workers=self._max_concurrency, thread_name_prefix=f"genlm-{self.name}"
