@@ -16,6 +16,16 @@ bursts (all particles submit within microseconds) both form the same batches.
 While a batch is running, new requests queue; when the model call returns, the
 next batch starts at once if it is full or its deadline has passed.
 
+``policy="tick"`` runs a batch as soon as every task that was ready on the event
+loop has submitted: the worker yields to the loop and runs the batch once nothing
+but other gathering batchers is ready to run (particles resumed together, by
+``asyncio.gather`` or by one batch's results, all submit before that), or once a
+loop iteration brought no new request after ``timeout`` (a loop kept busy by work
+that does not submit). A lone sequential caller then waits a loop iteration or two
+instead of ``timeout``. Requests that arrive from other threads (or from tasks
+waiting on a thread) while the loop is idle are not waited for, and may land in
+separate, smaller batches where the deadline would have gathered them.
+
 Guarantees:
 
 * requests with the same ``key`` that wait together are computed once and every
@@ -55,7 +65,7 @@ from genlm_core.memory import private_copy
 Req = TypeVar("Req")
 Res = TypeVar("Res")
 
-__all__ = ["AutoBatcher", "BatcherClosed", "BatcherStats"]
+__all__ = ["AutoBatcher", "BatcherClosed", "BatcherStats", "POLICIES"]
 
 
 class BatcherClosed(RuntimeError):
@@ -124,11 +134,18 @@ class _LoopState:
         self.wake = asyncio.Event()
         self.worker: asyncio.Task | None = None
         self.last_arrival = 0.0
+        self.arrivals = 0  # submits so far (the tick policy watches it move)
         self.running = False  # a batch is with batch_fn now
         self.stopped = False  # reset/close: the worker finishes its running batch, then exits
 
 
 _unique = itertools.count()
+
+#: the batcher's timer policies (see the module docstring)
+POLICIES = ("deadline", "tick", "debounce")
+
+#: tick-policy workers yielding on each loop right now (they do not count as work to wait for)
+_SETTLING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
 
 
 class AutoBatcher(Generic[Req, Res]):
@@ -138,7 +155,8 @@ class AutoBatcher(Generic[Req, Res]):
         batch_fn: ``list[Req] -> Sequence[Res | Exception]``, results in request order.
         batch_size: most distinct requests per call of ``batch_fn``.
         timeout: seconds a request may wait for others (see the module docstring).
-        policy: ``"deadline"`` (default) or ``"debounce"``.
+        policy: ``"deadline"`` (default), ``"tick"`` or ``"debounce"`` (see the module
+            docstring).
         run_in_thread: run ``batch_fn`` in a worker thread (default). ``False`` runs it
             on the event loop, for batch functions that cost next to nothing.
         max_concurrency: model calls that may run at once (1 unless the engine is
@@ -155,7 +173,7 @@ class AutoBatcher(Generic[Req, Res]):
         *,
         batch_size: int = 64,
         timeout: float = 0.002,
-        policy: Literal["deadline", "debounce"] = "deadline",
+        policy: Literal["deadline", "tick", "debounce"] = "deadline",
         run_in_thread: bool = True,
         max_concurrency: int = 1,
         name: str = "batcher",
@@ -165,8 +183,8 @@ class AutoBatcher(Generic[Req, Res]):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if timeout < 0:
             raise ValueError(f"timeout must be >= 0, got {timeout}")
-        if policy not in ("deadline", "debounce"):
-            raise ValueError(f"policy must be 'deadline' or 'debounce', got {policy!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(map(repr, POLICIES))}, got {policy!r}")
         self.batch_fn = batch_fn
         self.batch_size = batch_size
         self.timeout = timeout
@@ -206,6 +224,7 @@ class AutoBatcher(Generic[Req, Res]):
         fut = loop.create_future()
         entry.futures.append(fut)
         state.last_arrival = now
+        state.arrivals += 1
         self.stats.submitted += 1
         if len(state.pending) == 1 or len(state.pending) >= self.batch_size:
             state.wake.set()
@@ -318,6 +337,34 @@ class AutoBatcher(Generic[Req, Res]):
         first = next(iter(state.pending.values()))
         return first.arrival + self.timeout
 
+    async def _settle(self, state: _LoopState) -> None:
+        """Tick policy: yield to the loop until the batch is full, or nothing but other
+        settling batchers is ready to run (every task that could submit now has), or a
+        loop iteration brought no new request once ``timeout`` has passed since we
+        started. Every iteration that does not end it adds a request, so it ends within
+        ``batch_size`` iterations. On loops without CPython's ready queue: as soon as
+        an iteration brings no new request."""
+        loop = state.loop
+        start = loop.time()
+        ready = getattr(loop, "_ready", None)  # CPython's queue of ready callbacks
+        if not hasattr(ready, "__len__"):
+            ready = None
+        while len(state.pending) < self.batch_size and not state.stopped:
+            seen = len(state.pending)
+            _SETTLING[loop] = _SETTLING.get(loop, 0) + 1
+            try:
+                await asyncio.sleep(0)  # every callback ready now runs before we resume
+            finally:
+                _SETTLING[loop] -= 1
+            quiet = len(state.pending) == seen
+            if ready is None:
+                if quiet:
+                    return
+            elif len(ready) <= _SETTLING.get(loop, 0):  # only other settling workers are ready
+                return
+            elif quiet and loop.time() - start >= self.timeout:
+                return
+
     def _take_batch(self, state: _LoopState) -> list[_Entry]:
         batch: list[_Entry] = []
         while state.pending and len(batch) < self.batch_size:
@@ -335,7 +382,9 @@ class AutoBatcher(Generic[Req, Res]):
                     state.wake.clear()
                     await state.wake.wait()
                     continue
-                if len(state.pending) < self.batch_size:
+                if len(state.pending) < self.batch_size and self.policy == "tick":
+                    await self._settle(state)
+                elif len(state.pending) < self.batch_size:
                     delay = self._deadline(state) - loop.time()
                     if delay > 0:
                         state.wake.clear()

@@ -47,7 +47,7 @@ ops = st.lists(
     script=ops,
     batch_size=st.integers(1, 6),
     timeout=st.sampled_from([0.0, 0.001, 0.003]),
-    policy=st.sampled_from(["deadline", "debounce"]),
+    policy=st.sampled_from(["deadline", "tick", "debounce"]),
     run_in_thread=st.booleans(),
     work_ms=st.sampled_from([0, 0, 1, 2]),
 )
