@@ -153,6 +153,45 @@ class LogprobBackendConformance:
         everything = list(range(len(backend.byte_vocab)))
         assert await backend.sample(prompt, max_tokens=6, eos_token_ids=everything, seed=1) == []
 
+    def test_empty_batch(self, backend: Any) -> None:
+        import torch
+
+        out = backend.batch_next_token_logprobs_sync([])
+        assert out.shape == (0, len(backend.byte_vocab)) and out.dtype == torch.float32
+
+    @pytest.mark.asyncio
+    async def test_empty_batch_async(self, backend: Any) -> None:
+        import torch
+
+        out = await backend.batch_next_token_logprobs([])
+        assert out.shape == (0, len(backend.byte_vocab)) and out.dtype == torch.float32
+
+    @pytest.mark.asyncio
+    async def test_returned_rows_belong_to_the_caller(self, backend: Any) -> None:
+        """Editing a returned row in place (SMC masks rows) changes no later result,
+        on every path: sync, async, batch, cache hit, callers merged on one context."""
+        ctx = self.contexts(backend, seed=7)[0]
+        other = self.contexts(backend, seed=7)[1]
+        backend.clear_cache()
+        truth = backend.next_token_logprobs_sync(ctx).clone()  # taken before anybody edits
+        backend.clear_cache()
+        rows = [backend.next_token_logprobs_sync(ctx)]  # miss
+        rows.append(backend.next_token_logprobs_sync(ctx))  # hit
+        rows.append(await backend.next_token_logprobs(ctx))  # hit
+        backend.clear_cache()
+        merged = await asyncio.gather(*(backend.next_token_logprobs(ctx) for _ in range(3)))
+        assert len({r.data_ptr() for r in merged}) == 3
+        rows += merged
+        batch = backend.batch_next_token_logprobs_sync([ctx, other, ctx])
+        rows += [batch[0], batch[2]]
+        rows.append((await backend.batch_next_token_logprobs([other, ctx]))[1])
+        for r in rows:
+            assert self._close(r, truth, self.atol)
+            r.fill_(float("nan"))
+        assert self._close(backend.next_token_logprobs_sync(ctx), truth, self.atol)
+        assert self._close(await backend.next_token_logprobs(ctx), truth, self.atol)
+        assert self._close(backend.batch_next_token_logprobs_sync([ctx])[0], truth, self.atol)
+
     def bad_inputs(self, backend: Any) -> list[Any]:
         V = len(backend.byte_vocab)
         bad: list[Any] = [[], [-1], [V], [V + 1000], [1.5], ["a"], "text", [True], None]

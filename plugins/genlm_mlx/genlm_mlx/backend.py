@@ -72,9 +72,7 @@ class MLXBackend(BaseLogprobBackend):
         self.tokens_reused = 0
         if self.config.prefix_cache and self.config.kv_cache_bytes != 0:
             if self.kv_reuse_problem is None:
-                self.prefix_cache = PrefixCache(
-                    kv_budget_bytes=self.config.kv_cache_bytes, logprobs_budget_bytes=0
-                )
+                self.prefix_cache = PrefixCache(kv_budget_bytes=self.config.kv_cache_bytes)
             else:
                 warnings.warn(
                     f"genlm-mlx: model {type(model).__module__}.{type(model).__name__} cannot reuse "
@@ -111,6 +109,9 @@ class MLXBackend(BaseLogprobBackend):
         import mlx.core as mx
 
         return "mps" if mx.default_device().type == mx.gpu else "cpu"
+
+    def _rows_device(self) -> str:
+        return "cpu"  # rows come back from mlx as numpy arrays
 
     def _forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         import torch
