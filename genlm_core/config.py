@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["GenlmConfig", "BackendConfig", "ConfigError", "build_config"]
+__all__ = [
+    "GenlmConfig",
+    "BackendConfig",
+    "ConfigError",
+    "build_config",
+    "reject_unknown_options",
+    "unknown_options_message",
+]
 
 
 class ConfigError(ValueError):
@@ -43,19 +51,31 @@ class GenlmConfig(BaseModel):
         return build_config(cls, component or cls.component or cls.__name__, kwargs)
 
 
+def unknown_options_message(component: str, unknown: Sequence[str], accepted: Sequence[str]) -> str:
+    """``Unknown option 'x' (did you mean 'y'?) for 'component'. Accepted options: ...``"""
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, accepted, n=3, cutoff=0.6)
+        hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+        parts.append(f"{key!r}{hint}")
+    return f"Unknown option {', '.join(parts)} for {component!r}. Accepted options: {', '.join(accepted)}."
+
+
+def reject_unknown_options(component: str, kwargs: Mapping[str, Any], accepted: Sequence[str]) -> None:
+    """Raise :class:`ConfigError` naming every key of ``kwargs`` not in ``accepted``
+    (with close matches): for constructors that take plain keyword options."""
+    unknown = [k for k in kwargs if k not in accepted]
+    if unknown:
+        raise ConfigError(unknown_options_message(component, unknown, accepted))
+
+
 def build_config(cls: type[GenlmConfig], component: str, kwargs: dict[str, Any]) -> GenlmConfig:
     accepted = cls.accepted_keys()
     unknown = [k for k in kwargs if k not in accepted]
     if unknown:
-        parts = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, accepted, n=3, cutoff=0.6)
-            hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
-            parts.append(f"{key!r}{hint}")
         raise ConfigError(
-            f"Unknown option {', '.join(parts)} for {component!r}. "
-            f"Accepted options: {', '.join(accepted)}. "
-            f"See the schema with `genlm backends --schema {component}`."
+            unknown_options_message(component, unknown, accepted)
+            + f" See the schema with `genlm backends --schema {component}`."
         )
     try:
         return cls(**kwargs)
