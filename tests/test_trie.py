@@ -601,6 +601,22 @@ def test_torch_cuda_stays_on_device() -> None:  # pragma: no cover - GPU only
     np.testing.assert_allclose(out.cpu().numpy(), TokenByteTrie(vocab).weight_sum(W[0]))
 
 
+@pytest.mark.cuda
+def test_make_trie_on_cuda_takes_the_common_arguments() -> None:  # pragma: no cover - GPU only
+    vocab, W = _small()
+    t = make_trie(vocab)
+    assert isinstance(t, TorchTokenByteTrie) and t.device.type == "cuda"
+    m = t.weight_sum(W[0], lazy=True)  # the README's call
+    assert m.is_cuda
+    np.testing.assert_allclose(m.cpu().numpy(), TokenByteTrie(vocab).weight_sum(W[0]))
+    assert t.batch_weight_sum(W[:3], lazy=True).shape == (3, t.num_nodes)
+    bad = W[0].copy()
+    bad[2] = np.inf
+    with pytest.raises(NonFiniteWeightsError, match=r"weights\[2\] = inf"):
+        t.weight_sum(torch.from_numpy(bad).cuda())
+    assert t.weight_sum(torch.from_numpy(W[0]).to("cuda", torch.bfloat16)).dtype == torch.float32
+
+
 def test_visualize(monkeypatch: pytest.MonkeyPatch) -> None:
     t = TokenByteTrie([b"cat", b"cats", b"dog", b"dog"], atomic_tokens=[b"cats"])
     graphviz = pytest.importorskip("graphviz")
