@@ -96,7 +96,7 @@ class AsyncTokenByteTrie:
             trie = make_trie(vocab, device=device, **kwargs)
         else:
             klass = load_trie_class(implementation)
-            if implementation != "numpy" and device != "auto":
+            if device != "auto":  # the CPU trie refuses a device it cannot run on
                 kwargs["device"] = device
             trie = klass(vocab, **kwargs)
         return cls(trie, max_batch_size=max_batch_size, timeout=timeout)
