@@ -71,7 +71,8 @@ class Trie(Protocol):
     * ``weight_sum(ws, mode=WITHOUT_EOS, *, out=None, lazy=False)``: ``lazy=True``
       may return masses computed on access (``m[node]``, ``m.take(nodes)``;
       ``np.asarray(m)`` computes every node) or, where the implementation
-      cannot (``computes_lazily = False``), the eager result;
+      cannot, the eager result (an optional class attribute ``computes_lazily``
+      says which; missing means eager);
     * ``weight_max(ws, mode=WITHOUT_EOS, *, out=None)``;
     * the ``batch_`` versions take ``(batch, len(vocab))`` weights.
 
@@ -80,7 +81,6 @@ class Trie(Protocol):
     """
 
     root: int
-    computes_lazily: bool
 
     def weight_sum(self, ws: Any, mode: Any = ..., *, out: Any = None, lazy: bool = False) -> Any: ...
 
