@@ -522,6 +522,9 @@ def test_async_matches_sync() -> None:
             assert stats["sum/with_eos"]["submitted"] == 24
             assert stats["sum/with_eos"]["batches"] < 24  # requests were batched
             assert stats["sum/with_eos"]["max_batch_size"] <= 8
+        # cleanup (the async with's exit) stops the batchers; a later call restarts them
+        np.testing.assert_array_equal(await at.weight_sum(W[0]), trie.weight_sum(W[0]))
+        at.shutdown()  # shutdown is for good
         with pytest.raises(RuntimeError):
             await at.weight_sum(W[0])
 
@@ -551,6 +554,36 @@ def test_async_errors_reach_every_caller() -> None:
         assert isinstance(res[1], ValueError)
         await at.cleanup()
         await good.cleanup()
+
+    asyncio.run(main())
+
+
+def test_async_wraps_any_protocol_trie() -> None:
+    """A Trie of the protocol that is none of the core's classes (no ``structure``,
+    no batch methods) is wrapped too: each request runs its one-row method."""
+    vocab, W = _small()
+    inner = TokenByteTrie(vocab)
+
+    class Plain:
+        root = inner.root
+        decode = list(vocab)
+
+        def weight_sum(self, ws, mode=None):
+            return inner.weight_sum(ws, mode)
+
+        def weight_max(self, ws, mode=None):
+            return inner.weight_max(ws, mode)
+
+    async def main() -> None:
+        at = AsyncTokenByteTrie(Plain())
+        assert not at.supports_lazy
+        got = await asyncio.gather(*[at.weight_sum(w) for w in W[:6]], at.weight_max(np.log(W[0])))
+        for w, g in zip(W[:6], got):
+            np.testing.assert_array_equal(g, inner.weight_sum(w))
+        np.testing.assert_array_equal(got[-1], inner.weight_max(np.log(W[0])))
+        with pytest.raises(ValueError, match="shape"):
+            await at.weight_sum(np.ones(3))
+        await at.cleanup()
 
     asyncio.run(main())
 

@@ -88,12 +88,20 @@ class AsyncTokenByteTrie:
         key = (op, mode)
         b = self._batchers.get(key)
         if b is None or b.closed:
-            fn = self.trie.batch_weight_sum if op.startswith("sum") else self.trie.batch_weight_max
+            name = "weight_sum" if op.startswith("sum") else "weight_max"
+            fn = getattr(self.trie, f"batch_{name}", None)
             extra = {"lazy": True} if op == "sum-lazy" else {}
+            if fn is None:  # a Trie with only the one-row methods: one call per request
+                one = getattr(self.trie, name)
 
-            def batch_fn(requests: list[Any], fn: Any = fn, mode: EOSMode = mode) -> list[Any]:
-                out = fn(list(requests), mode, **extra)
-                return [out[i] for i in range(len(requests))]
+                def batch_fn(requests: list[Any], one: Any = one, mode: EOSMode = mode) -> list[Any]:
+                    return [one(r, mode) for r in requests]
+
+            else:
+
+                def batch_fn(requests: list[Any], fn: Any = fn, mode: EOSMode = mode) -> list[Any]:
+                    out = fn(list(requests), mode, **extra)
+                    return [out[i] for i in range(len(requests))]
 
             b = AutoBatcher(
                 batch_fn,
@@ -105,9 +113,16 @@ class AsyncTokenByteTrie:
             self._batchers[key] = b
         return b
 
+    @functools.cached_property
+    def _num_leaves(self) -> int:
+        structure = getattr(self.trie, "structure", None)
+        if structure is not None and hasattr(structure, "num_leaves"):
+            return int(structure.num_leaves)
+        return len(self.trie.decode)  # any Trie of the protocol with a vocabulary
+
     def _check(self, ws: Any) -> None:
         shape = tuple(getattr(ws, "shape", (len(ws),) if hasattr(ws, "__len__") else ()))
-        n = self.trie.structure.num_leaves
+        n = self._num_leaves
         if shape != (n,):
             raise ValueError(f"weights must have shape ({n},), got {shape}")
 
@@ -132,7 +147,7 @@ class AsyncTokenByteTrie:
         """Whether the wrapped trie has ``batch_weight_sum(..., lazy=True)``."""
         try:
             return "lazy" in inspect.signature(self.trie.batch_weight_sum).parameters
-        except (TypeError, ValueError):  # pragma: no cover
+        except (AttributeError, TypeError, ValueError):
             return False
 
     async def weight_max(
@@ -149,16 +164,22 @@ class AsyncTokenByteTrie:
         return {f"{op}/{m.value}": b.stats.as_dict() for (op, m), b in self._batchers.items()}
 
     # ------------------------------------------------------------------ lifecycle
-    def shutdown(self) -> None:
-        """Close every batcher (waiting callers get ``BatcherClosed``)."""
-        self._closed = True
+    def _close_batchers(self) -> None:
         batchers, self._batchers = list(self._batchers.values()), {}
         for b in batchers:
             b.close()
 
+    def shutdown(self) -> None:
+        """Close every batcher for good (waiting callers get ``BatcherClosed``; later
+        calls raise ``RuntimeError``)."""
+        self._closed = True
+        self._close_batchers()
+
     async def cleanup(self) -> None:
-        """Async spelling of :meth:`shutdown` (genlm-bytes API)."""
-        self.shutdown()
+        """Stop the batchers (waiting callers get ``BatcherClosed``). As in
+        genlm-backend and genlm-bytes, the trie stays usable: a later call starts
+        new batchers."""
+        self._close_batchers()
 
     async def __aenter__(self) -> "AsyncTokenByteTrie":
         return self
