@@ -31,7 +31,36 @@ def _dtype(value: Any) -> str:
     return _DTYPES[name]
 
 
-class AsyncTransformer(HFBackend):
+class _LoraName:
+    """genlm-backend's ``lora_name=`` request argument (genlm-control passes it, None
+    by default). genlm-core selects adapters per backend (``set_lora``), so a named
+    adapter must be the active one."""
+
+    def _lora(self, lora_name: str | None) -> None:
+        if lora_name is not None and getattr(self, "active_lora", None) != lora_name:
+            raise ValueError(
+                f"lora_name={lora_name!r} is not the active adapter ({getattr(self, 'active_lora', None)!r}); "
+                f"genlm-core selects adapters per backend: call llm.set_lora({lora_name!r}) first"
+            )
+
+    async def next_token_logprobs(self, token_ids: Any, lora_name: str | None = None) -> Any:
+        self._lora(lora_name)
+        return await super().next_token_logprobs(token_ids)  # type: ignore[misc]
+
+    def next_token_logprobs_sync(self, token_ids: Any, lora_name: str | None = None) -> Any:
+        self._lora(lora_name)
+        return super().next_token_logprobs_sync(token_ids)  # type: ignore[misc]
+
+    async def batch_next_token_logprobs(self, token_ids_list: Any, lora_name: str | None = None) -> Any:
+        self._lora(lora_name)
+        return await super().batch_next_token_logprobs(token_ids_list)  # type: ignore[misc]
+
+    def batch_next_token_logprobs_sync(self, token_ids_list: Any, lora_name: str | None = None) -> Any:
+        self._lora(lora_name)
+        return super().batch_next_token_logprobs_sync(token_ids_list)  # type: ignore[misc]
+
+
+class AsyncTransformer(_LoraName, HFBackend):
     """genlm-hf's backend: ``AsyncTransformer(hf_model, hf_tokenizer, batch_size=, timeout=)``.
     ``None`` keeps genlm-core's defaults (see docs/migration.md)."""
 
@@ -66,7 +95,7 @@ class AsyncTransformer(HFBackend):
         return cls(model, tokenizer, config=config)
 
 
-class MockAsyncLM(MockBackend):
+class MockAsyncLM(_LoraName, MockBackend):
     """genlm-core's mock backend over a tokenizer's vocabulary (fixed pseudo-random
     distributions per context)."""
 
@@ -98,7 +127,7 @@ def _engine(name: str, module: str, attr: str, dist: str) -> type:
     def from_name(cls: type, model_name: str, **kwargs: Any) -> Any:  # None: the option's default
         return base.from_name.__func__(cls, model_name, **{k: v for k, v in kwargs.items() if v is not None})
 
-    return type(name, (base,), {"__module__": __name__, "from_name": classmethod(from_name)})
+    return type(name, (_LoraName, base), {"__module__": __name__, "from_name": classmethod(from_name)})
 
 
 #: vLLM (``from_name(model_name, engine_opts=None, **kwargs)``: genlm-vllm options)
