@@ -83,6 +83,7 @@ def test_prompted_llm_logprobs_equal_the_core() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_awrs_regex_smollm2() -> None:
     """genlm-control's README program: PromptedLLM + BoolFSA.from_regex through AWRS/SMC."""
     from genlm.control import AWRS, BoolFSA, PromptedLLM

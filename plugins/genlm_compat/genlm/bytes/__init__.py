@@ -9,12 +9,12 @@ from genlm.backend._guard import warn_if_real
 from genlm_core.bytes import (
     EOS,
     EOT,
-    ByteBeamState,
     LazyTrieState,
     StatefulTokenizedLM,
     TrieMode,
 )
 from genlm_core.bytes import BeamParams as _CoreBeamParams
+from genlm_core.bytes import ByteBeamState as _CoreByteBeamState
 from genlm_core.trie.async_trie import AsyncTokenByteTrie as AsyncTokenByteTrie
 from genlm_core.trie.cpu import TokenByteTrie
 
@@ -60,3 +60,16 @@ class BeamParams(_CoreBeamParams):
     @property
     def eos_byte_strings(self) -> tuple[bytes, ...]:
         return self.eos_tokens or ()
+
+
+class ByteBeamState(_CoreByteBeamState):
+    """genlm-core's byte beam; ``initial(llm, params, trie_opts=None)`` as in genlm-bytes."""
+
+    @classmethod
+    async def initial(cls, llm: Any, params: Any, trie_opts: dict | None = None) -> Any:  # type: ignore[override]
+        if trie_opts:
+            raise ValueError(
+                f"trie_opts={trie_opts!r}: genlm-core picks the trie by name, "
+                "use BeamParams(..., trie='numpy' or 'torch') instead"
+            )
+        return await super().initial(llm, params)

@@ -18,11 +18,15 @@ from genlm_core.trie.torch_impl import TorchTokenByteTrie
 __all__ = ["AsyncTokenCharacterTrie", "ParallelTokenCharacterTrie", "TokenCharacterTrie"]
 
 
-class TokenCharacterTrie(TokenByteTrie):
-    """genlm-core's CPU trie (``mass_sum`` is genlm-backend's older name of ``weight_sum``)."""
+def _mass_sum(self: Any, p_llm: Any) -> np.ndarray:
+    """genlm-backend's older name of ``weight_sum``."""
+    return self.weight_sum(np.asarray(p_llm, dtype=np.float64))
 
-    def mass_sum(self, p_llm: Any) -> np.ndarray:
-        return self.weight_sum(np.asarray(p_llm, dtype=np.float64))
+
+class TokenCharacterTrie(TokenByteTrie):
+    """genlm-core's CPU trie."""
+
+    mass_sum = _mass_sum
 
 
 class ParallelTokenCharacterTrie(TorchTokenByteTrie):
@@ -45,7 +49,7 @@ class ParallelTokenCharacterTrie(TorchTokenByteTrie):
     def weight_max(self, ws: Any, mode: Any = None) -> np.ndarray:
         return self.batch_weight_max([ws], mode)[0]
 
-    mass_sum = weight_sum
+    mass_sum = _mass_sum
 
 
 class AsyncTokenCharacterTrie(AsyncTokenByteTrie):
