@@ -20,7 +20,9 @@ import pytest
 from model_paths import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
-ANCHOR = Path(os.environ.get("GENLM_ANCHOR_PYTHON", ROOT / "benchmarks" / ".anchor-venv-control" / "bin" / "python"))
+ANCHOR = Path(
+    os.environ.get("GENLM_ANCHOR_PYTHON", ROOT / "benchmarks" / ".anchor-venv-control" / "bin" / "python")
+)
 # the bound: same model, float32, different batching/kernels (a few float32
 # ulps of logits of size ~10, summed over a prefix of a dozen bytes)
 ATOL = 1e-4
