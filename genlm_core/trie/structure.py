@@ -148,23 +148,25 @@ def _raw_bytes(decode: Iterable[Any]) -> tuple[list[bytes], list[Any], np.ndarra
     items = list(decode)
     raw: list[bytes] = []
     entries: list[Any] = []
-    ids = np.arange(len(items), dtype=np.int64)
+    idl: list[int] = []
     symbols: dict[Any, int] = {}
     for i, t in enumerate(items):
         if isinstance(t, Token):
-            ids[i] = t.token_id
+            idl.append(t.token_id)
             raw.append(bytes(t))
             entries.append(t)
-        elif isinstance(t, (bytes, bytearray, memoryview)):
+            continue
+        entries.append(None)
+        idl.append(i)
+        if isinstance(t, (bytes, bytearray, memoryview)):
             raw.append(bytes(t))
-            entries.append(None)
         elif _is_symbol(t):
             if t in symbols:
                 raise ValueError(f"vocabulary entry {i} ({t!r}) repeats entry {symbols[t]}")
             symbols[t] = i
-            ids[i] = -1  # a symbol has no token id
+            idl[i] = -1  # a symbol has no token id
             raw.append(b"")
-            entries.append(t)
+            entries[i] = t
         else:
             try:
                 b = bytes(list(t))
@@ -174,7 +176,7 @@ def _raw_bytes(decode: Iterable[Any]) -> tuple[list[bytes], list[Any], np.ndarra
                     "sequence of byte values 0..255, or a symbol that iterates to itself"
                 ) from None
             raw.append(b)
-            entries.append(None)
+    ids = np.array(idl, dtype=np.int64)
     real = ids[ids >= 0]
     if len(np.unique(real)) != len(real):
         u, c = np.unique(real, return_counts=True)
@@ -474,7 +476,7 @@ class TrieStructure:
 
         is_atomic = np.zeros(n, dtype=bool)
         is_atomic[self.atomic_ids] = True
-        plain_ids = [i for i in range(n) if not is_atomic[i]]
+        plain_ids = np.flatnonzero(~is_atomic).tolist()
         plain_ids.sort(key=raw.__getitem__)  # stable: ties keep position order
         sym_pos = set(symbols.values())
 
