@@ -5,7 +5,10 @@
    fill to B. Target: < 20 us per request at batch 64 on one core.
 2. Timer policy on a bursty SMC-like workload: particles do CPU work of random
    length, then ask for a distribution; the model costs a fixed overhead plus a
-   cost per row. First-request deadline vs debounce, wall time and batch sizes.
+   cost per row. First-request deadline vs tick vs debounce, wall time and batch
+   sizes.
+3. Timer policy for a sequential caller (one request at a time, as a client that
+   awaits each call in turn): time per call, deadline vs tick.
 """
 
 from __future__ import annotations
@@ -80,6 +83,21 @@ async def smc_policy(policy: str, timeout: float, particles: int, steps: int, se
     }
 
 
+async def sequential(policy: str, timeout: float, calls: int) -> dict:
+    def model(reqs):
+        time.sleep(0.0001)  # a cheap model call, so the timer policy dominates
+        return reqs
+
+    b = AutoBatcher(model, batch_size=64, timeout=timeout, policy=policy)
+    await b.submit(-1)  # warm-up (starts the worker thread)
+    t0 = time.perf_counter()
+    for i in range(calls):
+        await b.submit(i)
+    dt = time.perf_counter() - t0
+    b.close()
+    return {"policy": policy, "timeout_ms": timeout * 1e3, "calls": calls, "us_per_call": dt / calls * 1e6}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -90,11 +108,16 @@ def main(argv: list[str] | None = None) -> None:
         for bs in (1, 4, 16, 64, 256):
             rows.append(asyncio.run(overhead(bs, total if bs > 1 else total // 8, in_thread)))
     pol = []
-    for policy in ("deadline", "debounce"):
+    for policy in ("deadline", "tick", "debounce"):
         for timeout in (0.001, 0.005):
             pol.append(asyncio.run(smc_policy(policy, timeout, 32, 10 if args.quick else 30, 0)))
+    seq = []
+    for policy in ("deadline", "tick"):
+        for timeout in (0.001, 0.002):
+            seq.append(asyncio.run(sequential(policy, timeout, 200 if args.quick else 2000)))
     write_results("batcher_overhead", rows)
     write_results("batcher_policy", pol)
+    write_results("batcher_sequential", seq)
 
 
 if __name__ == "__main__":

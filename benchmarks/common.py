@@ -6,6 +6,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -74,3 +76,21 @@ def write_results(
     (OUT_DIR / f"{name}.md").write_text(f"## {name}\n\n{table}\n")
     print(f"\n## {name}\n\n{table}\n\n(JSON: {path})")
     return path
+
+
+def ensure_venv(venv: Path, torch_pin: str, pins: list[str], check: str) -> Path:
+    """A venv at ``venv`` holding ``pins`` (CPU ``torch_pin`` installed first and kept),
+    created unless ``python -c check`` already succeeds there. Returns its python."""
+    py = venv / "bin" / "python"
+    probe = [str(py), "-c", check]
+    if py.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return py
+    print(f"[bench] creating {venv} ({', '.join(pins)})", flush=True)
+    subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
+    pip = [str(py), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, torch_pin], check=True)  # the CPU wheel, before anything pulls CUDA
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(torch_pin + "\n")  # keep that torch: no CUDA build sneaks in
+    subprocess.run([*pip, "-c", f.name, *pins], check=True)
+    subprocess.run(probe, check=True)
+    return py

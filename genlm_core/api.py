@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from genlm_core.config import BackendConfig, ConfigError
@@ -39,13 +40,15 @@ def backend_config(name: str, **options: Any) -> BackendConfig:
     return cfg_cls.build(reg.name, **options)
 
 
-def load(name: str | None = "auto", /, model: str | None = None, **options: Any) -> Any:
+def load(name: str | None = "auto", /, model: str | os.PathLike[str] | None = None, **options: Any) -> Any:
     """Create a LogprobBackend.
 
     ``load("hf", model="gpt2")`` picks a backend by name or alias; ``load(model=...)``
     (or ``"auto"``) picks the best available one for this machine: vLLM on CUDA, MLX
     on Apple silicon, transformers otherwise (plugins may declare priorities).
-    Options are validated by the backend's pydantic config.
+    ``model`` may be a ``pathlib.Path``. Options are validated by the backend's
+    pydantic config, and a local model folder is checked (it exists and holds what the
+    backend needs) before any engine is imported.
     """
     reg = resolve(name)
     status, reason = reg.status()
@@ -55,6 +58,8 @@ def load(name: str | None = "auto", /, model: str | None = None, **options: Any)
     if model is not None:
         options["model"] = model
     config = cfg_cls.build(reg.name, **options)
+    if isinstance(config, BackendConfig):
+        config.check_model()
     cls = reg.load_target()
     if not hasattr(cls, "from_config"):
         raise ConfigError(f"{reg.target} has no from_config(config) constructor")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from genlm_core.batching import AutoBatcher
 from genlm_core.caches import OutputCache
 from genlm_core.config import BackendConfig
+from genlm_core.memory import compact
 from genlm_core.validation import validate_context
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -141,20 +142,49 @@ class BaseLogprobBackend:
 
     def _batch_fn(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor"]:
         rows = self._finalize(self._forward(contexts))
-        results = list(rows.unbind(0))
+        # each caller gets a compact row of its own (a view would keep the whole batch
+        # alive); the output cache keeps its own private copy
+        results = [compact(r) for r in rows.unbind(0)]
         if self.output_cache is not None:
             for ctx, row in zip(contexts, results):
                 self.output_cache.put(ctx, row)
         return results
 
-    # ------------------------------------------------------------------ public surface
-    async def next_token_logprobs(self, token_ids: Sequence[int]) -> "torch.Tensor":
-        """Normalised next-token log-probabilities (float32, length ``len(byte_vocab)``)."""
-        ctx = self.validate(token_ids)
+    def _empty_rows(self) -> "torch.Tensor":
+        """The answer to an empty batch: ``(0, vocab)`` float32 rows."""
+        import torch
+
+        if self._closed:
+            raise RuntimeError(f"{self.backend_name}: the backend is closed")
+        return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self._rows_device())
+
+    def _rows_device(self) -> Any:
+        """Device of the rows this backend returns (engines whose rows live elsewhere override)."""
+        return self.device
+
+    async def _shared_row(self, ctx: tuple[int, ...]) -> "torch.Tensor":
+        """The row of a validated context; may be the cached object: never hand it out."""
         if self.output_cache is not None:
             hit = self.output_cache.get(ctx)
             if hit is not None:
                 return hit
+        return await self.batcher.submit(ctx, key=ctx)
+
+    # ------------------------------------------------------------------ public surface
+    # Contract: every tensor returned below belongs to its caller, who may modify it
+    # in place (SMC code masks rows): a cache hit is cloned, a computed row is the
+    # caller's own (the batcher copies it for every further caller of the same key),
+    # a batch is a fresh stack.
+    async def next_token_logprobs(self, token_ids: Sequence[int]) -> "torch.Tensor":
+        """Normalised next-token log-probabilities (float32, length ``len(byte_vocab)``).
+
+        The tensor is the caller's own: modifying it changes no later result.
+        """
+        ctx = self.validate(token_ids)
+        if self.output_cache is not None:
+            hit = self.output_cache.get(ctx)
+            if hit is not None:
+                return hit.clone()
         return await self.batcher.submit(ctx, key=ctx)
 
     def next_token_logprobs_sync(self, token_ids: Sequence[int]) -> "torch.Tensor":
@@ -162,20 +192,27 @@ class BaseLogprobBackend:
         if self.output_cache is not None:
             hit = self.output_cache.get(ctx)
             if hit is not None:
-                return hit
+                return hit.clone()
         return self.batcher.run_sync([ctx])[0]
 
     async def batch_next_token_logprobs(self, token_ids_list: Sequence[Sequence[int]]) -> "torch.Tensor":
+        """One row per context, stacked (an empty list gives a ``(0, vocab)`` tensor)."""
         import torch
 
         contexts = [self.validate(t) for t in token_ids_list]  # fail before any work
-        rows = await asyncio.gather(*(self.next_token_logprobs(c) for c in contexts))
-        return torch.stack(rows)
+        if not contexts:
+            return self._empty_rows()
+        unique = list(dict.fromkeys(contexts))
+        rows = dict(zip(unique, await asyncio.gather(*(self._shared_row(c) for c in unique))))
+        return torch.stack([rows[c] for c in contexts])
 
     def batch_next_token_logprobs_sync(self, token_ids_list: Sequence[Sequence[int]]) -> "torch.Tensor":
+        """One row per context, stacked (an empty list gives a ``(0, vocab)`` tensor)."""
         import torch
 
         contexts = [self.validate(t) for t in token_ids_list]
+        if not contexts:
+            return self._empty_rows()
         results: dict[tuple[int, ...], Any] = {}
         todo: dict[tuple[int, ...], None] = {}
         for ctx in contexts:
@@ -226,7 +263,7 @@ class BaseLogprobBackend:
         for _ in range(max_tokens):
             if self.max_context_length is not None and len(ctx) >= self.max_context_length:
                 break
-            logprobs = await self.next_token_logprobs(ctx)
+            logprobs = await self._shared_row(self.validate(ctx))  # read only
             tok = _draw(logprobs, temperature, gen)
             if tok in eos:
                 break

@@ -16,6 +16,16 @@ bursts (all particles submit within microseconds) both form the same batches.
 While a batch is running, new requests queue; when the model call returns, the
 next batch starts at once if it is full or its deadline has passed.
 
+``policy="tick"`` runs a batch as soon as every task that was ready on the event
+loop has submitted: the worker yields to the loop and runs the batch once nothing
+but other gathering batchers is ready to run (particles resumed together, by
+``asyncio.gather`` or by one batch's results, all submit before that), or once a
+loop iteration brought no new request after ``timeout`` (a loop kept busy by work
+that does not submit). A lone sequential caller then waits a loop iteration or two
+instead of ``timeout``. Requests that arrive from other threads (or from tasks
+waiting on a thread) while the loop is idle are not waited for, and may land in
+separate, smaller batches where the deadline would have gathered them.
+
 Guarantees:
 
 * requests with the same ``key`` that wait together are computed once and every
@@ -25,6 +35,15 @@ Guarantees:
   ``Exception`` instance in place of one result to fail that request only;
 * a caller cancelled while waiting is dropped from its batch (if no other caller
   shares its key) and never receives a result; its slot is not leaked;
+* every caller owns what it gets: when several callers share a key, the first gets
+  the result and each further one a private copy (``copy_result``, default
+  :func:`genlm_core.memory.private_copy`: tensors cloned, arrays copied), so a
+  caller that edits its result in place changes nobody else's;
+* :meth:`~AutoBatcher.close` and :meth:`~AutoBatcher.reset` fail every *queued*
+  caller with :class:`BatcherClosed`; a batch already handed to ``batch_fn``
+  completes and its callers get its results. No caller ever gets
+  ``CancelledError`` unless it was itself cancelled (a worker stopped some other
+  way, e.g. its event loop shutting down, fails its callers with ``BatcherClosed``);
 * at most ``max_concurrency`` model calls run at a time (default 1), shared with the
   synchronous path through :attr:`model_lock`.
 """
@@ -41,14 +60,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+from genlm_core.memory import private_copy
+
 Req = TypeVar("Req")
 Res = TypeVar("Res")
 
-__all__ = ["AutoBatcher", "BatcherClosed", "BatcherStats"]
+__all__ = ["AutoBatcher", "BatcherClosed", "BatcherStats", "POLICIES"]
 
 
 class BatcherClosed(RuntimeError):
-    """Raised to callers still waiting when the batcher is closed or reset."""
+    """Raised to callers still queued when the batcher is closed or reset (and to
+    ``submit`` after ``close``)."""
 
 
 @dataclass
@@ -112,9 +134,18 @@ class _LoopState:
         self.wake = asyncio.Event()
         self.worker: asyncio.Task | None = None
         self.last_arrival = 0.0
+        self.arrivals = 0  # submits so far (the tick policy watches it move)
+        self.running = False  # a batch is with batch_fn now
+        self.stopped = False  # reset/close: the worker finishes its running batch, then exits
 
 
 _unique = itertools.count()
+
+#: the batcher's timer policies (see the module docstring)
+POLICIES = ("deadline", "tick", "debounce")
+
+#: tick-policy workers yielding on each loop right now (they do not count as work to wait for)
+_SETTLING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
 
 
 class AutoBatcher(Generic[Req, Res]):
@@ -124,12 +155,16 @@ class AutoBatcher(Generic[Req, Res]):
         batch_fn: ``list[Req] -> Sequence[Res | Exception]``, results in request order.
         batch_size: most distinct requests per call of ``batch_fn``.
         timeout: seconds a request may wait for others (see the module docstring).
-        policy: ``"deadline"`` (default) or ``"debounce"``.
+        policy: ``"deadline"`` (default), ``"tick"`` or ``"debounce"`` (see the module
+            docstring).
         run_in_thread: run ``batch_fn`` in a worker thread (default). ``False`` runs it
             on the event loop, for batch functions that cost next to nothing.
         max_concurrency: model calls that may run at once (1 unless the engine is
             safe for more).
         name: used in error messages and thread names.
+        copy_result: makes the copy each further caller of a shared key gets (default
+            :func:`~genlm_core.memory.private_copy`); ``None`` shares one result object
+            (for immutable results).
     """
 
     def __init__(
@@ -138,23 +173,25 @@ class AutoBatcher(Generic[Req, Res]):
         *,
         batch_size: int = 64,
         timeout: float = 0.002,
-        policy: Literal["deadline", "debounce"] = "deadline",
+        policy: Literal["deadline", "tick", "debounce"] = "deadline",
         run_in_thread: bool = True,
         max_concurrency: int = 1,
         name: str = "batcher",
+        copy_result: Callable[[Res], Res] | None = private_copy,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if timeout < 0:
             raise ValueError(f"timeout must be >= 0, got {timeout}")
-        if policy not in ("deadline", "debounce"):
-            raise ValueError(f"policy must be 'deadline' or 'debounce', got {policy!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(map(repr, POLICIES))}, got {policy!r}")
         self.batch_fn = batch_fn
         self.batch_size = batch_size
         self.timeout = timeout
         self.policy = policy
         self.run_in_thread = run_in_thread
         self.name = name
+        self.copy_result = copy_result
         self.stats = BatcherStats()
         self.model_lock = threading.Semaphore(max_concurrency)
         self._max_concurrency = max_concurrency
@@ -187,6 +224,7 @@ class AutoBatcher(Generic[Req, Res]):
         fut = loop.create_future()
         entry.futures.append(fut)
         state.last_arrival = now
+        state.arrivals += 1
         self.stats.submitted += 1
         if len(state.pending) == 1 or len(state.pending) >= self.batch_size:
             state.wake.set()
@@ -212,32 +250,25 @@ class AutoBatcher(Generic[Req, Res]):
         return sum(len(s.pending) for s in list(self._states.values()))
 
     def reset(self) -> None:
-        """Fail every waiting caller with :class:`BatcherClosed` and start afresh.
+        """Fail every queued caller with :class:`BatcherClosed` and start afresh.
 
-        Never needed to recover from a failed batch (failures reach their callers);
-        kept for the seeds' ``reset_async_queries`` callers.
+        A batch already handed to ``batch_fn`` completes and its callers get its
+        results. Never needed to recover from a failed batch (failures reach their
+        callers); kept for the seeds' ``reset_async_queries`` callers. Callable from
+        any thread.
         """
-        for state in list(self._states.values()):
-            self._fail_pending(state, BatcherClosed(f"{self.name}: the batcher was reset"))
-            if state.worker is not None and not state.worker.done():
-                if state.loop.is_closed():
-                    continue
-                try:
-                    running = asyncio.get_running_loop()
-                except RuntimeError:
-                    running = None
-                if running is state.loop:
-                    state.worker.cancel()
-                else:
-                    state.loop.call_soon_threadsafe(state.worker.cancel)
-        self._states = weakref.WeakKeyDictionary()
+        self._stop_all(f"{self.name}: the batcher was reset while this request was queued")
 
     def close(self) -> None:
-        """Fail waiting callers, stop the workers and the worker thread."""
+        """Fail queued callers, let a running batch finish, stop the workers and the thread.
+
+        Blocks until a batch running in the worker thread returns. Later ``submit``
+        calls raise :class:`BatcherClosed`.
+        """
         if self._closed:
             return
-        self.reset()
         self._closed = True
+        self._stop_all(f"{self.name}: the batcher was closed while this request was queued")
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
@@ -255,8 +286,46 @@ class AutoBatcher(Generic[Req, Res]):
             self._states[loop] = state
         return state
 
-    def _fail_pending(self, state: _LoopState, exc: BaseException) -> None:
+    def _stop_all(self, message: str) -> None:
+        states, self._states = list(self._states.values()), weakref.WeakKeyDictionary()
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for state in states:
+            if state.loop.is_closed():
+                continue  # its futures can never be awaited again
+            if running is state.loop:
+                self._stop(state, message)
+            else:  # futures belong to their loop's thread
+                try:
+                    state.loop.call_soon_threadsafe(self._stop, state, message)
+                except RuntimeError:  # the loop closed meanwhile
+                    pass
+
+    def _stop(self, state: _LoopState, message: str) -> None:
+        """On ``state.loop``: fail the queue; the worker exits (after its running batch)."""
+        state.stopped = True
+        self._fail_pending(state, message)
+        worker = state.worker
+        if worker is not None and not worker.done():
+            if state.running:
+                state.wake.set()  # it checks ``stopped`` once its batch is delivered
+            else:
+                worker.cancel()
+
+    @staticmethod
+    def _fail_entries(entries: Sequence[_Entry], message: str) -> None:
+        for entry in entries:
+            for fut in entry.futures:
+                if not fut.done() and not fut.get_loop().is_closed():
+                    fut.set_exception(BatcherClosed(message))
+
+    def _fail_pending(self, state: _LoopState, exc: BaseException | str) -> None:
         pending, state.pending = state.pending, {}
+        if isinstance(exc, str):
+            self._fail_entries(list(pending.values()), exc)
+            return
         for entry in pending.values():
             for fut in entry.futures:
                 if not fut.done() and not fut.get_loop().is_closed():
@@ -267,6 +336,34 @@ class AutoBatcher(Generic[Req, Res]):
             return state.last_arrival + self.timeout
         first = next(iter(state.pending.values()))
         return first.arrival + self.timeout
+
+    async def _settle(self, state: _LoopState) -> None:
+        """Tick policy: yield to the loop until the batch is full, or nothing but other
+        settling batchers is ready to run (every task that could submit now has), or a
+        loop iteration brought no new request once ``timeout`` has passed since we
+        started. Every iteration that does not end it adds a request, so it ends within
+        ``batch_size`` iterations. On loops without CPython's ready queue: as soon as
+        an iteration brings no new request."""
+        loop = state.loop
+        start = loop.time()
+        ready = getattr(loop, "_ready", None)  # CPython's queue of ready callbacks
+        if not hasattr(ready, "__len__"):
+            ready = None
+        while len(state.pending) < self.batch_size and not state.stopped:
+            seen = len(state.pending)
+            _SETTLING[loop] = _SETTLING.get(loop, 0) + 1
+            try:
+                await asyncio.sleep(0)  # every callback ready now runs before we resume
+            finally:
+                _SETTLING[loop] -= 1
+            quiet = len(state.pending) == seen
+            if ready is None:
+                if quiet:
+                    return
+            elif len(ready) <= _SETTLING.get(loop, 0):  # only other settling workers are ready
+                return
+            elif quiet and loop.time() - start >= self.timeout:
+                return
 
     def _take_batch(self, state: _LoopState) -> list[_Entry]:
         batch: list[_Entry] = []
@@ -280,12 +377,14 @@ class AutoBatcher(Generic[Req, Res]):
     async def _worker(self, state: _LoopState) -> None:
         loop = state.loop
         try:
-            while True:
+            while not state.stopped:
                 if not state.pending:
                     state.wake.clear()
                     await state.wake.wait()
                     continue
-                if len(state.pending) < self.batch_size:
+                if len(state.pending) < self.batch_size and self.policy == "tick":
+                    await self._settle(state)
+                elif len(state.pending) < self.batch_size:
                     delay = self._deadline(state) - loop.time()
                     if delay > 0:
                         state.wake.clear()
@@ -298,14 +397,18 @@ class AutoBatcher(Generic[Req, Res]):
                             continue
                 batch = self._take_batch(state)
                 if batch:
-                    await self._run_batch(loop, batch)
+                    await self._run_batch(state, batch)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug here must not leave callers hanging
             self._fail_pending(state, exc)
             raise
+        finally:  # stopped, cancelled with its loop, or failed: nobody may wait forever
+            if state.pending:
+                self._fail_pending(state, f"{self.name}: the batcher's worker stopped")
 
-    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Entry]) -> None:
+    async def _run_batch(self, state: _LoopState, batch: list[_Entry]) -> None:
+        loop = state.loop
         requests = [e.request for e in batch]
         start = loop.time()
         self.stats.batches += 1
@@ -315,6 +418,7 @@ class AutoBatcher(Generic[Req, Res]):
             self.stats.batch_sizes.append(len(batch))
         self.stats.queue_wait += sum(start - e.arrival for e in batch)
         t0 = time.perf_counter()
+        state.running = True
         try:
             if self.run_in_thread:
                 results = await loop.run_in_executor(self._get_executor(), self._locked_call, requests)
@@ -324,6 +428,11 @@ class AutoBatcher(Generic[Req, Res]):
                 raise RuntimeError(
                     f"{self.name}: batch function returned {len(results)} results for {len(batch)} requests"
                 )
+        except asyncio.CancelledError:
+            # the worker itself was cancelled (its loop is shutting down): its callers were not
+            self.stats.failed_batches += 1
+            self._fail_entries(batch, f"{self.name}: the batcher's worker was cancelled while this batch ran")
+            raise
         except BaseException as exc:  # noqa: BLE001 - delivered to every caller
             self.stats.failed_batches += 1
             self.stats.model_time += time.perf_counter() - t0
@@ -331,24 +440,36 @@ class AutoBatcher(Generic[Req, Res]):
                 for fut in entry.futures:
                     if not fut.done():
                         fut.set_exception(exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
             return
+        finally:
+            state.running = False
         self.stats.model_time += time.perf_counter() - t0
         for entry, result in zip(batch, results):
-            is_error = isinstance(result, BaseException)
+            self._deliver(entry, result)
+
+    def _deliver(self, entry: _Entry, result: Any) -> None:
+        if isinstance(result, BaseException):
             for fut in entry.futures:
                 if not fut.done():
-                    if is_error:
-                        fut.set_exception(result)
-                    else:
-                        fut.set_result(result)
+                    fut.set_exception(result)
+            return
+        first = True
+        for fut in entry.futures:
+            if fut.done():  # cancelled meanwhile
+                continue
+            if first or self.copy_result is None:
+                fut.set_result(result)
+                first = False
+            else:
+                fut.set_result(self.copy_result(result))
 
     def _locked_call(self, requests: list[Req]) -> list[Res | BaseException]:
         with self.model_lock:
             return list(self.batch_fn(requests))
 
     def _get_executor(self) -> ThreadPoolExecutor:
+        if self._closed:
+            raise BatcherClosed(f"{self.name}: the batcher was closed before this batch could start")
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
                 max_workers=self._max_concurrency, thread_name_prefix=f"genlm-{self.name}"

@@ -16,7 +16,7 @@ def genlm_register_caches(register):
     register(
         "prefix",
         "genlm_core.prefix_cache:PrefixCache",
-        description="token trie of logprobs and opaque engine KV per prefix, LRU under a byte budget",
+        description="token trie of opaque engine KV per prefix, LRU under a byte budget",
     )
 
 

@@ -1,4 +1,12 @@
-"""Bounded output cache: LRU over whole contexts, bounded by entries and by bytes."""
+"""Bounded output cache: LRU over whole contexts, bounded by entries and by bytes.
+
+The cache keeps a private, compact copy of every value it is given
+(:func:`genlm_core.memory.private_copy`), so its byte budget is what it really keeps
+alive (a row viewed out of a batch tensor would keep the whole batch) and nothing a
+producer or a caller does to its own tensor reaches the cache. :meth:`OutputCache.get`
+returns the cached object itself: read it, never modify it (the backend hands its
+callers copies).
+"""
 
 from __future__ import annotations
 
@@ -10,32 +18,9 @@ from typing import Any
 from pydantic import Field
 
 from genlm_core.config import GenlmConfig
+from genlm_core.memory import compact, private_copy, sizeof
 
 __all__ = ["OutputCache", "OutputCacheConfig", "sizeof"]
-
-
-def sizeof(value: Any) -> int:
-    """Bytes held by a cached value: tensors and arrays by their buffers.
-
-    Works for torch tensors, numpy arrays, mlx arrays (``nbytes``), and nested
-    tuples/lists/dicts of them, without importing any engine.
-    """
-    if value is None:
-        return 0
-    nbytes = getattr(value, "nbytes", None)
-    if isinstance(nbytes, int):
-        return nbytes
-    numel = getattr(value, "numel", None)
-    elem = getattr(value, "element_size", None)
-    if callable(numel) and callable(elem):
-        return int(numel()) * int(elem())
-    if isinstance(value, (tuple, list)):
-        return sum(sizeof(v) for v in value)
-    if isinstance(value, dict):
-        return sum(sizeof(v) for v in value.values())
-    if isinstance(value, (bytes, bytearray)):
-        return len(value)
-    return 64
 
 
 class OutputCacheConfig(GenlmConfig):
@@ -52,7 +37,9 @@ class OutputCache:
     """LRU cache of next-token results keyed by the whole token tuple.
 
     Bounded by ``max_entries`` and by ``max_bytes`` (the sum of :func:`sizeof` of
-    the stored values); least recently used entries are evicted first. Thread-safe:
+    the stored values: the storage they keep alive); least recently used entries are
+    evicted first. ``put`` stores a private compact copy of tensors and arrays;
+    ``get`` returns the stored object, which callers must not modify. Thread-safe:
     the batcher's worker thread and the event loop may use it at once.
     """
 
@@ -101,10 +88,14 @@ class OutputCache:
         return value
 
     def put(self, key: Hashable, value: Any) -> None:
+        """Cache a private compact copy of ``value`` (the caller keeps its own object)."""
         if self.max_entries == 0 or self.max_bytes == 0:
             return
-        if self.to_cpu and hasattr(value, "to") and hasattr(value, "device"):
-            value = value.to("cpu")
+        device = getattr(value, "device", None)
+        if self.to_cpu and hasattr(value, "to") and getattr(device, "type", device) not in (None, "cpu"):
+            value = compact(value.to("cpu"))  # a new tensor on the CPU
+        else:
+            value = private_copy(value)
         size = sizeof(value)
         if self.max_bytes is not None and size > self.max_bytes:
             return  # larger than the whole budget: never cached

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["main"]
@@ -53,6 +54,28 @@ def _engine_versions() -> dict[str, str | None]:
                 continue
         out[mod] = version or "installed"
     return out
+
+
+def int_option(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type`` for an integer in ``[low, high]``: a bad value is a parse
+    error naming the option (argparse adds it), the value and the accepted range."""
+    accepted = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {accepted}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {accepted}, got {value}")
+        return value
+
+    parse.__name__ = accepted  # argparse names the type in some messages
+    return parse
+
+
+POSITIVE = int_option(1)
+SEED = int_option(0, 2**63 - 1)
 
 
 # ---------------------------------------------------------------------- commands
@@ -173,7 +196,15 @@ def cmd_logprobs(args: argparse.Namespace) -> int:
     try:
         ids = llm.tokenizer.encode(args.prompt, add_special_tokens=False)
         lp = llm.next_token_logprobs_sync(ids)
-        top = torch.topk(lp, args.top_k)
+        k = args.top_k
+        if k > lp.numel():
+            print(
+                f"genlm logprobs: --top-k {k} is more than the vocabulary's {lp.numel()} tokens; "
+                f"showing all {lp.numel()}",
+                file=sys.stderr,
+            )
+            k = lp.numel()
+        top = torch.topk(lp, k)
         rows = []
         for score, tid in zip(top.values.tolist(), top.indices.tolist()):
             tok = llm.byte_vocab[tid]
@@ -282,23 +313,23 @@ def build_parser() -> argparse.ArgumentParser:
     lp = sub.add_parser("logprobs", help="top-k next tokens of a prompt")
     model_args(lp)
     lp.add_argument("prompt")
-    lp.add_argument("--top-k", type=int, default=10)
+    lp.add_argument("--top-k", type=POSITIVE, default=10, help="tokens shown (at most the vocabulary size)")
     lp.add_argument("--json", action="store_true")
     lp.set_defaults(func=cmd_logprobs)
 
     s = sub.add_parser("sample", help="sequential importance sampling with particles")
     model_args(s)
     s.add_argument("prompt")
-    s.add_argument("--particles", type=int, default=10)
-    s.add_argument("--max-tokens", type=int, default=20)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--particles", type=POSITIVE, default=10)
+    s.add_argument("--max-tokens", type=POSITIVE, default=20)
+    s.add_argument("--seed", type=SEED, default=0)
     s.set_defaults(func=cmd_sample)
 
     by = sub.add_parser("bytes", help="byte-level continuation, next-byte distribution, bits per byte")
     model_args(by)
     by.add_argument("prompt")
-    by.add_argument("--n-bytes", type=int, default=40)
-    by.add_argument("--beam", type=int, default=5, help="beam width K")
+    by.add_argument("--n-bytes", type=POSITIVE, default=40)
+    by.add_argument("--beam", type=POSITIVE, default=5, help="beam width K")
     by.add_argument("--bits-per-byte", default=None, metavar="TEXT", help="also score this text")
     by.add_argument("--dist", action="store_true", help="show the next-byte distribution after the prompt")
     by.set_defaults(func=cmd_bytes)
@@ -318,10 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from genlm_core.progress import show_notes
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with show_notes():  # what a long load is doing, on stderr
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("genlm: interrupted", file=sys.stderr)
         return 130

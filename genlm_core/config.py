@@ -1,32 +1,70 @@
 """Pydantic v2 configuration models shared by every protocol implementation.
 
 Every config rejects unknown keys with an error that names the key, the
-implementation and the accepted keys (with close matches), and prints its JSON
-schema through :meth:`GenlmConfig.schema_json`.
+implementation and the accepted keys (with close matches), rejects bad values with
+an error that names the option, the value and what is accepted (never pydantic's
+raw "1 validation error for ..." text), and prints its JSON schema through
+:meth:`GenlmConfig.schema_json`.
 """
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import json
-from typing import Any, ClassVar
+import types
+import typing
+from collections.abc import Iterable
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import annotated_types
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-__all__ = ["GenlmConfig", "BackendConfig", "ConfigError", "build_config"]
+from genlm_core import model_folder
+
+__all__ = ["GenlmConfig", "BackendConfig", "ConfigError", "build_config", "describe_validation_error"]
 
 
 class ConfigError(ValueError):
     """A configuration could not be built: the message says what to change."""
 
 
+#: the component name ``build_config`` reports errors under (a registered name)
+_COMPONENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "genlm_config_component", default=None
+)
+
+
 class GenlmConfig(BaseModel):
-    """Base of every genlm-core config: strict about unknown keys."""
+    """Base of every genlm-core config: strict about unknown keys, clear about bad values.
+
+    Building one (``Config(...)``, :meth:`build`) or assigning a field raises
+    :class:`ConfigError` naming the option, the bad value and what is accepted.
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
     #: Name used in error messages (the registered implementation name).
     component: ClassVar[str] = ""
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(type(self), exc, _COMPONENT.get())) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(type(self), exc)) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(cls, exc, _COMPONENT.get())) from None
 
     @classmethod
     def accepted_keys(cls) -> list[str]:
@@ -43,34 +81,156 @@ class GenlmConfig(BaseModel):
         return build_config(cls, component or cls.component or cls.__name__, kwargs)
 
 
-def build_config(cls: type[GenlmConfig], component: str, kwargs: dict[str, Any]) -> GenlmConfig:
+def _unknown_keys_message(cls: type[GenlmConfig], component: str, unknown: Iterable[str]) -> str:
     accepted = cls.accepted_keys()
-    unknown = [k for k in kwargs if k not in accepted]
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, accepted, n=3, cutoff=0.6)
+        hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+        parts.append(f"{key!r}{hint}")
+    return (
+        f"Unknown option {', '.join(parts)} for {component!r}. "
+        f"Accepted options: {', '.join(accepted)}. "
+        f"See the schema with `genlm backends --schema {component}`."
+    )
+
+
+def build_config(cls: type[GenlmConfig], component: str, kwargs: dict[str, Any]) -> GenlmConfig:
+    unknown = [k for k in kwargs if k not in cls.accepted_keys()]
     if unknown:
-        parts = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, accepted, n=3, cutoff=0.6)
-            hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
-            parts.append(f"{key!r}{hint}")
-        raise ConfigError(
-            f"Unknown option {', '.join(parts)} for {component!r}. "
-            f"Accepted options: {', '.join(accepted)}. "
-            f"See the schema with `genlm backends --schema {component}`."
-        )
+        raise ConfigError(_unknown_keys_message(cls, component, unknown))
+    token = _COMPONENT.set(component)
     try:
-        return cls(**kwargs)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "(config)"
-            lines.append(f"{loc}: {err['msg']}")
-        raise ConfigError(f"Invalid options for {component!r}: " + "; ".join(lines)) from None
+        return cls(**kwargs)  # a bad value: ConfigError from GenlmConfig.__init__
+    finally:
+        _COMPONENT.reset(token)
+
+
+# ---------------------------------------------------------------------- error messages
+_TYPE_WORDS: dict[Any, str] = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    bytes: "a byte string",
+    dict: "a mapping",
+}
+_BOUNDS = ((annotated_types.Gt, "gt", ">"), (annotated_types.Ge, "ge", ">="))
+_BOUNDS += ((annotated_types.Lt, "lt", "<"), (annotated_types.Le, "le", "<="))
+
+
+def _describe_type(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        words = [_describe_type(a) for a in args if a is not type(None)]
+        if type(None) in args:
+            words.append("None")
+        return ", or ".join(words)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (tuple, list) or tp in (tuple, list):
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return "a sequence" + (f" of {_describe_type(args[0]).removeprefix('a ')}s" if len(args) == 1 else "")
+    return _TYPE_WORDS.get(origin or tp, getattr(tp, "__name__", str(tp)))
+
+
+def accepted_values(cls: type[BaseModel], field: str) -> str | None:
+    """What option ``field`` of ``cls`` accepts, in words (``"an integer >= 1, or None"``)."""
+    info = cls.model_fields.get(field)
+    if info is None:
+        return None
+    bounds = [
+        f"{op} {getattr(m, attr)}" for m in info.metadata for kind, attr, op in _BOUNDS if isinstance(m, kind)
+    ]
+    words = _describe_type(info.annotation)
+    if bounds:
+        # the bounds belong to the non-None member: "an integer >= 1, or None"
+        first, _, rest = words.partition(", or ")
+        words = f"{first} {' and '.join(bounds)}" + (f", or {rest}" if rest else "")
+    return words
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _field_of(cls: type[BaseModel], key: str) -> str:
+    """The field a location key names (a field name or one of its validation aliases)."""
+    if key in cls.model_fields:
+        return key
+    for name, info in cls.model_fields.items():
+        alias = info.validation_alias
+        choices = getattr(alias, "choices", [alias])
+        if key in choices:
+            return name
+    return key
+
+
+def describe_validation_error(
+    cls: type[GenlmConfig], exc: ValidationError, component: str | None = None
+) -> str:
+    """One line for a pydantic error: each bad option with its value and what it accepts.
+
+    Fields with several errors (each member of a union failed) are reported once.
+    """
+    component = component or getattr(cls, "component", "") or cls.__name__
+    by_field: dict[str, list[dict[str, Any]]] = {}
+    unknown = []
+    for err in exc.errors():
+        inner = (err.get("ctx") or {}).get("error")
+        if isinstance(inner, ConfigError):  # raised by a nested GenlmConfig.__init__: already clear
+            return str(inner)
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+            unknown.append(str(err["loc"][0]))
+            continue
+        by_field.setdefault(str(err["loc"][0]) if err["loc"] else "", []).append(err)
+    parts = []
+    for key, errs in by_field.items():
+        err = errs[0]
+        field = _field_of(cls, key)
+        accepted = accepted_values(cls, field)
+        # a union's members each fail: their messages only restate the accepted types
+        why = "" if len(errs) > 1 else str(err["msg"]).removeprefix("Value error, ")
+        name = ".".join(str(p) for p in err["loc"][: 1 if len(errs) > 1 else None]) or "(config)"
+        if err["type"] == "missing":
+            text = f"{name} is required"
+        else:
+            text = f"{name}={_short(err.get('input'))}" + (f": {why}" if why else "")
+        if accepted and err["type"] not in ("literal_error", "enum"):  # those list the choices
+            text += f" (accepted: {accepted})"
+        parts.append(text)
+    message = f"Invalid option for {component!r}: " + "; ".join(parts) if parts else ""
+    if unknown:
+        message = " ".join(filter(None, [_unknown_keys_message(cls, component, unknown), message]))
+    return message or str(exc)
 
 
 class BackendConfig(GenlmConfig):
     """Options every LogprobBackend accepts. Plugins subclass this."""
 
-    model: str | None = Field(None, description="hub id or local folder of the model")
+    model: str | None = Field(
+        None,
+        description="hub id or local folder of the model (a str or os.PathLike; a Path is always a local folder)",
+    )
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_argument(cls, value: Any) -> Any:
+        return model_folder.as_model_argument(value)
+
+    def model_needs(self) -> tuple[str, ...]:
+        """What a local ``model`` folder must hold for this backend (keys of
+        :data:`genlm_core.model_folder.REQUIREMENTS`). Plugins override it."""
+        return ("config", "tokenizer")
+
+    def check_model(self) -> None:
+        """Raise :class:`ConfigError` when ``model`` names a local folder that does not
+        exist or lacks what :meth:`model_needs` says (hub ids pass). ``load()`` calls it
+        before importing any engine; plugins call it first in ``from_config``."""
+        model_folder.check_model_folder(self.model, self.model_needs())
+
     batch_size: int = Field(32, ge=1, description="most contexts per forward pass")
     timeout: float = Field(0.002, ge=0, description="seconds a request waits for others to join its batch")
     cache_size: int = Field(4096, ge=0, description="entries of the output cache (0 disables it)")

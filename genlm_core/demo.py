@@ -27,25 +27,27 @@ async def byte_demo(
     k: int = 5,
     bpb_text: str | None = None,
     show_dist: bool = False,
+    progress: bool = True,
 ) -> str:
     """Greedy byte-level continuation of ``prompt`` (beam width ``k``), optionally the
-    next-byte distribution after the prompt and the bits per byte of ``bpb_text``."""
+    next-byte distribution after the prompt and the bits per byte of ``bpb_text``
+    (progress bars on stderr, like :func:`sis_demo`)."""
     from genlm_core.bytes import BeamParams, ByteBeamState
 
     lines = []
     async with await ByteBeamState.initial(llm, BeamParams(K=k, prune_threshold=0.0)) as beam:
         t0 = time.perf_counter()
-        out = await beam.greedy(prompt, n_bytes)
+        out = await beam.greedy(prompt, n_bytes, progress=progress)
         dt = time.perf_counter() - t0
         lines.append(f"Byte-level greedy continuation (K={k}, {n_bytes} bytes max, {dt:.1f} s):")
         lines.append(f"  {out.decode('utf-8', errors='replace')!r}")
         if show_dist:
-            after = await beam.prefill(prompt)
+            after = await beam.prefill(prompt, progress=progress)
             dist = await after.logp_next()
             lines.append(f"Next-byte distribution after {prompt!r}:")
             lines.append("  " + dist.pretty(10).replace("\n", "\n  "))
         if bpb_text:
-            bpb = await beam.bits_per_byte(bpb_text)
+            bpb = await beam.bits_per_byte(bpb_text, progress=progress)
             lines.append(f"Bits per byte of {bpb_text!r}: {bpb:.3f}")
     return "\n".join(lines)
 
@@ -72,14 +74,14 @@ async def _run(llm: Any, args: argparse.Namespace) -> None:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The demo's options (``genlm demo`` and ``python -m genlm_core.demo``)."""
-    from genlm_core.cli import add_model_arguments
+    from genlm_core.cli import POSITIVE, SEED, add_model_arguments
 
     add_model_arguments(ap)
     ap.add_argument("--prompt", default="Montreal is")
-    ap.add_argument("--particles", type=int, default=10)
-    ap.add_argument("--max-tokens", type=int, default=20)
-    ap.add_argument("--n-bytes", type=int, default=30)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--particles", type=POSITIVE, default=10)
+    ap.add_argument("--max-tokens", type=POSITIVE, default=20)
+    ap.add_argument("--n-bytes", type=POSITIVE, default=30)
+    ap.add_argument("--seed", type=SEED, default=0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,9 +113,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from genlm_core.progress import show_notes
+
     ap = argparse.ArgumentParser(prog="genlm demo", description=__doc__)
     add_arguments(ap)
-    return run(ap.parse_args(argv))
+    args = ap.parse_args(argv)
+    with show_notes():  # what the model load is doing, on stderr (as `genlm demo` does)
+        return run(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,14 +1,17 @@
-"""Prefix cache: a token trie holding next-token results and engine KV state per prefix.
+"""Prefix cache: a token trie holding engine KV state per prefix.
 
 Engine-agnostic: the KV payload is opaque; its size comes from a ``sizeof`` callable
-(default :func:`genlm_core.caches.sizeof`). Node ``n`` at depth ``d`` stands for the
-prefix ``tokens[:d]``; its ``kv`` covers exactly those ``d`` tokens and its
-``logprobs`` is the next-token distribution after them.
+(default :func:`genlm_core.memory.sizeof`: the storage a payload keeps alive, so a
+payload that views a larger buffer is charged for the buffer). Node ``n`` at depth
+``d`` stands for the prefix ``tokens[:d]``; its ``kv`` covers exactly those ``d``
+tokens.
 
 KV payloads are evicted least-recently-used first when their total exceeds
-``kv_budget_bytes``; cached logprobs are bounded likewise by
-``logprobs_budget_bytes``. Nodes that hold nothing and have no children are pruned,
-so the trie's size follows what it holds.
+``kv_budget_bytes``. Nodes that hold nothing and have no children are pruned, so
+the trie's size follows what it holds.
+
+Next-token logprobs are not kept here: a backend caches them in its one
+:class:`~genlm_core.caches.OutputCache` (one logprob budget, ``cache_bytes``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from genlm_core.caches import sizeof as default_sizeof
+from genlm_core.memory import sizeof as default_sizeof
 
 __all__ = ["PrefixCache", "PrefixNode"]
 
@@ -26,7 +29,7 @@ __all__ = ["PrefixCache", "PrefixNode"]
 class PrefixNode:
     """One prefix. ``children`` maps the next token id to the child node."""
 
-    __slots__ = ("token", "depth", "parent", "children", "kv", "kv_bytes", "logprobs", "lp_bytes")
+    __slots__ = ("token", "depth", "parent", "children", "kv", "kv_bytes")
 
     def __init__(self, token: int | None, depth: int, parent: "PrefixNode | None") -> None:
         self.token = token
@@ -35,8 +38,6 @@ class PrefixNode:
         self.children: dict[int, PrefixNode] = {}
         self.kv: Any = None
         self.kv_bytes = 0
-        self.logprobs: Any = None
-        self.lp_bytes = 0
 
     def prefix(self) -> tuple[int, ...]:
         out: list[int] = []
@@ -47,13 +48,11 @@ class PrefixNode:
         return tuple(reversed(out))
 
     def __repr__(self) -> str:
-        return (
-            f"PrefixNode(depth={self.depth}, kv={self.kv is not None}, logprobs={self.logprobs is not None})"
-        )
+        return f"PrefixNode(depth={self.depth}, kv={self.kv is not None})"
 
 
 class PrefixCache:
-    """Token trie of cached next-token logprobs and KV states, LRU-bounded by bytes.
+    """Token trie of cached KV states, LRU-bounded by bytes.
 
     Thread-safe. ``kv_budget_bytes=None`` means unbounded (not recommended).
     """
@@ -61,23 +60,18 @@ class PrefixCache:
     def __init__(
         self,
         kv_budget_bytes: int | None = 1 << 30,
-        logprobs_budget_bytes: int | None = 1 << 30,
         sizeof: Callable[[Any], int] = default_sizeof,
     ) -> None:
-        if kv_budget_bytes is not None and kv_budget_bytes < 0:
-            raise ValueError("kv_budget_bytes must be >= 0 or None")
-        if logprobs_budget_bytes is not None and logprobs_budget_bytes < 0:
-            raise ValueError("logprobs_budget_bytes must be >= 0 or None")
+        if kv_budget_bytes is not None and (
+            isinstance(kv_budget_bytes, bool) or not isinstance(kv_budget_bytes, int) or kv_budget_bytes < 0
+        ):
+            raise ValueError(f"kv_budget_bytes must be an int >= 0 or None, got {kv_budget_bytes!r}")
         self.kv_budget_bytes = kv_budget_bytes
-        self.logprobs_budget_bytes = logprobs_budget_bytes
         self.sizeof = sizeof
         self.root = PrefixNode(None, 0, None)
         self._kv_lru: OrderedDict[int, PrefixNode] = OrderedDict()
-        self._lp_lru: OrderedDict[int, PrefixNode] = OrderedDict()
         self.kv_bytes = 0
-        self.lp_bytes = 0
         self.kv_evictions = 0
-        self.lp_evictions = 0
         self.hits = 0
         self.misses = 0
         self._lock = threading.RLock()
@@ -95,18 +89,6 @@ class PrefixCache:
             node = child
         return path
 
-    def get_logprobs(self, tokens: Sequence[int]) -> Any:
-        """Cached next-token result for exactly ``tokens``, or ``None``."""
-        with self._lock:
-            path = self._walk(tokens)
-            if len(path) == len(tokens) + 1 and path[-1].logprobs is not None:
-                node = path[-1]
-                self._lp_lru.move_to_end(id(node))
-                self.hits += 1
-                return node.logprobs
-            self.misses += 1
-            return None
-
     def deepest_kv(self, tokens: Sequence[int], max_depth: int | None = None) -> tuple[int, Any]:
         """The deepest cached KV for a prefix of ``tokens`` (at most ``max_depth`` long).
 
@@ -118,7 +100,9 @@ class PrefixCache:
             for node in reversed(path):
                 if node.kv is not None:
                     self._kv_lru.move_to_end(id(node))
+                    self.hits += 1
                     return node.depth, node.kv
+            self.misses += 1
             return 0, None
 
     # ------------------------------------------------------------------ updates
@@ -133,26 +117,20 @@ class PrefixCache:
             node = child
         return node
 
-    def insert(self, tokens: Sequence[int], *, logprobs: Any = None, kv: Any = None) -> None:
-        """Store the next-token result and/or the KV state of the prefix ``tokens``."""
+    def insert(self, tokens: Sequence[int], *, kv: Any) -> None:
+        """Store the KV state of the prefix ``tokens`` (a payload over the whole budget is not kept)."""
+        if kv is None:
+            return
+        size = self.sizeof(kv)
+        if self.kv_budget_bytes is not None and size > self.kv_budget_bytes:
+            return
         with self._lock:
             node = self._node(tokens)
-            if logprobs is not None:
-                size = self.sizeof(logprobs)
-                if self.logprobs_budget_bytes is None or size <= self.logprobs_budget_bytes:
-                    self.lp_bytes += size - node.lp_bytes
-                    node.logprobs, node.lp_bytes = logprobs, size
-                    self._lp_lru[id(node)] = node
-                    self._lp_lru.move_to_end(id(node))
-            if kv is not None:
-                size = self.sizeof(kv)
-                if self.kv_budget_bytes is None or size <= self.kv_budget_bytes:
-                    self.kv_bytes += size - node.kv_bytes
-                    node.kv, node.kv_bytes = kv, size
-                    self._kv_lru[id(node)] = node
-                    self._kv_lru.move_to_end(id(node))
+            self.kv_bytes += size - node.kv_bytes
+            node.kv, node.kv_bytes = kv, size
+            self._kv_lru[id(node)] = node
+            self._kv_lru.move_to_end(id(node))
             self._evict(protect=node)
-            self._prune(node)
 
     def _evict(self, protect: PrefixNode | None = None) -> None:
         while self.kv_budget_bytes is not None and self.kv_bytes > self.kv_budget_bytes and self._kv_lru:
@@ -162,53 +140,29 @@ class PrefixCache:
             self.kv_evictions += 1
             if node is not protect:
                 self._prune(node)
-        while (
-            self.logprobs_budget_bytes is not None
-            and self.lp_bytes > self.logprobs_budget_bytes
-            and self._lp_lru
-        ):
-            _, node = self._lp_lru.popitem(last=False)
-            self.lp_bytes -= node.lp_bytes
-            node.logprobs, node.lp_bytes = None, 0
-            self.lp_evictions += 1
-            if node is not protect:
-                self._prune(node)
 
     @staticmethod
     def _prune(node: PrefixNode) -> None:
-        while node.parent is not None and not node.children and node.kv is None and node.logprobs is None:
+        while node.parent is not None and not node.children and node.kv is None:
             parent = node.parent
             parent.children.pop(node.token, None)  # type: ignore[arg-type]
             node.parent = None
             node = parent
 
-    def clear_kv(self) -> None:
-        """Drop every KV payload; cached logprobs stay."""
-        with self._lock:
-            for node in list(self._kv_lru.values()):
-                node.kv, node.kv_bytes = None, 0
-                self._prune(node)
-            self._kv_lru.clear()
-            self.kv_bytes = 0
-
     def clear(self) -> None:
-        """Drop everything."""
+        """Drop every KV payload."""
         with self._lock:
             self.root = PrefixNode(None, 0, None)
             self._kv_lru.clear()
-            self._lp_lru.clear()
             self.kv_bytes = 0
-            self.lp_bytes = 0
+
+    clear_kv = clear
 
     # ------------------------------------------------------------------ views
     def kv_prefixes(self) -> list[tuple[int, ...]]:
         """Prefixes holding KV, least recently used first."""
         with self._lock:
             return [n.prefix() for n in self._kv_lru.values()]
-
-    def logprob_prefixes(self) -> list[tuple[int, ...]]:
-        with self._lock:
-            return [n.prefix() for n in self._lp_lru.values()]
 
     def node_count(self) -> int:
         with self._lock:
@@ -223,10 +177,7 @@ class PrefixCache:
         return {
             "kv_entries": len(self._kv_lru),
             "kv_bytes": self.kv_bytes,
-            "logprob_entries": len(self._lp_lru),
-            "logprob_bytes": self.lp_bytes,
             "kv_evictions": self.kv_evictions,
-            "logprob_evictions": self.lp_evictions,
             "hits": self.hits,
             "misses": self.misses,
         }

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from genlm_core.progress import progress_bar
+
 __all__ = ["Particle", "SISResult", "make_masking_function", "run_sis"]
 
 
@@ -103,7 +105,7 @@ async def run_sis(
     stats = llm.batcher.stats
     passes0 = stats.batches
     calls = 0
-    bar = _progress(max_tokens + 1, progress)
+    bar = progress_bar(max_tokens + 1, "SIS steps", "step", show=progress)
     t0 = time.perf_counter()
     while any(p.active for p in particles):
         active = [p for p in particles if p.active]
@@ -116,20 +118,3 @@ async def run_sis(
     lw = torch.tensor([p.log_weight for p in particles], dtype=torch.float64)
     probs = torch.exp(lw - torch.logsumexp(lw, 0)).tolist()
     return SISResult(texts, probs, calls, stats.batches - passes0, wall, particles)
-
-
-class _NoBar:
-    def update(self, n: int) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def _progress(total: int, show: bool) -> Any:
-    if not show:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc="SIS steps", unit="step", leave=False)
-    except ImportError:  # pragma: no cover
-        return _NoBar()

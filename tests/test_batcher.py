@@ -204,7 +204,7 @@ async def test_reset_then_keeps_serving():
     b.close()
 
 
-@pytest.mark.parametrize("policy", ["deadline", "debounce"])
+@pytest.mark.parametrize("policy", ["deadline", "tick", "debounce"])
 async def test_timeout_policies_flush_partial_batches(policy):
     record: list[list[int]] = []
     fn, _ = square_batches(record)
@@ -243,4 +243,101 @@ def test_batcher_usable_from_successive_event_loops():
     b = AutoBatcher(lambda r: [x + 1 for x in r], batch_size=4, timeout=0.001)
     for _ in range(3):
         assert asyncio.run(b.submit(1)) == 2
+    b.close()
+
+
+# ---------------------------------------------------------------- the tick policy
+# A large timeout (0.5 s) makes these tests insensitive to machine speed: the policy
+# either waits for the deadline (a whole 0.5 s per batch) or it does not.
+@pytest.mark.parametrize("in_thread", [False, True])
+async def test_tick_policy_runs_one_batch_for_submitters_of_one_tick(in_thread):
+    record: list[list[int]] = []
+    fn, _ = square_batches(record)
+    b = AutoBatcher(fn, batch_size=64, timeout=0.5, policy="tick", run_in_thread=in_thread)
+    t0 = time.perf_counter()
+    out = await asyncio.wait_for(asyncio.gather(*(b.submit(i) for i in range(20))), 5)
+    assert out == [i * i for i in range(20)]
+    assert record == [list(range(20))]  # one batch, as with the deadline
+    assert time.perf_counter() - t0 < 0.25  # and without waiting for it
+    b.close()
+
+
+async def test_tick_policy_does_not_delay_a_sequential_caller():
+    fn, calls = square_batches()
+    b = AutoBatcher(fn, batch_size=64, timeout=0.5, policy="tick")
+    t0 = time.perf_counter()
+    for i in range(10):
+        assert await asyncio.wait_for(b.submit(i), 5) == i * i
+    # the deadline policy takes 10 x 0.5 s here; the tick policy less than one timeout
+    assert time.perf_counter() - t0 < 0.5
+    assert calls["n"] == 10
+    b.close()
+
+
+async def test_tick_policy_keeps_pipelined_particles_in_full_batches():
+    """Particles that await one batcher, then another (trie, then model), with CPU work
+    on the loop in between, resume together and fill every batch of both batchers."""
+    first: list[list[int]] = []
+    second: list[list[int]] = []
+    fa, _ = square_batches(first)
+    fb, _ = square_batches(second)
+    a = AutoBatcher(fa, batch_size=64, timeout=0.5, policy="tick", run_in_thread=True)
+    b = AutoBatcher(fb, batch_size=64, timeout=0.5, policy="tick", run_in_thread=False)
+
+    async def particle(i: int) -> None:
+        for step in range(5):
+            x = await a.submit(i * 100 + step)
+            end = time.perf_counter() + 0.0002 * (i % 3)  # CPU work that blocks the loop
+            while time.perf_counter() < end:
+                pass
+            await b.submit(x)
+
+    t0 = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(particle(i) for i in range(16))), 10)
+    assert [len(x) for x in first] == [16] * 5
+    assert [len(x) for x in second] == [16] * 5
+    assert time.perf_counter() - t0 < 0.5  # no batch waited for its deadline
+    a.close()
+    b.close()
+
+
+async def test_tick_policy_batches_sis_like_the_deadline():
+    """SIS on the mock backend: each step's particles form one batch under both policies."""
+    from genlm_core.smc import run_sis
+
+    sizes = {}
+    for policy, timeout in (("deadline", 0.01), ("tick", 0.5)):
+        llm = genlm_core.load("mock", batch_size=64, cache_size=0)
+        llm.batcher.policy, llm.batcher.timeout = policy, timeout
+        t0 = time.perf_counter()
+        res = await asyncio.wait_for(run_sis(llm, "hello", n_particles=12, max_tokens=6, seed=3), 20)
+        if policy == "tick":
+            assert time.perf_counter() - t0 < 0.5 * res.forward_passes / 2
+        sizes[policy] = (list(llm.batcher.stats.batch_sizes), res.texts)
+        llm.close()
+    assert sizes["tick"] == sizes["deadline"]  # same batches, same samples
+
+
+def test_unknown_policy_is_a_clear_error():
+    with pytest.raises(ValueError, match="policy must be one of 'deadline', 'tick', 'debounce', got 'soon'"):
+        AutoBatcher(lambda r: r, policy="soon")
+
+
+async def test_tick_policy_is_bounded_on_a_loop_kept_busy():
+    """Another task is always ready (it never submits): the lone request still runs after
+    about ``timeout``, not when the busy task stops (1 s later)."""
+    fn, _ = square_batches()
+    b = AutoBatcher(fn, batch_size=64, timeout=0.05, policy="tick", run_in_thread=False)
+    stop = time.perf_counter() + 1.0
+
+    async def busy() -> None:
+        while time.perf_counter() < stop:
+            await asyncio.sleep(0)
+
+    spinner = asyncio.ensure_future(busy())
+    await asyncio.sleep(0)
+    t0 = time.perf_counter()
+    assert await asyncio.wait_for(b.submit(3), 5) == 9
+    assert time.perf_counter() - t0 < 0.5
+    await spinner
     b.close()

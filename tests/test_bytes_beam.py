@@ -112,7 +112,7 @@ async def test_distribution_views():
     beam = await ByteBeamState.initial(llm, BeamParams(K=None))
     q = await (await beam.prefill(b"ab")).logp_next()
     assert isinstance(q, ByteDistribution)
-    assert q.total() == pytest.approx(1.0, abs=1e-9)
+    assert q.total() == pytest.approx(1.0, abs=1e-9)  # float64 logsumexp of 258 entries: ~1e-15
     top = q.top(3)
     assert [k for k, _ in top][0] == q.argmax()
     assert top[0][1] >= top[1][1] >= top[2][1]
@@ -129,12 +129,13 @@ async def test_bits_per_byte_is_exact_with_unbounded_beam():
     bf = BruteForce(llm, beam.states[0].lm.context, with_eos=False)
     x = b"abbab"
     lp = await beam.log_prefix_prob(x)
-    assert lp == pytest.approx(math.log(bf.prefix(x)), abs=1e-6)
+    # the oracle renormalises rows as the beam does: float64 rounding only (~1e-13 here)
+    assert lp == pytest.approx(math.log(bf.prefix(x)), abs=1e-10)
     assert await beam.bits_per_byte(x) == pytest.approx(-lp / (len(x) * math.log(2)))
     # conditional on bytes already read
     mid = await beam.prefill(b"ab")
     assert await mid.log_prefix_prob(b"bab") == pytest.approx(
-        math.log(bf.prefix(x) / bf.prefix(b"ab")), abs=1e-6
+        math.log(bf.prefix(x) / bf.prefix(b"ab")), abs=1e-10
     )
 
 

@@ -67,24 +67,18 @@ def test_output_cache_matches_brute_force_lru(ops, max_entries, max_bytes):
 
 
 class BruteForcePrefixCache:
-    """A dict of prefixes with explicit LRU lists: what PrefixCache must behave like."""
+    """A dict of prefixes with an explicit LRU list: what PrefixCache must behave like."""
 
-    def __init__(self, kv_budget, lp_budget):
+    def __init__(self, kv_budget):
         self.kv: OrderedDict[tuple, bytes] = OrderedDict()
-        self.lp: OrderedDict[tuple, bytes] = OrderedDict()
-        self.kv_budget, self.lp_budget = kv_budget, lp_budget
+        self.kv_budget = kv_budget
 
-    def insert(self, tokens, logprobs=None, kv=None):
-        if logprobs is not None and (self.lp_budget is None or len(logprobs) <= self.lp_budget):
-            self.lp.pop(tokens, None)
-            self.lp[tokens] = logprobs
-        if kv is not None and (self.kv_budget is None or len(kv) <= self.kv_budget):
+    def insert(self, tokens, kv):
+        if self.kv_budget is None or len(kv) <= self.kv_budget:
             self.kv.pop(tokens, None)
             self.kv[tokens] = kv
         while self.kv_budget is not None and sum(map(len, self.kv.values())) > self.kv_budget:
             self.kv.popitem(last=False)
-        while self.lp_budget is not None and sum(map(len, self.lp.values())) > self.lp_budget:
-            self.lp.popitem(last=False)
 
     def deepest_kv(self, tokens):
         for d in range(len(tokens), -1, -1):
@@ -93,12 +87,6 @@ class BruteForcePrefixCache:
                 return d, self.kv[tuple(tokens[:d])]
         return 0, None
 
-    def get_logprobs(self, tokens):
-        if tokens in self.lp:
-            self.lp.move_to_end(tokens)
-            return self.lp[tokens]
-        return None
-
 
 token_seqs = st.lists(st.integers(0, 3), max_size=5).map(tuple)
 
@@ -106,43 +94,28 @@ token_seqs = st.lists(st.integers(0, 3), max_size=5).map(tuple)
 @settings(max_examples=80, deadline=None)
 @given(
     ops=st.lists(
-        st.tuples(
-            st.sampled_from(["insert_kv", "insert_lp", "insert_both", "deepest", "get", "clear_kv"]),
-            token_seqs,
-            st.integers(1, 30),
-        ),
+        st.tuples(st.sampled_from(["insert", "deepest", "clear_kv"]), token_seqs, st.integers(1, 30)),
         max_size=120,
     ),
     kv_budget=st.one_of(st.none(), st.integers(0, 100)),
-    lp_budget=st.one_of(st.none(), st.integers(0, 100)),
 )
-def test_prefix_cache_matches_brute_force(ops, kv_budget, lp_budget):
-    cache = PrefixCache(kv_budget_bytes=kv_budget, logprobs_budget_bytes=lp_budget)
-    model = BruteForcePrefixCache(kv_budget, lp_budget)
+def test_prefix_cache_matches_brute_force(ops, kv_budget):
+    cache = PrefixCache(kv_budget_bytes=kv_budget)
+    model = BruteForcePrefixCache(kv_budget)
     for op, tokens, size in ops:
         payload = bytes([size % 256]) * size
-        if op == "insert_kv":
+        if op == "insert":
             cache.insert(tokens, kv=payload)
-            model.insert(tokens, kv=payload)
-        elif op == "insert_lp":
-            cache.insert(tokens, logprobs=payload)
-            model.insert(tokens, logprobs=payload)
-        elif op == "insert_both":
-            cache.insert(tokens, logprobs=payload, kv=payload)
-            model.insert(tokens, logprobs=payload, kv=payload)
+            model.insert(tokens, payload)
         elif op == "deepest":
             assert cache.deepest_kv(tokens) == model.deepest_kv(tokens)
-        elif op == "get":
-            assert cache.get_logprobs(tokens) == model.get_logprobs(tokens)
         else:
             cache.clear_kv()
             model.kv.clear()
         assert cache.kv_prefixes() == list(model.kv.keys())
-        assert cache.logprob_prefixes() == list(model.lp.keys())
         assert cache.kv_bytes == sum(map(len, model.kv.values()))
         # nodes holding nothing are pruned: the trie is no bigger than the prefixes held
-        held = set(model.kv) | set(model.lp)
-        closure = {p[:i] for p in held for i in range(len(p) + 1)} | {()}
+        closure = {p[:i] for p in model.kv for i in range(len(p) + 1)} | {()}
         assert cache.node_count() == len(closure)
 
 
@@ -153,3 +126,135 @@ def test_prefix_cache_deepest_respects_max_depth():
     assert cache.deepest_kv((1, 2, 3, 4)) == (3, "abc")
     assert cache.deepest_kv((1, 2, 3), max_depth=2) == (1, "a")
     assert cache.deepest_kv((2,)) == (0, None)
+
+
+# ---------------------------------------------------------------- byte accounting against real storage
+def _storage_of(value) -> tuple[object, int]:
+    """(identity, bytes) of the buffer a tensor/array keeps alive, read from the library itself."""
+    if isinstance(value, torch.Tensor):
+        s = value.untyped_storage()
+        return ("torch", s.data_ptr()), s.nbytes()
+    root = value
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return ("numpy", id(root)), root.nbytes
+
+
+def _real_bytes(values) -> int:
+    """Bytes really kept alive by ``values`` (each buffer once)."""
+    return sum(dict(_storage_of(v) for v in values).values())
+
+
+# a value: (torch or numpy, rows of the batch it is cut from, width, which row); rows=0: a whole tensor
+values = st.tuples(
+    st.sampled_from(["torch", "numpy"]), st.integers(0, 6), st.integers(1, 8), st.integers(0, 5)
+)
+
+
+def _make(kind: str, rows: int, width: int, row: int, fill: float):
+    n = max(rows, 1)
+    data = np.arange(n * width, dtype=np.float32).reshape(n, width) + np.float32(fill)
+    batch = torch.from_numpy(data.copy()) if kind == "torch" else data.copy()
+    return batch[min(row, n - 1)] if rows else batch[0].clone() if kind == "torch" else batch[0].copy()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["put", "put", "get", "scribble"]), st.integers(0, 9), values), max_size=80
+    ),
+    max_entries=st.one_of(st.none(), st.integers(1, 6)),
+    max_bytes=st.one_of(st.none(), st.integers(0, 120)),
+)
+def test_output_cache_accounts_the_storage_it_keeps_alive(ops, max_entries, max_bytes):
+    """Random put/get sequences with values that are views of batch tensors/arrays.
+
+    Oracle: an LRU of expected contents; what the cache really keeps alive is read from
+    ``untyped_storage().nbytes()`` / the numpy base of every stored value. The producer
+    then scribbles on its own buffers, which must never reach the cache.
+    """
+    cache = OutputCache(max_entries=max_entries, max_bytes=max_bytes)
+    model: OrderedDict[tuple, np.ndarray] = OrderedDict()
+    given_away = []
+    for step, (op, k, (kind, rows, width, row)) in enumerate(ops):
+        key = (k,)
+        if op == "put":
+            value = _make(kind, rows, width, row, fill=step)
+            content = np.array(value, copy=True)
+            cache.put(key, value)
+            given_away.append(value)
+            own = content.nbytes  # a compact private copy holds exactly its elements
+            if max_entries != 0 and max_bytes != 0 and (max_bytes is None or own <= max_bytes):
+                model.pop(key, None)
+                model[key] = content
+                while (max_entries is not None and len(model) > max_entries) or (
+                    max_bytes is not None and sum(v.nbytes for v in model.values()) > max_bytes
+                ):
+                    model.popitem(last=False)
+        elif op == "get":
+            got = cache.get(key)
+            if key in model:
+                model.move_to_end(key)
+                assert np.array_equal(np.asarray(got), model[key])
+            else:
+                assert got is None
+        else:  # the producer reuses its buffers
+            for v in given_away:
+                v[...] = -1
+        assert cache.keys() == list(model.keys())
+        held = [cache._data[key][0] for key in cache.keys()]
+        assert cache.nbytes == _real_bytes(held) == sum(v.nbytes for v in model.values())
+        if max_bytes is not None:
+            assert cache.nbytes <= max_bytes
+        for key, value in zip(cache.keys(), held):
+            assert np.array_equal(np.asarray(value), model[key])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["insert", "insert", "deepest", "clear"]), token_seqs, values), max_size=60
+    ),
+    kv_budget=st.one_of(st.none(), st.integers(0, 200)),
+)
+def test_prefix_cache_accounts_the_storage_its_payloads_keep_alive(ops, kv_budget):
+    """KV payloads that view larger buffers are charged for the buffer; the budget holds.
+
+    Oracle: a brute-force LRU of prefixes whose sizes are read from the payloads'
+    storages; what the trie keeps alive is read from the nodes it holds.
+    """
+    cache = PrefixCache(kv_budget_bytes=kv_budget)
+    model = OrderedDict()
+    for step, (op, tokens, (kind, rows, width, row)) in enumerate(ops):
+        if op == "insert":
+            kv = _make(kind, rows, width, row, fill=step)
+            size = _storage_of(kv)[1]
+            cache.insert(tokens, kv=kv)
+            if kv_budget is None or size <= kv_budget:
+                model.pop(tokens, None)
+                model[tokens] = (kv, size)
+                while kv_budget is not None and sum(s for _, s in model.values()) > kv_budget:
+                    model.popitem(last=False)
+        elif op == "deepest":
+            depth, kv = cache.deepest_kv(tokens)
+            expect = next(((d, tokens[:d]) for d in range(len(tokens), -1, -1) if tokens[:d] in model), None)
+            if expect is None:
+                assert (depth, kv) == (0, None)
+            else:
+                assert depth == expect[0] and kv is model[expect[1]][0]
+                model.move_to_end(expect[1])
+        else:
+            cache.clear()
+            model.clear()
+        assert cache.kv_prefixes() == list(model.keys())
+        held = []
+        stack = [cache.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.kv is not None:
+                held.append(node.kv)
+        assert cache.kv_bytes == sum(s for _, s in model.values())
+        assert _real_bytes(held) <= cache.kv_bytes  # a buffer shared by two payloads counts twice
+        if kv_budget is not None:
+            assert cache.kv_bytes <= kv_budget

@@ -28,6 +28,7 @@ from genlm_core.bytes.lookahead import Lookahead
 from genlm_core.bytes.masses import EOSMode, mass_trie_for, mode_of
 from genlm_core.bytes.params import BeamParams
 from genlm_core.bytes.state import LazyTrieState
+from genlm_core.progress import progress_bar
 
 __all__ = ["ByteBeamState", "BeamError", "EmptyBeamError", "TerminatedBeamError", "materialize_all"]
 
@@ -258,7 +259,7 @@ class ByteBeamState:
         return ByteBeamState([s.with_mode(mode) for s in self.states], self.params, mode)
 
     # ------------------------------------------------------------------ sequences
-    async def _prefill_without_eos(self, bs: bytes) -> "ByteBeamState":
+    async def _prefill_without_eos(self, bs: bytes, bar: Any = None) -> "ByteBeamState":
         beam = self.with_mode(EOSMode.WITHOUT_EOS)
         # Before the last byte, only the K best candidates survive the next prune():
         # extensions that cannot reach them are skipped (same beam, fewer model
@@ -284,37 +285,56 @@ class ByteBeamState:
             if look is not None:
                 await look.before(pruned.states, i, await pruned._pending(b, keep_k))
             beam = await pruned._advance(b, keep_k)
+            if bar is not None:
+                bar.update(1)
             if not beam.states:
                 break
         return beam
 
-    async def prefill(self, bs: bytes | str) -> "ByteBeamState":
+    async def prefill(self, bs: bytes | str, *, progress: bool = False) -> "ByteBeamState":
         """Read ``bs`` (pruning before each byte). EOS tokens are ordinary tokens
-        while prefilling; the result is back in this beam's mode."""
-        beam = await self._prefill_without_eos(_as_bytes(bs))
+        while prefilling; the result is back in this beam's mode. ``progress`` shows a
+        bar of the bytes read on stderr."""
+        data = _as_bytes(bs)
+        bar = progress_bar(len(data), "reading bytes", "byte", show=progress)
+        try:
+            beam = await self._prefill_without_eos(data, bar)
+        finally:
+            bar.close()
         return beam.with_mode(self.mode)
 
-    async def log_prefix_prob(self, bs: bytes | str) -> float:
+    async def log_prefix_prob(self, bs: bytes | str, *, progress: bool = False) -> float:
         """``log P(bs | bytes read so far)``: the log probability that the model's
         byte stream continues with ``bs`` (EOS tokens are ordinary tokens)."""
-        after = await self._prefill_without_eos(_as_bytes(bs))
+        data = _as_bytes(bs)
+        bar = progress_bar(len(data), "scoring bytes", "byte", show=progress)
+        try:
+            after = await self._prefill_without_eos(data, bar)
+        finally:
+            bar.close()
         return after.logZ - self.with_mode(EOSMode.WITHOUT_EOS).logZ
 
-    async def bits_per_byte(self, bs: bytes | str) -> float:
+    async def bits_per_byte(self, bs: bytes | str, *, progress: bool = False) -> float:
         """``-log2 P(bs | bytes read so far) / len(bs)``."""
         data = _as_bytes(bs)
         if not data:
             raise ValueError("bits_per_byte of an empty byte string")
-        return -(await self.log_prefix_prob(data)) / (len(data) * _LN2)
+        return -(await self.log_prefix_prob(data, progress=progress)) / (len(data) * _LN2)
 
     async def _generate(
-        self, context: bytes | str, n: int, rng: np.random.Generator | None, temperature: float
+        self,
+        context: bytes | str,
+        n: int,
+        rng: np.random.Generator | None,
+        temperature: float,
+        progress: bool = False,
     ) -> bytes:
         if not isinstance(n, int) or n < 0:
             raise ValueError(f"n must be a non-negative int, got {n!r}")
         ctx = _as_bytes(context)
-        state = await self.prefill(ctx)
+        state = await self.prefill(ctx, progress=progress)
         out = bytearray()
+        bar = progress_bar(n, "generating bytes", "byte", show=progress)
         for _ in range(n):
             state = state.prune()
             if not state.states:
@@ -325,21 +345,30 @@ class ByteBeamState:
                 break
             state = await (state << b)
             out.append(b)
+            bar.update(1)
+        bar.close()
         return ctx + bytes(out)
 
-    async def greedy(self, context: bytes | str = b"", n: int = 32) -> bytes:
+    async def greedy(self, context: bytes | str = b"", n: int = 32, *, progress: bool = False) -> bytes:
         """``context`` followed by up to ``n`` most probable bytes; stops at EOS.
-        The context is read once (after the bytes this beam has read)."""
-        return await self._generate(context, n, None, 0.0)
+        The context is read once (after the bytes this beam has read). ``progress``
+        shows bars of the context's bytes read and of the bytes generated on stderr."""
+        return await self._generate(context, n, None, 0.0, progress)
 
     async def sample(
-        self, context: bytes | str = b"", n: int = 32, seed: int | None = None, temperature: float = 1.0
+        self,
+        context: bytes | str = b"",
+        n: int = 32,
+        seed: int | None = None,
+        temperature: float = 1.0,
+        *,
+        progress: bool = False,
     ) -> bytes:
         """``context`` followed by up to ``n`` sampled bytes; stops at EOS.
-        ``seed`` makes the draw reproducible."""
+        ``seed`` makes the draw reproducible; ``progress`` as in :meth:`greedy`."""
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-        return await self._generate(context, n, np.random.default_rng(seed), float(temperature))
+        return await self._generate(context, n, np.random.default_rng(seed), float(temperature), progress)
 
     @staticmethod
     async def advance_batch(

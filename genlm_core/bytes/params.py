@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import AliasChoices, Field, field_validator
@@ -77,6 +78,8 @@ class BeamParams(GenlmConfig):
             return None
         if isinstance(v, (bytes, str)):
             v = [v]
+        if not isinstance(v, Iterable):
+            raise ValueError(f"expected byte strings, got {type(v).__name__}")
         out = []
         for t in v:
             if isinstance(t, str):

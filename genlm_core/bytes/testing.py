@@ -116,8 +116,17 @@ class BruteForce:
 
     @functools.cache  # noqa: B019 - test helper, lives as long as the test
     def _probs(self, ctx: tuple[int, ...]) -> np.ndarray:
+        """The row as the beam reads it: ``exp`` in float64, renormalised.
+
+        A float32 ``log_softmax`` row sums to 1 only up to its float32 rounding
+        (``|log sum exp(row)|`` is a few ``eps32``, and its value depends on the
+        CPU's SIMD path: -3.0e-8 on AVX2 for one table row). The beam divides every
+        row's masses by the root's mass, so it computes with the renormalised row;
+        the oracle does the same, and the two then differ by float64 rounding only.
+        """
         lp = self.llm.next_token_logprobs_sync(ctx)
-        return np.exp(lp.detach().cpu().numpy().astype(np.float64))
+        p = np.exp(lp.detach().cpu().numpy().astype(np.float64))
+        return p / p.sum()
 
     def _ordinary(self) -> list[int]:
         return [i for i, t in enumerate(self.vocab) if t and not (self.with_eos and i in self.eos)]

@@ -6,7 +6,9 @@ seeded sampling. This class adds the engine: one batched forward pass per batch 
 which every context reuses the deepest KV state cached for one of its prefixes
 (:class:`genlm_core.prefix_cache.PrefixCache`, LRU under ``kv_cache_bytes``), so a
 particle that extends its context by one token costs one token of compute. The
-sync path goes through the same ``_forward``, so it uses the KV it finds too.
+sync path goes through the same ``_forward``, so it uses the KV it finds too. The
+prefix cache holds KV only: next-token rows are cached once, in the base's output
+cache (one logprob budget, ``cache_bytes``).
 """
 
 from __future__ import annotations
@@ -40,9 +42,8 @@ class HFBackend(BaseLogprobBackend):
         self._device = model.device
         super().__init__(tokenizer, config)
         self.config: HFConfig = config
-        self.prefix_cache = PrefixCache(
-            kv_budget_bytes=config.kv_cache_bytes, logprobs_budget_bytes=config.cache_bytes
-        )
+        # KV only: next-token rows live in the base's output cache (one logprob budget)
+        self.prefix_cache = PrefixCache(kv_budget_bytes=config.kv_cache_bytes)
         self.kv_reuse = bool(config.prefix_cache) and supports_kv_reuse(model)
         params = inspect.signature(model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
@@ -91,45 +92,33 @@ class HFBackend(BaseLogprobBackend):
                 )
                 self._count(len(contexts), sum(map(len, contexts)), 0)
                 return logits
-            return self._forward_reusing(contexts, need_kv=False)
+            return self._forward_reusing(contexts)
 
-    def _forward_reusing(self, contexts: list[tuple[int, ...]], need_kv: bool) -> torch.Tensor:
-        """Rows of normalised logprobs; runs the model only on tokens past each cached prefix."""
+    def _forward_reusing(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        """Rows of normalised logprobs; runs the model only on tokens past each cached prefix.
+
+        Every context's own KV is cached afterwards (within ``kv_cache_bytes``).
+        """
         V = self.vocab_size
-        out: list[torch.Tensor | None] = [None] * len(contexts)
+        if not contexts:
+            return torch.empty((0, V))
         todo: dict[tuple[int, ...], Row] = {}  # whole contexts: duplicates run once
-        for i, ctx in enumerate(contexts):
-            if ctx in todo:
-                continue
-            if need_kv:
-                depth, kv = self.prefix_cache.deepest_kv(ctx)
-                if depth == len(ctx):
-                    continue
-            lp = self.prefix_cache.get_logprobs(ctx) if not need_kv else None
-            if lp is not None:
-                out[i] = lp
-                continue
-            depth, kv = self.prefix_cache.deepest_kv(ctx, max_depth=len(ctx) - 1)
-            todo[ctx] = Row(ctx, depth, kv)
-        if todo:
-            rows = list(todo.values())
-            logits, kvs = forward_rows(
-                self.model, rows, want_kv=True, logits_to_keep=self._logits_to_keep, pad_id=self._pad_id
-            )
-            logprobs = torch.log_softmax(logits[:, :V].float(), dim=-1)
-            self._count(len(rows), sum(len(r.ctx) - r.depth for r in rows), sum(r.depth for r in rows))
-            results = dict(zip(todo, logprobs.unbind(0)))
-            for row, kv in zip(rows, kvs or []):
-                self.prefix_cache.insert(row.ctx, logprobs=results[row.ctx].clone(), kv=kv)
-            for i, ctx in enumerate(contexts):
-                if out[i] is None and ctx in results:
-                    out[i] = results[ctx]
-        if need_kv:
-            return torch.empty(0)
-        missing = [i for i, o in enumerate(out) if o is None]
-        if missing:  # pragma: no cover - a bug, not an input error
-            raise RuntimeError(f"hf: no result for contexts {missing}")
-        return torch.stack(out)  # type: ignore[arg-type]
+        for ctx in contexts:
+            if ctx not in todo:
+                depth, kv = self.prefix_cache.deepest_kv(ctx, max_depth=len(ctx) - 1)
+                todo[ctx] = Row(ctx, depth, kv)
+        rows = list(todo.values())
+        logits, kvs = forward_rows(
+            self.model, rows, want_kv=True, logits_to_keep=self._logits_to_keep, pad_id=self._pad_id
+        )
+        logprobs = torch.log_softmax(logits[:, :V].float(), dim=-1)
+        self._count(len(rows), sum(len(r.ctx) - r.depth for r in rows), sum(r.depth for r in rows))
+        for row, kv in zip(rows, kvs or []):
+            self.prefix_cache.insert(row.ctx, kv=kv)
+        if len(todo) == len(contexts):
+            return logprobs
+        index = {ctx: i for i, ctx in enumerate(todo)}
+        return logprobs[[index[c] for c in contexts]]
 
     def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         """One full forward pass per context, no padding, no cache: the reference."""
@@ -160,13 +149,12 @@ class HFBackend(BaseLogprobBackend):
         (while the KV stays within ``kv_cache_bytes``).
         """
         ctx = self.validate(prompt_tokens)
-        if not self.kv_reuse:
+        if not self.kv_reuse or self.prefix_cache.deepest_kv(ctx)[0] == len(ctx):
             return
-        with self.batcher.model_lock, torch.inference_mode():
-            self._forward_reusing([ctx], need_kv=True)
+        self.batcher.run_sync([ctx])  # the shared path: KV into the prefix cache, row into the output cache
 
     def clear_kv_cache(self) -> None:
-        """Drop every cached KV state (cached logprobs stay)."""
+        """Drop every cached KV state (the output cache's rows stay)."""
         self.prefix_cache.clear_kv()
 
     # ------------------------------------------------------------------ LoRA (peft)

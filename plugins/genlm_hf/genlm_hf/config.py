@@ -49,3 +49,7 @@ class HFConfig(BackendConfig):
     )
     lora_path: str | None = Field(None, description="LoRA adapter folder loaded (and activated) at start")
     lora_name: str = Field("default", description="name of the adapter given by `lora_path`")
+
+    def model_needs(self) -> tuple[str, ...]:
+        # a GGUF checkpoint carries its config and tokenizer inside the .gguf file
+        return () if self.gguf_file is not None else ("config", "tokenizer")

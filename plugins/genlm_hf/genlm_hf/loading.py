@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from genlm_core import hardware
+from genlm_core.progress import note
 from genlm_hf.config import HFConfig
 
 __all__ = ["check_config", "resolve_device", "load_model_and_tokenizer"]
@@ -16,6 +17,7 @@ def check_config(config: HFConfig) -> None:
         raise ValueError(
             "the hf backend needs a model: genlm_core.load('hf', model='<hub id or local folder>')"
         )
+    config.check_model()
     if config.bitsandbytes_opts:
         wants_cpu = config.device is not None and not str(config.device).startswith("cuda")
         if wants_cpu or not hardware.probe().cuda:
@@ -58,6 +60,13 @@ def load_model_and_tokenizer(config: HFConfig) -> tuple[Any, Any, str]:
     """``(model, tokenizer, device)`` through transformers' ``from_pretrained``."""
     check_config(config)
     device = resolve_device(config.device)
+    if config.gguf_file is not None:
+        note(
+            f"hf: loading {config.gguf_file} from {config.model}: transformers dequantizes every "
+            "GGUF tensor first (slow for large models; save_pretrained() once to skip it)"
+        )
+    else:
+        note(f"hf: loading {config.model} on {device}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code}

@@ -228,3 +228,40 @@ def test_kv_slots_refuse_a_layer_of_another_shape() -> None:
     assert torch.equal(keys, k) and torch.equal(values, k + 1) and first.get_seq_length() == 2
     with pytest.raises(RuntimeError, match="prefix_cache=False"):
         second.update(torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8))
+
+
+def _logprob_rows_held(llm) -> list[torch.Tensor]:
+    """Every next-token row the backend's caches keep (the output cache, and any row a
+    prefix-cache node keeps next to its KV)."""
+    held = [] if llm.output_cache is None else [llm.output_cache._data[k][0] for k in llm.output_cache.keys()]
+    stack = [llm.prefix_cache.root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        row = getattr(node, "logprobs", None)
+        if row is not None:
+            held.append(row)
+    return held
+
+
+@pytest.mark.parametrize("cache_size", [4096, 0])
+async def test_cache_bytes_is_one_logprob_budget(tiny_llama_path: str, cache_size: int) -> None:
+    """Issue 17 row 3: rows were kept in the output cache and again in the prefix cache,
+    each up to ``cache_bytes`` (2x the setting). Real storage is read from the tensors."""
+    probe = load_hf(tiny_llama_path)
+    row_bytes = probe.vocab_size * 4
+    probe.close()
+    budget = 6 * row_bytes
+    llm = load_hf(tiny_llama_path, cache_bytes=budget, cache_size=cache_size, batch_size=8, timeout=0.01)
+    try:
+        rng = random.Random(3)
+        particles = [[rng.randrange(3, llm.vocab_size)] for _ in range(5)]
+        for _ in range(6):  # SIS-like: every particle extends its context by one token
+            await asyncio.gather(*(llm.next_token_logprobs(p) for p in particles))
+            for p in particles:
+                p.append(rng.randrange(3, llm.vocab_size))
+            held = _logprob_rows_held(llm)
+            real = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}.values())
+            assert real <= (budget if cache_size else 0)
+    finally:
+        llm.close()

@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genlm_core.backend import BaseLogprobBackend
 from genlm_core.config import ConfigError
 from genlm_core.prefix_cache import PrefixCache
+from genlm_core.progress import note
 from genlm_mlx.config import MLXConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,9 +72,7 @@ class MLXBackend(BaseLogprobBackend):
         self.tokens_reused = 0
         if self.config.prefix_cache and self.config.kv_cache_bytes != 0:
             if self.kv_reuse_problem is None:
-                self.prefix_cache = PrefixCache(
-                    kv_budget_bytes=self.config.kv_cache_bytes, logprobs_budget_bytes=0
-                )
+                self.prefix_cache = PrefixCache(kv_budget_bytes=self.config.kv_cache_bytes)
             else:
                 warnings.warn(
                     f"genlm-mlx: model {type(model).__module__}.{type(model).__name__} cannot reuse "
@@ -86,6 +84,7 @@ class MLXBackend(BaseLogprobBackend):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, config: MLXConfig) -> "MLXBackend":  # type: ignore[override]
+        config.check_model()  # before mlx_lm is imported
         from mlx_lm import load
 
         model_path = config.model
@@ -93,13 +92,9 @@ class MLXBackend(BaseLogprobBackend):
             from genlm_core.embedded import smollm2_path
 
             model_path = str(smollm2_path())
-        local = Path(model_path).expanduser()
-        if (local.is_absolute() or model_path.startswith(".")) and not local.exists():
-            raise ConfigError(f"mlx: model folder {model_path!r} does not exist")
+        note(f"mlx: loading {model_path} with mlx-lm")
         try:
-            model, tokenizer, model_config = load(
-                str(local) if local.exists() else model_path, return_config=True
-            )
+            model, tokenizer, model_config = load(model_path, return_config=True)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"mlx: mlx_lm.load could not load {model_path!r}: {exc}") from exc
         return cls(model, tokenizer, config, model_config=model_config)
@@ -114,6 +109,9 @@ class MLXBackend(BaseLogprobBackend):
         import mlx.core as mx
 
         return "mps" if mx.default_device().type == mx.gpu else "cpu"
+
+    def _rows_device(self) -> str:
+        return "cpu"  # rows come back from mlx as numpy arrays
 
     def _forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         import torch

@@ -14,6 +14,8 @@ class MLXConfig(BackendConfig):
     layout; GPT-2 needs ``n_ctx`` and the hub weight names) or a hub id.
     """
 
+    component = "mlx"
+
     prefill_step_size: int = Field(
         2048, ge=1, description="most tokens per model call while prefilling a batch"
     )

@@ -39,6 +39,7 @@ class MockBackend(BaseLogprobBackend):
     @classmethod
     def from_config(cls, config: MockConfig) -> "MockBackend":
         tokenizer = None
+        config.check_model()
         if config.model is not None:
             from transformers import AutoTokenizer
 

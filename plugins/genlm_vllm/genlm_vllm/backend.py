@@ -21,6 +21,7 @@ import importlib.util
 import itertools
 import os
 import sys
+import time
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ import torch
 
 from genlm_core.backend import BaseLogprobBackend
 from genlm_core.batching import AutoBatcher
+from genlm_core.progress import note, summarise_repeats
 from genlm_vllm.config import VLLMConfig
 
 __all__ = ["VLLMBackend", "VLLMNotInstalledError"]
@@ -97,6 +99,21 @@ def _prepare_environment(config: VLLMConfig, device: str) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if device == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
+
+
+def _announce_start(kwargs: dict[str, Any], device: str) -> None:
+    """Say what the engine start does, and on CPU how to make it faster."""
+    compiles = not kwargs.get("enforce_eager")
+    steps = "reading the weights" + (", compiling the model with torch.compile" if compiles else "")
+    note(f"vllm: starting the engine on {device} ({steps}, allocating the KV cache)")
+    if device == "cpu" and kwargs.get("enforce_eager") is None:
+        note(
+            "vllm: on CPU the engine compiles the model before its first batch, which can take "
+            "minutes; enforce_eager=True (CLI: --opt enforce_eager=true) skips the compilation "
+            "for a faster start and somewhat slower batches (enforce_eager=False keeps it and "
+            "silences this note)",
+            advice=True,
+        )
 
 
 def engine_kwargs(config: VLLMConfig, device: str) -> dict[str, Any]:
@@ -176,13 +193,20 @@ class VLLMBackend(BaseLogprobBackend):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, config: VLLMConfig) -> "VLLMBackend":
+        config.check_model()
         _require_vllm()
         _tolerate_llvmlite()
+        note(f"vllm: importing vLLM to start an engine for {config.model}")
         device = _engine_device()
         _prepare_environment(config, device)
         from vllm import LLM
 
-        llm = LLM(**engine_kwargs(config, device))
+        kwargs = engine_kwargs(config, device)
+        _announce_start(kwargs, device)
+        t0 = time.perf_counter()
+        with summarise_repeats("vllm"):  # e.g. one cast warning per weight tensor
+            llm = LLM(**kwargs)
+        note(f"vllm: engine ready in {time.perf_counter() - t0:.0f} s")
         try:
             return cls(llm, config, device=device)
         except BaseException:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from genlm_core.config import BackendConfig
+from genlm_core.model_folder import as_model_argument, check_model_folder
 
 __all__ = ["VLLMConfig"]
 
@@ -45,8 +46,12 @@ class VLLMConfig(BackendConfig):
     (GiB of KV cache) to ``cpu_kvcache_gib`` when the variable is unset.
     """
 
+    component = "vllm"
+
     dtype: str = Field("auto", description="weights/activations dtype: auto, float32, bfloat16, float16")
-    tokenizer: str | None = Field(None, description="tokenizer folder or id (default: the model's)")
+    tokenizer: str | None = Field(
+        None, description="tokenizer folder or id, a str or os.PathLike (default: the model's)"
+    )
     max_model_len: int | None = Field(None, ge=2, description="context window (default: the model's)")
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="fraction of GPU memory vLLM may use (CUDA only)"
@@ -69,3 +74,16 @@ class VLLMConfig(BackendConfig):
         description="extra keyword arguments for vllm.LLM (e.g. tensor_parallel_size, "
         "pipeline_parallel_size, distributed_executor_backend='ray'); applied last",
     )
+
+    @field_validator("tokenizer", mode="before")
+    @classmethod
+    def _tokenizer_argument(cls, value: Any) -> Any:
+        return as_model_argument(value)
+
+    def model_needs(self) -> tuple[str, ...]:
+        # a separate `tokenizer` carries the tokenizer files (checked by check_model)
+        return ("config",) if self.tokenizer is not None else ("config", "tokenizer")
+
+    def check_model(self) -> None:
+        super().check_model()
+        check_model_folder(self.tokenizer, ("tokenizer",), what="tokenizer")

@@ -1,0 +1,103 @@
+"""A genlm-control program, written the way its documentation shows.
+
+It imports only ``genlm.control`` (and, through it, ``genlm.backend`` /
+``genlm.bytes``), so the same file runs on genlm-core + genlm-compat and on the
+reference genlm-backend 0.3.1 + genlm-bytes 0.2.0 stack. ``bench_control.py`` runs it
+in both environments and compares wall times.
+
+Usage: python control_program.py MODEL_FOLDER WORKLOAD [--seed N]
+  WORKLOAD ``regex``: PromptedLLM + BoolFSA through AWRS, SMC with 10 particles, 30 tokens;
+  WORKLOAD ``bytes``: the ByteLLM potential (K=5 beam) scoring a sentence byte by byte.
+Prints one JSON line with the timings and what was produced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import time
+
+REGEX = r" (SMC|Sequential Monte Carlo) is (fast|slow|great|simple) with (LMs|language models)\."
+PROMPT = "Here is my honest opinion about inference methods:"
+SENTENCE = " Montreal is a city in Canada."
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+async def regex_workload(model: str, seed: int) -> dict:
+    from genlm.control import AWRS, BoolFSA, PromptedLLM
+
+    t0 = time.perf_counter()
+    llm = PromptedLLM.from_name(model, backend="hf")
+    llm.set_prompt_from_str(PROMPT)
+    fsa = BoolFSA.from_regex(REGEX)
+    sampler = AWRS(llm, fsa.coerce(llm, f=b"".join))
+    load = time.perf_counter() - t0
+    seed_everything(seed)
+    t0 = time.perf_counter()
+    seqs = await sampler.smc(n_particles=10, ess_threshold=0.5, max_tokens=30)
+    wall = time.perf_counter() - t0
+    posterior = seqs.decoded_posterior
+    texts = list(posterior)
+    await sampler.cleanup()
+    return {
+        "workload": "regex",
+        "load_s": load,
+        "wall_s": wall,
+        "n_sequences": len(texts),
+        "all_match": all(re.fullmatch(REGEX, t) is not None for t in texts),
+        "posterior": {t: float(p) for t, p in posterior.items()},
+    }
+
+
+async def bytes_workload(model: str, seed: int) -> dict:
+    from genlm.bytes import BeamParams
+    from genlm.control import ByteLLM
+
+    t0 = time.perf_counter()
+    byte_llm = ByteLLM.from_name(model, BeamParams(K=5, eos_byte_strings=[b"<|endoftext|>"]), backend="hf")
+    byte_llm.set_prompt_from_str("The city I like best:")
+    load = time.perf_counter() - t0
+    seed_everything(seed)
+    data = [bytes([b]) for b in SENTENCE.encode()]
+    t0 = time.perf_counter()
+    logps = []
+    for i in range(len(data)):
+        w = await byte_llm.logw_next(data[:i])
+        logps.append(float(w[data[i]]))
+    prefix = float(await byte_llm.prefix(data))
+    wall = time.perf_counter() - t0
+    await byte_llm.cleanup()
+    return {
+        "workload": "bytes",
+        "load_s": load,
+        "wall_s": wall,
+        "n_bytes": len(data),
+        "sum_next_byte_logp": sum(logps),
+        "prefix_logp": prefix,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("workload", choices=["regex", "bytes"])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    fn = regex_workload if args.workload == "regex" else bytes_workload
+    out = asyncio.run(fn(args.model, args.seed))
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""What a value keeps alive in memory, and private copies of it.
+
+Used by the caches (budgets count the storage a value keeps alive, not its visible
+elements: a row that is a view of a batch tensor keeps the whole batch alive) and by
+the batcher and the backend (every caller owns the tensor it gets: results are
+private copies, never the cached object or another caller's). Torch tensors, numpy
+arrays and mlx arrays are recognised without importing any engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["sizeof", "private_copy", "compact"]
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    return callable(getattr(value, "untyped_storage", None)) and callable(getattr(value, "clone", None))
+
+
+def _is_numpy_array(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and hasattr(value, "base") and hasattr(value, "nbytes")
+
+
+def _torch_storage(value: Any) -> tuple[Any, int] | None:
+    """(identity, bytes) of a tensor's storage; None for tensors without one (sparse)."""
+    try:
+        storage = value.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return ("torch", str(value.device), storage.data_ptr()), int(storage.nbytes())
+
+
+def _numpy_root(value: Any) -> tuple[Any, int]:
+    """(identity, bytes) of the buffer a numpy array (or a view of one) keeps alive."""
+    root = value
+    while True:
+        base = getattr(root, "base", None)
+        if base is None:
+            break
+        if isinstance(getattr(base, "nbytes", None), int):
+            root = base  # another array, a memoryview
+            continue
+        if isinstance(base, (bytes, bytearray)):
+            return ("numpy", id(base)), len(base)
+        break
+    return ("numpy", id(root)), int(root.nbytes)
+
+
+def sizeof(value: Any) -> int:
+    """Bytes a value keeps alive: tensors and arrays by the storage they hold.
+
+    A torch tensor counts its whole ``untyped_storage()`` (a row viewed out of a batch
+    tensor counts the batch), a numpy view counts the array it views; mlx arrays count
+    ``nbytes``. Tuples, lists and dicts sum their items, counting a storage shared by
+    several items once. Other objects: ``bytes`` by length, anything else 64.
+    """
+    return _sizeof(value, set())
+
+
+def _sizeof(value: Any, seen: set[Any]) -> int:
+    if value is None:
+        return 0
+    if _is_torch_tensor(value):
+        found = _torch_storage(value)
+        if found is None:
+            return int(value.numel()) * int(value.element_size())
+        ident, nbytes = found
+    elif _is_numpy_array(value):
+        ident, nbytes = _numpy_root(value)
+    elif isinstance(getattr(value, "nbytes", None), int):  # mlx arrays, memoryviews
+        return int(value.nbytes)
+    elif isinstance(value, (tuple, list)):
+        return sum(_sizeof(v, seen) for v in value)
+    elif isinstance(value, dict):
+        return sum(_sizeof(v, seen) for v in value.values())
+    elif isinstance(value, (bytes, bytearray)):
+        return len(value)
+    else:
+        return 64
+    if ident in seen:
+        return 0
+    seen.add(ident)
+    return nbytes
+
+
+def private_copy(value: Any) -> Any:
+    """A copy the receiver owns: torch tensors cloned, numpy arrays copied (both compact).
+
+    Tuples, lists and dicts are copied item by item; other objects (ints, strings,
+    immutable results, mlx arrays, which are not modified in place) are returned as
+    they are.
+    """
+    if _is_torch_tensor(value):
+        return value.detach().clone()
+    if _is_numpy_array(value):
+        return value.copy()
+    if isinstance(value, tuple):
+        return tuple(private_copy(v) for v in value)
+    if isinstance(value, list):
+        return [private_copy(v) for v in value]
+    if isinstance(value, dict):
+        return {k: private_copy(v) for k, v in value.items()}
+    return value
+
+
+def compact(value: Any) -> Any:
+    """``value`` itself when it owns exactly its bytes, else a compact copy.
+
+    For results handed to one caller: a row viewed out of a batch tensor would keep
+    the whole batch alive for as long as the caller holds it.
+    """
+    if _is_torch_tensor(value):
+        found = _torch_storage(value)
+        if found is not None and found[1] > int(value.numel()) * int(value.element_size()):
+            return value.detach().clone()
+        return value
+    if _is_numpy_array(value):
+        return value.copy() if _numpy_root(value)[1] > int(value.nbytes) else value
+    return value
