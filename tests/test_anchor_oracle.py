@@ -1,10 +1,10 @@
 """genlm-core (through genlm-compat) against genlm-backend 0.3.1 / genlm-bytes 0.2.0.
 
-The reference stack lives in its own venv (``$GENLM_ANCHOR_PYTHON``, default
-``benchmarks/.anchor-venv-control/bin/python`` as benchmarks/bench_control.py builds
-it); ``tests/anchor_worker.py`` computes there, on the same model in float32: next-token
+The reference stack lives in its own venv (``$GENLM_ANCHOR_PYTHON``, default the one
+benchmarks/bench_control.py builds from PyPI, built here on first use);
+``tests/anchor_worker.py`` computes there, on the same model in float32: next-token
 logprobs of three contexts, trie masses of a few byte prefixes, and a K=5 byte beam's
-logZ and next-byte logprobs after a prefill. Skipped when that venv is absent.
+logZ and next-byte logprobs after a prefill.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +21,22 @@ import pytest
 from model_paths import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
-ANCHOR = Path(
-    os.environ.get("GENLM_ANCHOR_PYTHON", ROOT / "benchmarks" / ".anchor-venv-control" / "bin" / "python")
-)
 # the issue's bound: same model, float32, different batching/kernels (a few float32
 # ulps of logits of size ~10, summed over a prefix of a dozen bytes)
 ATOL = 1e-4
 
-pytestmark = pytest.mark.skipif(not ANCHOR.exists(), reason=f"no genlm-backend venv at {ANCHOR}")
+
+def anchor_python() -> Path:
+    """``$GENLM_ANCHOR_PYTHON``, else the venv of benchmarks/bench_control.py (built
+    from PyPI on first use, as the benchmark does: CPU torch first, then the pins)."""
+    if "GENLM_ANCHOR_PYTHON" in os.environ:
+        return Path(os.environ["GENLM_ANCHOR_PYTHON"])
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_control
+    from common import ensure_venv
+
+    check = "import genlm.backend, genlm.bytes, torch; assert torch.__version__.startswith('2.13.0')"
+    return ensure_venv(bench_control.ANCHOR_VENV, bench_control.TORCH, bench_control.ANCHOR_PINS, check)
 
 
 def test_core_equals_genlm_backend_and_genlm_bytes() -> None:
@@ -38,7 +47,7 @@ def test_core_equals_genlm_backend_and_genlm_bytes() -> None:
     path = str(tiny_llama())
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     proc = subprocess.run(
-        [str(ANCHOR), str(Path(__file__).with_name("anchor_worker.py")), path],
+        [str(anchor_python()), str(Path(__file__).with_name("anchor_worker.py")), path],
         capture_output=True, text=True, env=env, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
