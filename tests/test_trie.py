@@ -92,7 +92,7 @@ def brute_force(
 
 
 def node_identity(s: TrieStructure, node: int) -> tuple[str, object]:
-    if node == s.eos_node:
+    if node == s.eos_slot:
         return ("eos", None)
     if s.is_leaf(node):
         return ("leaf", node - s.n_internal)
@@ -109,7 +109,10 @@ def check_structure(s: TrieStructure, vocab: list[bytes], eos: set[int], atomic:
     assert byte_nodes == sorted(byte_nodes)  # depth-first pre-order
     assert s.root == 0 and s.node2prefix[s.root] == b""
     assert s.num_nodes == s.n_internal + len(vocab) + 1
-    assert s.children[s.root][EOS] == s.eos_node
+    if eos:
+        assert s.children[s.root][EOS] == s.eos_node == s.eos_slot
+    else:  # no EOS node without EOS tokens
+        assert s.eos_node is None and EOS not in s.children[s.root]
     atomic_bytes = sorted({vocab[i] for i in atomic})
     assert s.atomic_keys == atomic_bytes
     for node in range(s.n_internal):
@@ -268,7 +271,7 @@ def test_seed_worked_example() -> None:
         assert t.node2prefix[cat] == b"cat"
         assert set(t.children[cat]) == {(EOT, 0), ord("s")}
         assert t.leaf2word[t.children[cat][EOT]] == b"cat"
-        assert m[t.eos_node] == 0.0
+        assert t.eos_node is None and m[-1] == 0.0  # the unused EOS slot
         mx = as_np(t.weight_max(np.log(p)))
         assert mx[t.root] == pytest.approx(np.log(0.4))
         assert mx[t.children[t.root][ord("d")]] == pytest.approx(np.log(0.3))
@@ -314,8 +317,10 @@ def test_duplicates_atomic_empty_and_errors() -> None:
         TrieStructure([b"a"], atomic_tokens=[Token(0, b"b")])
     with pytest.raises(ValueError):
         TrieStructure([])
-    with pytest.raises(ValueError):
-        TrieStructure([Token(3, b"a")])  # id must equal position
+    with pytest.raises(ValueError, match="distinct"):
+        TrieStructure([Token(3, b"a"), Token(3, b"b")])  # two entries with one id
+    with pytest.raises(TypeError, match="vocabulary entry 1"):
+        TrieStructure([b"a", 1.5])
     buf = np.empty(s.num_nodes, dtype=np.float64)
     assert t.weight_sum(p, out=buf) is not None and np.array_equal(buf, m)
     with pytest.raises(ValueError):
@@ -520,6 +525,9 @@ def test_async_matches_sync() -> None:
             assert stats["sum/with_eos"]["submitted"] == 24
             assert stats["sum/with_eos"]["batches"] < 24  # requests were batched
             assert stats["sum/with_eos"]["max_batch_size"] <= 8
+        # cleanup (the async with's exit) stops the batchers; a later call restarts them
+        np.testing.assert_array_equal(await at.weight_sum(W[0]), trie.weight_sum(W[0]))
+        at.shutdown()  # shutdown is for good
         with pytest.raises(RuntimeError):
             await at.weight_sum(W[0])
 
@@ -549,6 +557,36 @@ def test_async_errors_reach_every_caller() -> None:
         assert isinstance(res[1], ValueError)
         await at.cleanup()
         await good.cleanup()
+
+    asyncio.run(main())
+
+
+def test_async_wraps_any_protocol_trie() -> None:
+    """A Trie of the protocol that is none of the core's classes (no ``structure``,
+    no batch methods) is wrapped too: each request runs its one-row method."""
+    vocab, W = _small()
+    inner = TokenByteTrie(vocab)
+
+    class Plain:
+        root = inner.root
+        decode = list(vocab)
+
+        def weight_sum(self, ws, mode=None):
+            return inner.weight_sum(ws, mode)
+
+        def weight_max(self, ws, mode=None):
+            return inner.weight_max(ws, mode)
+
+    async def main() -> None:
+        at = AsyncTokenByteTrie(Plain())
+        assert not at.supports_lazy
+        got = await asyncio.gather(*[at.weight_sum(w) for w in W[:6]], at.weight_max(np.log(W[0])))
+        for w, g in zip(W[:6], got):
+            np.testing.assert_array_equal(g, inner.weight_sum(w))
+        np.testing.assert_array_equal(got[-1], inner.weight_max(np.log(W[0])))
+        with pytest.raises(ValueError, match="shape"):
+            await at.weight_sum(np.ones(3))
+        await at.cleanup()
 
     asyncio.run(main())
 
@@ -622,7 +660,9 @@ def test_visualize(monkeypatch: pytest.MonkeyPatch) -> None:
     graphviz = pytest.importorskip("graphviz")
     g = t.visualize(t.weight_sum(np.array([0.4, 0.1, 0.3, 0.2])))
     assert isinstance(g, graphviz.Digraph)
-    assert "EOT" in g.source and "EOS" in g.source
+    assert "EOT" in g.source and "EOS" not in g.source and f"\t{t.structure.eos_slot} [" not in g.source
+    te = TokenByteTrie([b"cat", b"cats", b"dog", b"dog"], eos_tokens=[b"cats"])
+    assert "EOS" in te.visualize().source
     with pytest.raises(ValueError):
         t.visualize(np.ones(3))
     monkeypatch.setitem(sys.modules, "graphviz", None)
@@ -966,3 +1006,48 @@ def test_issue16_lazy_batch_take_reads_every_row_in_one_call() -> None:
                     assert mb.take(nodes.reshape(-1, 1)).shape == (rows, len(nodes), 1)
             with pytest.raises(IndexError, match="out of range"):
                 mb.take([s.num_nodes])
+
+
+class _Symbol:
+    """An end-of-sequence object as genlm-control has one: iterates to itself."""
+
+    def __iter__(self):
+        return iter([self])
+
+    def __repr__(self) -> str:
+        return "EOS_SYMBOL"
+
+
+def test_any_vocabulary_positions_ids_and_symbols() -> None:
+    """A genlm-control-style vocabulary: Tokens whose ids are not their positions
+    (EOS tokens removed), plain bytes, a byte-value list and a symbol; masses against
+    a brute-force sum over the entries each node's path covers."""
+    eos = _Symbol()
+    vocab = [Token(5, b"ab"), Token(2, b"a"), Token(9, b"b"), b"abc", [97, 98], eos]
+    s = TrieStructure(vocab)
+    assert s.eos_node is None and EOS not in s.children[s.root]
+    sym = s.children[s.root][eos]  # the symbol is one edge from the root
+    assert s.children[sym] == {(EOT, 5): s.n_internal + 5}
+    assert s.word2leaf[eos] == s.n_internal + 5 and s.leaf2word[s.n_internal + 5] is eos
+    assert s.word2leaf[(b"ab", 5)] == s.word2leaf[Token(5, b"ab")] == s.word2leaf[5] == s.n_internal + 0
+    assert s.word2leaf[(b"a", 2)] == s.n_internal + 1 and (b"a", 1) not in s.word2leaf
+    assert s.leaf2token_id[s.n_internal + 2] == 9 and s.leaf2token_id[s.n_internal + 3] == 3
+    assert s.leaf2token_id[s.n_internal + 5] == -1  # a symbol has no token id
+    assert s.decode[:3] == vocab[:3] and [t.token_id for t in s.decode[:3]] == [5, 2, 9]
+    assert bytes(s.decode[4]) == b"ab" and s.decode[5] is eos
+    ab = s.children[s.children[s.root][ord("a")]][ord("b")]
+    assert set(s.children[ab]) == {(EOT, 0), (EOT, 4), ord("c")}  # leaf keys are positions
+    w = np.array([0.1, 0.2, 0.05, 0.15, 0.3, 0.2])
+    paths = [b"ab", b"a", b"b", b"abc", b"ab", None]
+    for name, t in implementations(s).items():
+        m = as_np(t.weight_sum(w))
+        assert m[s.root] == pytest.approx(w.sum(), rel=1e-12), name
+        for node in range(1, s.n_byte + 1):
+            pre = s.node2prefix[node]
+            want = sum(w[i] for i, p in enumerate(paths) if p is not None and p.startswith(pre))
+            assert m[node] == pytest.approx(want, rel=1e-12), (name, pre)
+        assert m[sym] == pytest.approx(w[5]) and m[s.n_internal : s.n_internal + 6] == pytest.approx(w)
+        mx = as_np(t.weight_max(np.log(w)))
+        assert mx[ab] == pytest.approx(np.log(0.3)) and mx[sym] == pytest.approx(np.log(0.2))
+    with_eos = TrieStructure(vocab, eos_tokens=[eos, Token(9, b"b")])
+    assert with_eos.eos_token_ids == [9, -1] and with_eos.children[with_eos.root][EOS] == with_eos.eos_node

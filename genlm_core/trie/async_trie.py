@@ -113,27 +113,29 @@ class AsyncTokenByteTrie:
         key = (op, mode)
         b = self._batchers.get(key)
         if b is None or b.closed:
-            t = self.trie
-            fn = t.batch_weight_sum if op.startswith("sum") else t.batch_weight_max
-            one = t.weight_sum if op.startswith("sum") else t.weight_max
+            name = "weight_sum" if op.startswith("sum") else "weight_max"
+            one = getattr(self.trie, name)
+            fn = getattr(self.trie, f"batch_{name}", None)  # None: a Trie with one-row methods only
             extra = {"lazy": True} if op == "sum-lazy" and self._accepts_lazy else {}
 
-            def batch_fn(
-                requests: list[Any], fn: Any = fn, one: Any = one, mode: EOSMode = mode
-            ) -> list[Any]:
+            def each(requests: list[Any], one: Any = one, mode: EOSMode = mode) -> list[Any]:
+                res: list[Any] = []
+                for r in requests:
+                    try:
+                        res.append(one(r, mode, **extra))
+                    except NonFiniteWeightsError as exc:  # fails that caller only
+                        res.append(exc)
+                return res
+
+            def batch_fn(requests: list[Any], fn: Any = fn, mode: EOSMode = mode) -> list[Any]:
+                if fn is None:
+                    return each(requests)
                 try:
                     out = fn(list(requests), mode, **extra)
                 except NonFiniteWeightsError:
                     if len(requests) == 1:
                         raise
-                    # fail only the callers whose weights are bad
-                    res: list[Any] = []
-                    for r in requests:
-                        try:
-                            res.append(one(r, mode, **extra))
-                        except NonFiniteWeightsError as exc:
-                            res.append(exc)
-                    return res
+                    return each(requests)  # fail only the callers whose weights are bad
                 return [out[i] for i in range(len(requests))]
 
             b = AutoBatcher(
@@ -146,9 +148,16 @@ class AsyncTokenByteTrie:
             self._batchers[key] = b
         return b
 
+    @functools.cached_property
+    def _num_leaves(self) -> int:
+        structure = getattr(self.trie, "structure", None)
+        if structure is not None and hasattr(structure, "num_leaves"):
+            return int(structure.num_leaves)
+        return len(self.trie.decode)  # any Trie of the protocol with a vocabulary
+
     def _check(self, ws: Any) -> None:
         shape = tuple(getattr(ws, "shape", (len(ws),) if hasattr(ws, "__len__") else ()))
-        n = self.trie.structure.num_leaves
+        n = self._num_leaves
         if shape != (n,):
             raise ValueError(f"weights must have shape ({n},), got {shape}")
 
@@ -194,7 +203,7 @@ class AsyncTokenByteTrie:
     def _accepts_lazy(self) -> bool:
         try:
             return "lazy" in inspect.signature(self.trie.batch_weight_sum).parameters
-        except (TypeError, ValueError):  # pragma: no cover
+        except (AttributeError, TypeError, ValueError):
             return False
 
     @property
@@ -219,16 +228,22 @@ class AsyncTokenByteTrie:
         return {f"{op}/{m.value}": b.stats.as_dict() for (op, m), b in self._batchers.items()}
 
     # ------------------------------------------------------------------ lifecycle
-    def shutdown(self) -> None:
-        """Close every batcher (waiting callers get ``BatcherClosed``)."""
-        self._closed = True
+    def _close_batchers(self) -> None:
         batchers, self._batchers = list(self._batchers.values()), {}
         for b in batchers:
             b.close()
 
+    def shutdown(self) -> None:
+        """Close every batcher for good (waiting callers get ``BatcherClosed``; later
+        calls raise ``RuntimeError``)."""
+        self._closed = True
+        self._close_batchers()
+
     async def cleanup(self) -> None:
-        """Async spelling of :meth:`shutdown` (genlm-bytes API)."""
-        self.shutdown()
+        """Stop the batchers (waiting callers get ``BatcherClosed``). As in
+        genlm-backend and genlm-bytes, the trie stays usable: a later call starts
+        new batchers."""
+        self._close_batchers()
 
     async def __aenter__(self) -> "AsyncTokenByteTrie":
         return self

@@ -105,7 +105,7 @@ class BaseTokenByteTrie:
     edge / atomic ``bytes`` / ``EOS`` -> child node; ``.get(None)`` gives the
     lowest-id end-of-token leaf), ``node2prefix`` (node -> ``bytes``), ``word2leaf``,
     ``leaf2word``, ``leaf2token_id``, ``decode`` (the vocabulary as ``Token``),
-    ``num_nodes``, ``eos_node``, ``eot_token`` (``None``), ``eos_tokens``,
+    ``num_nodes``, ``eos_node`` (``None`` without EOS tokens), ``eot_token`` (``None``), ``eos_tokens``,
     ``eos_token_ids``. See :mod:`genlm_core.trie.structure` for the numbering.
     """
 
@@ -138,7 +138,7 @@ class BaseTokenByteTrie:
         self.eot_token = EOT
         self.eot_sentinel = EOT  # genlm-bytes 0.2 name
         self.eos_tokens = s.eos_tokens
-        self.eos_token_ids = s.eos_ids.tolist()
+        self.eos_token_ids = s.eos_token_ids
         self.atomic_tokens = s.atomic_tokens
 
     def _reject_unknown(self, options: dict[str, Any]) -> None:
@@ -166,8 +166,8 @@ class BaseTokenByteTrie:
         return self.num_nodes
 
     @property
-    def decode(self) -> list[Token]:
-        """The vocabulary as ``Token`` objects (position = token id)."""
+    def decode(self) -> list[Any]:
+        """The vocabulary by position (``Token`` objects, and symbols as given)."""
         return self.structure.decode
 
     @property
