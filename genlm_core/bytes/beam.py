@@ -327,23 +327,21 @@ class ByteBeamState:
         while prefilling; the result is back in this beam's mode. Raises
         :class:`TerminatedBeamError` on a beam that has consumed EOS. ``progress``
         shows a bar of the bytes read on stderr."""
-        data = _as_bytes(bs)
-        bar = progress_bar(len(data), "reading bytes", "byte", show=progress)
+        beam = await self._read(_as_bytes(bs), "reading bytes", progress)
+        return beam.with_mode(self.mode)
+
+    async def _read(self, data: bytes, what: str, progress: bool) -> "ByteBeamState":
+        """``_prefill_without_eos(data)`` with a progress bar labelled ``what``."""
+        bar = progress_bar(len(data), what, "byte", show=progress)
         try:
-            beam = await self._prefill_without_eos(data, bar)
+            return await self._prefill_without_eos(data, bar)
         finally:
             bar.close()
-        return beam.with_mode(self.mode)
 
     async def log_prefix_prob(self, bs: bytes, *, progress: bool = False) -> float:
         """``log P(bs | bytes read so far)``: the log probability that the model's
         byte stream continues with ``bs`` (EOS tokens are ordinary tokens)."""
-        data = _as_bytes(bs)
-        bar = progress_bar(len(data), "scoring bytes", "byte", show=progress)
-        try:
-            after = await self._prefill_without_eos(data, bar)
-        finally:
-            bar.close()
+        after = await self._read(_as_bytes(bs), "scoring bytes", progress)
         return after.logZ - self.with_mode(EOSMode.WITHOUT_EOS).logZ
 
     async def bits_per_byte(self, bs: bytes, *, progress: bool = False) -> float:
