@@ -55,6 +55,33 @@ def _engine_versions() -> dict[str, str | None]:
     return out
 
 
+def _dtype_options() -> dict[str, Any]:
+    """The ``dtype`` option every backend shares (from BackendConfig: no plugin imported)."""
+    from genlm_core.config import BackendConfig
+
+    field = BackendConfig.model_fields["dtype"]
+    return {
+        "default": field.default,
+        "accepted": list(field.annotation.__args__),  # type: ignore[union-attr]
+        "auto": "the checkpoint's dtype (config.json dtype/torch_dtype), the same on every backend",
+    }
+
+
+def _auto_dtype(model: str | None) -> dict[str, Any]:
+    """What ``dtype="auto"`` resolves to for ``model`` (default: the embedded SmolLM2, if built)."""
+    from genlm_core import dtypes, embedded
+
+    if model is None:
+        folder = embedded.models_dir() / embedded.SMOLLM2_NAME
+        if not (folder / "config.json").is_file():
+            return {"model": None, "dtype": None, "note": "embedded model not built (genlm models prepare)"}
+        model = str(folder)
+    try:
+        return {"model": model, "dtype": dtypes.resolve_dtype("auto", model)}
+    except ValueError as exc:
+        return {"model": model, "dtype": None, "note": str(exc)}
+
+
 # ---------------------------------------------------------------------- commands
 def cmd_backends(args: argparse.Namespace) -> int:
     from genlm_core.api import list_implementations, resolve
@@ -67,6 +94,9 @@ def cmd_backends(args: argparse.Namespace) -> int:
     kind = None if args.all else "backend"
     rows = list_implementations(kind)
     if args.json:
+        for r in rows:
+            if r.get("kind") == "backend" and r.get("status") != "broken":
+                r["dtype"] = _dtype_options()
         print(json.dumps(rows, indent=2))
         return 0
     for r in rows:
@@ -99,6 +129,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         info["auto"] = explain_auto()
     except Exception as exc:  # noqa: BLE001
         info["auto"] = {"error": str(exc)}
+    info["dtype_auto"] = _auto_dtype(getattr(args, "model", None))
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -122,6 +153,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"load('auto'): {auto['error']}")
     else:
         print(f"load('auto') picks: {auto['choice']} on {auto['device']}")
+    dt = info["dtype_auto"]
+    if dt["dtype"] is not None:
+        print(f"dtype='auto' (every backend): {dt['dtype']} for {dt['model']}")
+    else:
+        print(f"dtype='auto' (every backend): the checkpoint's dtype ({dt.get('note', '')})")
     return 0
 
 
@@ -163,7 +199,9 @@ def _load_llm(args: argparse.Namespace) -> Any:
     model = _default_model(args.model)
     opts = parse_opts(args.opt)
     print(f"loading {model} with backend {args.backend} ...", file=sys.stderr)
-    return genlm_core.load(args.backend, model=model, **opts)
+    llm = genlm_core.load(args.backend, model=model, **opts)
+    print(f"loaded: backend {llm.backend_name} on {llm.device}, dtype {llm.dtype}", file=sys.stderr)
+    return llm
 
 
 def cmd_logprobs(args: argparse.Namespace) -> int:
@@ -269,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("doctor", help="hardware found, engines importable, versions, auto choice")
     d.add_argument("--json", action="store_true")
+    d.add_argument("--model", default=None, help="show the dtype 'auto' picks for this model folder")
     d.set_defaults(func=cmd_doctor)
 
     m = sub.add_parser("models", help="prepare the embedded models (no hub needed)")

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from genlm_core import hardware
+from genlm_core.dtypes import UnsupportedDtypeError, resolve_dtype
 from genlm_hf.config import HFConfig
 
-__all__ = ["check_config", "resolve_device", "load_model_and_tokenizer"]
+__all__ = ["check_config", "check_dtype", "resolve_device", "load_model_and_tokenizer"]
 
 
 def check_config(config: HFConfig) -> None:
@@ -16,6 +17,12 @@ def check_config(config: HFConfig) -> None:
         raise ValueError(
             "the hf backend needs a model: genlm_core.load('hf', model='<hub id or local folder>')"
         )
+    for key in ("dtype", "torch_dtype"):
+        if key in config.hf_opts:
+            raise ValueError(
+                f"hf_opts[{key!r}] is not accepted: pass dtype= (the option every backend shares; "
+                f"'auto' = the checkpoint's dtype)"
+            )
     if config.bitsandbytes_opts:
         wants_cpu = config.device is not None and not str(config.device).startswith("cuda")
         if wants_cpu or not hardware.probe().cuda:
@@ -54,17 +61,34 @@ def resolve_device(requested: str | None) -> str:
     return "cpu"
 
 
+def check_dtype(dtype: str, device: str) -> None:
+    """Refuse a dtype torch cannot compute in on ``device`` (no silent substitute)."""
+    import torch
+
+    kind = device.split(":")[0]
+    if dtype == "bfloat16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UnsupportedDtypeError("hf", dtype, device, "this GPU has no bfloat16 support")
+
+
 def load_model_and_tokenizer(config: HFConfig) -> tuple[Any, Any, str]:
-    """``(model, tokenizer, device)`` through transformers' ``from_pretrained``."""
+    """``(model, tokenizer, device)`` through transformers' ``from_pretrained``.
+
+    ``dtype="auto"`` is resolved to the checkpoint's dtype by
+    :func:`genlm_core.dtypes.resolve_dtype` (the meaning every backend shares) and
+    passed to transformers explicitly.
+    """
     check_config(config)
     device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, config.model)
+    check_dtype(dtype, device)
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code}
     if config.gguf_file is not None:
         common["gguf_file"] = config.gguf_file
     tokenizer = AutoTokenizer.from_pretrained(config.model, **common)
-    opts: dict[str, Any] = {**common, "dtype": config.dtype}
+    opts: dict[str, Any] = {**common, "dtype": getattr(torch, dtype)}
     if config.device_map is not None:
         opts["device_map"] = config.device_map
     if config.bitsandbytes_opts:

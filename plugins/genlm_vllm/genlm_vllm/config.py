@@ -45,7 +45,6 @@ class VLLMConfig(BackendConfig):
     (GiB of KV cache) to ``cpu_kvcache_gib`` when the variable is unset.
     """
 
-    dtype: str = Field("auto", description="weights/activations dtype: auto, float32, bfloat16, float16")
     tokenizer: str | None = Field(None, description="tokenizer folder or id (default: the model's)")
     max_model_len: int | None = Field(None, ge=2, description="context window (default: the model's)")
     gpu_memory_utilization: float = Field(
