@@ -267,6 +267,34 @@ def cmd_bytes(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Same contexts through several backends; exit 1 when a pair differs beyond --tolerance."""
+    from genlm_core import compare
+
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    shared: dict[str, Any] = {}
+    per_backend: dict[str, dict[str, Any]] = {}
+    for key, value in parse_opts(args.opt).items():
+        name, sep, option = key.partition(":")
+        if sep:
+            per_backend.setdefault(name, {})[option] = value
+        else:
+            shared[key] = value
+    prompts = compare.read_prompts(args.prompts) if args.prompts else compare.DEFAULT_PROMPTS
+    if args.tolerance < 0:
+        raise ValueError(f"--tolerance must be >= 0, got {args.tolerance}")
+    result = compare.compare_backends(
+        backends,
+        model=_default_model(args.model),
+        prompts=prompts,
+        dtype=args.dtype,
+        options=shared,
+        backend_options=per_backend,
+    )
+    print(result.to_json(args.tolerance) if args.json else result.table(args.tolerance))
+    return 0 if result.ok(args.tolerance) else 1
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import subprocess
     from pathlib import Path
@@ -347,6 +375,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo.add_arguments(dm)
     dm.set_defaults(func=demo.run)
+
+    cp = sub.add_parser(
+        "compare", help="run the same contexts through several backends and compare distributions"
+    )
+    cp.add_argument("--backends", default="hf,vllm,mlx", help="comma-separated backend names")
+    cp.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M)")
+    cp.add_argument("--prompts", default=None, metavar="FILE", help="one prompt per line (or a JSON list)")
+    cp.add_argument("--dtype", default="float32", help="dtype on every backend (default float32)")
+    cp.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-3,
+        help="largest max |Δ logprob| accepted per pair; beyond it the exit status is 1",
+    )
+    cp.add_argument("--json", action="store_true", help="machine-readable output")
+    cp.add_argument(
+        "--opt",
+        action="append",
+        metavar="[BACKEND:]KEY=VALUE",
+        help="backend option, for every backend or only BACKEND (e.g. vllm:enforce_eager=true)",
+    )
+    cp.set_defaults(func=cmd_compare)
 
     be = sub.add_parser("bench", help="run the benchmark suite (JSON + Markdown table)")
     be.add_argument("--plot", metavar="OUT.png", help="draw throughput plots (needs matplotlib)")
