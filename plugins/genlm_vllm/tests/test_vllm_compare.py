@@ -40,7 +40,7 @@ def test_engines_agree_on_every_context(three) -> None:
     result = compare_loaded(three, DEFAULT_PROMPTS)
     print("\n" + result.table(DEFAULT_TOLERANCE))
     assert {b["dtype"] for b in result.backends.values()} == {"float32"}
-    assert max(len(c) for c in result.contexts) > 300  # the long context is really long
+    assert max(len(c) for c in result.contexts) > 200  # the long context is long
     for pair in result.pairs:
         # float32 through 30 layers: engines differ by summation order only (~1e-4 measured);
         # a misread rope_theta or a bfloat16 engine is off by > 1e-2
