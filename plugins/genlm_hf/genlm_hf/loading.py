@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from genlm_core import hardware
-from genlm_core.dtypes import UnsupportedDtypeError, resolve_dtype
+from genlm_core.dtypes import DTYPES, UnsupportedDtypeError, normalize_dtype, resolve_dtype
 from genlm_hf.config import HFConfig
 
-__all__ = ["check_config", "check_dtype", "resolve_device", "load_model_and_tokenizer"]
+__all__ = ["check_config", "check_dtype", "requested_dtype", "resolve_device", "load_model_and_tokenizer"]
 
 
 def check_config(config: HFConfig) -> None:
@@ -17,12 +17,7 @@ def check_config(config: HFConfig) -> None:
         raise ValueError(
             "the hf backend needs a model: genlm_core.load('hf', model='<hub id or local folder>')"
         )
-    for key in ("dtype", "torch_dtype"):
-        if key in config.hf_opts:
-            raise ValueError(
-                f"hf_opts[{key!r}] is not accepted: pass dtype= (the option every backend shares; "
-                f"'auto' = the checkpoint's dtype)"
-            )
+    requested_dtype(config)  # a conflicting hf_opts dtype fails before any weights are read
     if config.bitsandbytes_opts:
         wants_cpu = config.device is not None and not str(config.device).startswith("cuda")
         if wants_cpu or not hardware.probe().cuda:
@@ -61,6 +56,22 @@ def resolve_device(requested: str | None) -> str:
     return "cpu"
 
 
+def requested_dtype(config: HFConfig) -> str:
+    """``config.dtype``, or the seeds' ``hf_opts={"torch_dtype": ...}`` when dtype is 'auto'."""
+    legacy = [(k, config.hf_opts[k]) for k in ("torch_dtype", "dtype") if k in config.hf_opts]
+    if not legacy:
+        return config.dtype
+    key, value = legacy[0]
+    name = normalize_dtype(value)
+    if name is None:
+        raise ValueError(f"hf_opts[{key!r}]={value!r}: expected one of {', '.join(DTYPES[1:])}")
+    if config.dtype not in ("auto", name):
+        raise ValueError(
+            f"hf_opts[{key!r}]={value!r} conflicts with dtype={config.dtype!r}; pass dtype= only"
+        )
+    return name
+
+
 def check_dtype(dtype: str, device: str) -> None:
     """Refuse a dtype torch cannot compute in on ``device`` (no silent substitute)."""
     import torch
@@ -79,7 +90,7 @@ def load_model_and_tokenizer(config: HFConfig) -> tuple[Any, Any, str]:
     """
     check_config(config)
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, config.model)
+    dtype = resolve_dtype(requested_dtype(config), config.model)
     check_dtype(dtype, device)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -96,7 +107,7 @@ def load_model_and_tokenizer(config: HFConfig) -> tuple[Any, Any, str]:
 
         opts["quantization_config"] = BitsAndBytesConfig(**config.bitsandbytes_opts)
         opts.setdefault("device_map", {"": device})
-    opts.update(config.hf_opts)
+    opts.update({k: v for k, v in config.hf_opts.items() if k not in ("dtype", "torch_dtype")})
     model = AutoModelForCausalLM.from_pretrained(config.model, **opts)
     if "device_map" not in opts:
         model = model.to(device)
