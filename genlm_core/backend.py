@@ -118,6 +118,16 @@ class BaseLogprobBackend:
     def device(self) -> Any:
         return "cpu"
 
+    @property
+    def dtype(self) -> str:
+        """The dtype the engine computes in: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
+
+        Read from the engine (a weight's dtype), not echoed from the config: with
+        ``dtype="auto"`` it is the checkpoint's dtype (see :mod:`genlm_core.dtypes`).
+        Results are float32 whatever it is. Engines override; the base computes in float32.
+        """
+        return "float32"
+
     # ------------------------------------------------------------------ shared machinery
     def validate(self, token_ids: Any) -> tuple[int, ...]:
         """The context as a tuple of ints, or a clear ``ValueError``."""
@@ -342,7 +352,8 @@ class BaseLogprobBackend:
 
     def __repr__(self) -> str:
         return (
-            f"<{type(self).__name__} {self.backend_name} model={self.config.model!r} vocab={self.vocab_size}>"
+            f"<{type(self).__name__} {self.backend_name} model={self.config.model!r} "
+            f"dtype={self.dtype} vocab={self.vocab_size}>"
         )
 
 

@@ -78,6 +78,33 @@ POSITIVE = int_option(1)
 SEED = int_option(0, 2**63 - 1)
 
 
+def _dtype_options() -> dict[str, Any]:
+    """The ``dtype`` option every backend shares (from BackendConfig: no plugin imported)."""
+    from genlm_core.config import BackendConfig
+
+    field = BackendConfig.model_fields["dtype"]
+    return {
+        "default": field.default,
+        "accepted": list(field.annotation.__args__),  # type: ignore[union-attr]
+        "auto": "the checkpoint's dtype (config.json dtype/torch_dtype), the same on every backend",
+    }
+
+
+def _auto_dtype(model: str | None) -> dict[str, Any]:
+    """What ``dtype="auto"`` resolves to for ``model`` (default: the embedded SmolLM2, if built)."""
+    from genlm_core import dtypes, embedded
+
+    if model is None:
+        folder = embedded.models_dir() / embedded.SMOLLM2_NAME
+        if not (folder / "config.json").is_file():
+            return {"model": None, "dtype": None, "note": "embedded model not built (genlm models prepare)"}
+        model = str(folder)
+    try:
+        return {"model": model, "dtype": dtypes.resolve_dtype("auto", model)}
+    except ValueError as exc:
+        return {"model": model, "dtype": None, "note": str(exc)}
+
+
 # ---------------------------------------------------------------------- commands
 def cmd_backends(args: argparse.Namespace) -> int:
     from genlm_core.api import list_implementations, resolve
@@ -90,6 +117,9 @@ def cmd_backends(args: argparse.Namespace) -> int:
     kind = None if args.all else "backend"
     rows = list_implementations(kind)
     if args.json:
+        for r in rows:
+            if r.get("kind") == "backend" and r.get("status") != "broken":
+                r["dtype"] = _dtype_options()
         print(json.dumps(rows, indent=2))
         return 0
     for r in rows:
@@ -122,6 +152,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         info["auto"] = explain_auto()
     except Exception as exc:  # noqa: BLE001
         info["auto"] = {"error": str(exc)}
+    info["dtype_auto"] = _auto_dtype(getattr(args, "model", None))
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -145,6 +176,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"load('auto'): {auto['error']}")
     else:
         print(f"load('auto') picks: {auto['choice']} on {auto['device']}")
+    dt = info["dtype_auto"]
+    if dt["dtype"] is not None:
+        print(f"dtype='auto' (every backend): {dt['dtype']} for {dt['model']}")
+    else:
+        print(f"dtype='auto' (every backend): the checkpoint's dtype ({dt.get('note', '')})")
     return 0
 
 
@@ -186,7 +222,9 @@ def _load_llm(args: argparse.Namespace) -> Any:
     model = _default_model(args.model)
     opts = parse_opts(args.opt)
     print(f"loading {model} with backend {args.backend} ...", file=sys.stderr)
-    return genlm_core.load(args.backend, model=model, **opts)
+    llm = genlm_core.load(args.backend, model=model, **opts)
+    print(f"loaded: backend {llm.backend_name} on {llm.device}, dtype {llm.dtype}", file=sys.stderr)
+    return llm
 
 
 def cmd_logprobs(args: argparse.Namespace) -> int:
@@ -260,6 +298,34 @@ def cmd_bytes(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Same contexts through several backends; exit 1 when a pair differs beyond --tolerance."""
+    from genlm_core import compare
+
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    shared: dict[str, Any] = {}
+    per_backend: dict[str, dict[str, Any]] = {}
+    for key, value in parse_opts(args.opt).items():
+        name, sep, option = key.partition(":")
+        if sep:
+            per_backend.setdefault(name, {})[option] = value
+        else:
+            shared[key] = value
+    prompts = compare.read_prompts(args.prompts) if args.prompts else compare.DEFAULT_PROMPTS
+    if args.tolerance < 0:
+        raise ValueError(f"--tolerance must be >= 0, got {args.tolerance}")
+    result = compare.compare_backends(
+        backends,
+        model=_default_model(args.model),
+        prompts=prompts,
+        dtype=args.dtype,
+        options=shared,
+        backend_options=per_backend,
+    )
+    print(result.to_json(args.tolerance) if args.json else result.table(args.tolerance))
+    return 0 if result.ok(args.tolerance) else 1
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import subprocess
     from pathlib import Path
@@ -300,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("doctor", help="hardware found, engines importable, versions, auto choice")
     d.add_argument("--json", action="store_true")
+    d.add_argument("--model", default=None, help="show the dtype 'auto' picks for this model folder")
     d.set_defaults(func=cmd_doctor)
 
     m = sub.add_parser("models", help="prepare the embedded models (no hub needed)")
@@ -339,6 +406,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo.add_arguments(dm)
     dm.set_defaults(func=demo.run)
+
+    cp = sub.add_parser(
+        "compare", help="run the same contexts through several backends and compare distributions"
+    )
+    cp.add_argument("--backends", default="hf,vllm,mlx", help="comma-separated backend names")
+    cp.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M)")
+    cp.add_argument("--prompts", default=None, metavar="FILE", help="one prompt per line (or a JSON list)")
+    cp.add_argument("--dtype", default="float32", help="dtype on every backend (default float32)")
+    cp.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-3,
+        help="largest max |Δ logprob| accepted per pair; beyond it the exit status is 1",
+    )
+    cp.add_argument("--json", action="store_true", help="machine-readable output")
+    cp.add_argument(
+        "--opt",
+        action="append",
+        metavar="[BACKEND:]KEY=VALUE",
+        help="backend option, for every backend or only BACKEND (e.g. vllm:enforce_eager=true)",
+    )
+    cp.set_defaults(func=cmd_compare)
 
     be = sub.add_parser("bench", help="run the benchmark suite (JSON + Markdown table)")
     be.add_argument("--plot", metavar="OUT.png", help="draw throughput plots (needs matplotlib)")

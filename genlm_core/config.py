@@ -18,9 +18,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from genlm_core import model_folder
+from genlm_core.dtypes import DTYPES, normalize_dtype
 
 __all__ = [
     "GenlmConfig",
@@ -50,7 +51,9 @@ class GenlmConfig(BaseModel):
     :class:`ConfigError` naming the option, the bad value and what is accepted.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, protected_namespaces=(), populate_by_name=True
+    )
 
     #: Name used in error messages (the registered implementation name).
     component: ClassVar[str] = ""
@@ -76,7 +79,13 @@ class GenlmConfig(BaseModel):
 
     @classmethod
     def accepted_keys(cls) -> list[str]:
-        return list(cls.model_fields)
+        """Field names, then the old names kept as aliases (e.g. ``torch_dtype``)."""
+        keys = list(cls.model_fields)
+        for field in cls.model_fields.values():
+            alias = field.validation_alias
+            choices = alias.choices if isinstance(alias, AliasChoices) else [alias] if alias else []
+            keys += [c for c in choices if isinstance(c, str) and c not in keys]
+        return keys
 
     @classmethod
     def schema_json(cls, indent: int = 2) -> str:
@@ -257,6 +266,16 @@ class BackendConfig(GenlmConfig):
         1 << 30, ge=0, description="bytes held by the output cache (None: no bound)"
     )
     cache_to_cpu: bool = Field(False, description="keep cached results on the CPU")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        validation_alias=AliasChoices("dtype", "torch_dtype"),
+        description=(
+            "dtype the model computes in, the same on every backend: 'auto' = the checkpoint's "
+            "dtype (config.json dtype/torch_dtype, else its safetensors weights, else float32); "
+            "float32, float16 or bfloat16 otherwise. A backend that cannot run it on its device "
+            "raises an error instead of substituting another (old name: torch_dtype)"
+        ),
+    )
     forward_thread: bool | None = Field(
         None,
         description=(
@@ -264,3 +283,14 @@ class BackendConfig(GenlmConfig):
             "(False); None: the backend decides (a thread for accelerators, the loop for CPU engines)"
         ),
     )
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype_spelling(cls, value: Any) -> Any:
+        """Accept torch dtypes and common spellings (``torch.float32``, ``bf16``, ``half``)."""
+        if value is None or value == "auto":
+            return "auto" if value is None else value
+        name = normalize_dtype(value)
+        if name is None:
+            raise ValueError(f"dtype={value!r} is not one of {', '.join(DTYPES)}")
+        return name

@@ -24,6 +24,7 @@ __all__ = [
     "tiny_gpt2",
     "tiny_llama",
     "tiny_model",
+    "transformers5_copy",
 ]
 
 TINY_MODELS = embedded.TINY_ARCHS  # ("llama", "gpt2"): handy for pytest parametrize
@@ -58,6 +59,33 @@ def smollm2_available() -> bool:
     except embedded.ModelUnavailableError:
         return False
     return True
+
+
+def transformers5_copy(src: Path, dst: Path, rope_theta: float | None = None, **rope: object) -> Path:
+    """``src`` loaded by transformers and written back by its own ``save_pretrained``.
+
+    transformers 5 writes RoPE settings only under ``rope_parameters`` (no top-level
+    ``rope_theta``, unlike our converted folders). ``rope_theta`` / ``rope`` change
+    those parameters in the copy (``rope_type=...`` etc.).
+    """
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    params = dict(model.config.rope_parameters or {})
+    if rope_theta is not None:
+        params["rope_theta"] = float(rope_theta)
+    params.update(rope)
+    model.config.rope_parameters = params
+    if hasattr(model.config, "rope_theta"):
+        del model.config.rope_theta
+    model.save_pretrained(str(dst), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(dst))
+    written = json.loads((Path(dst) / "config.json").read_text())
+    assert "rope_theta" not in written and written["rope_parameters"] == params, written
+    return Path(dst)
 
 
 _LAZY = {"TINY_LLAMA": tiny_llama, "TINY_GPT2": tiny_gpt2, "SMOLLM2": smollm2}

@@ -166,8 +166,8 @@ def test_beam_params_and_choices_and_types():
     with pytest.raises(ConfigError, match=r"K=0"):
         BeamParams.model_validate({"K": 0})
     hf = genlm_core.resolve("hf").load_config_class()
-    with pytest.raises(ConfigError, match=r"dtype='f32': Input should be 'auto', 'float32'"):
-        hf.build("hf", dtype="f32")
+    with pytest.raises(ConfigError, match=r"dtype='int4'.*accepted: one of 'auto', 'float32'"):
+        hf.build("hf", dtype="int4")  # ('f32', 'bf16', torch dtypes are spellings it accepts)
     with pytest.raises(ConfigError, match=r"device_map=3 \(accepted: a string, or a mapping, or None\)"):
         hf.build("hf", device_map=3)
 

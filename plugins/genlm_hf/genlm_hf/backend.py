@@ -74,6 +74,14 @@ class HFBackend(BaseLogprobBackend):
     def device(self) -> Any:
         return self._device
 
+    @property
+    def dtype(self) -> str:
+        """The dtype of the model's floating weights (what its matmuls run in)."""
+        for param in self.model.parameters():
+            if param.is_floating_point():
+                return str(param.dtype).removeprefix("torch.")
+        return "float32"
+
     # ------------------------------------------------------------------ engine
     def _forward_in_thread(self) -> bool:
         # on CPU torch's intra-op threads already use every core: a worker thread only

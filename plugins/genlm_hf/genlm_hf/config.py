@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
 from genlm_core.config import BackendConfig
+from genlm_core.dtypes import DTYPES
 
 __all__ = ["HFConfig", "DTYPES"]
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 class HFConfig(BackendConfig):
@@ -24,9 +23,6 @@ class HFConfig(BackendConfig):
 
     gguf_file: str | None = Field(
         None, description="GGUF file inside `model` to load (needs the `gguf` package)"
-    )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="weights dtype; 'auto' keeps the checkpoint's dtype"
     )
     device: str | None = Field(
         None, description="'cuda', 'cuda:1', 'mps' or 'cpu'; None picks the best device present"

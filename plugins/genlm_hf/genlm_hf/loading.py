@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from genlm_core import hardware
+from genlm_core.dtypes import DTYPES, UnsupportedDtypeError, normalize_dtype, resolve_dtype
 from genlm_core.progress import note
 from genlm_hf.config import HFConfig
 
-__all__ = ["check_config", "resolve_device", "load_model_and_tokenizer"]
+__all__ = ["check_config", "check_dtype", "requested_dtype", "resolve_device", "load_model_and_tokenizer"]
 
 
 def check_config(config: HFConfig) -> None:
@@ -18,6 +19,7 @@ def check_config(config: HFConfig) -> None:
             "the hf backend needs a model: genlm_core.load('hf', model='<hub id or local folder>')"
         )
     config.check_model()
+    requested_dtype(config)  # a conflicting hf_opts dtype fails before any weights are read
     if config.bitsandbytes_opts:
         wants_cpu = config.device is not None and not str(config.device).startswith("cuda")
         if wants_cpu or not hardware.probe().cuda:
@@ -56,24 +58,57 @@ def resolve_device(requested: str | None) -> str:
     return "cpu"
 
 
+def requested_dtype(config: HFConfig) -> str:
+    """``config.dtype``, or the seeds' ``hf_opts={"torch_dtype": ...}`` when dtype is 'auto'."""
+    legacy = [(k, config.hf_opts[k]) for k in ("torch_dtype", "dtype") if k in config.hf_opts]
+    if not legacy:
+        return config.dtype
+    key, value = legacy[0]
+    name = normalize_dtype(value)
+    if name is None:
+        raise ValueError(f"hf_opts[{key!r}]={value!r}: expected one of {', '.join(DTYPES[1:])}")
+    if config.dtype not in ("auto", name):
+        raise ValueError(
+            f"hf_opts[{key!r}]={value!r} conflicts with dtype={config.dtype!r}; pass dtype= only"
+        )
+    return name
+
+
+def check_dtype(dtype: str, device: str) -> None:
+    """Refuse a dtype torch cannot compute in on ``device`` (no silent substitute)."""
+    import torch
+
+    kind = device.split(":")[0]
+    if dtype == "bfloat16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UnsupportedDtypeError("hf", dtype, device, "this GPU has no bfloat16 support")
+
+
 def load_model_and_tokenizer(config: HFConfig) -> tuple[Any, Any, str]:
-    """``(model, tokenizer, device)`` through transformers' ``from_pretrained``."""
+    """``(model, tokenizer, device)`` through transformers' ``from_pretrained``.
+
+    ``dtype="auto"`` is resolved to the checkpoint's dtype by
+    :func:`genlm_core.dtypes.resolve_dtype` (the meaning every backend shares) and
+    passed to transformers explicitly.
+    """
     check_config(config)
     device = resolve_device(config.device)
+    dtype = resolve_dtype(requested_dtype(config), config.model)
+    check_dtype(dtype, device)
     if config.gguf_file is not None:
         note(
             f"hf: loading {config.gguf_file} from {config.model}: transformers dequantizes every "
             "GGUF tensor first (slow for large models; save_pretrained() once to skip it)"
         )
     else:
-        note(f"hf: loading {config.model} on {device}")
+        note(f"hf: loading {config.model} on {device} ({dtype})")
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code}
     if config.gguf_file is not None:
         common["gguf_file"] = config.gguf_file
     tokenizer = AutoTokenizer.from_pretrained(config.model, **common)
-    opts: dict[str, Any] = {**common, "dtype": config.dtype}
+    opts: dict[str, Any] = {**common, "dtype": getattr(torch, dtype)}
     if config.device_map is not None:
         opts["device_map"] = config.device_map
     if config.bitsandbytes_opts:
@@ -81,7 +116,7 @@ def load_model_and_tokenizer(config: HFConfig) -> tuple[Any, Any, str]:
 
         opts["quantization_config"] = BitsAndBytesConfig(**config.bitsandbytes_opts)
         opts.setdefault("device_map", {"": device})
-    opts.update(config.hf_opts)
+    opts.update({k: v for k, v in config.hf_opts.items() if k not in ("dtype", "torch_dtype")})
     model = AutoModelForCausalLM.from_pretrained(config.model, **opts)
     if "device_map" not in opts:
         model = model.to(device)

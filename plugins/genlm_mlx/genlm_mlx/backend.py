@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genlm_core.backend import BaseLogprobBackend
 from genlm_core.config import ConfigError
+from genlm_core.dtypes import resolve_dtype
 from genlm_core.prefix_cache import PrefixCache
 from genlm_core.progress import note
 from genlm_mlx.config import MLXConfig
@@ -84,6 +86,8 @@ class MLXBackend(BaseLogprobBackend):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, config: MLXConfig) -> "MLXBackend":  # type: ignore[override]
+        """Load with mlx-lm after mapping transformers-5 config keys (:mod:`genlm_mlx.hf_config`)
+        and cast the weights to the resolved ``dtype`` (:mod:`genlm_core.dtypes`)."""
         config.check_model()  # before mlx_lm is imported
         from mlx_lm import load
 
@@ -93,10 +97,16 @@ class MLXBackend(BaseLogprobBackend):
 
             model_path = str(smollm2_path())
         note(f"mlx: loading {model_path} with mlx-lm")
+        local = Path(model_path).expanduser()
         try:
-            model, tokenizer, model_config = load(model_path, return_config=True)
+            folder = local if local.exists() else _download(model_path)
+            overrides = _config_overrides(folder, model_path)
+            model, tokenizer, model_config = load(str(folder), model_config=overrides, return_config=True)
         except (OSError, ValueError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
             raise ConfigError(f"mlx: mlx_lm.load could not load {model_path!r}: {exc}") from exc
+        _cast(model, resolve_dtype(config.dtype, folder))
         return cls(model, tokenizer, config, model_config=model_config)
 
     # ------------------------------------------------------------------ engine hooks
@@ -112,6 +122,11 @@ class MLXBackend(BaseLogprobBackend):
 
     def _rows_device(self) -> str:
         return "cpu"  # rows come back from mlx as numpy arrays
+
+    @property
+    def dtype(self) -> str:
+        """The dtype of the model's floating weights (what mlx computes in)."""
+        return _weight_dtype(self.mlx_model)
 
     def _forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         import torch
@@ -215,6 +230,42 @@ class MLXBackend(BaseLogprobBackend):
                 self.vocab_size,
                 self.config.prefill_step_size,
             )
+
+
+def _download(model: str) -> Path:
+    """mlx-lm's own resolution of a hub id to a local snapshot (its cache first)."""
+    from mlx_lm.utils import _download as download
+
+    return Path(download(model))
+
+
+def _config_overrides(folder: Path, name: str) -> dict[str, Any]:
+    """Keys transformers 5 moved that mlx-lm's model class reads (see :mod:`genlm_mlx.hf_config`)."""
+    from mlx_lm.utils import _get_classes, load_config
+
+    from genlm_mlx.hf_config import args_fields, mlx_overrides
+
+    config = load_config(folder)
+    _, args_class = _get_classes(config)
+    return mlx_overrides(config, args_fields(args_class), where=repr(name))
+
+
+def _weight_dtype(model: Any) -> str:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    for _, value in tree_flatten(model.parameters()):
+        if mx.issubdtype(value.dtype, mx.floating):
+            return str(value.dtype).removeprefix("mlx.core.")
+    return "float32"
+
+
+def _cast(model: Any, dtype: str) -> None:
+    """Cast the floating weights to ``dtype`` (mlx computes in its inputs' dtype)."""
+    import mlx.core as mx
+
+    model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())
 
 
 def _eos_ids(tokenizer: Any) -> list[int]:

@@ -27,6 +27,10 @@ class MockBackend(BaseLogprobBackend):
 
     def __init__(self, tokenizer: Any = None, config: MockConfig | None = None) -> None:
         config = config or MockConfig()
+        if config.dtype not in ("auto", "float32"):
+            from genlm_core.dtypes import UnsupportedDtypeError
+
+            raise UnsupportedDtypeError("mock", config.dtype, "cpu", "the mock computes in float32 only")
         if tokenizer is None:
             tokenizer = ByteTokenizer()
         if isinstance(tokenizer, ByteTokenizer):

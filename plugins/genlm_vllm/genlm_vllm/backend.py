@@ -32,6 +32,7 @@ import torch
 
 from genlm_core.backend import BaseLogprobBackend
 from genlm_core.batching import AutoBatcher
+from genlm_core.dtypes import UnsupportedDtypeError, resolve_dtype
 from genlm_core.progress import note, summarise_repeats
 from genlm_vllm.config import VLLMConfig
 
@@ -122,10 +123,17 @@ def engine_kwargs(config: VLLMConfig, device: str) -> dict[str, Any]:
 
     if config.model is None:
         raise ValueError("the 'vllm' backend needs model=... (a hub id or a local folder)")
+    if "dtype" in config.engine_opts:
+        raise ValueError(
+            "engine_opts['dtype'] is not accepted: pass dtype= (the option every backend shares; "
+            "'auto' = the checkpoint's dtype, unlike vLLM's own 'auto', which downcasts float32)"
+        )
     kw: dict[str, Any] = {
         "model": config.model,
         "tokenizer": config.tokenizer or config.model,
-        "dtype": config.dtype,
+        # our "auto" is the checkpoint's dtype, passed explicitly: vLLM's own "auto" runs a
+        # float32 checkpoint in bfloat16 on CPU (float16/bfloat16 on GPUs)
+        "dtype": resolve_dtype(config.dtype, config.model),
         "enable_prefix_caching": config.enable_prefix_caching,
         "seed": config.seed,
     }
@@ -152,6 +160,23 @@ def engine_kwargs(config: VLLMConfig, device: str) -> dict[str, Any]:
     return kw
 
 
+def check_dtype(dtype: str, device: str) -> None:
+    """Refuse a dtype vLLM's platform does not support on ``device`` (vLLM would substitute)."""
+    from vllm.platforms import current_platform
+
+    if getattr(torch, dtype) not in current_platform.supported_dtypes:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in current_platform.supported_dtypes)
+        raise UnsupportedDtypeError("vllm", dtype, device, f"vLLM supports {supported} there")
+
+
+def _weight_dtype(llm: Any) -> str:
+    """The dtype of the worker's model weights ("float32", ...), asked through the worker."""
+    try:
+        return str(llm.collective_rpc("genlm_weight_dtype")[0])
+    except Exception:  # noqa: BLE001 - an engine built without our worker extension
+        return str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
+
+
 class VLLMBackend(BaseLogprobBackend):
     """LogprobBackend on a ``vllm.LLM`` engine (V1).
 
@@ -171,6 +196,7 @@ class VLLMBackend(BaseLogprobBackend):
         self._device = device or _engine_device()
         model_config = llm.llm_engine.model_config
         self._max_model_len = int(model_config.max_model_len)
+        self._dtype = _weight_dtype(llm)
         self.in_process = _engine_in_process(llm)
         if self.in_process:
             _LIVE_IN_PROCESS.add(self)
@@ -202,12 +228,18 @@ class VLLMBackend(BaseLogprobBackend):
         from vllm import LLM
 
         kwargs = engine_kwargs(config, device)
+        check_dtype(kwargs["dtype"], device)
         _announce_start(kwargs, device)
         t0 = time.perf_counter()
         with summarise_repeats("vllm"):  # e.g. one cast warning per weight tensor
             llm = LLM(**kwargs)
         note(f"vllm: engine ready in {time.perf_counter() - t0:.0f} s")
         try:
+            engine_dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
+            if engine_dtype != kwargs["dtype"]:
+                raise UnsupportedDtypeError(
+                    "vllm", kwargs["dtype"], device, f"the engine chose {engine_dtype} instead"
+                )
             return cls(llm, config, device=device)
         except BaseException:
             _shutdown(llm)
@@ -217,6 +249,11 @@ class VLLMBackend(BaseLogprobBackend):
     @property
     def device(self) -> str:
         return self._device
+
+    @property
+    def dtype(self) -> str:
+        """The dtype of the engine's model weights (asked of the worker at start)."""
+        return self._dtype
 
     @property
     def max_context_length(self) -> int:

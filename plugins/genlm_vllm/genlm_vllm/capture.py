@@ -163,6 +163,13 @@ class CaptureWorkerExtension:
     def genlm_discard_captured(self, tags: list[str]) -> None:
         discard(list(tags))
 
+    def genlm_weight_dtype(self) -> str:
+        """The dtype of the worker's model weights (first floating parameter), e.g. "float32"."""
+        for param in self.get_model().parameters():  # type: ignore[attr-defined]
+            if param.is_floating_point():
+                return str(param.dtype).removeprefix("torch.")
+        return "float32"
+
 
 def capture_args(tag: str) -> dict[str, Any]:
     """``SamplingParams.extra_args`` asking for ``tag`` to be captured."""

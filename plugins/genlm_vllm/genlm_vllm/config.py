@@ -48,7 +48,6 @@ class VLLMConfig(BackendConfig):
 
     component = "vllm"
 
-    dtype: str = Field("auto", description="weights/activations dtype: auto, float32, bfloat16, float16")
     tokenizer: str | None = Field(
         None, description="tokenizer folder or id, a str or os.PathLike (default: the model's)"
     )

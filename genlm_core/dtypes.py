@@ -1,0 +1,151 @@
+"""One meaning of ``dtype`` on every backend (import-light: no torch, no engine).
+
+``dtype="auto"`` means the checkpoint's own dtype on every engine: the ``dtype``
+(transformers 5) or ``torch_dtype`` (older) entry of its ``config.json`` (or of its
+``text_config``), else the dtype its safetensors weights are stored in, else
+float32 (a checkpoint that says nothing, e.g. a GGUF file, which transformers
+dequantises to float32). An explicit ``float32`` / ``float16`` / ``bfloat16`` is
+used as given. A backend that cannot compute in the resolved dtype on its device
+raises :class:`UnsupportedDtypeError` (a ``ValueError`` naming the dtype and the
+device); none substitutes another dtype.
+
+This matters because engines disagree on what "auto" means: vLLM's own "auto" runs
+a float32 checkpoint in bfloat16 on CPU (and float16/bfloat16 on GPUs), while
+transformers keeps float32; genlm-vllm therefore passes the resolved dtype to vLLM
+explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DTYPES",
+    "UnsupportedDtypeError",
+    "checkpoint_dtype",
+    "normalize_dtype",
+    "resolve_dtype",
+]
+
+#: the values ``dtype`` accepts on every backend
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+#: spellings found in config files and safetensors headers -> our names
+_ALIASES = {
+    "float32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+    "f32": "float32",
+    "torch.float32": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "fp16": "float16",
+    "f16": "float16",
+    "torch.float16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "torch.bfloat16": "bfloat16",
+}
+
+#: safetensors header dtype codes of floating tensors
+_SAFETENSORS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+class UnsupportedDtypeError(ValueError):
+    """The requested dtype cannot run on this backend's device."""
+
+    def __init__(self, backend: str, dtype: str, device: str, why: str = "") -> None:
+        detail = f" ({why})" if why else ""
+        super().__init__(
+            f"{backend}: dtype={dtype!r} cannot run on device {device!r}{detail}; "
+            f"pass another dtype (one of {', '.join(DTYPES[1:])}) or run on another device"
+        )
+        self.dtype = dtype
+        self.device = device
+
+
+def normalize_dtype(value: Any) -> str | None:
+    """Our name (``float32``/``float16``/``bfloat16``) for a dtype spelling, or None."""
+    if value is None:
+        return None
+    return _ALIASES.get(str(value).strip().lower())
+
+
+def checkpoint_dtype(model: str | Path | None) -> str | None:
+    """The dtype the checkpoint at ``model`` declares (``None`` if it says nothing here).
+
+    Reads ``config.json`` of a local folder (or of a hub id already in the local
+    Hugging Face cache; nothing is downloaded): ``dtype``, then ``torch_dtype``, at
+    the top level or in ``text_config``. Without one, the dtype of the floating
+    tensors of its first safetensors file. Raises ``ValueError`` for a declared
+    dtype outside :data:`DTYPES` (e.g. float8): pass ``dtype=`` explicitly then.
+    """
+    if model is None:
+        return None
+    config_path = _config_json(str(model))
+    if config_path is None:
+        return None
+    try:
+        data = json.loads(config_path.read_text())
+    except (OSError, ValueError):
+        return None
+    for section in (data, data.get("text_config") or {}):
+        for key in ("dtype", "torch_dtype"):
+            raw = section.get(key) if isinstance(section, dict) else None
+            if raw is None:
+                continue
+            name = normalize_dtype(raw)
+            if name is None:
+                raise ValueError(
+                    f"the checkpoint {model!s} declares {key}={raw!r}, which dtype='auto' cannot "
+                    f"run; pass dtype= explicitly (one of {', '.join(DTYPES[1:])})"
+                )
+            return name
+    return _safetensors_dtype(config_path.parent)
+
+
+def resolve_dtype(requested: str, model: str | Path | None) -> str:
+    """``requested`` itself, or for ``"auto"`` the checkpoint's dtype (float32 if unknown)."""
+    if requested not in DTYPES:
+        raise ValueError(f"dtype={requested!r} is not one of {', '.join(DTYPES)}")
+    if requested != "auto":
+        return requested
+    return checkpoint_dtype(model) or "float32"
+
+
+def _config_json(model: str) -> Path | None:
+    local = Path(model).expanduser()
+    if local.is_dir():
+        path = local / "config.json"
+        return path if path.is_file() else None
+    if local.exists():  # a file (e.g. a GGUF): its folder may hold a config
+        path = local.parent / "config.json"
+        return path if path.is_file() else None
+    try:  # a hub id: only what is already cached, never a download
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(model, "config.json")
+    except Exception:  # noqa: BLE001 - not a valid repo id: no checkpoint dtype known
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def _safetensors_dtype(folder: Path) -> str | None:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    try:
+        with open(files[0], "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+    except (OSError, ValueError, struct.error):
+        return None
+    for name, entry in header.items():
+        if name != "__metadata__" and isinstance(entry, dict) and entry.get("dtype") in _SAFETENSORS:
+            return _SAFETENSORS[entry["dtype"]]
+    return None

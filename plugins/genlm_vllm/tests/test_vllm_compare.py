@@ -1,0 +1,48 @@
+"""hf, vllm and mlx agree on SmolLM2-135M in float32 (genlm_core.compare), on both
+folder styles: our converted folder (top-level rope_theta) and a transformers-5
+save_pretrained copy (rope_theta only under rope_parameters). One vLLM engine per
+folder style."""
+
+from __future__ import annotations
+
+import pytest
+
+import genlm_core
+from genlm_core.compare import DEFAULT_PROMPTS, DEFAULT_TOLERANCE, compare_loaded
+
+pytestmark = pytest.mark.slow
+
+VLLM_OPTS = {"enforce_eager": True, "max_model_len": 1024}
+
+
+@pytest.fixture(scope="module", params=["converted", "transformers5"])
+def smol_folder(request, tmp_path_factory) -> str:
+    import model_paths
+
+    if request.param == "converted":
+        return str(model_paths.smollm2())
+    return str(model_paths.transformers5_copy(model_paths.smollm2(), tmp_path_factory.mktemp("t5")))
+
+
+@pytest.fixture(scope="module")
+def three(smol_folder):
+    llms = {
+        "hf": genlm_core.load("hf", model=smol_folder, dtype="float32", device="cpu"),
+        "vllm": genlm_core.load("vllm", model=smol_folder, dtype="float32", **VLLM_OPTS),
+        "mlx": genlm_core.load("mlx", model=smol_folder, dtype="float32"),
+    }
+    yield llms
+    for llm in llms.values():
+        llm.close()
+
+
+def test_engines_agree_on_every_context(three) -> None:
+    result = compare_loaded(three, DEFAULT_PROMPTS)
+    print("\n" + result.table(DEFAULT_TOLERANCE))
+    assert {b["dtype"] for b in result.backends.values()} == {"float32"}
+    assert max(len(c) for c in result.contexts) > 200  # the long context is long
+    for pair in result.pairs:
+        # float32 through 30 layers: engines differ by summation order only (~1e-4 measured);
+        # a misread rope_theta or a bfloat16 engine is off by > 1e-2
+        assert max(pair.per_context_max_abs) <= DEFAULT_TOLERANCE, (pair.a, pair.b, pair.per_context_max_abs)
+        assert pair.top1_agree == pair.n_contexts, (pair.a, pair.b)
