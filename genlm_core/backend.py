@@ -71,6 +71,7 @@ class BaseLogprobBackend:
             self._batch_fn,
             batch_size=cfg.batch_size,
             timeout=cfg.timeout,
+            policy=cfg.batch_policy,
             run_in_thread=cfg.forward_thread if cfg.forward_thread is not None else self._forward_in_thread(),
             name=f"{self.backend_name}-logprobs",
         )

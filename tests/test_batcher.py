@@ -341,3 +341,30 @@ async def test_tick_policy_is_bounded_on_a_loop_kept_busy():
     assert time.perf_counter() - t0 < 0.5
     await spinner
     b.close()
+
+
+# ---------------------------------------------------------------------- batch_policy option
+async def test_backend_batch_policy_tick_serves_lone_callers_without_the_deadline():
+    """``batch_policy="tick"`` reaches the backend's batcher: with a 0.5 s timeout, ten
+    sequential calls finish well inside one timeout (under "deadline" each would wait
+    for it), 16 concurrent calls still form one batch, and rows equal the deadline
+    backend's (same mock model: bitwise)."""
+    import time
+
+    import genlm_core
+
+    tick = genlm_core.load("mock", batch_policy="tick", timeout=0.5, cache_size=0)
+    ref = genlm_core.load("mock", timeout=0.0, cache_size=0)
+    assert tick.batcher.policy == "tick" and ref.batcher.policy == "deadline"
+    t0 = time.perf_counter()
+    for t in range(10):
+        row = await tick.next_token_logprobs([1, 2, t])
+        assert torch.equal(row, ref.next_token_logprobs_sync([1, 2, t]))
+    assert time.perf_counter() - t0 < 0.5  # ten deadline waits would take >= 5 s
+    before = tick.batcher.stats.batches
+    rows = await asyncio.gather(*(tick.next_token_logprobs([3, t]) for t in range(16)))
+    assert tick.batcher.stats.batches - before == 1
+    for t, row in enumerate(rows):
+        assert torch.equal(row, ref.next_token_logprobs_sync([3, t]))
+    tick.close()
+    ref.close()
