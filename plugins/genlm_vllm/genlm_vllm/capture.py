@@ -38,6 +38,7 @@ payloads, so rows travel as float32 bytes (one host copy per batch).
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import uuid
 import weakref
@@ -152,16 +153,57 @@ class CaptureWorkerExtension:
     def genlm_pop_captured(self, tags: list[str]) -> list[torch.Tensor | None]:
         return pop_captured(list(tags))
 
-    def genlm_pop_captured_bytes(self, tags: list[str]) -> list[bytes | None]:
-        """For engines in other processes: float32 bytes (vLLM's RPC results do not
-        carry tensor payloads)."""
-        return [
-            None if r is None else r.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
-            for r in pop_captured(list(tags))
-        ]
-
     def genlm_discard_captured(self, tags: list[str]) -> None:
         discard(list(tags))
+
+    def genlm_pop_captured_rows(
+        self, tags: list[str], buffer: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """For workers in other processes: the replying rank hands its rows back through
+        the backend's shared-memory buffer (bytes where it cannot open it, see
+        :mod:`genlm_vllm.transport`); every other rank drops its copies and answers None."""
+        from genlm_vllm.transport import write_rows
+
+        rows = pop_captured(list(tags))
+        if not is_reply_rank():
+            return None
+        return write_rows(rows, buffer)
+
+    def genlm_forget_buffer(self, name: str) -> None:
+        from genlm_vllm.transport import forget
+
+        forget(name)
+
+    def genlm_worker_info(self) -> dict[str, Any]:
+        """Where this worker runs (``llm.info()``'s parallel layout; the fault watchdog)."""
+        import socket
+
+        tp = pp = None
+        try:
+            from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+            tp, pp = get_tp_group().rank_in_group, get_pp_group().rank_in_group
+        except Exception:  # noqa: BLE001 - no parallel groups (should not happen in a worker)
+            pass
+        return {
+            "rank": getattr(self, "rank", None),
+            "tp_rank": tp,
+            "pp_rank": pp,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "reply": is_reply_rank(),
+        }
+
+
+def is_reply_rank() -> bool:
+    """Whether this worker answers with rows: tensor-parallel rank 0 of the last
+    pipeline stage (every TP rank holds the full rows; earlier PP stages none)."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        return bool(get_pp_group().is_last_rank and get_tp_group().is_first_rank)
+    except Exception:  # noqa: BLE001 - no parallel groups: a lone worker replies
+        return True
 
 
 def capture_args(tag: str) -> dict[str, Any]:
