@@ -16,6 +16,7 @@ under the batcher's ``model_lock``: the engine is not thread-safe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import importlib.util
 import itertools
@@ -24,7 +25,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,52 @@ def _prepare_environment(config: VLLMConfig, device: str) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if device == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
+
+
+def _cpu_binding(world_size: int) -> str | None:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``world_size`` CPU ranks: this process's cores
+    split into that many contiguous lists (vLLM's own ``auto`` needs one NUMA node per
+    rank and fails on single-node machines). None when there are fewer cores than ranks."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = list(range(os.cpu_count() or 1))
+    if len(cores) < world_size:
+        return None
+    per = len(cores) // world_size
+    lists = [cores[r * per : (r + 1) * per] for r in range(world_size)]
+    return "|".join(",".join(map(str, c)) for c in lists)
+
+
+@contextlib.contextmanager
+def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
+    """The environment one engine start needs, restored afterwards.
+
+    * vLLM caches its environment variables once an engine has started
+      (``vllm.envs.enable_envs_cache``); a later engine in the same process would see
+      the first one's values (e.g. ``VLLM_ENABLE_V1_MULTIPROCESSING``,
+      ``VLLM_CPU_OMP_THREADS_BIND``). The cache is dropped so this start reads
+      ``os.environ`` as it is now.
+    * CPU engines with several ranks bind each rank's OpenMP threads to its own cores:
+      when ``VLLM_CPU_OMP_THREADS_BIND`` is unset, the cores are split evenly
+      (:func:`_cpu_binding`), only while the workers start.
+    """
+    import vllm.envs
+
+    vllm.envs.disable_envs_cache()
+    world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
+    added: list[str] = []
+    if device == "cpu" and world > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        binding = _cpu_binding(world)
+        if binding is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
+            added.append("VLLM_CPU_OMP_THREADS_BIND")
+            note(f"vllm: binding the {world} CPU ranks to cores {binding} (VLLM_CPU_OMP_THREADS_BIND)")
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def _announce_start(kwargs: dict[str, Any], device: str) -> None:
@@ -187,6 +234,8 @@ class VLLMBackend(BaseLogprobBackend):
             from genlm_vllm.transport import RowBuffer, shm_available
 
             self.workers = [w for w in llm.collective_rpc("genlm_worker_info") if w]
+            if llm.llm_engine.vllm_config.parallel_config.pipeline_parallel_size > 1:
+                llm.collective_rpc("genlm_prepare_pipeline")  # see CaptureWorkerExtension
             if shm_available():
                 self._buffer = RowBuffer(self._namespace)
             self._watchdog = _Watchdog(self)
@@ -217,7 +266,10 @@ class VLLMBackend(BaseLogprobBackend):
         kwargs = engine_kwargs(config, device)
         _announce_start(kwargs, device)
         t0 = time.perf_counter()
-        with summarise_repeats("vllm"):  # e.g. one cast warning per weight tensor
+        with (
+            _engine_environment(kwargs, device),
+            summarise_repeats("vllm"),
+        ):  # e.g. one cast warning per weight
             llm = LLM(**kwargs)
         note(f"vllm: engine ready in {time.perf_counter() - t0:.0f} s")
         try:

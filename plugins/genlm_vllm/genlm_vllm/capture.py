@@ -174,6 +174,26 @@ class CaptureWorkerExtension:
 
         forget(name)
 
+    def genlm_prepare_pipeline(self) -> bool:
+        """Allocate a later pipeline stage's receive buffers where vLLM did not.
+
+        vLLM 0.32's GPU model runner allocates ``intermediate_tensors`` (what a
+        pipeline stage receives from the previous one) in its warm-up dummy run. The
+        CPU runner skips that warm-up when nothing is compiled (``enforce_eager=True``),
+        so the first step of every later stage fails (``assert self.intermediate_tensors
+        is not None`` in ``sync_and_gather_intermediate_tensors``). This allocates them as
+        the dummy run would. Returns whether it did.
+        """
+        from vllm.distributed.parallel_state import get_pp_group
+
+        runner = getattr(self, "model_runner", None)
+        if runner is None or get_pp_group().is_first_rank or runner.intermediate_tensors is not None:
+            return False
+        runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+            batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device
+        )
+        return True
+
     def genlm_worker_info(self) -> dict[str, Any]:
         """Where this worker runs (``llm.info()``'s parallel layout; the fault watchdog)."""
         import socket
