@@ -25,14 +25,15 @@ before its output list grows. Earlier (partial) rows are overwritten; later step
 so sampling is unaffected; captured rows stay on the engine's device.
 
 Transport: :data:`CAPTURED` lives in the process that runs the worker. The backend
-fetches rows with ``LLM.collective_rpc("genlm_pop_captured", args=(tags,))``, a
-method added to every worker by :class:`CaptureWorkerExtension` (vLLM's public
-``worker_extension_cls`` engine option). With ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
-and one in-process worker (the default here) that call is a plain function call and
-the rows never leave the engine's device. With a multiprocessing engine core or
-multi-process executors (``tensor_parallel_size > 1``, Ray) the backend calls
-``genlm_pop_captured_bytes`` instead: vLLM's RPC results do not carry tensor
-payloads, so rows travel as float32 bytes (one host copy per batch).
+fetches rows with ``LLM.collective_rpc(...)``, calling methods added to every worker
+by :class:`CaptureWorkerExtension` (vLLM's public ``worker_extension_cls`` engine
+option). With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and one in-process worker (the
+default here) ``genlm_pop_captured`` is a plain function call and the rows never
+leave the engine's device. With worker processes (``tensor_parallel_size`` /
+``pipeline_parallel_size`` > 1, a multiprocessing engine core) the backend calls
+``genlm_pop_captured_rows``: one rank (TP rank 0 of the last pipeline stage) writes
+its rows into the backend's ``/dev/shm`` buffer, or sends float32 bytes where it
+cannot open it (see :mod:`genlm_vllm.transport`).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class CaptureLogitsProcessor(LogitsProcessor):
         self.rows: dict[int, tuple[str, list[int]]] = {}
         self.steps = 0  # apply() calls
         self.captures = 0  # rows recorded (partial-prefill rows included)
+        self._reply: bool | None = None  # whether this rank hands rows back (first apply)
         INSTANCES.add(self)
 
     @classmethod
@@ -134,6 +136,10 @@ class CaptureLogitsProcessor(LogitsProcessor):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         self.steps += 1
         if not self.rows:
+            return logits
+        if self._reply is None:  # parallel groups exist by the first step
+            self._reply = is_reply_rank()
+        if not self._reply:  # another rank holds the same rows and answers for them
             return logits
         want = [(i, tag) for i, (tag, out) in self.rows.items() if not out and i < logits.shape[0]]
         if not want:

@@ -285,6 +285,7 @@ def test_ray_executor_is_refused_on_cpu(tiny_path) -> None:
     """(c): a local Ray cluster (loopback, 2 CPUs) started and stopped here; vLLM's CPU
     platform has no Ray device key and refuses the executor with its own error."""
     import ray  # scripts/setup_env.sh installs it: this test is never skipped
+
     kids = _descendants()
     # the raylet waits for its dashboard agent; on a loaded 2-core CI box that takes
     # longer than the default 30 s
