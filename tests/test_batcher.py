@@ -341,3 +341,12 @@ async def test_tick_policy_is_bounded_on_a_loop_kept_busy():
     assert time.perf_counter() - t0 < 0.5
     await spinner
     b.close()
+
+
+def test_info_and_health_follow_close() -> None:
+    llm = genlm_core.load("mock")
+    info = llm.info()
+    assert info["backend"] == "mock" and info["vocab_size"] == llm.vocab_size and info["healthy"]
+    assert llm.healthy
+    llm.close()
+    assert not llm.healthy and llm.info()["healthy"] is False

@@ -383,23 +383,21 @@ class VLLMBackend(BaseLogprobBackend):
     def info(self) -> dict[str, Any]:
         """What runs where: the device, the parallel layout, the workers and the row transport."""
         parallel = self.llm.llm_engine.vllm_config.parallel_config if self.llm is not None else None
-        out: dict[str, Any] = {
-            "backend": self.backend_name,
-            "model": self.config.model,
-            "device": self._device,
-            "vocab_size": self.vocab_size,
-            "healthy": self.healthy,
-            "in_process": self.in_process,
-            "transport": "in-process tensors"
-            if self.in_process
-            else (
-                "shared memory (/dev/shm), bytes through the RPC off this node"
-                if self._buffer is not None
-                else "float32 bytes through the RPC"
-            ),
-            "transport_counts": dict(self.transport_counts),
-            "workers": list(self.workers),
-        }
+        out: dict[str, Any] = super().info()
+        out.update(
+            {
+                "in_process": self.in_process,
+                "transport": "in-process tensors"
+                if self.in_process
+                else (
+                    "shared memory (/dev/shm), bytes through the RPC off this node"
+                    if self._buffer is not None
+                    else "float32 bytes through the RPC"
+                ),
+                "transport_counts": dict(self.transport_counts),
+                "workers": list(self.workers),
+            }
+        )
         if parallel is not None:
             out.update(
                 tensor_parallel_size=int(parallel.tensor_parallel_size),
