@@ -67,7 +67,7 @@ async def run_ours(path: Path, ks: list[int], threads: int) -> dict[str, Any]:
     data = PARAGRAPH.encode()
     out: dict[str, Any] = {"load_s": load_s, "initial_context": [bos], "runs": {}}
     warm = await ByteBeamState.initial(llm, BeamParams(K=5, eos_tokens=(), initial_context=(bos,)))
-    await warm.prefill(WARMUP)
+    await warm.prefill(WARMUP.encode())
     for k in ks:
         llm.clear_cache()
         beam = await ByteBeamState.initial(llm, BeamParams(K=k, eos_tokens=(), initial_context=(bos,)))

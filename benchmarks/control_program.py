@@ -25,6 +25,40 @@ PROMPT = "Here is my honest opinion about inference methods:"
 SENTENCE = " Montreal is a city in Canada."
 
 
+class LMWait:
+    """Wall time during which at least one next-token call is in flight.
+
+    Wraps the language model's ``next_token_logprobs`` and
+    ``batch_next_token_logprobs`` on the instance (both stacks expose them), so the
+    report can separate the backend's share from the client's own work.
+    """
+
+    def __init__(self, lm: object) -> None:
+        self.active = 0
+        self.t0 = 0.0
+        self.busy = 0.0
+        self.calls = 0
+        for name in ("next_token_logprobs", "batch_next_token_logprobs"):
+            self._wrap(lm, name)
+
+    def _wrap(self, lm: object, name: str) -> None:
+        orig = getattr(lm, name)
+
+        async def timed(*args, **kwargs):
+            if self.active == 0:
+                self.t0 = time.perf_counter()
+            self.active += 1
+            self.calls += 1
+            try:
+                return await orig(*args, **kwargs)
+            finally:
+                self.active -= 1
+                if self.active == 0:
+                    self.busy += time.perf_counter() - self.t0
+
+        setattr(lm, name, timed)
+
+
 def seed_everything(seed: int) -> None:
     import numpy as np
     import torch
@@ -43,6 +77,7 @@ async def regex_workload(model: str, seed: int) -> dict:
     fsa = BoolFSA.from_regex(REGEX)
     sampler = AWRS(llm, fsa.coerce(llm, f=b"".join))
     load = time.perf_counter() - t0
+    meter = LMWait(llm.model)
     seed_everything(seed)
     t0 = time.perf_counter()
     seqs = await sampler.smc(n_particles=10, ess_threshold=0.5, max_tokens=30)
@@ -54,6 +89,8 @@ async def regex_workload(model: str, seed: int) -> dict:
         "workload": "regex",
         "load_s": load,
         "wall_s": wall,
+        "lm_wait_s": meter.busy,
+        "lm_calls": meter.calls,
         "n_sequences": len(texts),
         "all_match": all(re.fullmatch(REGEX, t) is not None for t in texts),
         "posterior": {t: float(p) for t, p in posterior.items()},
@@ -68,6 +105,7 @@ async def bytes_workload(model: str, seed: int) -> dict:
     byte_llm = ByteLLM.from_name(model, BeamParams(K=5, eos_byte_strings=[b"<|endoftext|>"]), backend="hf")
     byte_llm.set_prompt_from_str("The city I like best:")
     load = time.perf_counter() - t0
+    meter = LMWait(byte_llm.llm)
     seed_everything(seed)
     data = [bytes([b]) for b in SENTENCE.encode()]
     t0 = time.perf_counter()
@@ -82,6 +120,8 @@ async def bytes_workload(model: str, seed: int) -> dict:
         "workload": "bytes",
         "load_s": load,
         "wall_s": wall,
+        "lm_wait_s": meter.busy,
+        "lm_calls": meter.calls,
         "n_bytes": len(data),
         "sum_next_byte_logp": sum(logps),
         "prefix_logp": prefix,

@@ -14,7 +14,7 @@ import difflib
 import json
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import annotated_types
@@ -22,7 +22,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from genlm_core import model_folder
 
-__all__ = ["GenlmConfig", "BackendConfig", "ConfigError", "build_config", "describe_validation_error"]
+__all__ = [
+    "GenlmConfig",
+    "BackendConfig",
+    "ConfigError",
+    "build_config",
+    "describe_validation_error",
+    "reject_unknown_options",
+    "unknown_options_message",
+]
 
 
 class ConfigError(ValueError):
@@ -81,17 +89,28 @@ class GenlmConfig(BaseModel):
         return build_config(cls, component or cls.component or cls.__name__, kwargs)
 
 
-def _unknown_keys_message(cls: type[GenlmConfig], component: str, unknown: Iterable[str]) -> str:
-    accepted = cls.accepted_keys()
+def unknown_options_message(component: str, unknown: Iterable[str], accepted: Sequence[str]) -> str:
+    """``Unknown option 'x' (did you mean 'y'?) for 'component'. Accepted options: ...``"""
     parts = []
     for key in unknown:
         close = difflib.get_close_matches(key, accepted, n=3, cutoff=0.6)
         hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
         parts.append(f"{key!r}{hint}")
+    return f"Unknown option {', '.join(parts)} for {component!r}. Accepted options: {', '.join(accepted)}."
+
+
+def reject_unknown_options(component: str, kwargs: Mapping[str, Any], accepted: Sequence[str]) -> None:
+    """Raise :class:`ConfigError` naming every key of ``kwargs`` not in ``accepted``
+    (with close matches): for constructors that take plain keyword options."""
+    unknown = [k for k in kwargs if k not in accepted]
+    if unknown:
+        raise ConfigError(unknown_options_message(component, unknown, accepted))
+
+
+def _unknown_keys_message(cls: type[GenlmConfig], component: str, unknown: Iterable[str]) -> str:
     return (
-        f"Unknown option {', '.join(parts)} for {component!r}. "
-        f"Accepted options: {', '.join(accepted)}. "
-        f"See the schema with `genlm backends --schema {component}`."
+        unknown_options_message(component, unknown, cls.accepted_keys())
+        + f" See the schema with `genlm backends --schema {component}`."
     )
 
 

@@ -37,17 +37,17 @@ async def byte_demo(
     lines = []
     async with await ByteBeamState.initial(llm, BeamParams(K=k, prune_threshold=0.0)) as beam:
         t0 = time.perf_counter()
-        out = await beam.greedy(prompt, n_bytes, progress=progress)
+        out = await beam.greedy(prompt.encode("utf-8"), n_bytes, progress=progress)
         dt = time.perf_counter() - t0
         lines.append(f"Byte-level greedy continuation (K={k}, {n_bytes} bytes max, {dt:.1f} s):")
         lines.append(f"  {out.decode('utf-8', errors='replace')!r}")
         if show_dist:
-            after = await beam.prefill(prompt, progress=progress)
+            after = await beam.prefill(prompt.encode("utf-8"), progress=progress)
             dist = await after.logp_next()
             lines.append(f"Next-byte distribution after {prompt!r}:")
             lines.append("  " + dist.pretty(10).replace("\n", "\n  "))
         if bpb_text:
-            bpb = await beam.bits_per_byte(bpb_text, progress=progress)
+            bpb = await beam.bits_per_byte(bpb_text.encode("utf-8"), progress=progress)
             lines.append(f"Bits per byte of {bpb_text!r}: {bpb:.3f}")
     return "\n".join(lines)
 

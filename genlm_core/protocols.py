@@ -62,17 +62,33 @@ class LogprobBackend(Protocol):
 
 @runtime_checkable
 class Trie(Protocol):
-    """Token-character trie: masses of every byte prefix under a token distribution."""
+    """Token-character trie: masses of every byte prefix under a token distribution.
+
+    One signature for every implementation (``genlm_core.trie.TokenByteTrie``,
+    ``TorchTokenByteTrie``; ``AsyncTokenByteTrie`` has the same arguments plus
+    ``key=`` and is awaited):
+
+    * ``weight_sum(ws, mode=WITHOUT_EOS, *, out=None, lazy=False)``: ``lazy=True``
+      may return masses computed on access (``m[node]``, ``m.take(nodes)``;
+      ``np.asarray(m)`` computes every node) or, where the implementation
+      cannot, the eager result (an optional class attribute ``computes_lazily``
+      says which; missing means eager);
+    * ``weight_max(ws, mode=WITHOUT_EOS, *, out=None)``;
+    * the ``batch_`` versions take ``(batch, len(vocab))`` weights.
+
+    Weights must be finite for sums and NaN-free for max; anything else raises
+    ``genlm_core.trie.base.NonFiniteWeightsError`` (a ``ValueError``).
+    """
 
     root: int
 
-    def weight_sum(self, ws: Any, mode: Any = ...) -> Any: ...
+    def weight_sum(self, ws: Any, mode: Any = ..., *, out: Any = None, lazy: bool = False) -> Any: ...
 
-    def weight_max(self, ws: Any, mode: Any = ...) -> Any: ...
+    def weight_max(self, ws: Any, mode: Any = ..., *, out: Any = None) -> Any: ...
 
-    def batch_weight_sum(self, ws: Any, mode: Any = ...) -> Any: ...
+    def batch_weight_sum(self, ws: Any, mode: Any = ..., *, out: Any = None, lazy: bool = False) -> Any: ...
 
-    def batch_weight_max(self, ws: Any, mode: Any = ...) -> Any: ...
+    def batch_weight_max(self, ws: Any, mode: Any = ..., *, out: Any = None) -> Any: ...
 
 
 @runtime_checkable

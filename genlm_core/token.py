@@ -5,6 +5,22 @@ from __future__ import annotations
 from typing import Any, Self
 
 
+class _BytesOf:
+    """``Token.as_bytes(x)`` (plain bytes of a Token or bytes-like ``x``) that also
+    works on an instance: ``tok.as_bytes()``."""
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return _plain_bytes
+        return lambda: bytes(obj)
+
+
+def _plain_bytes(x: Any) -> bytes:
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return bytes(x)
+    raise TypeError(f"Token.as_bytes expects a Token or bytes, got {type(x).__name__}")
+
+
 class Token(bytes):
     """The exact bytes of a token, carrying its ``token_id``.
 
@@ -17,16 +33,29 @@ class Token(bytes):
     # bytes subclasses cannot have non-empty __slots__: token_id lives in the instance dict.
     token_id: int
 
-    def __new__(cls, token_id: int, value: bytes) -> Self:
+    def __new__(cls, token_id: int, value: bytes | None = None, *, byte_string: bytes | None = None) -> Self:
+        if byte_string is not None:
+            if value is not None:
+                raise TypeError("Token: give the bytes once (value or byte_string=), not both")
+            value = byte_string
         if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError(f"Token bytes must be bytes-like, got {type(value).__name__}")
+            raise TypeError(f"Token byte_string must be bytes-like, got {type(value).__name__}")
         self = super().__new__(cls, value)
         self.token_id = int(token_id)
         return self
 
-    def as_bytes(self) -> bytes:
-        """The token's bytes as a plain ``bytes`` object."""
+    #: ``Token.as_bytes(x)``: plain ``bytes`` of a Token or bytes; ``tok.as_bytes()`` too.
+    as_bytes = _BytesOf()
+
+    @property
+    def byte_string(self) -> bytes:
+        """The token's bytes as a plain ``bytes`` object (genlm-backend's name)."""
         return bytes(self)
+
+    @staticmethod
+    def is_plain_bytes(x: Any) -> bool:
+        """True for ``bytes`` that are not a ``Token`` (no token id attached)."""
+        return isinstance(x, bytes) and not isinstance(x, Token)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Token):
@@ -62,7 +91,13 @@ class Token(bytes):
         return NotImplemented
 
     def __repr__(self) -> str:
-        return f"Token({self.token_id}, {bytes(self)!r})"
+        return f"{type(self).__name__}({self.token_id}, {bytes(self)!r})"
 
     def __reduce__(self):
-        return (Token, (self.token_id, bytes(self)))
+        return (type(self), (self.token_id, bytes(self)))
+
+    def __copy__(self) -> Self:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> Self:
+        return self

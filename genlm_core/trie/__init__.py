@@ -21,6 +21,7 @@ from genlm_core.trie.structure import EOS, EOT, EOSMode, TrieMode, TrieStructure
 
 if TYPE_CHECKING:  # pragma: no cover
     from genlm_core.trie.async_trie import AsyncTokenByteTrie
+    from genlm_core.trie.base import NonFiniteWeightsError
     from genlm_core.trie.cpu import TokenByteTrie
     from genlm_core.trie.torch_impl import TorchTokenByteTrie
 
@@ -34,6 +35,7 @@ __all__ = [
     "TokenByteTrie",
     "TorchTokenByteTrie",
     "AsyncTokenByteTrie",
+    "NonFiniteWeightsError",
     "make_trie",
     "load_trie_class",
 ]
@@ -48,6 +50,7 @@ _LAZY = {
     "TokenByteTrie": "genlm_core.trie.cpu",
     "TorchTokenByteTrie": "genlm_core.trie.torch_impl",
     "AsyncTokenByteTrie": "genlm_core.trie.async_trie",
+    "NonFiniteWeightsError": "genlm_core.trie.base",
 }
 
 
@@ -85,7 +88,9 @@ def make_trie(vocab: Any, device: str = "auto", **kwargs: Any) -> Any:
 
     ``device="auto"``: the torch trie on CUDA when a GPU is visible, else the NumPy
     trie. ``"cpu"``: NumPy. ``"cuda"``/``"cuda:N"``: torch on that device. Other
-    keyword arguments (``eos_tokens``, ``atomic_tokens``, ...) go to the constructor.
+    keyword arguments (``eos_tokens``, ``atomic_tokens``, ...) go to the constructor,
+    which names unknown ones. Both take ``weight_sum(ws, mode, *, out=None,
+    lazy=False)`` (the torch trie computes eagerly under ``lazy=True``).
     """
     if device == "auto":
         device = "cuda" if _cuda_available() else "cpu"

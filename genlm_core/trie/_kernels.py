@@ -12,7 +12,7 @@ add latency); this is the cost of every mass, so it is the hot loop.
 * ``prefix_row``: the lane prefix sums of one row (one pass, gather fused in).
 * ``globalize`` + ``nodes_row``: every node's mass from them (eager results).
 * ``max_rows``: a reverse pass over the pre-order parent array, exact.
-* ``block_rows`` + ``take_nodes``: the lazy layout of
+* ``block_rows`` + ``take_nodes`` / ``take_nodes_rows``: the lazy layout of
   :mod:`genlm_core.trie.node_masses` (block sums by a histogram pass over the
   weights in token order, node masses on access).
 """
@@ -103,14 +103,22 @@ def nodes_row(hf, rf, precise, gstart, gend, wr, eos_ids, eos, with_eos, n_inter
     if with_eos:
         for j in range(eos_ids.shape[0]):
             o[n_internal + eos_ids[j]] = 0.0
-        o[0] += eos
+        # the root gets the EOS mass in float64: one rounding into ``o``'s dtype
+        a = gstart[0]
+        b = gend[0]
+        root = hf[b] - hf[a]
+        if precise:
+            root = root + (rf[b] - rf[a])
+        o[0] = root + eos
         o[n_internal + n] = eos
     else:
         o[n_internal + n] = 0.0
 
 
 @njit(cache=True, boundscheck=False, nogil=True)
-def max_rows(w, tok_node, parent, eos_ids, with_eos, n_internal, out):  # pragma: no cover
+def max_rows(w, tok_node, parent, eos_ids, with_eos, n_internal, out, nan):  # pragma: no cover
+    """Max of every node of each row; ``nan[r]`` is set when row ``r`` holds a NaN
+    (the comparisons below would skip it silently)."""
     rows, n = w.shape
     acc = np.empty(n_internal)
     for r in range(rows):
@@ -118,12 +126,15 @@ def max_rows(w, tok_node, parent, eos_ids, with_eos, n_internal, out):  # pragma
         o = out[r]
         acc[:] = -np.inf
         eos = -np.inf
+        seen_nan = False
         if with_eos:
             is_eos = np.zeros(n, dtype=np.bool_)
             for j in range(eos_ids.shape[0]):
                 is_eos[eos_ids[j]] = True
         for k in range(n):
             v = np.float64(wr[k])
+            if v != v:
+                seen_nan = True
             if with_eos and is_eos[k]:
                 if v > eos:
                     eos = v
@@ -133,6 +144,7 @@ def max_rows(w, tok_node, parent, eos_ids, with_eos, n_internal, out):  # pragma
             nd = tok_node[k]
             if v > acc[nd]:
                 acc[nd] = v
+        nan[r] = seen_nan
         for i in range(n_internal - 1, 0, -1):
             p = parent[i]
             if acc[i] > acc[p]:
@@ -211,39 +223,64 @@ def _direct(wr, perm, skip, use_skip, a, b):  # pragma: no cover - compiled
     return s
 
 
+@njit(cache=True, boundscheck=False, nogil=True, inline="always")
+def _take_one(
+    nd, start, end, n_internal, B, bh, br, precise, wr, perm, skip, eos_tok, use_skip, eos
+):  # pragma: no cover
+    """Mass of node ``nd`` (in ``[0, num_nodes)``) of one row: an internal node
+    ``[a, e)`` is the full blocks inside it (a prefix-sum difference) plus its
+    partial blocks at either end, summed directly (at most ``2 (B - 1)``
+    weights); a range inside one or two blocks is summed directly. ``use_skip``:
+    ``WITH_EOS`` mode (EOS tokens count only for the root and the EOS node, with
+    mass ``eos``)."""
+    n = wr.shape[0]
+    if nd < n_internal:
+        a = start[nd]
+        e = end[nd]
+        bs = (a + B - 1) // B
+        be = e // B
+        if bs >= be:
+            v = _direct(wr, perm, skip, use_skip, a, e)
+        else:
+            v = _direct(wr, perm, skip, use_skip, a, bs * B) + _direct(wr, perm, skip, use_skip, be * B, e)
+            mid = bh[be] - bh[bs]
+            if precise:
+                mid += br[be] - br[bs]
+            v = mid + v
+        if nd == 0:
+            v += eos
+        return v
+    if nd < n_internal + n:
+        k = nd - n_internal
+        return 0.0 if (use_skip and eos_tok[k]) else np.float64(wr[k])
+    return eos
+
+
 @njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
 def take_nodes(
     nodes, start, end, n_internal, B, bh, br, precise, wr, perm, skip, eos_tok, use_skip, eos, out
 ):  # pragma: no cover
-    """Masses of ``nodes`` (already in ``[0, num_nodes)``) from block prefix sums:
-    an internal node ``[a, e)`` is the full blocks inside it (a prefix-sum
-    difference) plus its partial blocks at either end, summed directly (at most
-    ``2 (B - 1)`` weights); a range inside one or two blocks is summed directly.
-    ``use_skip``: ``WITH_EOS`` mode (EOS tokens count only for the root and the
-    EOS node, with mass ``eos``)."""
-    n = wr.shape[0]
+    """Masses of ``nodes`` (already in ``[0, num_nodes)``) of one lazy row."""
     for i in range(nodes.shape[0]):
-        nd = nodes[i]
-        if nd < n_internal:
-            a = start[nd]
-            e = end[nd]
-            bs = (a + B - 1) // B
-            be = e // B
-            if bs >= be:
-                v = _direct(wr, perm, skip, use_skip, a, e)
-            else:
-                v = _direct(wr, perm, skip, use_skip, a, bs * B) + _direct(
-                    wr, perm, skip, use_skip, be * B, e
-                )
-                mid = bh[be] - bh[bs]
-                if precise:
-                    mid += br[be] - br[bs]
-                v = mid + v
-            if nd == 0:
-                v += eos
-        elif nd < n_internal + n:
-            k = nd - n_internal
-            v = 0.0 if (use_skip and eos_tok[k]) else np.float64(wr[k])
-        else:
-            v = eos
-        out[i] = v
+        out[i] = _take_one(
+            nodes[i], start, end, n_internal, B, bh, br, precise, wr, perm, skip, eos_tok, use_skip, eos
+        )
+
+
+@njit(cache=True, boundscheck=False, nogil=True, error_model="numpy")
+def take_nodes_rows(
+    nodes, start, end, n_internal, B, bhr, precise, W, perm, skip, eos_tok, use_skip, eos, out
+):  # pragma: no cover
+    """Masses of the same ``nodes`` in every row of a lazy batch: ``bhr`` is
+    ``(rows, 2, nb + 1)``, ``W`` ``(rows, n)``, ``eos`` ``(rows,)``, ``out``
+    ``(rows, len(nodes))``."""
+    for r in range(W.shape[0]):
+        bh = bhr[r, 0]
+        br = bhr[r, 1]
+        wr = W[r]
+        e = eos[r]
+        o = out[r]
+        for i in range(nodes.shape[0]):
+            o[i] = _take_one(
+                nodes[i], start, end, n_internal, B, bh, br, precise, wr, perm, skip, eos_tok, use_skip, e
+            )

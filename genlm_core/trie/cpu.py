@@ -40,13 +40,21 @@ disk); ``accel="numpy"`` forces the vectorised NumPy path.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from genlm_core.token import Token
-from genlm_core.trie.base import BaseTokenByteTrie
+from genlm_core.trie.base import (
+    BaseTokenByteTrie,
+    check_bool,
+    check_device_cpu,
+    check_positive_int,
+    first_bad_row,
+    nonfinite_error,
+)
 from genlm_core.trie.node_masses import (
     BLOCK,
     NodeMasses,
@@ -54,6 +62,7 @@ from genlm_core.trie.node_masses import (
     numpy_block_row,
     numpy_prefix_row,
     numpy_take_nodes,
+    numpy_take_nodes_rows,
 )
 from genlm_core.trie.structure import EOSMode, TrieStructure
 
@@ -61,13 +70,20 @@ __all__ = ["TokenByteTrie"]
 
 
 def _to_numpy(ws: Any) -> tuple[np.ndarray, bool]:
-    """(array, came_from_torch)."""
+    """(array, came_from_torch). Torch half-precision tensors (float16, bfloat16,
+    which NumPy cannot hold) are upcast to float32 on the host."""
     mod = type(ws).__module__
     if mod.startswith("torch"):
         t = ws.detach()
         if t.device.type != "cpu":
             t = t.cpu()
+        if t.is_complex():
+            raise TypeError(f"weights must be real numbers, got a torch tensor of dtype {t.dtype}")
+        if t.is_floating_point() and t.element_size() < 4:
+            t = t.float()
         return t.numpy(), True
+    if isinstance(ws, (list, tuple)) and len(ws) == 0:
+        return np.zeros(0), False
     return np.asarray(ws), False
 
 
@@ -90,9 +106,19 @@ class TokenByteTrie(BaseTokenByteTrie):
             themselves (about 2.4 MB per distribution at 151k tokens).
         lazy_block: positions per block of the lazy layout (default 64: the
             block accumulators fit in L1 and a read sums at most 126 weights).
+        device: ``None``, ``"auto"`` or ``"cpu"`` (accepted so that every trie
+            takes the same arguments; anything else raises).
+        max_batch_size: accepted for the common signature (rows are processed
+            one at a time here, so there is no batch temporary to bound).
+
+    Unknown options raise a ``ConfigError`` naming them and the accepted ones.
+    Weights must be finite for ``weight_sum`` and NaN-free for ``weight_max``
+    (:class:`~genlm_core.trie.base.NonFiniteWeightsError` otherwise; see
+    :mod:`genlm_core.trie.base`).
     """
 
     device = "cpu"
+    computes_lazily = True
 
     def __init__(
         self,
@@ -104,8 +130,15 @@ class TokenByteTrie(BaseTokenByteTrie):
         accel: str = "auto",
         buffer_pool_bytes: int = 128 << 20,
         lazy_block: int = BLOCK,
-        **_ignored: Any,
+        device: str | None = None,
+        max_batch_size: int = 64,
+        **options: Any,
     ) -> None:
+        self._reject_unknown(options)
+        check_device_cpu(device, type(self).__name__)
+        self.max_batch_size = check_positive_int("max_batch_size", max_batch_size)
+        precise = check_bool("precise", precise)
+        buffer_pool_bytes = check_positive_int("buffer_pool_bytes", buffer_pool_bytes, 0)
         super().__init__(decode, eos_tokens, atomic_tokens)
         s = self.structure
         self.precise = precise
@@ -128,9 +161,7 @@ class TokenByteTrie(BaseTokenByteTrie):
         self._gend = s.end + (s.end > self._L)
         # lazy layout (node_masses): block of every token's sorted position; in
         # WITH_EOS mode EOS tokens go to the spare block ``nb`` instead
-        if not isinstance(lazy_block, int) or lazy_block < 1:
-            raise ValueError(f"lazy_block must be a positive int, got {lazy_block!r}")
-        self._B = B = lazy_block
+        self._B = B = check_positive_int("lazy_block", lazy_block)
         self._nb = nb = -(-n // B)
         bdt = np.uint16 if nb + 1 <= np.iinfo(np.uint16).max else np.int32
         pos = np.empty(n, dtype=np.int64)
@@ -145,7 +176,7 @@ class TokenByteTrie(BaseTokenByteTrie):
         self._pool: list[np.ndarray] = []
         self._pool_cap = max(0, int(buffer_pool_bytes)) // (16 * (self._L + 1))
         self._k = None
-        if accel not in ("auto", "numba", "numpy"):
+        if not isinstance(accel, str) or accel not in ("auto", "numba", "numpy"):
             raise ValueError(f"accel must be 'auto', 'numba' or 'numpy', got {accel!r}")
         if accel != "numpy":
             try:
@@ -174,10 +205,12 @@ class TokenByteTrie(BaseTokenByteTrie):
             raise ValueError(f"weights must have shape {want}, got {tuple(arr.shape)}")
         if arr.dtype == np.float64:
             out_dtype = np.dtype(np.float64)
-        else:
+        elif arr.dtype.kind in "fiub":
             out_dtype = np.dtype(np.float32)
             if arr.dtype != np.float32:
                 arr = arr.astype(np.float32)
+        else:
+            raise TypeError(f"weights must be real numbers, got an array of dtype {arr.dtype}")
         return np.ascontiguousarray(arr), from_torch, out_dtype
 
     @staticmethod
@@ -192,28 +225,53 @@ class TokenByteTrie(BaseTokenByteTrie):
         self, arr: np.ndarray, mode: EOSMode, dt: np.dtype, op: str, out: np.ndarray | None = None
     ) -> np.ndarray:
         rows = arr.reshape(-1, self._n)
+        batched = arr.ndim == 2
         shape = arr.shape[:-1] + (self.num_nodes,)
         if out is None:
             out = np.empty((rows.shape[0], self.num_nodes), dtype=dt)
         else:
-            if out.shape != shape or out.dtype != dt or not out.flags.c_contiguous:
-                raise ValueError(f"out must be a C-contiguous {dt} array of shape {shape}")
+            if (
+                not isinstance(out, np.ndarray)
+                or out.shape != shape
+                or out.dtype != dt
+                or not out.flags.c_contiguous
+            ):
+                got = (
+                    f"{out.dtype} array of shape {out.shape}"
+                    if isinstance(out, np.ndarray)
+                    else type(out).__name__
+                )
+                raise ValueError(f"out must be a C-contiguous {dt} array of shape {shape}, got {got}")
             out = out.reshape(rows.shape[0], self.num_nodes)
         with_eos = mode is EOSMode.WITH_EOS and len(self._eos_ids) > 0
         if op == "sum":
-            self._eager_sum(rows, with_eos, out)
-        elif self._k is not None:
-            self._k.max_rows(rows, self._ktok_node, self._kparent, self._keos_ids, with_eos, self._N, out)
+            self._eager_sum(rows, with_eos, out, batched)
+            return out.reshape(shape)
+        nan = np.zeros(rows.shape[0], dtype=np.bool_)
+        if self._k is not None:
+            self._k.max_rows(
+                rows, self._ktok_node, self._kparent, self._keos_ids, with_eos, self._N, out, nan
+            )
         else:
             for r in range(rows.shape[0]):
-                self._np_max(rows[r], with_eos, out[r])
+                nan[r] = self._np_max(rows[r], with_eos, out[r])
+        bad = first_bad_row(nan)
+        if bad is not None:
+            raise nonfinite_error(rows[bad], "max", bad if batched else None)
         return out.reshape(shape)
 
     # ------------------------------------------------------------------ sums
-    def _eager_sum(self, rows: np.ndarray, with_eos: bool, out: np.ndarray) -> None:
+    def _eager_sum(self, rows: np.ndarray, with_eos: bool, out: np.ndarray, batched: bool = False) -> None:
         # row by row, so the prefix buffers of one row are reused (cache-hot) by the next
         for r in range(rows.shape[0]):
             H, R, eos = self._prefix(rows[r : r + 1], with_eos)
+            h = H[0]
+            # the total the prefix sums computed anyway: finite iff every weight is
+            # (and their sum does not overflow); a non-finite weight would turn
+            # unrelated nodes into ``inf - inf``
+            if not math.isfinite(float(h[0, -1]) + float(h[1, -1]) + float(eos[0])):
+                self._recycle(h, R[0])
+                raise nonfinite_error(rows[r], "sum", r if batched else None)
             self._nodes(H, R, rows[r : r + 1], eos, with_eos, out[r : r + 1])
 
     def _prefix(
@@ -238,7 +296,8 @@ class TokenByteTrie(BaseTokenByteTrie):
             if self._k is not None:
                 self._k.prefix_row(src[r], self._kperm, self.precise, H[r], R[r])
             else:
-                numpy_prefix_row(src[r], self._perm, self.precise, H[r], R[r])
+                with np.errstate(invalid="ignore", over="ignore"):  # non-finite: raised by the caller
+                    numpy_prefix_row(src[r], self._perm, self.precise, H[r], R[r])
         return H, R, eos
 
     def _nodes(
@@ -290,7 +349,7 @@ class TokenByteTrie(BaseTokenByteTrie):
             o[N : N + n] = rows[r]
             if with_eos:
                 o[N + self._eos_ids] = 0.0
-                o[0] += eos[r]
+                o[0] = m[0] + eos[r]  # in float64: one rounding into ``o``'s dtype
             o[N + n] = eos[r] if with_eos else 0.0
             self._recycle(h, rr)
 
@@ -307,8 +366,9 @@ class TokenByteTrie(BaseTokenByteTrie):
             if b is not None and b is not self._no_residual and len(self._pool) < self._pool_cap:
                 self._pool.append(b)
 
-    def _lazy(self, arr: np.ndarray, mode: EOSMode, dt: np.dtype) -> list[NodeMasses]:
-        """Block sums of each row (the lazy layout of :mod:`node_masses`)."""
+    def _lazy(self, arr: np.ndarray, mode: EOSMode, dt: np.dtype) -> NodeMasses | NodeMassesBatch:
+        """Block sums of each row (the lazy layout of :mod:`node_masses`): one
+        :class:`NodeMasses` for 1-D weights, a :class:`NodeMassesBatch` for 2-D."""
         rows = arr.reshape(-1, self._n)
         with_eos = mode is EOSMode.WITH_EOS and len(self._eos_ids) > 0
         blk = self._blk_eos if with_eos else self._blk
@@ -318,12 +378,27 @@ class TokenByteTrie(BaseTokenByteTrie):
         if self._k is not None:
             self._k.block_rows(rows, blk, self.precise, np.empty((2, nb + 1)), bhr, left)
         else:
-            for i in range(rows.shape[0]):
-                left[i] = numpy_block_row(rows[i], blk, self.precise, bhr[i])
-        return [
-            NodeMasses(self, bhr[i], self.precise, rows[i], left[i] if with_eos else 0.0, with_eos, dt)
+            with np.errstate(invalid="ignore", over="ignore"):  # non-finite weights: raised below
+                for i in range(rows.shape[0]):
+                    left[i] = numpy_block_row(rows[i], blk, self.precise, bhr[i])
+        # each row's total (all blocks + the left-out EOS mass): finite iff every
+        # weight is, as in the eager path
+        if rows.shape[0] == 1:
+            if not math.isfinite(float(bhr[0, 0, nb]) + float(left[0])):
+                raise nonfinite_error(rows[0], "sum", 0 if arr.ndim == 2 else None)
+            if arr.ndim == 1:
+                return NodeMasses(
+                    self, bhr[0], self.precise, rows[0], left[0] if with_eos else 0.0, with_eos, dt
+                )
+        for r, (tot, eos_mass) in enumerate(zip(bhr[:, 0, nb].tolist(), left.tolist())):
+            if not math.isfinite(tot + eos_mass):
+                raise nonfinite_error(rows[r], "sum", r)
+        eos = left if with_eos else np.zeros(rows.shape[0])
+        masses = [
+            NodeMasses(self, bhr[i], self.precise, rows[i], eos[i], with_eos, dt)
             for i in range(rows.shape[0])
         ]
+        return NodeMassesBatch(masses, self, bhr, rows, eos, dt)
 
     def _take_nodes(self, nm: NodeMasses, nodes: np.ndarray) -> np.ndarray:
         """float64 masses of in-range ``nodes`` of a lazy result."""
@@ -363,6 +438,45 @@ class TokenByteTrie(BaseTokenByteTrie):
             nm._eos,
         )
 
+    def _take_nodes_rows(self, mb: NodeMassesBatch, nodes: np.ndarray) -> np.ndarray:
+        """float64 masses ``(rows, len(nodes))`` of in-range ``nodes`` of every row
+        of a lazy batch (one call)."""
+        with_eos = bool(mb._rows[0]._with_eos)
+        if self._k is not None:
+            out = np.empty((len(mb), nodes.shape[0]))
+            self._k.take_nodes_rows(
+                nodes,
+                self._kstart,
+                self._kend,
+                self._N,
+                self._B,
+                mb._bhr,
+                self.precise,
+                mb._w,
+                self._kperm,
+                self._skip,
+                self._eos_tok,
+                with_eos,
+                mb._eos,
+                out,
+            )
+            return out
+        return numpy_take_nodes_rows(
+            nodes,
+            self._start,
+            self._end,
+            self._N,
+            self._B,
+            mb._bhr,
+            self.precise,
+            mb._w,
+            self._perm,
+            self._skip,
+            self._eos_tok,
+            with_eos,
+            mb._eos,
+        )
+
     def _materialize(self, nm: NodeMasses) -> np.ndarray:
         """All node masses of a lazy result (called by :meth:`NodeMasses.numpy`):
         the eager computation on the weights it keeps."""
@@ -371,7 +485,8 @@ class TokenByteTrie(BaseTokenByteTrie):
         return out[0]
 
     # ------------------------------------------------------------------ numpy max
-    def _np_max(self, w: np.ndarray, with_eos: bool, out: np.ndarray) -> None:
+    def _np_max(self, w: np.ndarray, with_eos: bool, out: np.ndarray) -> bool:
+        """Max of every node of one row into ``out``; True when ``w`` holds a NaN."""
         n, N = self._n, self._N
         x = np.empty(n + 1)
         x[:n] = w.take(self._perm)
@@ -381,12 +496,15 @@ class TokenByteTrie(BaseTokenByteTrie):
             eos = float(w.take(self._eos_ids).max())
             x[self._eos_pos] = -np.inf
         internal = np.maximum.reduceat(x, self._rs_idx)[0::2]
+        # np.maximum propagates NaN: the root (every non-EOS token) and ``eos`` show it
+        nan = bool(np.isnan(internal[0]) or np.isnan(eos))
         internal[0] = max(internal[0], eos)
         out[:N] = internal
         out[N : N + n] = w
         if with_eos:
             out[N + self._eos_ids] = -np.inf
         out[N + n] = eos
+        return nan
 
     # ------------------------------------------------------------------ public API
     def weight_sum(
@@ -400,17 +518,21 @@ class TokenByteTrie(BaseTokenByteTrie):
         """Mass of every node: the sum of the weights of the tokens below it.
 
         Args:
-            ws: token weights, shape ``(len(decode),)`` (numpy or torch).
+            ws: token weights, shape ``(len(decode),)`` (numpy or torch, any real
+                dtype); finite (NaN or inf raises
+                :class:`~genlm_core.trie.base.NonFiniteWeightsError`).
             mode: :class:`EOSMode` (default ``WITHOUT_EOS``).
             out: optional preallocated result (C-contiguous, ``(num_nodes,)``, the
                 output dtype): reusing one saves the page faults of a fresh array.
             lazy: return a :class:`~genlm_core.trie.node_masses.NodeMasses` that
                 computes node masses when they are read (``m[node]``,
-                ``m.take(nodes)``, ``np.asarray(m)`` for all of them) instead of
-                writing out all ``num_nodes`` values: the prefix-sum pass alone,
-                one histogram pass over the weights (no vocabulary-sized output;
-                see :mod:`~genlm_core.trie.node_masses`). It keeps a reference
-                to ``ws``.
+                ``m.take(nodes)``) instead of writing out all ``num_nodes``
+                values: one histogram pass over the weights (no
+                vocabulary-sized output; see :mod:`~genlm_core.trie.node_masses`).
+                ``np.asarray(m)`` (or anything converting ``m`` to an array)
+                silently computes every node's mass, the eager cost: read the
+                nodes you need with ``m.take(nodes)``. It keeps a reference to
+                ``ws``.
 
         Returns:
             shape ``(num_nodes,)``; a torch tensor if ``ws`` was one (eager only).
@@ -426,39 +548,55 @@ class TokenByteTrie(BaseTokenByteTrie):
         lazy: bool = False,
     ) -> Any:
         """:meth:`weight_sum` of each row of ``ws`` (shape ``(batch, len(decode))``,
-        or a list of 1-D weight vectors). Returns ``(batch, num_nodes)``, or with
-        ``lazy=True`` a :class:`~genlm_core.trie.node_masses.NodeMassesBatch` (one
-        lazy row per distribution)."""
-        return self._sum(self._stack(ws), 2, mode, out, lazy)
+        or a non-empty list of 1-D weight vectors). Returns ``(batch, num_nodes)``,
+        or with ``lazy=True`` a :class:`~genlm_core.trie.node_masses.NodeMassesBatch`
+        (one lazy row per distribution; ``mb.take(nodes)`` reads the same nodes
+        of every row in one call, ``(batch, len(nodes))``)."""
+        return self._sum(self._stack(ws, "batch_weight_sum"), 2, mode, out, lazy)
 
     def _sum(self, ws: Any, ndim: int, mode: Any, out: np.ndarray | None, lazy: bool) -> Any:
+        lazy = check_bool("lazy", lazy)
         arr, ft, dt = self._prep(ws, ndim)
+        m = self._mode(mode)
         if not lazy:
-            return self._wrap(self._run(arr, self._mode(mode), dt, "sum", out), ft)
+            return self._wrap(self._run(arr, m, dt, "sum", out), ft)
         if out is not None:
             raise ValueError("out= cannot be used with lazy=True (nothing is written out)")
-        rows = self._lazy(arr, self._mode(mode), dt)
-        return rows[0] if ndim == 1 else NodeMassesBatch(rows, self)
+        return self._lazy(arr, m, dt)
 
-    def weight_max(self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS) -> Any:
+    def weight_max(self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS, *, out: np.ndarray | None = None) -> Any:
         """Max of the weights of the tokens below every node (``-inf`` when none).
 
-        Works for any real weights, e.g. log-probabilities. Shapes as :meth:`weight_sum`.
+        Works for any real weights, e.g. log-probabilities (``-inf`` and ``inf``
+        included; NaN raises :class:`~genlm_core.trie.base.NonFiniteWeightsError`).
+        Shapes and ``out`` as :meth:`weight_sum`.
         """
         arr, ft, dt = self._prep(ws, 1)
-        return self._wrap(self._run(arr, self._mode(mode), dt, "max"), ft)
+        return self._wrap(self._run(arr, self._mode(mode), dt, "max", out), ft)
 
-    def batch_weight_max(self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS) -> Any:
+    def batch_weight_max(
+        self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS, *, out: np.ndarray | None = None
+    ) -> Any:
         """:meth:`weight_max` of each row; returns ``(batch, num_nodes)``."""
-        arr, ft, dt = self._prep(self._stack(ws), 2)
-        return self._wrap(self._run(arr, self._mode(mode), dt, "max"), ft)
+        arr, ft, dt = self._prep(self._stack(ws, "batch_weight_max"), 2)
+        return self._wrap(self._run(arr, self._mode(mode), dt, "max", out), ft)
 
-    @staticmethod
-    def _stack(ws: Any) -> Any:
-        if isinstance(ws, (list, tuple)):
-            if ws and type(ws[0]).__module__.startswith("torch"):
-                import torch
+    def _stack(self, ws: Any, method: str) -> Any:
+        """A list of 1-D weight vectors as one ``(batch, n)`` array (or tensor)."""
+        if not isinstance(ws, (list, tuple)):
+            return ws
+        n = self._n
+        if not ws:
+            raise ValueError(
+                f"{method} got an empty list: it takes weights of shape (batch, {n}) or a "
+                f"non-empty list of ({n},) vectors; for no rows pass np.empty((0, {n}))"
+            )
+        for i, w in enumerate(ws):
+            shape = tuple(getattr(w, "shape", np.shape(w)))
+            if shape != (n,):
+                raise ValueError(f"{method}: weights row {i} must have shape ({n},), got {shape}")
+        if type(ws[0]).__module__.startswith("torch"):
+            import torch
 
-                return torch.stack([w.detach().cpu() for w in ws])
-            return np.stack([np.asarray(w) for w in ws])
-        return ws
+            return torch.stack([w.detach().cpu() for w in ws])
+        return np.stack([np.asarray(w) for w in ws])

@@ -39,6 +39,7 @@ __all__ = [
     "numpy_prefix_row",
     "numpy_block_row",
     "numpy_take_nodes",
+    "numpy_take_nodes_rows",
 ]
 
 BLOCK = 64
@@ -90,9 +91,31 @@ def numpy_take_nodes(
     use_skip: bool,
     eos: float,
 ) -> np.ndarray:
-    """NumPy version of ``_kernels.take_nodes`` (vectorised over ``nodes``)."""
-    n = w.shape[0]
-    out = np.empty(nodes.shape[0], dtype=np.float64)
+    """NumPy version of ``_kernels.take_nodes`` (one row; vectorised over ``nodes``)."""
+    args = (nodes, start, end, n_internal, B, bhr[None], precise, w[None], perm, skip, eos_tok, use_skip)
+    return numpy_take_nodes_rows(*args, np.array([eos], dtype=np.float64))[0]
+
+
+def numpy_take_nodes_rows(
+    nodes: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    n_internal: int,
+    B: int,
+    bhr: np.ndarray,
+    precise: bool,
+    W: np.ndarray,
+    perm: np.ndarray,
+    skip: np.ndarray,
+    eos_tok: np.ndarray,
+    use_skip: bool,
+    eos: np.ndarray,
+) -> np.ndarray:
+    """NumPy version of ``_kernels.take_nodes_rows``: the same ``nodes`` of every row
+    (``bhr`` ``(rows, 2, nb + 1)``, ``W`` ``(rows, n)``, ``eos`` ``(rows,)``);
+    returns ``(rows, len(nodes))`` float64, vectorised over rows and nodes."""
+    R, n = W.shape
+    out = np.empty((R, nodes.shape[0]), dtype=np.float64)
     internal = nodes < n_internal
     if internal.any():
         nd = nodes[internal]
@@ -102,24 +125,24 @@ def numpy_take_nodes(
         # [a, left_end) and [right_start, e): the whole range when no full block
         left_end = np.where(full, bs * B, e)
         right_start = np.where(full, be * B, e)
-        v = _segment_sums(a, left_end, 2 * B, w, perm, skip, use_skip)
-        v += _segment_sums(right_start, e, B, w, perm, skip, use_skip)
-        bh, br = bhr[0], bhr[1]
+        v = _segment_sums(a, left_end, 2 * B, W, perm, skip, use_skip)
+        v += _segment_sums(right_start, e, B, W, perm, skip, use_skip)
+        bh, br = bhr[:, 0], bhr[:, 1]
         bsf, bef = np.where(full, bs, 0), np.where(full, be, 0)
-        mid = bh[bef] - bh[bsf]
+        mid = bh[:, bef] - bh[:, bsf]
         if precise:
-            mid += br[bef] - br[bsf]
+            mid += br[:, bef] - br[:, bsf]
         v = mid + v
-        v[nd == 0] += eos
-        out[internal] = v
+        v[:, nd == 0] += eos[:, None]
+        out[:, internal] = v
     leaf = (nodes >= n_internal) & (nodes < n_internal + n)
     if leaf.any():
         tok = nodes[leaf] - n_internal
-        vals = w[tok].astype(np.float64)
+        vals = W[:, tok].astype(np.float64)
         if use_skip:
-            vals[eos_tok[tok]] = 0.0
-        out[leaf] = vals
-    out[nodes == n_internal + n] = eos
+            vals[:, eos_tok[tok]] = 0.0
+        out[:, leaf] = vals
+    out[:, nodes == n_internal + n] = eos[:, None]
     return out
 
 
@@ -127,36 +150,43 @@ def _segment_sums(
     a: np.ndarray,
     b: np.ndarray,
     width: int,
-    w: np.ndarray,
+    W: np.ndarray,
     perm: np.ndarray,
     skip: np.ndarray,
     use_skip: bool,
 ) -> np.ndarray:
-    """``sum(w[perm[a_i:b_i]])`` for segments shorter than ``width``."""
+    """``sum(W[r, perm[a_i:b_i]])`` for segments shorter than ``width``: ``(rows, len(a))``."""
+    R = W.shape[0]
     if a.shape[0] == 0:
-        return np.zeros(0)
+        return np.zeros((R, 0))
     span = int((b - a).max(initial=0))
     if span == 0:
-        return np.zeros(a.shape[0])
+        return np.zeros((R, a.shape[0]))
     width = min(width, span)
     idx = a[:, None] + np.arange(width)
     mask = idx < b[:, None]
     idx = np.where(mask, idx, 0)
     if use_skip:
         mask &= ~skip[idx]
-    vals = w[perm[idx]].astype(np.float64)
-    return np.where(mask, vals, 0.0).sum(axis=1)
+    vals = W[:, perm[idx]].astype(np.float64)
+    return np.where(mask, vals, 0.0).sum(axis=-1)
 
 
 class NodeMasses:
     """The mass of every node of a trie under one weight vector, computed on access.
 
     Indexing follows the trie's node numbering: ``m[node]`` (a float),
-    ``m[array_of_nodes]`` / ``m.take(nodes)`` (an array), ``m[a:b]``;
-    ``np.asarray(m)`` / ``m.numpy()`` materialise all ``num_nodes`` values (the
-    eager computation, once). The dtype is the one the eager ``weight_sum``
-    returns (float64 for float64 weights, float32 otherwise); values are
-    accumulated in float64.
+    ``m[array_of_nodes]`` / ``m.take(nodes)`` (an array), ``m[a:b]``. These read
+    only the nodes asked for.
+
+    **Materialising**: ``np.asarray(m)``, ``m.numpy()``, ``m.torch()``, iterating,
+    a boolean mask index, and anything that converts ``m`` to an array (e.g.
+    passing it to a NumPy function) compute *every* node's mass (the eager
+    computation, once, then kept): about 10x the cost of the lazy result itself
+    on a 151k vocabulary. Read the nodes you need with ``take`` instead.
+
+    The dtype is the one the eager ``weight_sum`` returns (float64 for float64
+    weights, float32 otherwise); values are accumulated in float64.
     """
 
     __slots__ = ("_trie", "_bhr", "_precise", "_w", "_eos", "_with_eos", "dtype", "_full")
@@ -259,12 +289,30 @@ class NodeMasses:
 
 
 class NodeMassesBatch(Sequence):
-    """One :class:`NodeMasses` per row of a batch; ``np.asarray`` gives
-    ``(batch, num_nodes)``."""
+    """One :class:`NodeMasses` per row of a batch (``mb[i]``, ``mb[i, node]``).
 
-    def __init__(self, rows: list[NodeMasses], trie: Any) -> None:
+    ``mb.take(nodes)`` reads the same nodes of every row in one vectorised call:
+    a ``(rows, len(nodes))`` array (numba kernel, or NumPy), without building the
+    per-row objects. ``np.asarray(mb)`` / ``mb.numpy()`` materialise every node of
+    every row, ``(rows, num_nodes)`` (the eager computation; see
+    :class:`NodeMasses`).
+    """
+
+    def __init__(
+        self,
+        rows: list[NodeMasses],
+        trie: Any,
+        bhr: np.ndarray | None = None,
+        weights: np.ndarray | None = None,
+        eos: np.ndarray | None = None,
+        dtype: Any = np.float32,
+    ) -> None:
         self._rows = rows
         self._trie = trie
+        self._bhr = bhr  # (rows, 2, nb + 1) block prefix sums (and residuals)
+        self._w = weights  # (rows, n), the weights the rows keep
+        self._eos = eos  # (rows,) EOS mass (WITH_EOS) or zeros
+        self.dtype = np.dtype(rows[0].dtype if rows else dtype)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -278,9 +326,23 @@ class NodeMassesBatch(Sequence):
     def shape(self) -> tuple[int, int]:
         return (len(self._rows), self._trie.num_nodes)
 
-    def numpy(self) -> np.ndarray:
+    def take(self, nodes: Any) -> np.ndarray:
+        """Masses of ``nodes`` (any integer array-like, negative ids count from the
+        end) in every row: shape ``(rows,) + np.shape(nodes)``, the result dtype."""
+        idx = np.asarray(nodes, dtype=np.int64)
         if not self._rows:
-            return np.zeros((0, self._trie.num_nodes), dtype=np.float32)
+            return np.zeros((0,) + idx.shape, dtype=self.dtype)
+        flat = self._rows[0]._check(idx.ravel())
+        if self._bhr is None:  # rows not from one batch call: read them one by one
+            vals = np.stack([r._take(flat) for r in self._rows])
+        else:
+            vals = self._trie._take_nodes_rows(self, flat)
+        return vals.astype(self.dtype, copy=False).reshape((len(self._rows),) + idx.shape)
+
+    def numpy(self) -> np.ndarray:
+        """Every node of every row, ``(rows, num_nodes)`` (materialises them all)."""
+        if not self._rows:
+            return np.zeros((0, self._trie.num_nodes), dtype=self.dtype)
         return np.stack([r.numpy() for r in self._rows])
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:

@@ -17,15 +17,24 @@ Node numbering (stable for a given vocabulary and options)::
     1 .. n_byte                 byte-prefix nodes, in depth-first pre-order
                                 (children visited in byte order)
     n_byte+1 .. n_internal-1    atomic-token nodes (sorted by their bytes)
-    n_internal + token_id       the end-of-token leaf of every token id
+    n_internal + position       the end-of-token leaf of every vocabulary entry
                                 (duplicates in bytes get distinct leaves)
-    n_internal + len(vocab)     the EOS node (child of the root, key ``EOS``)
+    n_internal + len(vocab)     the EOS slot: the EOS node (child of the root, key
+                                ``EOS``) when EOS tokens are given; otherwise no
+                                node points at it and its mass is 0 (max ``-inf``)
+
+The vocabulary is any sequence of entries: ``Token`` objects (positions need not
+equal token ids; ids must be distinct), bytes, sequences of byte values, or
+*symbols*: objects that iterate to themselves alone (genlm-control's
+``EndOfSequence``), each one edge from the root keyed by the object, like an atomic
+token. Weight vectors are indexed by position.
 
 Edges (``children[node]`` is a :class:`NodeChildren` ``dict``): an ``int`` byte
-``0..255`` to a byte node; ``(None, token_id)`` (``(EOT, token_id)``, the key of
-genlm-bytes 0.2) to the end-of-token leaf of every token ending at that node, so
-duplicate byte strings keep one edge each; the whole atomic token's ``bytes`` from
-the root to its atomic node; :data:`EOS` (``257``) from the root to the EOS node.
+``0..255`` to a byte node; ``(None, position)`` (``(EOT, position)``, the key of
+genlm-bytes 0.2) to the end-of-token leaf of every entry ending at that node, so
+duplicate byte strings keep one edge each; the whole atomic token's ``bytes`` (or
+the symbol) from the root to its atomic node; :data:`EOS` (``257``) from the root
+to the EOS node.
 For code written against the older key, ``children[node].get(None)`` (and
 ``[None]``, ``None in``) answer the leaf of the lowest token id ending there;
 iteration shows only the real keys.
@@ -105,12 +114,10 @@ def coerce_mode(mode: Any) -> EOSMode:
 
 def to_tokens(decode: Iterable[bytes | Token]) -> list[Token]:
     """Turn a byte vocabulary into ``Token`` objects; plain ``bytes`` get their
-    position as id. A ``Token`` must carry its position as ``token_id``."""
+    position as id, ``Token`` entries keep theirs."""
     out: list[Token] = []
     for i, t in enumerate(decode):
         if isinstance(t, Token):
-            if t.token_id != i:
-                raise ValueError(f"vocabulary entry {i} is {t!r}: a Token's token_id must equal its position")
             out.append(t)
         elif isinstance(t, (bytes, bytearray, memoryview)):
             out.append(Token(i, bytes(t)))
@@ -119,51 +126,92 @@ def to_tokens(decode: Iterable[bytes | Token]) -> list[Token]:
     return out
 
 
-def _raw_bytes(decode: Iterable[bytes | Token]) -> tuple[list[bytes], list[Token] | None]:
-    """Plain bytes of every entry, and the entries themselves when all are ``Token``
-    (checked to carry their position as id); ``Token`` objects for plain bytes are
-    only created when ``decode`` is first read."""
+def _is_symbol(x: Any) -> bool:
+    """An object that iterates to itself alone (genlm-control's ``EndOfSequence``):
+    one trie edge labelled with the object."""
+    try:
+        it = list(iter(x)) if not isinstance(x, (str, bytes, bytearray, memoryview)) else None
+    except TypeError:
+        return False
+    return it is not None and len(it) == 1 and it[0] is x
+
+
+def _raw_bytes(decode: Iterable[Any]) -> tuple[list[bytes], list[Any], np.ndarray, dict[Any, int]]:
+    """Per position: the plain bytes (``b""`` for a symbol), the entry itself (plain
+    bytes become ``Token(position, bytes)`` on first read of ``decode``, so the list
+    holds ``None`` there), the token id (a ``Token``'s own id, a plain entry's
+    position, ``-1`` for a symbol),
+    and ``symbol -> position`` for entries that are one-edge symbols.
+
+    Entries: ``Token`` (any id; ids must be distinct), bytes-like, a sequence of
+    ints in ``0..255`` (taken as those bytes), or a symbol that iterates to itself."""
     items = list(decode)
     raw: list[bytes] = []
-    all_tokens = True
+    entries: list[Any] = []
+    idl: list[int] = []
+    symbols: dict[Any, int] = {}
     for i, t in enumerate(items):
         if isinstance(t, Token):
-            if t.token_id != i:
-                raise ValueError(f"vocabulary entry {i} is {t!r}: a Token's token_id must equal its position")
+            idl.append(t.token_id)
             raw.append(bytes(t))
-        elif isinstance(t, bytes):
-            all_tokens = False
-            raw.append(t)
-        elif isinstance(t, (bytearray, memoryview)):
-            all_tokens = False
+            entries.append(t)
+            continue
+        entries.append(None)
+        idl.append(i)
+        if isinstance(t, (bytes, bytearray, memoryview)):
             raw.append(bytes(t))
+        elif _is_symbol(t):
+            if t in symbols:
+                raise ValueError(f"vocabulary entry {i} ({t!r}) repeats entry {symbols[t]}")
+            symbols[t] = i
+            idl[i] = -1  # a symbol has no token id
+            raw.append(b"")
+            entries[i] = t
         else:
-            raise TypeError(f"vocabulary entry {i} is {type(t).__name__}, expected bytes or Token")
-    return raw, (items if all_tokens else None)
+            try:
+                b = bytes(list(t))
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"vocabulary entry {i} is {type(t).__name__} ({t!r}): expected a Token, bytes, a "
+                    "sequence of byte values 0..255, or a symbol that iterates to itself"
+                ) from None
+            raw.append(b)
+    ids = np.array(idl, dtype=np.int64)
+    real = ids[ids >= 0]
+    if len(np.unique(real)) != len(real):
+        u, c = np.unique(real, return_counts=True)
+        raise ValueError(f"vocabulary token ids must be distinct; repeated: {u[c > 1][:5].tolist()}")
+    return raw, entries, ids, symbols
 
 
-def _select_ids(spec: Iterable[Any], tokens: list[bytes], what: str) -> np.ndarray:
-    """Token ids named by ``spec``: a ``Token`` names its id, plain ``bytes``
-    every token with those bytes. Unknown entries raise ``ValueError``."""
+def _select_ids(
+    spec: Iterable[Any], tokens: list[bytes], what: str, id2pos: Any, symbols: dict[Any, int]
+) -> np.ndarray:
+    """Positions named by ``spec``: a ``Token`` names its id, plain ``bytes`` every
+    entry with those bytes, a symbol itself. Unknown entries raise ``ValueError``."""
     by_bytes: dict[bytes, list[int]] | None = None
     ids: set[int] = set()
     for s in spec:
         if isinstance(s, Token):
-            tid = s.token_id
-            if not (0 <= tid < len(tokens)) or tokens[tid] != bytes(s):
+            pos = id2pos(s.token_id)
+            if pos is None or tokens[pos] != bytes(s):
                 raise ValueError(f"{what} token {s!r} not in vocabulary")
-            ids.add(tid)
+            ids.add(pos)
         elif isinstance(s, (bytes, bytearray, memoryview)):
             if by_bytes is None:
                 by_bytes = {}
                 for i, t in enumerate(tokens):
                     by_bytes.setdefault(t, []).append(i)
+                for i in symbols.values():  # a symbol's b"" placeholder is not bytes
+                    by_bytes[b""].remove(i)
             found = by_bytes.get(bytes(s))
             if not found:
                 raise ValueError(f"{what} token {bytes(s)!r} not in vocabulary")
             ids.update(found)
+        elif _is_symbol(s) and s in symbols:
+            ids.add(symbols[s])
         else:
-            raise TypeError(f"{what} tokens must be bytes or Token, got {type(s).__name__}")
+            raise TypeError(f"{what} tokens must be bytes, Token or a vocabulary symbol, got {s!r}")
     return np.array(sorted(ids), dtype=np.int64)
 
 
@@ -255,7 +303,7 @@ class NodeChildren(dict):
         return super().__contains__(key)
 
     def eot_edges(self) -> list[tuple[int, int]]:
-        """``(leaf, token_id)`` of every end-of-token edge, ascending token id."""
+        """``(leaf, position)`` of every end-of-token edge, ascending position."""
         return [(v, k[1]) for k, v in self.items() if isinstance(k, tuple)]
 
 
@@ -298,7 +346,8 @@ class _Node2Prefix(Sequence):
 
 
 class _Word2Leaf(Mapping):
-    """Token (by id), token id (``int``) or plain bytes (lowest id) -> leaf node."""
+    """Token (by id), ``(bytes, token_id)``, token id (``int``), plain bytes (lowest
+    position) or a symbol -> leaf node."""
 
     def __init__(self, s: "TrieStructure") -> None:
         self._s = s
@@ -314,24 +363,36 @@ class _Word2Leaf(Mapping):
         s = self._s
         if isinstance(key, tuple) and len(key) == 2:  # genlm-bytes' (bytes, token_id)
             b, tid = key
-            if isinstance(tid, (int, np.integer)) and 0 <= int(tid) < len(s._raw):
-                if s._raw[int(tid)] == bytes(b):
-                    return s.n_internal + int(tid)
+            if isinstance(tid, (int, np.integer)) and isinstance(b, (bytes, bytearray, memoryview)):
+                pos = s.position_of(tid)
+                if pos is not None and pos not in s._symbols.values() and s._raw[pos] == bytes(b):
+                    return s.n_internal + pos
             raise KeyError(key)
         if isinstance(key, Token):
-            tid = key.token_id
-            if 0 <= tid < len(s._raw) and s._raw[tid] == bytes(key):
-                return s.n_internal + tid
+            pos = s.position_of(key.token_id)
+            if pos is not None and s._raw[pos] == bytes(key):
+                return s.n_internal + pos
             raise KeyError(key)
         if isinstance(key, (bytes, bytearray, memoryview)):
             if self._by_bytes is None:
                 m: dict[bytes, int] = {}
+                sym = set(s._symbols.values())
                 for i, t in enumerate(s._raw):
-                    m.setdefault(t, i)
+                    if i not in sym:
+                        m.setdefault(t, i)
                 self._by_bytes = m
             return s.n_internal + self._by_bytes[bytes(key)]
-        if isinstance(key, (int, np.integer)) and 0 <= int(key) < len(s._raw):
-            return s.n_internal + int(key)
+        if isinstance(key, (int, np.integer)):  # a token id
+            pos = s.position_of(key)
+            if pos is not None:
+                return s.n_internal + pos
+            raise KeyError(key)
+        try:
+            pos = s._symbols.get(key)
+        except TypeError:  # unhashable
+            pos = None
+        if pos is not None:
+            return s.n_internal + pos
         raise KeyError(key)
 
     def __contains__(self, key: object) -> bool:
@@ -363,7 +424,7 @@ class _Leaf2(Mapping):
             raise KeyError(leaf) from None
         if not 0 <= tid < len(s._raw):
             raise KeyError(leaf)
-        return tid if self._ids else s.decode[tid]
+        return int(s.token_ids[tid]) if self._ids else s.decode[tid]
 
     def __contains__(self, leaf: object) -> bool:
         try:
@@ -393,22 +454,36 @@ class TrieStructure:
         eos_tokens: Iterable[bytes | Token] = (),
         atomic_tokens: Iterable[bytes | Token] = (),
     ) -> None:
-        raw, tokens = _raw_bytes(decode)
+        raw, entries, ids, symbols = _raw_bytes(decode)
         n = len(raw)
         if n == 0:
             raise ValueError("cannot build a trie of an empty vocabulary")
         self._raw = raw
-        self._tokens = tokens
-        self.eos_ids = _select_ids(eos_tokens or (), raw, "EOS")
-        self.atomic_ids = _select_ids(atomic_tokens or (), raw, "atomic")
-        self.eos_tokens = frozenset(Token(i, raw[i]) for i in self.eos_ids.tolist())
-        self.atomic_tokens = frozenset(Token(i, raw[i]) for i in self.atomic_ids.tolist())
+        self._entries = entries
+        self._tokens: list[Any] | None = None
+        #: token id of every position (a ``Token``'s id, else the position)
+        self.token_ids = ids
+        self._identity = bool(np.array_equal(ids, np.arange(n)))
+        self._pos_of_id: dict[int, int] | None = (
+            None if self._identity else {int(t): i for i, t in enumerate(ids.tolist()) if t >= 0}
+        )
+        self._symbols = symbols
+        self.eos_ids = _select_ids(eos_tokens or (), raw, "EOS", self.position_of, symbols)
+        named_atomic = _select_ids(atomic_tokens or (), raw, "atomic", self.position_of, symbols)
+        self.atomic_ids = np.union1d(named_atomic, np.array(sorted(symbols.values()), dtype=np.int64))
+        self.eos_tokens = frozenset(self._entry(i) for i in self.eos_ids.tolist())
+        self.atomic_tokens = frozenset(self._entry(i) for i in named_atomic.tolist())
 
         is_atomic = np.zeros(n, dtype=bool)
         is_atomic[self.atomic_ids] = True
-        plain_ids = [i for i in range(n) if not is_atomic[i]]
-        plain_ids.sort(key=raw.__getitem__)  # stable: ties keep token-id order
-        atom_ids = sorted(self.atomic_ids.tolist(), key=raw.__getitem__)
+        plain_ids = np.flatnonzero(~is_atomic).tolist()
+        plain_ids.sort(key=raw.__getitem__)  # stable: ties keep position order
+        sym_pos = set(symbols.values())
+
+        def atom_key(i: int) -> tuple[int, Any]:  # atomic bytes first (sorted), then symbols
+            return (1, i) if i in sym_pos else (0, raw[i])
+
+        atom_ids = sorted(self.atomic_ids.tolist(), key=atom_key)
         perm = np.array(plain_ids + atom_ids, dtype=np.int64)
         m = len(plain_ids)
         self.perm = perm
@@ -458,15 +533,17 @@ class TrieStructure:
         tok_node_sorted = np.where(src >= 0, last_node[np.maximum(src, 0)], 0)
 
         # ---- atomic nodes: one per distinct atomic byte string
-        araw = [raw[i] for i in atom_ids]
-        groups: list[bytes] = []
+        groups: list[Any] = []  # edge key: the atomic bytes, or the symbol itself
         gstart: list[int] = []
-        for k, b in enumerate(araw):
-            if not groups or groups[-1] != b:
-                groups.append(b)
+        last: tuple[int, Any] | None = None
+        for k, i in enumerate(atom_ids):
+            key = atom_key(i)
+            if key != last:
+                groups.append(entries[i] if key[0] else raw[i])
                 gstart.append(m + k)
+                last = key
         n_atomic = len(groups)
-        self.atomic_keys: list[bytes] = groups
+        self.atomic_keys: list[Any] = groups
         a_first = 1 + n_byte
         a_start = np.array(gstart, dtype=np.int64)
         a_end = np.append(a_start[1:], n).astype(np.int64) if n_atomic else a_start
@@ -481,7 +558,10 @@ class TrieStructure:
         self.n_atomic = n_atomic
         self.n_internal = N
         self.root = 0
-        self.eos_node = N + n
+        # The last slot holds the EOS mass; it is a node (``eos_node``, the root's
+        # ``EOS`` edge) only when EOS tokens are given, else unreachable (0 / -inf).
+        self.eos_slot = N + n
+        self.eos_node: int | None = N + n if len(self.eos_ids) else None
         self.num_nodes = N + n + 1
 
         self.start = np.concatenate([[0], intro, a_start]).astype(np.int64)
@@ -495,13 +575,13 @@ class TrieStructure:
         tok_node[perm[:m]] = tok_node_sorted
         tok_node[perm[m:]] = a_first + atom_group
         parent[N : N + n] = tok_node
-        parent[self.eos_node] = 0
+        parent[self.eos_slot] = 0 if self.eos_node is not None else -1
         self.parent = parent
         self.tok_node = tok_node
 
         depth = np.zeros(self.num_nodes, dtype=np.int64)
         depth[1 : 1 + n_byte] = node_depth
-        depth[a_first:N] = [len(g) for g in groups]
+        depth[a_first:N] = [len(g) if isinstance(g, bytes) else 1 for g in groups]
         depth[N : N + n] = depth[tok_node]
         self.depth = depth
         self._intro_tok = np.concatenate([[-1], perm[intro], perm[a_start]]).astype(np.int64)
@@ -511,7 +591,7 @@ class TrieStructure:
         code[1 : 1 + n_byte] = byte_code
         code[a_first:N] = _CODE_ATOMIC + np.arange(n_atomic)
         code[N : N + n] = _CODE_EOT
-        code[self.eos_node] = _CODE_EOS
+        code[self.eos_slot] = _CODE_EOS
         self.edge_code = code
 
         # CSR of children: leaves first (by token id), then bytes, atomic, EOS
@@ -530,11 +610,32 @@ class TrieStructure:
         self.leaf2token_id = _Leaf2(self, ids=True)
 
     @property
-    def decode(self) -> list[Token]:
-        """The vocabulary as ``Token`` objects (position = token id)."""
+    def decode(self) -> list[Any]:
+        """The vocabulary by position: ``Token`` objects (plain bytes entries get their
+        position as id) and symbols as given."""
         if self._tokens is None:
-            self._tokens = [Token(i, b) for i, b in enumerate(self._raw)]
+            self._tokens = [
+                Token(i, b) if e is None else e for i, (b, e) in enumerate(zip(self._raw, self._entries))
+            ]
         return self._tokens
+
+    def _entry(self, i: int) -> Any:
+        if self._tokens is not None:
+            return self._tokens[i]
+        e = self._entries[i]
+        return Token(i, self._raw[i]) if e is None else e
+
+    def position_of(self, token_id: int) -> int | None:
+        """The position of the entry with ``token_id`` (None if there is none)."""
+        tid = int(token_id)
+        if self._pos_of_id is None:
+            return tid if 0 <= tid < len(self._raw) else None
+        return self._pos_of_id.get(tid)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Token ids of the EOS entries (``eos_ids`` holds their positions)."""
+        return self.token_ids[self.eos_ids].tolist()
 
     @property
     def raw(self) -> list[bytes]:
@@ -556,7 +657,8 @@ class TrieStructure:
                 if eot is None:
                     eot = child
             elif c == _CODE_EOS:
-                items.append((EOS, child))
+                if self.eos_node is not None:
+                    items.append((EOS, child))
             else:
                 items.append((self.atomic_keys[c - _CODE_ATOMIC], child))
         return NodeChildren(items, eot)
@@ -575,7 +677,7 @@ class TrieStructure:
             node += self.num_nodes
         if not 0 <= node < self.num_nodes:
             raise IndexError(node)
-        if node == self.root or node == self.eos_node:
+        if node == self.root or node == self.eos_slot:
             return b""
         if node >= self.n_internal:
             return self._raw[node - self.n_internal]

@@ -11,7 +11,15 @@ also for the parallel scan of ``torch.cumsum`` on a GPU). ``weight_max`` uses a
 sparse table of range maxima (one ``torch.maximum`` per power of two, each node
 answered at its level from two overlapping blocks), exact.
 
-Output dtype: float64 for float64 input, float32 otherwise.
+Output dtype: float64 for float64 input, float32 otherwise (float16 / bfloat16 /
+integer weights are computed in float32).
+
+Same arguments as the CPU trie (:class:`genlm_core.trie.cpu.TokenByteTrie`):
+``weight_sum(ws, mode, *, out=None, lazy=False)``. ``lazy=True`` is accepted and
+computes the eager result (a tensor of every node's mass, indexable like the lazy
+CPU result: ``m[node]``); :attr:`computes_lazily` is ``False``. Weights are checked
+as on the CPU (finite for sums, NaN-free for max; see :mod:`genlm_core.trie.base`):
+the check reads each row's float64 total and costs one device-to-host sync per call.
 """
 
 from __future__ import annotations
@@ -23,7 +31,13 @@ import numpy as np
 import torch
 
 from genlm_core.token import Token
-from genlm_core.trie.base import BaseTokenByteTrie
+from genlm_core.trie.base import (
+    BaseTokenByteTrie,
+    check_bool,
+    check_positive_int,
+    first_bad_row,
+    nonfinite_error,
+)
 from genlm_core.trie.structure import EOSMode, TrieStructure
 
 __all__ = ["TorchTokenByteTrie"]
@@ -39,7 +53,11 @@ class TorchTokenByteTrie(BaseTokenByteTrie):
         precise: carry the prefix-sum residual (default True).
         max_batch_size: rows processed at once in the batch methods (bounds the
             float64 temporaries: about ``24 * len(decode)`` bytes per row).
+
+    Unknown options raise a ``ConfigError`` naming them and the accepted ones.
     """
+
+    computes_lazily = False
 
     def __init__(
         self,
@@ -50,14 +68,23 @@ class TorchTokenByteTrie(BaseTokenByteTrie):
         device: str | torch.device | None = None,
         precise: bool = True,
         max_batch_size: int = 64,
-        **_ignored: Any,
+        **options: Any,
     ) -> None:
-        super().__init__(decode, eos_tokens, atomic_tokens)
+        self._reject_unknown(options)
+        precise = check_bool("precise", precise)
+        max_batch_size = check_positive_int("max_batch_size", max_batch_size)
         if device is None or device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(
+                f"device must be a torch device ('cpu', 'cuda', 'cuda:N', ...) or None/'auto', got {device!r}"
+            ) from None
+        super().__init__(decode, eos_tokens, atomic_tokens)
+        self.device = dev
         self.precise = precise
-        self.max_batch_size = int(max_batch_size)
+        self.max_batch_size = max_batch_size
         s = self.structure
         self._n = s.num_leaves
         self._N = N = s.n_internal
@@ -83,18 +110,35 @@ class TorchTokenByteTrie(BaseTokenByteTrie):
                 self._levels.append((j, t(nodes), t(s.start[nodes]), t(s.end[nodes] - (1 << j))))
 
     # ------------------------------------------------------------------ helpers
-    def _prep(self, ws: Any, ndim: int) -> torch.Tensor:
+    def _prep(self, ws: Any, ndim: int, method: str = "") -> torch.Tensor:
+        n = self._n
         if isinstance(ws, (list, tuple)):
-            ws = torch.stack([torch.as_tensor(w) for w in ws])
+            if not ws:
+                raise ValueError(
+                    f"{method or 'batch_weight_sum'} got an empty list: it takes weights of shape "
+                    f"(batch, {n}) or a non-empty list of ({n},) vectors; for no rows pass "
+                    f"torch.empty((0, {n}))"
+                )
+            rows = [w if isinstance(w, torch.Tensor) else torch.as_tensor(np.asarray(w)) for w in ws]
+            for i, w in enumerate(rows):
+                if tuple(w.shape) != (n,):
+                    raise ValueError(f"weights row {i} must have shape ({n},), got {tuple(w.shape)}")
+            ws = torch.stack([w.to(self.device) for w in rows])
         if not isinstance(ws, torch.Tensor):
-            ws = torch.from_numpy(np.ascontiguousarray(ws))
-        if ws.dim() != ndim or ws.shape[-1] != self._n:
-            want = f"({self._n},)" if ndim == 1 else f"(batch, {self._n})"
+            arr = np.ascontiguousarray(ws)
+            if arr.dtype.kind not in "fiub":
+                raise TypeError(f"weights must be real numbers, got an array of dtype {arr.dtype}")
+            ws = torch.from_numpy(arr)
+        if ws.is_complex():
+            raise TypeError(f"weights must be real numbers, got a tensor of dtype {ws.dtype}")
+        if ws.dim() != ndim or ws.shape[-1] != n:
+            want = f"({n},)" if ndim == 1 else f"(batch, {n})"
             raise ValueError(f"weights must have shape {want}, got {tuple(ws.shape)}")
         dtype = torch.float64 if ws.dtype == torch.float64 else torch.float32
         return ws.to(device=self.device, dtype=dtype)
 
-    def _sum2d(self, w: torch.Tensor, with_eos: bool) -> torch.Tensor:
+    def _sum2d(self, w: torch.Tensor, with_eos: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Masses ``(B, num_nodes)`` and each row's float64 total (for the check)."""
         B, n, N = w.shape[0], self._n, self._N
         out = torch.empty((B, self.num_nodes), dtype=w.dtype, device=self.device)
         out[:, N : N + n] = w
@@ -108,20 +152,24 @@ class TorchTokenByteTrie(BaseTokenByteTrie):
         if self.device.type == "cpu":
             # one row at a time: 1-D gathers are several times faster on the CPU than
             # ``index_select`` along dim 1 of a 2-D tensor
+            total = torch.empty(B, dtype=torch.float64)
             for b in range(B):
-                mass = self._range_sums(w[b].index_select(0, self._perm), with_eos)
+                mass, total[b] = self._range_sums(w[b].index_select(0, self._perm), with_eos)
                 if eos is not None:
                     mass[0] += eos[b]
                 out[b, :N] = mass
         else:
-            mass = self._range_sums(w.index_select(1, self._perm), with_eos)
+            mass, total = self._range_sums(w.index_select(1, self._perm), with_eos)
             if eos is not None:
                 mass[:, 0] += eos
             out[:, :N] = mass
-        return out
+        if eos is not None:
+            total = total + eos
+        return out, total
 
-    def _range_sums(self, xw: torch.Tensor, with_eos: bool) -> torch.Tensor:
-        """Range sums over the last dim of permuted weights ``xw`` (..., n) -> (..., N)."""
+    def _range_sums(self, xw: torch.Tensor, with_eos: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Range sums over the last dim of permuted weights ``xw`` (..., n) -> (..., N),
+        and the total of the last dim (the last prefix sum)."""
         n = self._n
         x = xw.to(torch.float64)
         if with_eos:
@@ -137,9 +185,9 @@ class TorchTokenByteTrie(BaseTokenByteTrie):
             torch.cumsum(r, dim=-1, out=R[..., 1:])
             mass += R.index_select(d, self._end)
             mass -= R.index_select(d, self._start)
-        return mass
+        return mass, S[..., n]
 
-    def _max2d(self, w: torch.Tensor, with_eos: bool) -> torch.Tensor:
+    def _max2d(self, w: torch.Tensor, with_eos: bool) -> tuple[torch.Tensor, torch.Tensor]:
         B, n, N = w.shape[0], self._n, self._N
         x = w.t().index_select(0, self._perm)
         if with_eos:
@@ -163,36 +211,67 @@ class TorchTokenByteTrie(BaseTokenByteTrie):
         else:
             out[:, N + n] = float("-inf")
         out[:, :N] = res.t()
-        return out
+        # torch.maximum propagates NaN: the root (every token) shows it
+        return out, res[0]
 
-    def _batched(self, w: torch.Tensor, mode: Any, op: str) -> torch.Tensor:
+    def _batched(self, w: torch.Tensor, mode: Any, op: str, batched: bool) -> torch.Tensor:
         with_eos = self._mode(mode) is EOSMode.WITH_EOS and self._has_eos
         fn = self._sum2d if op == "sum" else self._max2d
-        if w.shape[0] <= self.max_batch_size:
-            return fn(w, with_eos)
-        parts = [
-            fn(w[i : i + self.max_batch_size], with_eos) for i in range(0, w.shape[0], self.max_batch_size)
-        ]
-        return torch.cat(parts, dim=0)
+        step = self.max_batch_size
+        parts = [fn(w[i : i + step], with_eos) for i in range(0, w.shape[0], step)] or [fn(w, with_eos)]
+        out = parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts], dim=0)
+        check = parts[0][1] if len(parts) == 1 else torch.cat([p[1] for p in parts], dim=0)
+        bad_rows = torch.isnan(check) if op == "max" else ~torch.isfinite(check)
+        if bool(bad_rows.any()):  # one device-to-host sync per call
+            bad = first_bad_row(bad_rows.cpu().numpy())
+            raise nonfinite_error(w[bad], op, bad if batched else None)
+        return out
+
+    def _eager(self, ws: Any, mode: Any, op: str, ndim: int, out: Any, method: str) -> torch.Tensor:
+        w = self._prep(ws, ndim, method)
+        res = self._batched(w if ndim == 2 else w.unsqueeze(0), mode, op, ndim == 2)
+        if ndim == 1:
+            res = res[0]
+        if out is None:
+            return res
+        if not isinstance(out, torch.Tensor) or out.shape != res.shape or out.dtype != res.dtype:
+            got = f"{out.dtype} of shape {tuple(out.shape)}" if hasattr(out, "shape") else type(out).__name__
+            raise ValueError(
+                f"out must be a {res.dtype} tensor of shape {tuple(res.shape)} on {self.device}, got {got}"
+            )
+        out.copy_(res)
+        return out
 
     # ------------------------------------------------------------------ public API
-    def weight_sum(self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS) -> torch.Tensor:
+    def weight_sum(
+        self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS, *, out: Any = None, lazy: bool = False
+    ) -> torch.Tensor:
         """Mass of every node (sum of the weights of the tokens below it), shape
-        ``(num_nodes,)``, a tensor on :attr:`device`."""
-        w = self._prep(ws, 1)
-        return self._batched(w.unsqueeze(0), mode, "sum")[0]
+        ``(num_nodes,)``, a tensor on :attr:`device`.
 
-    def batch_weight_sum(self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS) -> torch.Tensor:
+        ``lazy=True`` is accepted for the common trie signature and computes the
+        same eager tensor (index it like the lazy CPU result: ``m[node]``);
+        ``out`` (a tensor of the result's shape and dtype) receives the result."""
+        if check_bool("lazy", lazy) and out is not None:
+            raise ValueError("out= cannot be used with lazy=True (nothing is written out)")
+        return self._eager(ws, mode, "sum", 1, out, "weight_sum")
+
+    def batch_weight_sum(
+        self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS, *, out: Any = None, lazy: bool = False
+    ) -> torch.Tensor:
         """:meth:`weight_sum` of each row of ``(batch, len(decode))`` weights (or a
-        list of 1-D vectors); returns ``(batch, num_nodes)`` on :attr:`device`."""
-        return self._batched(self._prep(ws, 2), mode, "sum")
+        non-empty list of 1-D vectors); returns ``(batch, num_nodes)`` on
+        :attr:`device` (also under ``lazy=True``)."""
+        if check_bool("lazy", lazy) and out is not None:
+            raise ValueError("out= cannot be used with lazy=True (nothing is written out)")
+        return self._eager(ws, mode, "sum", 2, out, "batch_weight_sum")
 
-    def weight_max(self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS) -> torch.Tensor:
+    def weight_max(self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS, *, out: Any = None) -> torch.Tensor:
         """Max weight of the tokens below every node (``-inf`` when none); correct
-        for log-space weights. Shape ``(num_nodes,)`` on :attr:`device`."""
-        w = self._prep(ws, 1)
-        return self._batched(w.unsqueeze(0), mode, "max")[0]
+        for log-space weights (``-inf``/``inf`` included, NaN raises). Shape
+        ``(num_nodes,)`` on :attr:`device`."""
+        return self._eager(ws, mode, "max", 1, out, "weight_max")
 
-    def batch_weight_max(self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS) -> torch.Tensor:
+    def batch_weight_max(self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS, *, out: Any = None) -> torch.Tensor:
         """:meth:`weight_max` of each row; ``(batch, num_nodes)`` on :attr:`device`."""
-        return self._batched(self._prep(ws, 2), mode, "max")
+        return self._eager(ws, mode, "max", 2, out, "batch_weight_max")

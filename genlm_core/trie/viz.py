@@ -43,7 +43,8 @@ def visualize(trie: Any, ws: Any = None) -> Any:
     dot = graphviz.Digraph(comment="Token byte trie")
     dot.attr(rankdir="LR")
     top = float(np.max(ws[np.isfinite(ws)])) if ws is not None and np.isfinite(ws).any() else 0.0
-    for node in range(trie.num_nodes):
+    nodes = [n for n in range(trie.num_nodes) if n == trie.root or trie.structure.parent[n] >= 0]
+    for node in nodes:  # the EOS slot is no node without EOS tokens
         prefix = trie.node2prefix[node]
         label = f"{node}\\n{prefix!r}"
         color = "#ffffff"
@@ -60,7 +61,7 @@ def visualize(trie: Any, ws: Any = None) -> Any:
             style="filled",
             fillcolor=color,
         )
-    for node in range(trie.num_nodes):
+    for node in nodes:
         for key, child in trie.children[node].items():
             dot.edge(str(node), str(child), label=_label(key))
     return dot

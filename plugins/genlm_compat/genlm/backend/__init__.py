@@ -1,0 +1,34 @@
+"""genlm-backend's API on genlm-core (genlm-compat). See docs/migration.md."""
+
+from genlm.backend._guard import warn_if_real
+
+warn_if_real("genlm-backend", "genlm.backend")
+
+from genlm.backend.llm import (  # noqa: E402
+    AsyncLM,
+    AsyncMlxLM,
+    AsyncTransformer,
+    AsyncVirtualLM,
+    MockAsyncLM,
+    load_model_by_name,
+)
+from genlm.backend.tokenization import Token, decode_vocab  # noqa: E402
+from genlm.backend.trie import (  # noqa: E402
+    AsyncTokenCharacterTrie,
+    ParallelTokenCharacterTrie,
+    TokenCharacterTrie,
+)
+
+__all__ = [
+    "AsyncLM",
+    "AsyncMlxLM",
+    "AsyncTokenCharacterTrie",
+    "AsyncTransformer",
+    "AsyncVirtualLM",
+    "MockAsyncLM",
+    "ParallelTokenCharacterTrie",
+    "Token",
+    "TokenCharacterTrie",
+    "decode_vocab",
+    "load_model_by_name",
+]

@@ -1,0 +1,150 @@
+"""genlm-backend's language models (``genlm.backend.llm``) as genlm-core backends.
+
+Each class *is* a genlm-core LogprobBackend (batching, output and KV caches are the
+core's); only the constructors follow genlm-backend's signatures. Options a core
+config accepts (``cache_size``, ``kv_cache_bytes``, ...) pass through as keywords.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from genlm_hf.backend import HFBackend
+from genlm_hf.config import HFConfig
+from genlm_hf.loading import load_model_and_tokenizer
+from genlm_mock.backend import MockBackend
+
+from genlm_core.backend import BaseLogprobBackend as AsyncLM
+
+__all__ = ["AsyncLM", "AsyncMlxLM", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM", "load_model_by_name"]
+
+#: transformers' dtype spellings (``torch_dtype=`` in ``hf_opts``) -> genlm-hf's ``dtype``
+_DTYPES = {"float": "float32", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
+           "bf16": "bfloat16", "float16": "float16", "half": "float16", "fp16": "float16", "auto": "auto"}  # fmt: skip
+
+
+def _dtype(value: Any) -> str:
+    name = str(value).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ValueError(f"hf_opts torch_dtype={value!r} is not supported; use one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+class _LoraName:
+    """genlm-backend's ``lora_name=`` request argument (genlm-control passes it, None
+    by default). genlm-core selects adapters per backend (``set_lora``), so a named
+    adapter must be the active one."""
+
+    def _lora(self, lora_name: str | None) -> None:
+        if lora_name is not None and getattr(self, "active_lora", None) != lora_name:
+            raise ValueError(
+                f"lora_name={lora_name!r} is not the active adapter ({getattr(self, 'active_lora', None)!r}); "
+                f"genlm-core selects adapters per backend: call llm.set_lora({lora_name!r}) first"
+            )
+
+    async def next_token_logprobs(self, token_ids: Any, lora_name: str | None = None) -> Any:
+        self._lora(lora_name)
+        return await super().next_token_logprobs(token_ids)  # type: ignore[misc]
+
+    def next_token_logprobs_sync(self, token_ids: Any, lora_name: str | None = None) -> Any:
+        self._lora(lora_name)
+        return super().next_token_logprobs_sync(token_ids)  # type: ignore[misc]
+
+    async def batch_next_token_logprobs(self, token_ids_list: Any, lora_name: str | None = None) -> Any:
+        self._lora(lora_name)
+        return await super().batch_next_token_logprobs(token_ids_list)  # type: ignore[misc]
+
+    def batch_next_token_logprobs_sync(self, token_ids_list: Any, lora_name: str | None = None) -> Any:
+        self._lora(lora_name)
+        return super().batch_next_token_logprobs_sync(token_ids_list)  # type: ignore[misc]
+
+
+class AsyncTransformer(_LoraName, HFBackend):
+    """genlm-hf's backend: ``AsyncTransformer(hf_model, hf_tokenizer, batch_size=, timeout=)``.
+    ``None`` keeps genlm-core's defaults (see docs/migration.md)."""
+
+    def __init__(
+        self, hf_model: Any, hf_tokenizer: Any, batch_size: int | None = None, timeout: float | None = None,
+        **options: Any,
+    ) -> None:  # fmt: skip
+        config = options.pop("config", None)
+        if config is None:
+            given = {"batch_size": batch_size, "timeout": timeout}
+            config = HFConfig.build("hf", **{k: v for k, v in given.items() if v is not None}, **options)
+        super().__init__(hf_model, hf_tokenizer, config)
+
+    @classmethod
+    def from_name(  # type: ignore[override]
+        cls, model_id: str, bitsandbytes_opts: dict | None = None, hf_opts: dict | None = None, **kwargs: Any
+    ) -> "AsyncTransformer":
+        """Load ``model_id`` (hub id or folder). ``hf_opts`` go to ``from_pretrained``;
+        ``torch_dtype``/``dtype``, ``device_map`` and ``trust_remote_code`` in them become
+        genlm-hf options (each given once)."""
+        opts = dict(hf_opts or {})
+        for key in ("torch_dtype", "dtype"):
+            if key in opts:
+                kwargs["dtype"] = _dtype(opts.pop(key))
+        for key in ("device_map", "trust_remote_code"):
+            if key in opts:
+                kwargs[key] = opts.pop(key)
+        config = HFConfig.build(
+            "hf", model=model_id, bitsandbytes_opts=bitsandbytes_opts or None, hf_opts=opts, **kwargs
+        )
+        model, tokenizer, _ = load_model_and_tokenizer(config)
+        return cls(model, tokenizer, config=config)
+
+
+class MockAsyncLM(_LoraName, MockBackend):
+    """genlm-core's mock backend over a tokenizer's vocabulary (fixed pseudo-random
+    distributions per context)."""
+
+    def __init__(self, tokenizer: Any = None, **options: Any) -> None:
+        super().__init__(tokenizer, MockBackend.config_class.build("mock", **options))
+
+    @classmethod
+    def from_name(cls, model_name: str, **kwargs: Any) -> "MockAsyncLM":  # type: ignore[override]
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(model_name), **kwargs)
+
+
+def _engine(name: str, module: str, attr: str, dist: str) -> type:
+    """A subclass of a plugin's backend, or a stand-in that says what to install."""
+    try:
+        base = getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        reason = f"{name} needs {dist} (pip install {dist}): {exc}"
+
+        class Missing:
+            @classmethod
+            def from_name(cls, *args: Any, **kwargs: Any) -> Any:
+                raise ImportError(reason)
+
+        Missing.__name__ = Missing.__qualname__ = name
+        return Missing
+
+    def from_name(cls: type, model_name: str, **kwargs: Any) -> Any:  # None: the option's default
+        return base.from_name.__func__(cls, model_name, **{k: v for k, v in kwargs.items() if v is not None})
+
+    return type(name, (_LoraName, base), {"__module__": __name__, "from_name": classmethod(from_name)})
+
+
+#: vLLM (``from_name(model_name, engine_opts=None, **kwargs)``: genlm-vllm options)
+AsyncVirtualLM: Any = _engine("AsyncVirtualLM", "genlm_vllm.backend", "VLLMBackend", "genlm-vllm")
+#: MLX (``from_name(model_name, **kwargs)``: genlm-mlx options)
+AsyncMlxLM: Any = _engine("AsyncMlxLM", "genlm_mlx.backend", "MLXBackend", "genlm-mlx")
+
+_BACKENDS = {"vllm": AsyncVirtualLM, "hf": AsyncTransformer, "mock": MockAsyncLM, "mlx": AsyncMlxLM}
+
+
+def load_model_by_name(name: str, backend: str | None = None, llm_opts: dict | None = None) -> AsyncLM:
+    """genlm-backend's loader: ``backend`` is "vllm", "hf", "mock" or "mlx"; None picks
+    vLLM when CUDA is available, else "hf". ``llm_opts`` go to ``from_name``."""
+    if backend is None:
+        import torch
+
+        backend = "vllm" if torch.cuda.is_available() else "hf"
+    if backend not in _BACKENDS:
+        raise ValueError(f"Invalid backend: {backend}")
+    return _BACKENDS[backend].from_name(name, **(llm_opts or {}))

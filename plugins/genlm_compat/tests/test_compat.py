@@ -1,0 +1,242 @@
+"""genlm-compat: the seeds' documented examples (genlm-backend README/docs, genlm-bytes)
+run against genlm.backend / genlm.bytes, with results equal to genlm-core's own API."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import genlm_core
+from genlm_core.bytes import BeamParams as CoreBeamParams
+from genlm_core.bytes import ByteBeamState as CoreByteBeamState
+from genlm_core.token import Token as CoreToken
+from genlm_core.vocab import decode_vocab as core_decode_vocab
+
+_TESTS = Path(__file__).resolve().parents[3] / "tests"  # model_paths
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
+
+gb = pytest.importorskip("genlm.backend")
+gbytes = pytest.importorskip("genlm.bytes")
+
+# float32 logits of one model recomputed in a batch of another shape (padding, KV reuse):
+# the sums in a few layers reorder, a few float32 ulps of values of size ~10 each.
+LOGPROB_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def tiny_path() -> str:
+    import model_paths
+
+    return str(model_paths.tiny_llama())
+
+
+def test_namespace_portions_and_one_token_class() -> None:
+    import genlm
+
+    assert not hasattr(genlm, "__file__") or genlm.__file__ is None  # PEP 420 namespace, no __init__
+    from genlm.backend.tokenization import Token
+
+    assert Token is CoreToken is gb.Token
+
+
+def test_readme_sis_example(tiny_path: str) -> None:
+    """genlm-backend's README program (autobatched SIS with a byte-vocabulary mask);
+    every particle's weight is recomputed from the core backend's logprobs."""
+    llm = gb.load_model_by_name(tiny_path, backend="hf", llm_opts={"hf_opts": {"torch_dtype": "float"}})
+    eos_id = llm.tokenizer.eos_token_id
+    valid = torch.tensor(
+        [i == eos_id or len(t) <= 3 for i, t in enumerate(llm.byte_vocab)], dtype=torch.float
+    ).log()
+    eos_one_hot = torch.nn.functional.one_hot(torch.tensor(eos_id), len(llm.byte_vocab)).log()
+
+    def mask(context: list[int]) -> torch.Tensor:
+        return eos_one_hot if len(context) >= 6 else valid
+
+    class Particle:
+        def __init__(self, prompt_ids: list[int]) -> None:
+            self.context: list[int] = []
+            self.prompt_ids = prompt_ids
+            self.log_weight = 0.0
+            self.active = True
+
+        async def extend(self) -> None:
+            logps = await llm.next_token_logprobs(self.prompt_ids + self.context)
+            masked = logps + mask(self.context).to(logps.device)
+            logZ = masked.logsumexp(dim=-1)
+            self.log_weight += float(logZ)
+            nxt = torch.multinomial((masked - logZ).exp(), 1).item()
+            if nxt == eos_id:
+                self.active = False
+            else:
+                self.context.append(nxt)
+
+    async def sis(prompt_ids: list[int]) -> list[Particle]:
+        particles = [Particle(prompt_ids) for _ in range(5)]
+        while any(p.active for p in particles):
+            await asyncio.gather(*[p.extend() for p in particles if p.active])
+        return particles
+
+    torch.manual_seed(0)
+    prompt_ids = llm.tokenizer.encode("Montreal is")
+    particles = asyncio.run(sis(prompt_ids))
+    core = genlm_core.load("hf", model=tiny_path, dtype="float32", device="cpu")
+    for p in particles:
+        want = 0.0
+        for t in range(len(p.context) + 1):
+            ctx = p.context[:t]
+            lp = core.next_token_logprobs_sync(prompt_ids + ctx) + mask(ctx)
+            want += float(lp.logsumexp(dim=-1))
+        # one LOGPROB_ATOL per logsumexp summed
+        assert p.log_weight == pytest.approx(want, abs=LOGPROB_ATOL * (len(p.context) + 1))
+    core.close()
+    llm.close()
+
+
+def test_decode_vocab(tiny_path: str) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    byte_vocab, str_vocab = gb.decode_vocab(tok)
+    core_bytes, _ = core_decode_vocab(tok)
+    assert byte_vocab == core_bytes and all(type(t) is CoreToken for t in byte_vocab)
+    assert byte_vocab[10].byte_string == bytes(core_bytes[10])
+    for t, s in zip(byte_vocab, str_vocab):
+        try:
+            assert s == bytes(t).decode("utf-8")
+        except UnicodeDecodeError:
+            assert s == tok.convert_ids_to_tokens(t.token_id)
+    _, latin = gb.decode_vocab(tok, byte2str_fallback="latin1")
+    assert all(s == bytes(t).decode("utf-8", errors="ignore") or s == bytes(t).decode("latin1")
+               for t, s in zip(byte_vocab, latin))  # fmt: skip
+    with pytest.raises(ValueError, match="Unknown byte2str_fallback strategy: nope"):
+        gb.decode_vocab(tok, byte2str_fallback="nope")
+
+
+def test_trie_readme_example_and_async_restart() -> None:
+    """genlm-backend's trie example; masses against a brute-force prefix sum."""
+    decode = [b"cat", b"cats", b"dog", b"dogs"]
+    p = [0.4, 0.1, 0.3, 0.2]
+    for trie in (gb.TokenCharacterTrie(decode=decode), gb.ParallelTokenCharacterTrie(decode, device="cpu")):
+        mass = trie.mass_sum(p_llm=p)
+        assert isinstance(mass, np.ndarray)
+        for node in range(1, trie.structure.n_byte + 1):
+            pre = trie.node2prefix[node]
+            assert mass[node] == pytest.approx(
+                sum(w for w, t in zip(p, decode) if t.startswith(pre)), rel=1e-6
+            )
+        assert trie.eos_node is None  # no EOS tokens given: no EOS node
+
+    async def main() -> None:
+        at = gb.AsyncTokenCharacterTrie(gb.TokenCharacterTrie(decode))
+        first = await at.weight_sum(np.array(p))
+        await at.cleanup()
+        again = await at.weight_sum(np.array(p))  # genlm-backend restarts after cleanup
+        np.testing.assert_array_equal(first, again)
+        await at.cleanup()
+
+    asyncio.run(main())
+
+
+def test_beam_params_positional_and_eos_meaning() -> None:
+    bp = gbytes.BeamParams(4, 0.01, False, [b"<e>"], False, 2, 1)
+    assert (bp.K, bp.prune_threshold, bp.verbose, bp.eos_tokens, bp.heal) == (
+        4,
+        0.01,
+        False,
+        (b"<e>",),
+        False,
+    )
+    assert (bp.heal_max_backoff, bp.heal_max_splits) == (2, 1)
+    assert gbytes.BeamParams(K=3).eos_tokens == ()  # genlm-bytes: None means no EOS tokens
+    assert gbytes.BeamParams(K=3, eos_byte_strings=[b"x"]).eos_byte_strings == (b"x",)
+    with pytest.raises(TypeError, match="multiple values"):
+        gbytes.BeamParams(3, K=4)
+    with pytest.raises(TypeError, match="'K'"):
+        gbytes.BeamParams()
+    with pytest.raises(ValueError):
+        gbytes.BeamParams(K=0)
+
+
+def test_byte_beam_equals_the_core(tiny_path: str) -> None:
+    """genlm-bytes' usage (initial, prefill, <<, logp_next) on a mock LM, equal to the core."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+
+    async def run(llm: Any, beam: Any) -> tuple[float, np.ndarray]:
+        beam = await beam.prefill(b"the cat")
+        for b in b" sat":
+            beam = await (beam.prune() << b)
+        dist = await beam.logp_next()
+        out = (beam.logZ, np.asarray(dist.ps))
+        await beam.cleanup()
+        return out
+
+    async def main() -> None:
+        compat_llm = gb.MockAsyncLM(tok)
+        eos = bytes(compat_llm.byte_vocab[tok.eos_token_id])
+        got = await run(
+            compat_llm,
+            await gbytes.ByteBeamState.initial(compat_llm, gbytes.BeamParams(5, 0.0, False, [eos])),
+        )
+        core_llm = genlm_core.load("mock", model=tiny_path)
+        want = await run(
+            core_llm, await CoreByteBeamState.initial(core_llm, CoreBeamParams(K=5, eos_tokens=[eos]))
+        )
+        assert got[0] == want[0]  # same mechanism, same inputs: bit-identical
+        np.testing.assert_array_equal(got[1], want[1])
+        with pytest.raises(ValueError, match="trie_opts"):
+            await gbytes.ByteBeamState.initial(compat_llm, gbytes.BeamParams(5), {"device": "cpu"})
+
+    asyncio.run(main())
+
+
+def test_llm_constructors_map_options(tiny_path: str) -> None:
+    llm = gb.AsyncTransformer.from_name(
+        tiny_path, hf_opts={"torch_dtype": "float", "low_cpu_mem_usage": True}
+    )
+    assert llm.config.dtype == "float32" and llm.config.hf_opts == {"low_cpu_mem_usage": True}
+    assert next(llm.model.parameters()).dtype == torch.float32
+    again = gb.AsyncTransformer(llm.model, llm.tokenizer, batch_size=3, timeout=0.01)
+    assert (again.config.batch_size, again.config.timeout) == (3, 0.01)
+    ids = llm.tokenizer.encode("hello there")
+    np.testing.assert_array_equal(again.next_token_logprobs_sync(ids), llm.next_token_logprobs_sync(ids))
+    with pytest.raises(ValueError, match="not the active adapter"):
+        llm.next_token_logprobs_sync(ids, lora_name="nope")
+    with pytest.raises(ValueError, match="torch_dtype"):
+        gb.AsyncTransformer.from_name(tiny_path, hf_opts={"torch_dtype": "int8"})
+    with pytest.raises(ValueError, match="Invalid backend: nope"):
+        gb.load_model_by_name(tiny_path, backend="nope")
+    mock = gb.load_model_by_name(tiny_path, backend="mock")
+    core_mock = genlm_core.load("mock", model=tiny_path)
+    assert isinstance(mock, gb.MockAsyncLM)
+    np.testing.assert_array_equal(mock.next_token_logprobs_sync(ids), core_mock.next_token_logprobs_sync(ids))
+    for x in (llm, again, mock, core_mock):
+        x.close()
+
+
+def test_warns_next_to_the_real_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    from genlm.backend import _guard
+
+    real = importlib.metadata.version
+
+    def fake(dist: str) -> str:
+        return "0.3.1" if dist == "genlm-backend" else real(dist)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _guard.warn_if_real("genlm-backend", "genlm.backend")  # not installed: silent
+    monkeypatch.setattr(importlib.metadata, "version", fake)
+    with pytest.warns(
+        _guard.CompatShadowWarning, match="genlm-backend 0.3.1 is installed next to genlm-compat"
+    ):
+        _guard.warn_if_real("genlm-backend", "genlm.backend")
