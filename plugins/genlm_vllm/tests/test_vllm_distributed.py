@@ -308,7 +308,7 @@ def test_ray_executor_is_refused_on_cpu(tiny_path) -> None:
                 )
             break
         except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception here
-            ray.shutdown()
+            ray.shutdown(wait_for_processes=True)
             if attempt == 2 or "timed out during startup" not in str(exc):
                 raise
     try:
@@ -319,5 +319,6 @@ def test_ray_executor_is_refused_on_cpu(tiny_path) -> None:
 
         assert actors(actor_state_name="ALIVE") == {}  # no worker actor left behind
     finally:
-        ray.shutdown()
+        # wait: Ray's processes get SIGTERM and, without waiting, may outlive the check
+        ray.shutdown(wait_for_processes=True)
     _assert_gone(kids, set(_shm_segments()))
