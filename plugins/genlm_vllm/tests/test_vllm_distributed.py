@@ -311,10 +311,13 @@ def test_ray_executor_is_refused_on_cpu(tiny_path) -> None:
             ray.shutdown(wait_for_processes=True)
             # a failed ray.init leaves the processes it started (no node to shut down):
             # end them, by pid, before the next attempt
+            procs = []
             for pid in _descendants() - kids:
                 with contextlib.suppress(psutil.NoSuchProcess):
-                    psutil.Process(pid).kill()
-            psutil.wait_procs([psutil.Process(p) for p in _descendants() - kids], timeout=10)
+                    proc = psutil.Process(pid)
+                    proc.kill()
+                    procs.append(proc)
+            psutil.wait_procs(procs, timeout=10)
             if attempt == 2 or "timed out during startup" not in str(exc):
                 raise
     try:
