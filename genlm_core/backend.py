@@ -322,6 +322,21 @@ class BaseLogprobBackend:
         """Seeds compatibility: fail and drop waiting requests. Not needed after errors."""
         self.batcher.reset()
 
+    @property
+    def healthy(self) -> bool:
+        """Whether the backend can answer (engines with processes of their own refine it)."""
+        return not self._closed
+
+    def info(self) -> dict[str, Any]:
+        """What runs where (engines add their process/parallel layout)."""
+        return {
+            "backend": self.backend_name,
+            "model": self.config.model,
+            "device": str(self.device),
+            "vocab_size": self.vocab_size,
+            "healthy": self.healthy,
+        }
+
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"batcher": self.batcher.stats.as_dict()}
         if self.output_cache is not None:

@@ -349,10 +349,6 @@ async def test_backend_batch_policy_tick_serves_lone_callers_without_the_deadlin
     sequential calls finish well inside one timeout (under "deadline" each would wait
     for it), 16 concurrent calls still form one batch, and rows equal the deadline
     backend's (same mock model: bitwise)."""
-    import time
-
-    import genlm_core
-
     tick = genlm_core.load("mock", batch_policy="tick", timeout=0.5, cache_size=0)
     ref = genlm_core.load("mock", timeout=0.0, cache_size=0)
     assert tick.batcher.policy == "tick" and ref.batcher.policy == "deadline"
@@ -368,3 +364,12 @@ async def test_backend_batch_policy_tick_serves_lone_callers_without_the_deadlin
         assert torch.equal(row, ref.next_token_logprobs_sync([3, t]))
     tick.close()
     ref.close()
+
+
+def test_info_and_health_follow_close() -> None:
+    llm = genlm_core.load("mock")
+    info = llm.info()
+    assert info["backend"] == "mock" and info["vocab_size"] == llm.vocab_size and info["healthy"]
+    assert llm.healthy
+    llm.close()
+    assert not llm.healthy and llm.info()["healthy"] is False

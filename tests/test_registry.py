@@ -155,6 +155,12 @@ def test_cli_doctor_and_one_line_errors():
     r = run_cli("doctor", "--json")
     info = json.loads(r.stdout)
     assert info["hardware"]["devices"][-1] == "cpu"
+    # the parallel layout this machine allows: one rank per GPU, or per CPU core
+    so = info["scale_out"]
+    hw = info["hardware"]
+    assert so["max_ranks_on_this_node"] == (hw["cuda_devices"] if hw["cuda"] else hw["cpu_count"])
+    text = run_cli("doctor").stdout
+    assert "Scale-out" in text and f"up to {so['max_ranks_on_this_node']}" in text
     bad = run_cli("logprobs", "--backend", "nonesuch", "--model", "/nowhere", "hi")
     assert bad.returncode == 2
     lines = [ln for ln in bad.stderr.splitlines() if ln.startswith("genlm")]

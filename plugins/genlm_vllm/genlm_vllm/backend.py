@@ -16,6 +16,7 @@ under the batcher's ``model_lock``: the engine is not thread-safe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import importlib.util
 import itertools
@@ -24,7 +25,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ from genlm_core.dtypes import UnsupportedDtypeError, resolve_dtype
 from genlm_core.progress import note, summarise_repeats
 from genlm_vllm.config import VLLMConfig
 
-__all__ = ["VLLMBackend", "VLLMNotInstalledError"]
+__all__ = ["VLLMBackend", "VLLMNotInstalledError", "EngineDiedError"]
 
 #: in-process engines alive in this process (they share vLLM's distributed state)
 _LIVE_IN_PROCESS: "weakref.WeakSet[VLLMBackend]" = weakref.WeakSet()
@@ -100,6 +101,52 @@ def _prepare_environment(config: VLLMConfig, device: str) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if device == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
+
+
+def _cpu_binding(world_size: int) -> str | None:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``world_size`` CPU ranks: this process's cores
+    split into that many contiguous lists (vLLM's own ``auto`` needs one NUMA node per
+    rank and fails on single-node machines). None when there are fewer cores than ranks."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = list(range(os.cpu_count() or 1))
+    if len(cores) < world_size:
+        return None
+    per = len(cores) // world_size
+    lists = [cores[r * per : (r + 1) * per] for r in range(world_size)]
+    return "|".join(",".join(map(str, c)) for c in lists)
+
+
+@contextlib.contextmanager
+def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
+    """The environment one engine start needs, restored afterwards.
+
+    * vLLM caches its environment variables once an engine has started
+      (``vllm.envs.enable_envs_cache``); a later engine in the same process would see
+      the first one's values (e.g. ``VLLM_ENABLE_V1_MULTIPROCESSING``,
+      ``VLLM_CPU_OMP_THREADS_BIND``). The cache is dropped so this start reads
+      ``os.environ`` as it is now.
+    * CPU engines with several ranks bind each rank's OpenMP threads to its own cores:
+      when ``VLLM_CPU_OMP_THREADS_BIND`` is unset, the cores are split evenly
+      (:func:`_cpu_binding`), only while the workers start.
+    """
+    import vllm.envs
+
+    vllm.envs.disable_envs_cache()
+    world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
+    added: list[str] = []
+    if device == "cpu" and world > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        binding = _cpu_binding(world)
+        if binding is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
+            added.append("VLLM_CPU_OMP_THREADS_BIND")
+            note(f"vllm: binding the {world} CPU ranks to cores {binding} (VLLM_CPU_OMP_THREADS_BIND)")
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def _announce_start(kwargs: dict[str, Any], device: str) -> None:
@@ -203,6 +250,21 @@ class VLLMBackend(BaseLogprobBackend):
         tokenizer = llm.get_tokenizer()
         super().__init__(tokenizer, config)
         self._namespace = new_namespace()
+        # rows from worker processes: see genlm_vllm.transport
+        self.transport_counts = {"shm": 0, "bytes": 0}
+        self._row_width = int(model_config.get_vocab_size())
+        self._buffer: Any = None
+        self._dead: str | None = None  # why the engine is unusable (a worker died)
+        self.workers: list[dict[str, Any]] = []
+        if not self.in_process:
+            from genlm_vllm.transport import RowBuffer, shm_available
+
+            self.workers = [w for w in llm.collective_rpc("genlm_worker_info") if w]
+            if llm.llm_engine.vllm_config.parallel_config.pipeline_parallel_size > 1:
+                llm.collective_rpc("genlm_prepare_pipeline")  # see CaptureWorkerExtension
+            if shm_available():
+                self._buffer = RowBuffer(self._namespace)
+            self._watchdog = _Watchdog(self)
         self._counter = itertools.count()
         self._lora_ids = itertools.count(1)
         self._loras: dict[str, Any] = {}
@@ -231,7 +293,10 @@ class VLLMBackend(BaseLogprobBackend):
         check_dtype(kwargs["dtype"], device)
         _announce_start(kwargs, device)
         t0 = time.perf_counter()
-        with summarise_repeats("vllm"):  # e.g. one cast warning per weight tensor
+        with (
+            _engine_environment(kwargs, device),
+            summarise_repeats("vllm"),
+        ):  # e.g. one cast warning per weight
             llm = LLM(**kwargs)
         note(f"vllm: engine ready in {time.perf_counter() - t0:.0f} s")
         try:
@@ -289,36 +354,99 @@ class VLLMBackend(BaseLogprobBackend):
             for tag in tags
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
+        self._check_healthy()
         try:
             self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._active_lora)
-            rows = self._fetch(tags)
-        except BaseException:
+            out, missing = self._fetch(tags)
+        except BaseException as exc:
+            self._check_healthy(exc)
             self._discard(tags)
             raise
-        missing = [i for i, r in enumerate(rows) if r is None]
         if missing:
             raise RuntimeError(
                 f"vllm: no logits were captured for {len(missing)} of {len(contexts)} requests; "
                 "is the engine running its workers in another process without the genlm "
                 "worker extension?"
             )
-        return torch.stack(rows)  # type: ignore[arg-type]
+        return out
 
-    def _fetch(self, tags: list[str]) -> list[torch.Tensor | None]:
-        method = "genlm_pop_captured" if self.in_process else "genlm_pop_captured_bytes"
-        per_worker = self.llm.collective_rpc(method, args=(tags,))
-        rows: list[torch.Tensor | None] = [None] * len(tags)
-        for result in per_worker:  # tensor-parallel ranks all capture; take any
-            for i, r in enumerate(result or ()):
-                if rows[i] is None and r is not None:
-                    rows[i] = r
-        return [None if r is None else self._as_row(r) for r in rows]
+    def _fetch(self, tags: list[str]) -> tuple[torch.Tensor, list[int]]:
+        """The captured rows in request order, and the indices that have none."""
+        if self.in_process:  # a plain call: the worker's own tensors, no copy
+            rows = self.llm.collective_rpc("genlm_pop_captured", args=(tags,))[0]
+            missing = [i for i, r in enumerate(rows) if r is None]
+            return (torch.stack(rows) if not missing else torch.empty(0)), missing
+        buffer = self._buffer
+        desc = None
+        if buffer is not None:
+            buffer.ensure(len(tags) * self._row_width * 4)
+            desc = buffer.describe()
+        replies = self.llm.collective_rpc("genlm_pop_captured_rows", args=(tags, desc))
+        reply = next((r for r in replies if r is not None), None)
+        if reply is None or not reply["width"]:
+            return torch.empty(0), list(range(len(tags)))
+        width = self._row_width = int(reply["width"])
+        missing = [i for i, p in enumerate(reply["present"]) if not p]
+        if missing:
+            return torch.empty(0), missing
+        if reply.get("shm"):
+            self.transport_counts["shm"] += 1
+            out = buffer.rows(len(tags), width)  # type: ignore[union-attr]
+        else:
+            self.transport_counts["bytes"] += 1
+            out = torch.stack([torch.frombuffer(bytearray(b), dtype=torch.float32) for b in reply["bytes"]])
+        return (out if self._device == "cpu" else out.to(self._device)), []
 
-    def _as_row(self, row: Any) -> torch.Tensor:
-        # in-process: the engine's own tensor; across processes: raw float32 bytes
-        if not isinstance(row, torch.Tensor):
-            row = torch.frombuffer(bytearray(row), dtype=torch.float32)
-        return row if row.device.type == self._device else row.to(self._device)
+    # ------------------------------------------------------------------ health
+    @property
+    def healthy(self) -> bool:
+        """False once closed or once a worker process of the engine has died."""
+        return not self._closed and self._dead is None and self.llm is not None
+
+    def _mark_dead(self, reason: str) -> None:
+        if self._dead is None:
+            self._dead = reason
+            note(f"vllm: {reason}; the engine cannot answer any more (close() and load again)")
+
+    def _check_healthy(self, cause: BaseException | None = None) -> None:
+        """Raise a clear error when the engine lost a worker (``cause``: what vLLM raised)."""
+        if self._dead is None and cause is not None and _engine_failed(self.llm):
+            self._mark_dead(f"the vLLM engine failed ({type(cause).__name__}: {cause})")
+        if self._dead is not None:
+            raise EngineDiedError(
+                f"vllm: {self._dead}; this backend cannot answer any more: close() it and load a new one"
+            ) from cause
+
+    def info(self) -> dict[str, Any]:
+        """What runs where: the device, the parallel layout, the workers and the row transport."""
+        parallel = self.llm.llm_engine.vllm_config.parallel_config if self.llm is not None else None
+        out: dict[str, Any] = super().info()
+        out.update(
+            {
+                "in_process": self.in_process,
+                "transport": "in-process tensors"
+                if self.in_process
+                else (
+                    "shared memory (/dev/shm), bytes through the RPC off this node"
+                    if self._buffer is not None
+                    else "float32 bytes through the RPC"
+                ),
+                "transport_counts": dict(self.transport_counts),
+                "workers": list(self.workers),
+            }
+        )
+        if parallel is not None:
+            out.update(
+                tensor_parallel_size=int(parallel.tensor_parallel_size),
+                pipeline_parallel_size=int(parallel.pipeline_parallel_size),
+                data_parallel_size=int(parallel.data_parallel_size),
+                world_size=int(parallel.world_size),
+                distributed_executor_backend=str(parallel.distributed_executor_backend),
+                engine_core="in this process"
+                if type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
+                else "own process",
+            )
+        return out
 
     def _discard(self, tags: list[str]) -> None:
         try:
@@ -395,9 +523,14 @@ class VLLMBackend(BaseLogprobBackend):
         return self.sample_batcher.run_sync([req])[0]
 
     def _sample_batch_fn(self, requests: list[_SampleRequest]) -> list[list[int]]:
+        self._check_healthy()
         results: list[list[int]] = []
-        for group in self._sample_groups(requests):
-            results.extend(self._sample_group(group))
+        try:
+            for group in self._sample_groups(requests):
+                results.extend(self._sample_group(group))
+        except BaseException as exc:
+            self._check_healthy(exc)
+            raise
         return results
 
     def _sample_groups(self, requests: list[_SampleRequest]) -> list[list[_SampleRequest]]:
@@ -507,6 +640,9 @@ class VLLMBackend(BaseLogprobBackend):
     # ------------------------------------------------------------------ shutdown
     def _close_engine(self) -> None:
         self.sample_batcher.close()
+        watchdog = getattr(self, "_watchdog", None)
+        if watchdog is not None:
+            watchdog.stop()
         llm, self.llm = self.llm, None
         _LIVE_IN_PROCESS.discard(self)
         if llm is not None:
@@ -521,11 +657,75 @@ class VLLMBackend(BaseLogprobBackend):
                 )
             with self.batcher.model_lock:
                 _shutdown(llm)
+        if self._buffer is not None:
+            self._buffer.close()
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
         out["sample_batcher"] = self.sample_batcher.stats.as_dict()
         return out
+
+
+class EngineDiedError(RuntimeError):
+    """A process of the vLLM engine died: the backend cannot answer any more."""
+
+
+def _engine_failed(llm: Any) -> bool:
+    """Whether vLLM itself marked its engine (core or executor) failed."""
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    if core is None:
+        return False
+    if getattr(getattr(core, "resources", None), "engine_dead", False):
+        return True
+    executor = getattr(getattr(core, "engine_core", None), "model_executor", None)
+    return bool(getattr(executor, "is_failed", False))
+
+
+class _Watchdog:
+    """Watches the engine's worker processes on this machine; marks the backend dead
+    as soon as one exits, so queued callers fail at once instead of waiting on it."""
+
+    def __init__(self, backend: VLLMBackend, interval: float = 0.2) -> None:
+        import socket
+        import threading
+
+        host = socket.gethostname()
+        self._pids = [w["pid"] for w in backend.workers if w.get("host") == host and w.get("pid")]
+        self._backend = weakref.ref(backend)
+        self._stop = threading.Event()
+        self._interval = interval
+        self._thread = threading.Thread(target=self._run, name="genlm-vllm-watchdog", daemon=True)
+        if self._pids:
+            self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        procs = []
+        for pid in self._pids:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                procs.append(None)
+        while not self._stop.wait(self._interval):
+            backend = self._backend()
+            if backend is None or backend._closed:
+                return
+            for pid, proc in zip(self._pids, procs):
+                try:
+                    alive = proc is not None and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+                except psutil.Error:
+                    alive = False
+                if not alive:
+                    backend._mark_dead(f"vLLM worker process {pid} died")
+                    return
+            del backend
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
 
 def _engine_in_process(llm: Any) -> bool:

@@ -25,19 +25,21 @@ before its output list grows. Earlier (partial) rows are overwritten; later step
 so sampling is unaffected; captured rows stay on the engine's device.
 
 Transport: :data:`CAPTURED` lives in the process that runs the worker. The backend
-fetches rows with ``LLM.collective_rpc("genlm_pop_captured", args=(tags,))``, a
-method added to every worker by :class:`CaptureWorkerExtension` (vLLM's public
-``worker_extension_cls`` engine option). With ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
-and one in-process worker (the default here) that call is a plain function call and
-the rows never leave the engine's device. With a multiprocessing engine core or
-multi-process executors (``tensor_parallel_size > 1``, Ray) the backend calls
-``genlm_pop_captured_bytes`` instead: vLLM's RPC results do not carry tensor
-payloads, so rows travel as float32 bytes (one host copy per batch).
+fetches rows with ``LLM.collective_rpc(...)``, calling methods added to every worker
+by :class:`CaptureWorkerExtension` (vLLM's public ``worker_extension_cls`` engine
+option). With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and one in-process worker (the
+default here) ``genlm_pop_captured`` is a plain function call and the rows never
+leave the engine's device. With worker processes (``tensor_parallel_size`` /
+``pipeline_parallel_size`` > 1, a multiprocessing engine core) the backend calls
+``genlm_pop_captured_rows``: one rank (TP rank 0 of the last pipeline stage) writes
+its rows into the backend's ``/dev/shm`` buffer, or sends float32 bytes where it
+cannot open it (see :mod:`genlm_vllm.transport`).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import uuid
 import weakref
@@ -98,6 +100,7 @@ class CaptureLogitsProcessor(LogitsProcessor):
         self.rows: dict[int, tuple[str, list[int]]] = {}
         self.steps = 0  # apply() calls
         self.captures = 0  # rows recorded (partial-prefill rows included)
+        self._reply: bool | None = None  # whether this rank hands rows back (first apply)
         INSTANCES.add(self)
 
     @classmethod
@@ -134,6 +137,10 @@ class CaptureLogitsProcessor(LogitsProcessor):
         self.steps += 1
         if not self.rows:
             return logits
+        if self._reply is None:  # parallel groups exist by the first step
+            self._reply = is_reply_rank()
+        if not self._reply:  # another rank holds the same rows and answers for them
+            return logits
         want = [(i, tag) for i, (tag, out) in self.rows.items() if not out and i < logits.shape[0]]
         if not want:
             return logits
@@ -152,14 +159,6 @@ class CaptureWorkerExtension:
     def genlm_pop_captured(self, tags: list[str]) -> list[torch.Tensor | None]:
         return pop_captured(list(tags))
 
-    def genlm_pop_captured_bytes(self, tags: list[str]) -> list[bytes | None]:
-        """For engines in other processes: float32 bytes (vLLM's RPC results do not
-        carry tensor payloads)."""
-        return [
-            None if r is None else r.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
-            for r in pop_captured(list(tags))
-        ]
-
     def genlm_discard_captured(self, tags: list[str]) -> None:
         discard(list(tags))
 
@@ -169,6 +168,75 @@ class CaptureWorkerExtension:
             if param.is_floating_point():
                 return str(param.dtype).removeprefix("torch.")
         return "float32"
+
+    def genlm_pop_captured_rows(
+        self, tags: list[str], buffer: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """For workers in other processes: the replying rank hands its rows back through
+        the backend's shared-memory buffer (bytes where it cannot open it, see
+        :mod:`genlm_vllm.transport`); every other rank drops its copies and answers None."""
+        from genlm_vllm.transport import write_rows
+
+        rows = pop_captured(list(tags))
+        if not is_reply_rank():
+            return None
+        return write_rows(rows, buffer)
+
+    def genlm_forget_buffer(self, name: str) -> None:
+        from genlm_vllm.transport import forget
+
+        forget(name)
+
+    def genlm_prepare_pipeline(self) -> bool:
+        """Allocate a later pipeline stage's receive buffers where vLLM did not.
+
+        vLLM 0.32's GPU model runner allocates ``intermediate_tensors`` (what a
+        pipeline stage receives from the previous one) in its warm-up dummy run. The
+        CPU runner skips that warm-up when nothing is compiled (``enforce_eager=True``),
+        so the first step of every later stage fails (``assert self.intermediate_tensors
+        is not None`` in ``sync_and_gather_intermediate_tensors``). This allocates them as
+        the dummy run would. Returns whether it did.
+        """
+        from vllm.distributed.parallel_state import get_pp_group
+
+        runner = getattr(self, "model_runner", None)
+        if runner is None or get_pp_group().is_first_rank or runner.intermediate_tensors is not None:
+            return False
+        runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+            batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device
+        )
+        return True
+
+    def genlm_worker_info(self) -> dict[str, Any]:
+        """Where this worker runs (``llm.info()``'s parallel layout; the fault watchdog)."""
+        import socket
+
+        tp = pp = None
+        try:
+            from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+            tp, pp = get_tp_group().rank_in_group, get_pp_group().rank_in_group
+        except Exception:  # noqa: BLE001 - no parallel groups (should not happen in a worker)
+            pass
+        return {
+            "rank": getattr(self, "rank", None),
+            "tp_rank": tp,
+            "pp_rank": pp,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "reply": is_reply_rank(),
+        }
+
+
+def is_reply_rank() -> bool:
+    """Whether this worker answers with rows: tensor-parallel rank 0 of the last
+    pipeline stage (every TP rank holds the full rows; earlier PP stages none)."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        return bool(get_pp_group().is_last_rank and get_tp_group().is_first_rank)
+    except Exception:  # noqa: BLE001 - no parallel groups: a lone worker replies
+        return True
 
 
 def capture_args(tag: str) -> dict[str, Any]:

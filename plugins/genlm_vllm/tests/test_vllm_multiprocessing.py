@@ -1,5 +1,6 @@
-"""The engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1): rows come
-back through LLM.collective_rpc as float32 bytes and match transformers."""
+"""The engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1), in a fresh
+interpreter: rows come back from the worker process (through the backend's /dev/shm
+buffer, genlm_vllm.transport) and match transformers."""
 
 from __future__ import annotations
 

@@ -1,0 +1,156 @@
+"""How captured rows travel from vLLM worker processes back to the backend.
+
+Three ways, picked per worker and per batch:
+
+* **in process** (one worker in this process, ``llm.in_process``): the worker's own
+  tensors, no copy (see :mod:`genlm_vllm.capture`).
+* **shared memory** (worker processes on this machine: ``tensor_parallel_size`` /
+  ``pipeline_parallel_size`` > 1 with the ``mp`` or ``ray`` executor, the
+  multiprocessing engine core): the backend owns one file in ``/dev/shm``
+  (:class:`RowBuffer`); the replying worker copies its rows straight into it
+  (``index_select`` result -> mapped file: the one copy) and the RPC carries only a
+  few bytes of bookkeeping. The backend then stacks the rows out of the mapping.
+* **bytes** (a worker that cannot open the backend's buffer: another node of a Ray
+  cluster, a platform without ``/dev/shm``, a buffer too small for an unexpected row
+  length): float32 bytes inside the RPC reply (vLLM's RPC results carry no tensors).
+
+A worker knows the buffer is the backend's by a random nonce in its header (a file
+of the same name on another node would not carry it). Only one worker replies with
+rows: the first tensor-parallel rank of the last pipeline stage (every tensor-parallel
+rank holds the full logits rows; earlier pipeline stages hold none); the others only
+drop theirs. The buffer is created and unlinked by the backend process, so a worker
+killed mid-batch cannot leave a segment behind.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import sys
+from typing import Any
+
+import torch
+
+__all__ = ["RowBuffer", "SHM_DIR", "write_rows", "HEADER"]
+
+SHM_DIR = "/dev/shm"
+#: header: 16 bytes of nonce, then padding to keep rows 64-byte aligned
+HEADER = 64
+_NONCE = 16
+
+
+def shm_available() -> bool:
+    return sys.platform.startswith("linux") and os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+class RowBuffer:
+    """A ``/dev/shm`` file owned by the backend that workers write rows into."""
+
+    def __init__(self, namespace: str) -> None:
+        self.name = f"genlm-vllm-{os.getpid()}-{namespace}"
+        self.path = os.path.join(SHM_DIR, self.name)
+        self.nonce = secrets.token_bytes(_NONCE)
+        self.capacity = 0  # bytes of row space
+        self._fd: int | None = None
+        self._map: mmap.mmap | None = None
+
+    def ensure(self, nbytes: int) -> None:
+        """Make room for ``nbytes`` of rows (grows, never shrinks)."""
+        if nbytes <= self.capacity and self._map is not None:
+            return
+        size = HEADER + max(nbytes, 2 * self.capacity)
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        os.ftruncate(self._fd, size)
+        if self._map is not None:
+            self._map.close()
+        self._map = mmap.mmap(self._fd, size)
+        self._map[:_NONCE] = self.nonce
+        self.capacity = size - HEADER
+
+    def rows(self, n: int, width: int) -> torch.Tensor:
+        """A ``(n, width)`` float32 copy of the first ``n`` rows the worker wrote."""
+        assert self._map is not None and n * width * 4 <= self.capacity
+        view = torch.frombuffer(self._map, dtype=torch.float32, count=n * width, offset=HEADER)
+        return view.view(n, width).clone()
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "nonce": self.nonce, "capacity": self.capacity}
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+# ---------------------------------------------------------------- worker side
+_OPEN: dict[str, tuple[int, mmap.mmap]] = {}  # buffer name -> (size, mapping) in a worker
+
+
+def _mapping(desc: dict[str, Any], nbytes: int) -> mmap.mmap | None:
+    """The worker's mapping of the backend's buffer, or None where it cannot be used."""
+    name = desc["name"]
+    if os.sep in name or not shm_available():
+        return None
+    cached = _OPEN.get(name)
+    if cached is not None and cached[0] >= HEADER + nbytes:
+        mapping = cached[1]
+    else:
+        try:
+            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+        except OSError:
+            return None  # another machine, or the backend is gone
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER + nbytes:
+                return None
+            mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        if cached is not None:
+            cached[1].close()
+        _OPEN[name] = (size, mapping)
+    if mapping[:_NONCE] != desc["nonce"]:
+        return None  # a file of the same name that is not the backend's
+    return mapping
+
+
+def forget(name: str) -> None:
+    entry = _OPEN.pop(name, None)
+    if entry is not None:
+        entry[1].close()
+
+
+def write_rows(rows: list[torch.Tensor | None], desc: dict[str, Any] | None) -> dict[str, Any]:
+    """Worker side: hand ``rows`` back through the buffer when possible, else as bytes.
+
+    Returns ``{"width", "present", "shm": True}`` (rows at their batch position in the
+    buffer) or ``{"width", "present", "bytes": [...]}``.
+    """
+    present = [r is not None for r in rows]
+    got = [r for r in rows if r is not None]
+    width = int(got[0].shape[-1]) if got else 0
+    out: dict[str, Any] = {"width": width, "present": present}
+    mapping = None if desc is None or not got else _mapping(desc, len(rows) * width * 4)
+    if mapping is not None:
+        view = torch.frombuffer(mapping, dtype=torch.float32, count=len(rows) * width, offset=HEADER)
+        view = view.view(len(rows), width)
+        for i, r in enumerate(rows):
+            if r is not None:
+                view[i].copy_(r.detach().reshape(-1))  # device -> host and to float32 in one copy
+        del view
+        out["shm"] = True
+        return out
+    out["bytes"] = [
+        None if r is None else r.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+        for r in rows
+    ]
+    return out

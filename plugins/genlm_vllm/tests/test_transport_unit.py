@@ -1,0 +1,48 @@
+"""The row transport between worker processes and the backend, without an engine:
+the shared-memory buffer, the bytes fallback, cleanup, and the CPU core split."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from genlm_vllm.transport import RowBuffer, forget, write_rows
+
+
+def test_rows_through_the_buffer_and_bytes_when_it_cannot_be_used() -> None:
+    rows = [torch.randn(7), None, torch.randn(7)]
+    buf = RowBuffer("unit")
+    try:
+        buf.ensure(3 * 7 * 4)
+        reply = write_rows(rows, buf.describe())
+        assert reply["shm"] and reply["present"] == [True, False, True] and reply["width"] == 7
+        got = buf.rows(3, 7)
+        assert torch.equal(got[0], rows[0]) and torch.equal(got[2], rows[2])  # bit-exact copies
+
+        # a file of the same name without our nonce (another node's /dev/shm): bytes
+        foreign = {**buf.describe(), "nonce": bytes(16)}
+        reply = write_rows(rows, foreign)
+        assert "shm" not in reply and reply["bytes"][1] is None
+        assert torch.equal(torch.frombuffer(bytearray(reply["bytes"][2]), dtype=torch.float32), rows[2])
+
+        # rows wider than the buffer: bytes, never a write past its end
+        wide = [torch.randn(1000)]
+        assert "bytes" in write_rows(wide, buf.describe())
+        buf.ensure(1000 * 4)  # grows; a worker re-maps the larger file
+        assert write_rows(wide, buf.describe())["shm"] and torch.equal(buf.rows(1, 1000)[0], wide[0])
+    finally:
+        forget(buf.name)
+        buf.close()
+    assert not os.path.exists(buf.path)
+    # a buffer that is gone (the backend closed): bytes, not an error
+    assert "bytes" in write_rows(rows, buf.describe())
+    buf.close()  # idempotent
+
+
+def test_cpu_ranks_get_disjoint_core_lists(monkeypatch) -> None:
+    from genlm_vllm.backend import _cpu_binding
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5})
+    assert _cpu_binding(2) == "0,1|2,3"  # 5 cores for 2 ranks: 2 each, one left over
+    assert _cpu_binding(5) == "0|1|2|3|5"
+    assert _cpu_binding(6) is None  # fewer cores than ranks: leave vLLM's default
