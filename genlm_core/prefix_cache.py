@@ -63,6 +63,7 @@ class PrefixCache:
         kv_budget_bytes: int | None = 1 << 30,
         logprobs_budget_bytes: int | None = 1 << 30,
         sizeof: Callable[[Any], int] = default_sizeof,
+        on_evict_kv: Callable[[Any], None] | None = None,
     ) -> None:
         if kv_budget_bytes is not None and kv_budget_bytes < 0:
             raise ValueError("kv_budget_bytes must be >= 0 or None")
@@ -71,6 +72,9 @@ class PrefixCache:
         self.kv_budget_bytes = kv_budget_bytes
         self.logprobs_budget_bytes = logprobs_budget_bytes
         self.sizeof = sizeof
+        #: called with each KV payload the cache drops (evicted, replaced or cleared), for
+        #: engines whose payload is a handle on engine memory (a llama.cpp KV sequence)
+        self.on_evict_kv = on_evict_kv
         self.root = PrefixNode(None, 0, None)
         self._kv_lru: OrderedDict[int, PrefixNode] = OrderedDict()
         self._lp_lru: OrderedDict[int, PrefixNode] = OrderedDict()
@@ -147,6 +151,8 @@ class PrefixCache:
             if kv is not None:
                 size = self.sizeof(kv)
                 if self.kv_budget_bytes is None or size <= self.kv_budget_bytes:
+                    if node.kv is not None and node.kv is not kv:
+                        self._dropped(node.kv)
                     self.kv_bytes += size - node.kv_bytes
                     node.kv, node.kv_bytes = kv, size
                     self._kv_lru[id(node)] = node
@@ -157,9 +163,7 @@ class PrefixCache:
     def _evict(self, protect: PrefixNode | None = None) -> None:
         while self.kv_budget_bytes is not None and self.kv_bytes > self.kv_budget_bytes and self._kv_lru:
             _, node = self._kv_lru.popitem(last=False)
-            self.kv_bytes -= node.kv_bytes
-            node.kv, node.kv_bytes = None, 0
-            self.kv_evictions += 1
+            self._drop_kv(node)
             if node is not protect:
                 self._prune(node)
         while (
@@ -174,6 +178,31 @@ class PrefixCache:
             if node is not protect:
                 self._prune(node)
 
+    def _drop_kv(self, node: PrefixNode) -> None:
+        payload = node.kv
+        self.kv_bytes -= node.kv_bytes
+        node.kv, node.kv_bytes = None, 0
+        self.kv_evictions += 1
+        self._dropped(payload)
+
+    def _dropped(self, payload: Any) -> None:
+        if self.on_evict_kv is not None:
+            self.on_evict_kv(payload)
+
+    def evict_lru_kv(self, keep: Callable[[Any], bool] | None = None) -> Any:
+        """Evict the least recently used KV payload for which ``keep`` is not true (an
+        engine short of another resource than bytes, e.g. sequence slots). Returns the
+        payload (``on_evict_kv`` has been called with it), or ``None`` when none qualifies."""
+        with self._lock:
+            for key, node in self._kv_lru.items():
+                if keep is None or not keep(node.kv):
+                    payload = node.kv
+                    del self._kv_lru[key]
+                    self._drop_kv(node)
+                    self._prune(node)
+                    return payload
+            return None
+
     @staticmethod
     def _prune(node: PrefixNode) -> None:
         while node.parent is not None and not node.children and node.kv is None and node.logprobs is None:
@@ -186,19 +215,24 @@ class PrefixCache:
         """Drop every KV payload; cached logprobs stay."""
         with self._lock:
             for node in list(self._kv_lru.values()):
+                payload = node.kv
                 node.kv, node.kv_bytes = None, 0
                 self._prune(node)
+                self._dropped(payload)
             self._kv_lru.clear()
             self.kv_bytes = 0
 
     def clear(self) -> None:
         """Drop everything."""
         with self._lock:
+            dropped = [n.kv for n in self._kv_lru.values()]
             self.root = PrefixNode(None, 0, None)
             self._kv_lru.clear()
             self._lp_lru.clear()
             self.kv_bytes = 0
             self.lp_bytes = 0
+            for payload in dropped:
+                self._dropped(payload)
 
     # ------------------------------------------------------------------ views
     def kv_prefixes(self) -> list[tuple[int, ...]]:
