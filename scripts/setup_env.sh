@@ -36,6 +36,27 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   $pip install -q --no-deps $NODEPS
   echo "$want" > "$stamp"
 fi
+# llama.cpp (genlm-llamacpp) has no CPU wheel on PyPI: it is compiled from the source
+# archive once per venv (about BUILD_MINUTES minutes on 2 cores) and the wheel kept in $VENV/wheels,
+# so re-running setup (or a new venv given the same folder) installs it without a build.
+# The archive stays there too: genlm_llamacpp.convert takes llama.cpp's HF->GGUF
+# converter from it to write the test GGUFs offline.
+LLAMACPP_VERSION=0.3.36
+LLAMACPP_DEPS="diskcache==5.6.3"  # its other dependencies (numpy, jinja2, typing-extensions) are above
+wheels="$VENV/wheels"
+if [ "$($VENV/bin/python -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))' 2>/dev/null)" != "$LLAMACPP_VERSION" ]; then
+  mkdir -p "$wheels"
+  sdist="$wheels/llama_cpp_python-$LLAMACPP_VERSION.tar.gz"
+  [ -f "$sdist" ] || $pip download -q --no-deps --no-binary :all: -d "$wheels" "llama-cpp-python==$LLAMACPP_VERSION"
+  if ! ls "$wheels"/llama_cpp_python-"$LLAMACPP_VERSION"-*.whl >/dev/null 2>&1; then
+    echo "[setup] compiling llama-cpp-python $LLAMACPP_VERSION (once per venv; the wheel is kept in $wheels)"
+    start=$(date +%s)
+    $pip wheel -q --no-deps -w "$wheels" "$sdist"
+    echo "[setup] llama-cpp-python built in $(( $(date +%s) - start ))s"
+  fi
+  $pip install -q --no-deps "$wheels"/llama_cpp_python-"$LLAMACPP_VERSION"-*.whl $LLAMACPP_DEPS
+fi
 echo "[setup] genlm-core and plugins (editable)"
-$pip install -q --no-deps -e . -e plugins/genlm_mock -e plugins/genlm_hf -e plugins/genlm_vllm -e plugins/genlm_mlx
+$pip install -q --no-deps -e . -e plugins/genlm_mock -e plugins/genlm_hf -e plugins/genlm_vllm -e plugins/genlm_mlx \
+  -e plugins/genlm_llamacpp
 echo "[setup] done: $VENV"
