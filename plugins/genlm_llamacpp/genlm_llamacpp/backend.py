@@ -93,6 +93,7 @@ class LlamaCppBackend(BaseLogprobBackend):
             n_threads=config.n_threads,
             n_gpu_layers=config.n_gpu_layers,
             kv_cache_type=config.kv_cache_type,
+            flash_attn=config.flash_attn,
         )
         return cls(engine, config)
 

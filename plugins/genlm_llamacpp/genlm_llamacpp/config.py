@@ -41,6 +41,13 @@ class LlamaCppConfig(BackendConfig):
     kv_cache_type: Literal["f32", "f16", "bf16", "q8_0"] = Field(
         "f16", description="type of the KV cache entries (f32: exact agreement with float32 engines)"
     )
+    flash_attn: bool | None = Field(
+        None,
+        description=(
+            "flash attention (None: off with an f32 KV cache, since llama.cpp's CPU flash attention "
+            "rounds to f16; llama.cpp's choice otherwise)"
+        ),
+    )
     kv_cache_tokens: int | None = Field(
         None,
         ge=0,

@@ -52,6 +52,7 @@ class Engine:
         n_threads: int | None,
         n_gpu_layers: int,
         kv_cache_type: str = "f16",
+        flash_attn: bool | None = None,
     ) -> None:
         global _backend_ready
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its load chatter
@@ -70,15 +71,23 @@ class Engine:
             n_ctx = min(self.n_ctx_train, 4096) if self.n_ctx_train > 0 else 4096
         threads = n_threads or os.cpu_count() or 1
         cparams = L.llama_context_default_params()
-        cparams.n_ctx = n_ctx
+        # llama.cpp pads the cells to a multiple of 256, but clamps n_batch to the
+        # unpadded value first: pass the padded count
+        cparams.n_ctx = -(-n_ctx // 256) * 256
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
         cparams.n_seq_max = n_seq_max
+        # it reserves one output per sequence and asserts that fits n_outputs_max
+        cparams.n_outputs_max = max(n_batch, n_seq_max)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = True  # one cell pool: shared prefixes are stored once
         cparams.no_perf = True
         cparams.type_k = cparams.type_v = KV_TYPES[kv_cache_type]
+        if flash_attn is None and kv_cache_type == "f32":
+            flash_attn = False  # the CPU flash attention computes in f16 (~1e-3 off float32)
+        # llama_flash_attn_type: -1 auto, 0 disabled, 1 enabled
+        cparams.flash_attn_type = -1 if flash_attn is None else int(flash_attn)
         self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             L.llama_model_free(self.model)

@@ -2,11 +2,15 @@
 
 The reference is transformers float32 on the folder dequantised from the same GGUF
 (``model_paths.smollm2()``): the same weights, but llama.cpp multiplies Q4_1 weights
-with activations quantised to 8 bits (q8_1) and keeps the KV cache in f16, so the two
-differ by that rounding. Measured here (AMD EPYC, AVX2) on the contexts below: max
-|delta logprob| ~ MEASURED_MAX and KL(hf || llamacpp) ~ MEASURED_KL nats. The bounds
-enforced (MAX_ABS, MAX_KL) leave room for other SIMD paths; a wrong KV position, a
-shifted vocabulary or a lost row gives differences of order 1 and more.
+with activations quantised to 8 bits (q8_1), keeps the KV cache in f16 and computes
+flash attention in f16, so the two are not expected to agree exactly. Measured here
+(AMD EPYC, AVX2) on the five contexts below: max |delta logprob| 0.60-0.67 over all
+49152 tokens (the far tail moves most), 0.23-0.35 over the tokens the reference gives
+p > 1e-3, KL(hf || llamacpp) 0.0006-0.0062 nats; with an f32 KV cache and no flash
+attention the figures are the same (0.54-0.66, 0.23-0.41, 0.0008-0.0057): the q8_1
+activations dominate. These are measured, not derived, bounds, with ~2-3x room for
+other SIMD paths; a wrong KV position, a shifted vocabulary or a lost row moves
+logprobs by several nats and KL by far more.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ CONTEXTS = [
     "Montréal est une ville",
     "1, 2, 3, 4,",
 ]
-MAX_ABS = 0.5  # nats, any token of the full distribution
+MAX_ABS = 1.5  # nats, any token of the full distribution (the far tail moves most)
+MAX_TOP = 1.0  # nats, tokens the reference gives p > 1e-3
 MAX_KL = 0.02  # nats
 
 
@@ -62,13 +67,18 @@ def test_agreement_with_transformers_on_the_dequantised_folder(smol, smollm2_pat
     oracle = oracle_factory(smollm2_path)
     ctxs = [smol.tokenizer.encode(t, add_special_tokens=False) for t in CONTEXTS]
     rows = smol.batch_next_token_logprobs_sync(ctxs)
-    worst_abs, worst_kl = 0.0, 0.0
+    worst_abs, worst_top, worst_kl = 0.0, 0.0, 0.0
     for ctx, row in zip(ctxs, rows):
         ref = oracle.logprobs(ctx)
-        worst_abs = max(worst_abs, float((row - ref).abs().max()))
+        diff = (row - ref).abs()
+        worst_abs = max(worst_abs, float(diff.max()))
+        worst_top = max(worst_top, float(diff[ref.exp() > 1e-3].max()))
         worst_kl = max(worst_kl, float((ref.exp() * (ref - row)).sum()))
-    print(f"SmolLM2 Q4_1 llama.cpp vs HF f32 dequantised: max|dlogprob|={worst_abs:.4f} KL={worst_kl:.5f}")
-    assert worst_abs < MAX_ABS and worst_kl < MAX_KL, (worst_abs, worst_kl)
+    print(
+        f"SmolLM2 Q4_1 llama.cpp vs HF f32 dequantised: max|dlogprob| {worst_abs:.4f} (all tokens), "
+        f"{worst_top:.4f} (tokens with p > 1e-3); KL(hf||llamacpp) {worst_kl:.5f}"
+    )
+    assert worst_abs < MAX_ABS and worst_top < MAX_TOP and worst_kl < MAX_KL, (worst_abs, worst_top, worst_kl)
 
 
 @pytest.mark.asyncio
