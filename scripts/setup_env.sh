@@ -37,17 +37,20 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 # llama.cpp (genlm-llamacpp) has no CPU wheel on PyPI: it is compiled from the source
-# archive once per venv (about BUILD_MINUTES minutes on 2 cores) and the wheel kept in $VENV/wheels,
+# archive once per venv (over an hour at low priority on our shared 2-core machine) and the
+# wheel kept in $VENV/wheels,
 # so re-running setup (or a new venv given the same folder) installs it without a build.
 # The archive stays there too: genlm_llamacpp.convert takes llama.cpp's HF->GGUF
 # converter from it to write the test GGUFs offline.
 LLAMACPP_VERSION=0.3.36
 LLAMACPP_DEPS="diskcache==5.6.3"  # its other dependencies (numpy, jinja2, typing-extensions) are above
 wheels="$VENV/wheels"
-if [ "$($VENV/bin/python -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))' 2>/dev/null)" != "$LLAMACPP_VERSION" ]; then
+sdist="$wheels/llama_cpp_python-$LLAMACPP_VERSION.tar.gz"
+if [ ! -f "$sdist" ]; then
   mkdir -p "$wheels"
-  sdist="$wheels/llama_cpp_python-$LLAMACPP_VERSION.tar.gz"
-  [ -f "$sdist" ] || $pip download -q --no-deps --no-binary :all: -d "$wheels" "llama-cpp-python==$LLAMACPP_VERSION"
+  $pip download -q --no-deps --no-binary llama-cpp-python -d "$wheels" "llama-cpp-python==$LLAMACPP_VERSION"
+fi
+if [ "$($VENV/bin/python -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))' 2>/dev/null)" != "$LLAMACPP_VERSION" ]; then
   if ! ls "$wheels"/llama_cpp_python-"$LLAMACPP_VERSION"-*.whl >/dev/null 2>&1; then
     echo "[setup] compiling llama-cpp-python $LLAMACPP_VERSION (once per venv; the wheel is kept in $wheels)"
     start=$(date +%s)
