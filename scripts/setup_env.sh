@@ -37,7 +37,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 # llama.cpp (genlm-llamacpp) has no CPU wheel on PyPI: it is compiled from the source
-# archive once per venv (over an hour at low priority on our shared 2-core machine) and the
+# archive once per venv (4324 s, 72 min, at low priority on our shared 2-core machine) and the
 # wheel kept in $VENV/wheels,
 # so re-running setup (or a new venv given the same folder) installs it without a build.
 # The archive stays there too: genlm_llamacpp.convert takes llama.cpp's HF->GGUF
