@@ -19,17 +19,18 @@ __all__ = [
 ]
 
 
-def resolve(name: str | None = "auto", kind: str = "backend") -> Registration:
-    """The registration ``name`` resolves to (``"auto"``/``None``: best for this machine)."""
+def resolve(name: str | None = "auto", kind: str = "backend", model: Any = None) -> Registration:
+    """The registration ``name`` resolves to (``"auto"``/``None``: best for this machine
+    and ``model``: a ``.gguf`` file picks a backend that reads GGUF)."""
     reg = get_registry()
     if name in (None, "auto"):
-        return reg.choose_auto(kind)[0]
+        return reg.choose_auto(kind, model)[0]
     return reg.get(kind, name)
 
 
-def explain_auto(kind: str = "backend") -> dict[str, Any]:
+def explain_auto(kind: str = "backend", model: Any = None) -> dict[str, Any]:
     """What ``load("auto")`` would pick here, and every candidate it considered."""
-    choice, device, considered = get_registry().choose_auto(kind)
+    choice, device, considered = get_registry().choose_auto(kind, model)
     return {"choice": choice.name, "device": device, "considered": considered}
 
 
@@ -50,7 +51,7 @@ def load(name: str | None = "auto", /, model: str | os.PathLike[str] | None = No
     pydantic config, and a local model folder is checked (it exists and holds what the
     backend needs) before any engine is imported.
     """
-    reg = resolve(name)
+    reg = resolve(name, model=model)
     status, reason = reg.status()
     if status != "available":
         raise UnavailableImplementationError(f"Backend {reg.name!r} cannot run here: {reason}")

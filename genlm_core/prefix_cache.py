@@ -61,6 +61,7 @@ class PrefixCache:
         self,
         kv_budget_bytes: int | None = 1 << 30,
         sizeof: Callable[[Any], int] = default_sizeof,
+        on_evict_kv: Callable[[Any], None] | None = None,
     ) -> None:
         if kv_budget_bytes is not None and (
             isinstance(kv_budget_bytes, bool) or not isinstance(kv_budget_bytes, int) or kv_budget_bytes < 0
@@ -68,6 +69,9 @@ class PrefixCache:
             raise ValueError(f"kv_budget_bytes must be an int >= 0 or None, got {kv_budget_bytes!r}")
         self.kv_budget_bytes = kv_budget_bytes
         self.sizeof = sizeof
+        #: called with each KV payload the cache drops (evicted, replaced or cleared), for
+        #: engines whose payload is a handle on engine memory (a llama.cpp KV sequence)
+        self.on_evict_kv = on_evict_kv
         self.root = PrefixNode(None, 0, None)
         self._kv_lru: OrderedDict[int, PrefixNode] = OrderedDict()
         self.kv_bytes = 0
@@ -126,6 +130,8 @@ class PrefixCache:
             return
         with self._lock:
             node = self._node(tokens)
+            if node.kv is not None and node.kv is not kv:
+                self._dropped(node.kv)
             self.kv_bytes += size - node.kv_bytes
             node.kv, node.kv_bytes = kv, size
             self._kv_lru[id(node)] = node
@@ -135,11 +141,34 @@ class PrefixCache:
     def _evict(self, protect: PrefixNode | None = None) -> None:
         while self.kv_budget_bytes is not None and self.kv_bytes > self.kv_budget_bytes and self._kv_lru:
             _, node = self._kv_lru.popitem(last=False)
-            self.kv_bytes -= node.kv_bytes
-            node.kv, node.kv_bytes = None, 0
-            self.kv_evictions += 1
+            self._drop_kv(node)
             if node is not protect:
                 self._prune(node)
+
+    def _drop_kv(self, node: PrefixNode) -> None:
+        payload = node.kv
+        self.kv_bytes -= node.kv_bytes
+        node.kv, node.kv_bytes = None, 0
+        self.kv_evictions += 1
+        self._dropped(payload)
+
+    def _dropped(self, payload: Any) -> None:
+        if self.on_evict_kv is not None:
+            self.on_evict_kv(payload)
+
+    def evict_lru_kv(self, keep: Callable[[Any], bool] | None = None) -> Any:
+        """Evict the least recently used KV payload for which ``keep`` is not true (an
+        engine short of another resource than bytes, e.g. sequence slots). Returns the
+        payload (``on_evict_kv`` has been called with it), or ``None`` when none qualifies."""
+        with self._lock:
+            for key, node in self._kv_lru.items():
+                if keep is None or not keep(node.kv):
+                    payload = node.kv
+                    del self._kv_lru[key]
+                    self._drop_kv(node)
+                    self._prune(node)
+                    return payload
+            return None
 
     @staticmethod
     def _prune(node: PrefixNode) -> None:
@@ -152,9 +181,12 @@ class PrefixCache:
     def clear(self) -> None:
         """Drop every KV payload."""
         with self._lock:
+            dropped = [n.kv for n in self._kv_lru.values()]
             self.root = PrefixNode(None, 0, None)
             self._kv_lru.clear()
             self.kv_bytes = 0
+            for payload in dropped:
+                self._dropped(payload)
 
     clear_kv = clear
 

@@ -47,6 +47,7 @@ FIRST_PARTY: dict[str, str] = {
     "hf": "genlm-hf",
     "vllm": "genlm-vllm",
     "mlx": "genlm-mlx",
+    "llamacpp": "genlm-llamacpp",
     "mock": "genlm-mock",
 }
 
@@ -85,6 +86,9 @@ class Registration:
     install: str | None = None
     auto: bool = True
     description: str = ""
+    #: model file suffixes only this kind of implementation reads (``(".gguf",)``):
+    #: ``load("auto", model="x.gguf")`` chooses among the implementations claiming them
+    model_suffixes: tuple[str, ...] = ()
     plugin: str = ""
     distribution: str = ""
     version: str = ""
@@ -147,6 +151,7 @@ class Registration:
             "status": status,
             "reason": reason,
             "description": self.description,
+            "model_suffixes": list(self.model_suffixes),
         }
 
 
@@ -284,6 +289,7 @@ class Registry:
             install: str | None = None,
             auto: bool = True,
             description: str = "",
+            model_suffixes: list[str] | tuple[str, ...] = (),
         ) -> None:
             if not isinstance(target, str) or ":" not in target:
                 raise ValueError(
@@ -303,6 +309,7 @@ class Registry:
                 install=install,
                 auto=auto,
                 description=description,
+                model_suffixes=tuple(s.lower() for s in model_suffixes),
                 plugin=plugin,
                 distribution=dist,
                 version=version,
@@ -354,16 +361,26 @@ class Registry:
             f"First-party backends: {', '.join(f'{k} ({v})' for k, v in FIRST_PARTY.items())}."
         )
 
-    def choose_auto(self, kind: str = "backend") -> tuple[Registration, str, list[dict[str, Any]]]:
-        """Pick the best available implementation for this machine.
+    def choose_auto(
+        self, kind: str = "backend", model: Any = None
+    ) -> tuple[Registration, str, list[dict[str, Any]]]:
+        """Pick the best available implementation for this machine (and ``model``).
 
         Devices are tried best first (CUDA, Apple silicon, CPU); on the first device
         some available implementation supports, the highest priority wins (ties go
-        to the name, for a stable choice). Returns the choice, its device and the
-        candidates considered (for ``genlm doctor``).
+        to the name, for a stable choice). A ``model`` whose file suffix some
+        implementations claim (``model_suffixes``, e.g. ``.gguf``) is chosen among
+        those only. Returns the choice, its device and the candidates considered
+        (for ``genlm doctor``).
         """
         considered: list[dict[str, Any]] = []
         regs = [r for r in self._by_kind[kind].values() if r.auto]
+        suffix = (
+            os.path.splitext(os.fspath(model))[1].lower() if isinstance(model, (str, os.PathLike)) else ""
+        )
+        claiming = [r for r in regs if suffix and suffix in r.model_suffixes]
+        if claiming:
+            regs = claiming
         for device in hardware.probe().devices:
             ranked = []
             for reg in regs:
@@ -384,6 +401,11 @@ class Registry:
             if ranked:
                 ranked.sort(key=lambda x: (-x[0], x[1]))
                 return ranked[0][2], device, considered
+        if claiming:
+            raise UnavailableImplementationError(
+                f"No {kind} that reads {suffix} models can run here: "
+                + "; ".join(f"{r.name}: {r.status()[1]}" for r in claiming)
+            )
         raise UnavailableImplementationError(
             f"No {kind} can run on this machine (devices: {', '.join(hardware.probe().devices)}). "
             "Install one, e.g. `pip install genlm-hf`; `genlm backends` shows why each is unavailable."

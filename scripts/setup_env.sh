@@ -47,7 +47,30 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   $pip install -q --no-deps $CLIENTS
   echo "$want" > "$stamp"
 fi
+# llama.cpp (genlm-llamacpp) has no CPU wheel on PyPI: it is compiled from the source
+# archive once per venv (4324 s, 72 min, at low priority on our shared 2-core machine) and the
+# wheel kept in $VENV/wheels,
+# so re-running setup (or a new venv given the same folder) installs it without a build.
+# The archive stays there too: genlm_llamacpp.convert takes llama.cpp's HF->GGUF
+# converter from it to write the test GGUFs offline.
+LLAMACPP_VERSION=0.3.36
+LLAMACPP_DEPS="diskcache==5.6.3"  # its other dependencies (numpy, jinja2, typing-extensions) are above
+wheels="$VENV/wheels"
+sdist="$wheels/llama_cpp_python-$LLAMACPP_VERSION.tar.gz"
+if [ ! -f "$sdist" ]; then
+  mkdir -p "$wheels"
+  $pip download -q --no-deps --no-binary llama-cpp-python -d "$wheels" "llama-cpp-python==$LLAMACPP_VERSION"
+fi
+if [ "$($VENV/bin/python -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))' 2>/dev/null)" != "$LLAMACPP_VERSION" ]; then
+  if ! ls "$wheels"/llama_cpp_python-"$LLAMACPP_VERSION"-*.whl >/dev/null 2>&1; then
+    echo "[setup] compiling llama-cpp-python $LLAMACPP_VERSION (once per venv; the wheel is kept in $wheels)"
+    start=$(date +%s)
+    $pip wheel -q --no-deps -w "$wheels" "$sdist"
+    echo "[setup] llama-cpp-python built in $(( $(date +%s) - start ))s"
+  fi
+  $pip install -q --no-deps "$wheels"/llama_cpp_python-"$LLAMACPP_VERSION"-*.whl $LLAMACPP_DEPS
+fi
 echo "[setup] genlm-core and plugins (editable)"
 $pip install -q --no-deps -e . -e plugins/genlm_mock -e plugins/genlm_hf -e plugins/genlm_vllm -e plugins/genlm_mlx \
-  -e plugins/genlm_compat
+  -e plugins/genlm_compat -e plugins/genlm_llamacpp
 echo "[setup] done: $VENV"

@@ -1,0 +1,61 @@
+"""Options of the llama.cpp backend (import-light: pydantic and genlm_core only)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from genlm_core.config import BackendConfig
+
+
+class LlamaCppConfig(BackendConfig):
+    """Options of :class:`genlm_llamacpp.backend.LlamaCppBackend`.
+
+    ``model`` is a ``.gguf`` file, a local folder holding one (name it with
+    ``gguf_file`` when there are several), or a hub id with ``gguf_file``. The GGUF is
+    read directly (weights, tokenizer and metadata): nothing is converted.
+    """
+
+    component = "llamacpp"
+
+    gguf_file: str | None = Field(
+        None, description="the .gguf file inside the folder or hub repository named by model"
+    )
+    n_ctx: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "KV cells shared by all sequences, and the longest context accepted "
+            "(None: the model's training context, at most 4096)"
+        ),
+    )
+    n_seq_max: int = Field(
+        64, ge=2, le=256, description="KV sequences (live contexts: cached prefixes and the batch computing)"
+    )
+    n_batch: int = Field(512, ge=1, description="most tokens per llama_decode call")
+    n_threads: int | None = Field(None, ge=1, description="CPU threads (None: every core)")
+    n_gpu_layers: int = Field(
+        0, ge=-1, description="layers offloaded to a GPU when the build has one (-1: all)"
+    )
+    kv_cache_type: Literal["f32", "f16", "bf16", "q8_0"] = Field(
+        "f16", description="type of the KV cache entries (f32: exact agreement with float32 engines)"
+    )
+    flash_attn: bool | None = Field(
+        None,
+        description=(
+            "flash attention (None: off with an f32 KV cache, since llama.cpp's CPU flash attention "
+            "rounds to f16; llama.cpp's choice otherwise)"
+        ),
+    )
+    kv_cache_tokens: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "tokens of KV the prefix cache keeps, summed over its sequences (LRU; 0: no prefix "
+            "reuse; None: bounded only by n_ctx and n_seq_max)"
+        ),
+    )
+
+    def model_needs(self) -> tuple[str, ...]:
+        return ()  # a GGUF file holds the tokenizer and the config

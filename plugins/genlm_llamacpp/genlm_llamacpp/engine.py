@@ -1,0 +1,185 @@
+"""A thin layer over llama.cpp's C API (llama-cpp-python's ctypes bindings).
+
+One model, one context with a *unified* KV cache of ``n_ctx`` cells shared by up to
+``n_seq_max`` sequences (copying a sequence's prefix to another sequence shares its
+cells: ``llama_memory_seq_cp`` is bookkeeping, not a copy), one reusable
+``llama_batch`` of ``n_batch`` tokens. Imports llama_cpp (the shared library).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llama_cpp as L
+import numpy as np
+
+__all__ = ["Engine", "NoKVSpace", "Row"]
+
+_backend_ready = False
+
+#: ggml type ids of the KV cache types the config offers (ggml.h ``enum ggml_type``)
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
+
+
+class NoKVSpace(RuntimeError):
+    """llama_decode found no free KV cells for the batch (return code 1)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One token of a batch: its id, position, KV sequence and whether its logits are read."""
+
+    token: int
+    pos: int
+    seq: int
+    logits: bool
+
+
+class Engine:
+    """A llama.cpp model and context. Not thread-safe: callers hold one lock."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        n_ctx: int | None,
+        n_seq_max: int,
+        n_batch: int,
+        n_threads: int | None,
+        n_gpu_layers: int,
+        kv_cache_type: str = "f16",
+        flash_attn: bool | None = None,
+    ) -> None:
+        global _backend_ready
+        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its load chatter
+        if not _backend_ready:
+            L.llama_backend_init()
+            _backend_ready = True
+        mparams = L.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
+        self.model = L.llama_model_load_from_file(path.encode(), mparams)
+        if not self.model:
+            raise ValueError(f"llamacpp: llama.cpp could not load the GGUF file {path!r}")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(L.llama_model_n_ctx_train(self.model))
+        if n_ctx is None:
+            n_ctx = min(self.n_ctx_train, 4096) if self.n_ctx_train > 0 else 4096
+        threads = n_threads or os.cpu_count() or 1
+        cparams = L.llama_context_default_params()
+        # llama.cpp pads the cells to a multiple of 256, but clamps n_batch to the
+        # unpadded value first: pass the padded count
+        cparams.n_ctx = -(-n_ctx // 256) * 256
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = n_seq_max
+        # it reserves one output per sequence and asserts that fits n_outputs_max
+        cparams.n_outputs_max = max(n_batch, n_seq_max)
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = True  # one cell pool: shared prefixes are stored once
+        cparams.no_perf = True
+        cparams.type_k = cparams.type_v = KV_TYPES[kv_cache_type]
+        if flash_attn is None and kv_cache_type == "f32":
+            flash_attn = False  # the CPU flash attention computes in f16 (~1e-3 off float32)
+        # llama_flash_attn_type: -1 auto, 0 disabled, 1 enabled
+        cparams.flash_attn_type = -1 if flash_attn is None else int(flash_attn)
+        self.ctx = L.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            self.model = None
+            raise ValueError(
+                f"llamacpp: llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq_max}, "
+                f"n_batch={n_batch}) for {path!r}"
+            )
+        self.max_context = n_ctx  # the longest context accepted: what the user asked for
+        self.n_ctx = int(L.llama_n_ctx(self.ctx))  # KV cells: llama.cpp rounds up to 256s
+        self.n_batch = int(L.llama_n_batch(self.ctx))
+        self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
+        self.mem = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self._tokens = np.ctypeslib.as_array(self.batch.token, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(self.batch.pos, shape=(self.n_batch,))
+        self._nseq = np.ctypeslib.as_array(self.batch.n_seq_id, shape=(self.n_batch,))
+        self._logits = np.ctypeslib.as_array(self.batch.logits, shape=(self.n_batch,))
+        self._seq = [self.batch.seq_id[i] for i in range(self.n_batch)]
+
+    # ------------------------------------------------------------------ KV sequences
+    def seq_copy(self, src: int, dst: int, n_tokens: int) -> None:
+        """Let sequence ``dst`` share the first ``n_tokens`` positions of ``src``."""
+        L.llama_memory_seq_cp(self.mem, src, dst, 0, n_tokens)
+
+    def seq_remove(self, seq: int) -> None:
+        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+
+    def clear(self) -> None:
+        L.llama_memory_clear(self.mem, True)
+
+    # ------------------------------------------------------------------ decoding
+    def decode(self, rows: Sequence[Row]) -> list[np.ndarray]:
+        """One ``llama_decode`` over ``rows`` (at most ``n_batch``); the logits of the
+        rows marked ``logits``, in order, as float32 arrays of ``n_vocab``."""
+        n = len(rows)
+        if not 0 < n <= self.n_batch:
+            raise ValueError(f"llamacpp: a decode holds 1 to {self.n_batch} tokens, got {n}")
+        self._tokens[:n] = [r.token for r in rows]
+        self._pos[:n] = [r.pos for r in rows]
+        self._nseq[:n] = 1
+        self._logits[:n] = [r.logits for r in rows]
+        for i, r in enumerate(rows):
+            self._seq[i][0] = r.seq
+        self.batch.n_tokens = n
+        rc = L.llama_decode(self.ctx, self.batch)
+        if rc == 1:
+            raise NoKVSpace("llama_decode: no free KV cells for the batch")
+        if rc != 0:
+            raise RuntimeError(f"llamacpp: llama_decode failed with code {rc}")
+        out = []
+        for i, r in enumerate(rows):
+            if r.logits:
+                ptr = L.llama_get_logits_ith(self.ctx, i)
+                out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
+        return out
+
+    # ------------------------------------------------------------------ vocabulary
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of ``token`` as llama.cpp renders it (special tokens as their text)."""
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:n]
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        arr = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
+        return list(arr[:n])
+
+    def eos_ids(self) -> list[int]:
+        """Every end-of-generation token id (EOS, EOT, ...)."""
+        return [t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)]
+
+    def bos_id(self) -> int | None:
+        bos = int(L.llama_vocab_bos(self.vocab))
+        return bos if bos >= 0 else None
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        if self.ctx:
+            L.llama_batch_free(self.batch)
+            L.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            L.llama_model_free(self.model)
+            self.model = None

@@ -1,0 +1,26 @@
+"""Hook implementations of genlm-llamacpp. Imports nothing heavy (no llama_cpp, no torch)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from genlm_core import hookimpl
+
+
+@hookimpl
+def genlm_register_backends(register: Callable[..., Any]) -> None:
+    register(
+        "llamacpp",
+        "genlm_llamacpp.backend:LlamaCppBackend",
+        config="genlm_llamacpp.config:LlamaCppConfig",
+        devices=["cpu"],
+        # below transformers (50) for hub ids and folders; a .gguf file is chosen among
+        # the backends claiming the suffix, so load("auto", model="x.gguf") picks this one
+        priority={"cpu": 20},
+        aliases=["llama.cpp", "gguf"],
+        requires=["llama_cpp"],
+        install="pip install genlm-llamacpp",
+        description="llama.cpp (GGUF files): batched logprobs, one KV sequence per context, prefix reuse",
+        model_suffixes=[".gguf"],
+    )

@@ -1,0 +1,60 @@
+"""The core conformance kit on real llama.cpp (CPU), on the tiny Llama's f32 GGUF.
+
+``atol = 1e-5``: the rows compared (batched / one at a time / cached / uncached) come
+from the same float32 weights and KV entries; only the order of float32 sums differs
+between llama.cpp's batch shapes (dot products of at most 256 terms of magnitude
+<= 1: a few hundred ulps of 6e-8 at most, ~1e-5), and the log-softmax adds no more.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import genlm_core
+from genlm_core.testing import LogprobBackendConformance
+
+
+class TestLlamaCppConformance(LogprobBackendConformance):
+    atol = 1e-5
+
+    @pytest.fixture(scope="class")
+    def backend(self, tiny_gguf):
+        llm = genlm_core.load("llamacpp", model=str(tiny_gguf), kv_cache_type="f32", n_threads=2)
+        yield llm
+        llm.close()
+
+
+class TestLlamaCppConformanceSmallBudgets(LogprobBackendConformance):
+    """Four KV sequences (two per group), 3-token decodes, a 24-token prefix budget and
+    no output cache: constant eviction, split decodes and chunked batches."""
+
+    atol = 1e-5
+    max_len = 12
+
+    @pytest.fixture(scope="class")
+    def backend(self, tiny_gguf):
+        llm = genlm_core.load(
+            "llamacpp",
+            model=str(tiny_gguf),
+            kv_cache_type="f32",
+            n_threads=2,
+            n_seq_max=4,
+            n_batch=3,
+            kv_cache_tokens=24,
+            cache_size=0,
+            batch_size=3,
+        )
+        yield llm
+        llm.close()
+
+
+class TestLlamaCppConformanceNoPrefixCache(LogprobBackendConformance):
+    atol = 1e-5
+
+    @pytest.fixture(scope="class")
+    def backend(self, tiny_gguf):
+        llm = genlm_core.load(
+            "gguf", model=str(tiny_gguf), kv_cache_type="f32", n_threads=2, kv_cache_tokens=0, cache_size=0
+        )
+        yield llm
+        llm.close()
