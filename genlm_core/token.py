@@ -68,7 +68,9 @@ class Token(bytes):
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(("Token", self.token_id))
+        # the id's own hash (no tuple per call: clients hash Tokens in their inner loops);
+        # equal to hash(token_id) as in genlm-backend, and __eq__ still tells them apart
+        return hash(self.token_id)
 
     def __lt__(self, other: Any) -> bool:
         if isinstance(other, Token):
