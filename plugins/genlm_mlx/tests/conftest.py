@@ -12,24 +12,7 @@ if str(REPO / "tests") not in sys.path:
     sys.path.insert(0, str(REPO / "tests"))
 
 import model_paths  # noqa: E402
-
-
-class HFOracle:
-    """A plain transformers float32 forward pass: the reference distribution."""
-
-    def __init__(self, path: Path) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-        self.model.eval()
-
-    def logprobs(self, context: list[int]):
-        torch = self.torch
-        with torch.no_grad():
-            logits = self.model(torch.tensor([context])).logits[0, -1].float()
-        return torch.log_softmax(logits, dim=-1)
+from hf_oracle import oracle_cache  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -49,11 +32,4 @@ def smollm2_path() -> Path:
 
 @pytest.fixture(scope="session")
 def oracle_factory():
-    cache: dict[Path, HFOracle] = {}
-
-    def get(path: Path) -> HFOracle:
-        if path not in cache:
-            cache[path] = HFOracle(path)
-        return cache[path]
-
-    return get
+    return oracle_cache()
