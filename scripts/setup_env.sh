@@ -65,7 +65,9 @@ if [ "$($VENV/bin/python -c 'import importlib.metadata as m; print(m.version("ll
   if ! ls "$wheels"/llama_cpp_python-"$LLAMACPP_VERSION"-*.whl >/dev/null 2>&1; then
     echo "[setup] compiling llama-cpp-python $LLAMACPP_VERSION (once per venv; the wheel is kept in $wheels)"
     start=$(date +%s)
-    $pip wheel -q --no-deps -w "$wheels" "$sdist"
+    # by name from the index: pip keeps the built wheel in its own cache, so another venv
+    # on this machine (a fresh clone, CI) reuses it instead of compiling again
+    $pip wheel -q --no-deps --no-binary llama-cpp-python -w "$wheels" "llama-cpp-python==$LLAMACPP_VERSION"
     echo "[setup] llama-cpp-python built in $(( $(date +%s) - start ))s"
   fi
   $pip install -q --no-deps "$wheels"/llama_cpp_python-"$LLAMACPP_VERSION"-*.whl $LLAMACPP_DEPS
