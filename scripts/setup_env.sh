@@ -47,10 +47,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   $pip install -q --no-deps $CLIENTS
   echo "$want" > "$stamp"
 fi
-# llama.cpp (genlm-llamacpp) has no CPU wheel on PyPI: it is compiled from the source
-# archive once per venv (4324 s, 72 min, at low priority on our shared 2-core machine) and the
-# wheel kept in $VENV/wheels,
-# so re-running setup (or a new venv given the same folder) installs it without a build.
+# llama.cpp (genlm-llamacpp) has no CPU wheel on PyPI: it is compiled once (404 s on our
+# 2 quiet cores, in a fresh clone's setup) and the wheel kept in $VENV/wheels and in pip's
+# own cache, so re-running setup, or a new venv on the same machine, installs it without a build.
 # The archive stays there too: genlm_llamacpp.convert takes llama.cpp's HF->GGUF
 # converter from it to write the test GGUFs offline.
 LLAMACPP_VERSION=0.3.36
