@@ -92,6 +92,7 @@ class LlamaCppBackend(BaseLogprobBackend):
             n_threads=config.n_threads,
             n_gpu_layers=config.n_gpu_layers,
             kv_cache_type=config.kv_cache_type,
+            dtype=config.dtype,
             flash_attn=config.flash_attn,
         )
         return cls(engine, config)
@@ -100,6 +101,17 @@ class LlamaCppBackend(BaseLogprobBackend):
     @property
     def max_context_length(self) -> int:
         return self.engine.max_context
+
+    @property
+    def dtype(self) -> str:
+        """The precision of the KV cache and attention (activations are float32; the
+        weights are the GGUF's own, :attr:`weights_type`). A q8_0 cache reads as float16."""
+        return {"f32": "float32", "bf16": "bfloat16"}.get(self.engine.kv_cache_type, "float16")
+
+    @property
+    def weights_type(self) -> str:
+        """The GGUF's weight type as llama.cpp names it: ``"F32"``, ``"F16"``, ``"Q4_1"``..."""
+        return self.engine.weights_type
 
     def _forward_in_thread(self) -> bool:
         return False  # llama.cpp computes on every core already
@@ -230,6 +242,8 @@ class LlamaCppBackend(BaseLogprobBackend):
             "free_sequences": len(self._free),
             "n_ctx": self.engine.n_ctx,
             "n_seq_max": self.engine.n_seq_max,
+            "weights_type": self.engine.weights_type,
+            "kv_cache_type": self.engine.kv_cache_type,
         }
         return out
 

@@ -17,12 +17,19 @@ from dataclasses import dataclass
 import llama_cpp as L
 import numpy as np
 
-__all__ = ["Engine", "NoKVSpace", "Row"]
+__all__ = ["Engine", "NoKVSpace", "Row", "kv_type_for"]
 
 _backend_ready = False
 
 #: ggml type ids of the KV cache types the config offers (ggml.h ``enum ggml_type``)
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
+
+
+def kv_type_for(dtype: str, weights_type: str) -> str:
+    """The KV cache type ``dtype`` means for a GGUF whose weights are ``weights_type``."""
+    if dtype == "auto":  # the checkpoint's own precision
+        return {"F32": "f32", "BF16": "bf16"}.get(weights_type, "f16")
+    return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[dtype]
 
 
 class NoKVSpace(RuntimeError):
@@ -51,7 +58,8 @@ class Engine:
         n_batch: int,
         n_threads: int | None,
         n_gpu_layers: int,
-        kv_cache_type: str = "f16",
+        kv_cache_type: str | None = None,
+        dtype: str = "auto",
         flash_attn: bool | None = None,
     ) -> None:
         global _backend_ready
@@ -64,6 +72,13 @@ class Engine:
         self.model = L.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
             raise ValueError(f"llamacpp: llama.cpp could not load the GGUF file {path!r}")
+        desc = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self.model, desc, len(desc))
+        #: the GGUF's weight type as llama.cpp names it ("F32", "F16", "Q4_1", ...)
+        self.weights_type = desc.value.decode(errors="replace").split(" ", 2)[-1].removeprefix("all ")
+        if kv_cache_type is None:
+            kv_cache_type = kv_type_for(dtype, self.weights_type)
+        self.kv_cache_type = kv_cache_type
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(L.llama_model_n_ctx_train(self.model))
