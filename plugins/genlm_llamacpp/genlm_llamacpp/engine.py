@@ -135,30 +135,33 @@ class Engine:
         L.llama_memory_clear(self.mem, True)
 
     # ------------------------------------------------------------------ decoding
-    def decode(self, rows: Sequence[Row]) -> list[np.ndarray]:
-        """One ``llama_decode`` over ``rows`` (at most ``n_batch``); the logits of the
-        rows marked ``logits``, in order, as float32 arrays of ``n_vocab``."""
+    def decode(self, rows: Sequence[Row]) -> np.ndarray:
+        """One ``llama_decode`` over ``rows`` (at most ``n_batch``): the logits of the rows
+        marked ``logits``, in order, as an ``(outputs, n_vocab)`` float32 *view* of
+        llama.cpp's output buffer, valid until the next decode (copy or consume it first:
+        no copy is made here)."""
         n = len(rows)
         if not 0 < n <= self.n_batch:
             raise ValueError(f"llamacpp: a decode holds 1 to {self.n_batch} tokens, got {n}")
         self._tokens[:n] = [r.token for r in rows]
         self._pos[:n] = [r.pos for r in rows]
         self._nseq[:n] = 1
-        self._logits[:n] = [r.logits for r in rows]
+        flags = [r.logits for r in rows]
+        self._logits[:n] = flags
+        seq = self._seq
         for i, r in enumerate(rows):
-            self._seq[i][0] = r.seq
+            seq[i][0] = r.seq
         self.batch.n_tokens = n
         rc = L.llama_decode(self.ctx, self.batch)
         if rc == 1:
             raise NoKVSpace("llama_decode: no free KV cells for the batch")
         if rc != 0:
             raise RuntimeError(f"llamacpp: llama_decode failed with code {rc}")
-        out = []
-        for i, r in enumerate(rows):
-            if r.logits:
-                ptr = L.llama_get_logits_ith(self.ctx, i)
-                out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
-        return out
+        outputs = sum(flags)
+        if not outputs:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        # llama_get_logits: the output rows in batch order, contiguous
+        return np.ctypeslib.as_array(L.llama_get_logits(self.ctx), shape=(outputs, self.n_vocab))
 
     # ------------------------------------------------------------------ vocabulary
     def token_bytes(self, token: int) -> bytes:
