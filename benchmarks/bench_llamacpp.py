@@ -22,10 +22,10 @@ backend's async API (``asyncio.gather`` of ``next_token_logprobs``: batcher, out
 cache, prefix-cache bookkeeping, batch building, logits copy, log-softmax) from clean
 caches, one step per forward pass, while the engine's llama.cpp calls are recorded
 (``llama_memory_seq_cp``/``seq_rm``, each ``llama_decode`` batch). Those calls are then
-replayed on a fresh llama.cpp context with the same parameters through llama_cpp's
+replayed on the same llama.cpp context from an empty KV cache through llama_cpp's
 low-level API alone (batch arrays prepared ahead, logits pointers fetched but not
-read). Both replays run ``--replays`` times, keeping each step's fastest time (robust
-to other work on the machine). Reported: total time of each, ours/raw (target <= 1.2)
+read). The two replays alternate ``--replays`` times, keeping each step's fastest
+time (robust to other work on the machine). Reported: total time of each, ours/raw (target <= 1.2)
 and the median of the per-step ratios.
 
 Output: ``benchmarks/out/llamacpp.json`` and ``llamacpp.md``. A smoke run
@@ -96,9 +96,11 @@ class Recorder:
         self.steps: list[list[tuple[int, ...]]] = []
         self.ops: list[list[tuple[Any, ...]]] = []
         self.recording = False
+        self.passes = 0  # forward passes, recorded or not
         forward = llm._forward_rows  # what the batcher's batch function calls
 
         def recorded_forward(contexts: list[tuple[int, ...]]) -> Any:
+            self.passes += 1
             if self.recording:
                 self.steps.append(list(contexts))
                 self.ops.append([])
@@ -119,6 +121,8 @@ class Recorder:
         decode, seq_copy, seq_remove = engine.decode, engine.seq_copy, engine.seq_remove
 
         def rec_decode(rows: Any) -> Any:
+            if not self.recording:
+                return decode(rows)
             op = (
                 "decode",
                 np.array([r.token for r in rows], dtype=np.int32),
@@ -210,10 +214,12 @@ def run_beam(llm: Any, rec: Recorder, data: bytes, bos: int) -> dict:
 
 
 # ---------------------------------------------------------------------- layer vs raw
-def replay_ours(llm: Any, rec: Recorder, steps: list[list[tuple[int, ...]]], replays: int) -> list[float]:
+def replay_ours(
+    llm: Any, rec: Recorder, steps: list[list[tuple[int, ...]]], record: bool = True
+) -> list[float]:
     """The recorded forward passes through the backend's async API from clean caches,
-    ``replays`` times; per step the fastest. The engine's llama.cpp calls of the last
-    replay are recorded (``rec.ops``, one list per step)."""
+    timed per step; with ``record`` the engine's llama.cpp calls are recorded
+    (``rec.ops``, per step; recording costs a little time)."""
 
     async def go() -> list[float]:
         times = []
@@ -223,47 +229,16 @@ def replay_ours(llm: Any, rec: Recorder, steps: list[list[tuple[int, ...]]], rep
             times.append(time.perf_counter() - t0)
         return times
 
-    best: list[float] = []
-    for _ in range(replays):
-        rec.stop()
-        llm.clear_cache()
+    rec.stop()
+    llm.clear_cache()
+    if record:
         rec.start()
-        times = asyncio.run(go())
-        rec.stop()
-        if len(rec.steps) != len(steps):
-            raise RuntimeError(f"replay made {len(rec.steps)} forward passes, the workload {len(steps)}")
-        best = times if not best else [min(a, b) for a, b in zip(best, times)]
-    return best
-
-
-def replay_raw(path: Path, llm: Any, ops: list[list[tuple[Any, ...]]], replays: int) -> list[float]:
-    """The llama.cpp calls of ``ops`` on a fresh context, through llama_cpp alone,
-    ``replays`` times from an empty KV cache; per step the fastest.
-
-    The model and context are created as genlm-llamacpp's engine creates them (same
-    parameters); :class:`RawReplay`'s timed loop uses only llama_cpp's functions."""
-    from genlm_llamacpp.engine import Engine
-
-    src = llm.engine
-    fresh = Engine(
-        str(path),
-        n_ctx=src.max_context,
-        n_seq_max=src.n_seq_max,
-        n_batch=src.n_batch,
-        n_threads=llm.config.n_threads,
-        n_gpu_layers=llm.config.n_gpu_layers,
-        kv_cache_type=src.kv_cache_type,
-        flash_attn=llm.config.flash_attn,
-    )
-    best: list[float] = []
-    try:
-        raw = RawReplay(fresh.ctx, fresh.batch, fresh.n_batch)
-        for _ in range(replays):
-            times = raw.run(ops)
-            best = times if not best else [min(a, b) for a, b in zip(best, times)]
-    finally:
-        fresh.close()
-    return best
+    before = rec.passes
+    times = asyncio.run(go())
+    rec.stop()
+    if rec.passes - before != len(steps):
+        raise RuntimeError(f"replay made {rec.passes - before} forward passes, the workload {len(steps)}")
+    return times
 
 
 class RawReplay:
@@ -317,23 +292,32 @@ class RawReplay:
 def layer_vs_raw(
     engine: str,
     workload: str,
-    path: Path,
     llm: Any,
     rec: Recorder,
     steps: list[list[tuple[int, ...]]],
     replays: int,
 ) -> dict:
-    log(f"{engine} {workload}: replaying {len(steps)} forward passes through genlm-llamacpp")
-    ours = replay_ours(llm, rec, steps, replays)
-    ops = [list(o) for o in rec.ops]
-    log(f"{engine} {workload}: the same {sum(len(o) for o in ops)} llama.cpp calls through llama_cpp alone")
-    raw = replay_raw(path, llm, ops, replays)
+    """Our layer and raw llama.cpp on the same batches, alternating ``replays`` times
+    (so load from elsewhere hits both alike); per step the fastest of each."""
+    log(f"{engine} {workload}: {len(steps)} forward passes, our layer and raw llama.cpp x{replays}")
+    ours = replay_ours(llm, rec, steps)
+    ops = [list(o) for o in rec.ops]  # what our layer asked llama.cpp to do
+    # the same llama.cpp context (and batch buffer), driven without our layer; each
+    # replay starts from an empty KV cache, ours from clean caches (clear_cache)
+    eng = llm.engine
+    raw_replay = RawReplay(eng.ctx, eng.batch, eng.n_batch)
+    raw = raw_replay.run(ops)
+    for _ in range(replays - 1):
+        ours = [min(a, b) for a, b in zip(ours, replay_ours(llm, rec, steps, record=False))]
+        raw = [min(a, b) for a, b in zip(raw, raw_replay.run(ops))]
+    llm.clear_cache()  # the prefix cache's sequences no longer match the KV cache
     ratios = [o / r for o, r in zip(ours, raw) if r > 0]
-    decodes = sum(1 for step in ops for op in step if op[0] == "decode")
+    decodes = [op for step in ops for op in step if op[0] == "decode"]
     return {
         "steps": len(steps),
-        "decodes": decodes,
-        "tokens_decoded": sum(len(op[1]) for step in ops for op in step if op[0] == "decode"),
+        "decodes": len(decodes),
+        "tokens_decoded": sum(len(op[1]) for op in decodes),
+        "llama_cpp_calls": sum(len(step) for step in ops),
         "ours_s": sum(ours),
         "raw_s": sum(raw),
         "ours_over_raw": sum(ours) / sum(raw),
@@ -400,13 +384,9 @@ def main(argv: list[str] | None = None) -> dict:
                 log(f"{engine}: beam {fig['beam']['bytes_per_s']:.1f} bytes/s")
             if engine != "hf" and not args.no_raw:
                 if "sis" in args.workloads:
-                    fig["sis_layer"] = layer_vs_raw(
-                        engine, "sis", paths[engine], llm, rec, sis_steps, args.replays
-                    )
+                    fig["sis_layer"] = layer_vs_raw(engine, "sis", llm, rec, sis_steps, args.replays)
                 if "beam" in args.workloads:
-                    fig["beam_layer"] = layer_vs_raw(
-                        engine, "beam", paths[engine], llm, rec, beam_steps, args.replays
-                    )
+                    fig["beam_layer"] = layer_vs_raw(engine, "beam", llm, rec, beam_steps, args.replays)
             fig["weights"] = getattr(llm, "weights_type", "float32")
             fig["kv_cache"] = llm.stats().get("engine", {}).get("kv_cache_type")
         finally:
