@@ -352,13 +352,20 @@ def matmul_rate(n: int = 1024, seconds: float = 1.0) -> float:
 def default_model(backend: str) -> Path:
     from genlm_core import embedded
 
+    if backend in ("llamacpp", "llama.cpp", "gguf"):
+        return embedded.smollm2_gguf_path()  # the Q4_1 GGUF as shipped
     return embedded.smollm2_path(progress=False)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backend", default="hf", help="genlm-core backend for (a): hf, mlx, vllm, ...")
-    p.add_argument("--model", type=Path, default=None, help="model folder (default: embedded SmolLM2-135M)")
+    p.add_argument("--backend", default="hf", help="genlm-core backend for (a): hf, mlx, vllm, llamacpp, ...")
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="model folder or GGUF (default: embedded SmolLM2-135M; its Q4_1 GGUF for llamacpp)",
+    )
     p.add_argument("--options", default="", help="JSON of extra load() options for (a)")
     p.add_argument("--particles", type=int, default=16)
     p.add_argument(

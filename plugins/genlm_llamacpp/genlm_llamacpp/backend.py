@@ -19,6 +19,7 @@ Importing this module does not import llama_cpp; creating a backend does.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +93,7 @@ class LlamaCppBackend(BaseLogprobBackend):
             n_threads=config.n_threads,
             n_gpu_layers=config.n_gpu_layers,
             kv_cache_type=config.kv_cache_type,
+            dtype=config.dtype,
             flash_attn=config.flash_attn,
         )
         return cls(engine, config)
@@ -100,6 +102,17 @@ class LlamaCppBackend(BaseLogprobBackend):
     @property
     def max_context_length(self) -> int:
         return self.engine.max_context
+
+    @property
+    def dtype(self) -> str:
+        """The precision of the KV cache and attention (activations are float32; the
+        weights are the GGUF's own, :attr:`weights_type`). A q8_0 cache reads as float16."""
+        return {"f32": "float32", "bf16": "bfloat16"}.get(self.engine.kv_cache_type, "float16")
+
+    @property
+    def weights_type(self) -> str:
+        """The GGUF's weight type as llama.cpp names it: ``"F32"``, ``"F16"``, ``"Q4_1"``..."""
+        return self.engine.weights_type
 
     def _forward_in_thread(self) -> bool:
         return False  # llama.cpp computes on every core already
@@ -110,16 +123,58 @@ class LlamaCppBackend(BaseLogprobBackend):
     def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         return self._run(contexts, reuse=False)
 
+    def _forward_rows(self, contexts: list[tuple[int, ...]]) -> "list[torch.Tensor]":
+        """Each row normalised straight from llama.cpp's output buffer into a tensor of
+        its own: no logits copy, no batch tensor, no per-row copy out of it (the
+        default path's three batch-sized copies). The same float32 ``log_softmax``."""
+        import torch
+
+        unique = list(dict.fromkeys(contexts))
+        rows: list[torch.Tensor] = []
+        vocab = self.vocab_size
+
+        def emit(logits: "np.ndarray") -> None:
+            rows.append(torch.log_softmax(torch.from_numpy(logits[:vocab]), dim=-1))
+
+        self._compute(unique, self.prefix_cache is not None, emit)
+        if len(unique) == len(contexts):
+            return rows
+        first = dict(zip(unique, rows))
+        seen: set[tuple[int, ...]] = set()
+        out = []
+        for c in contexts:  # a repeated context gets a copy of its own
+            out.append(first[c].clone() if c in seen else first[c])
+            seen.add(c)
+        return out
+
     def _run(self, contexts: list[tuple[int, ...]], reuse: bool) -> "torch.Tensor":
+        """Logits (float32, ``(len(contexts), n_vocab)``), copied once out of llama.cpp."""
         import numpy as np
         import torch
 
-        self.forward_calls += 1
         unique = list(dict.fromkeys(contexts))
-        results: dict[tuple[int, ...], np.ndarray] = {}
+        out = np.empty((len(unique), self.engine.n_vocab), dtype=np.float32)
+        filled = 0
+
+        def emit(logits: "np.ndarray") -> None:
+            nonlocal filled
+            out[filled] = logits
+            filled += 1
+
+        self._compute(unique, reuse, emit)
+        if len(unique) != len(contexts):
+            where = {c: i for i, c in enumerate(unique)}
+            out = out[[where[c] for c in contexts]]
+        return torch.from_numpy(out)
+
+    def _compute(
+        self, unique: list[tuple[int, ...]], reuse: bool, emit: "Callable[[np.ndarray], None]"
+    ) -> None:
+        """Compute distinct contexts in groups; ``emit`` gets each one's logits in order
+        (a view of llama.cpp's buffer, valid only during the call)."""
+        self.forward_calls += 1
         for chunk in self._chunks(unique):
-            results.update(zip(chunk, self._run_chunk(chunk, reuse)))
-        return torch.from_numpy(np.stack([results[c] for c in contexts]))
+            self._run_chunk(chunk, reuse, emit)
 
     def _chunks(self, contexts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
         """Groups computed together: at most half the sequences (the other half can hold
@@ -136,7 +191,9 @@ class LlamaCppBackend(BaseLogprobBackend):
             tokens += len(c)
         return chunks
 
-    def _run_chunk(self, chunk: list[tuple[int, ...]], reuse: bool) -> "list[np.ndarray]":
+    def _run_chunk(
+        self, chunk: list[tuple[int, ...]], reuse: bool, emit: "Callable[[np.ndarray], None]"
+    ) -> None:
         from genlm_llamacpp.engine import Row
 
         cache = self.prefix_cache
@@ -153,13 +210,14 @@ class LlamaCppBackend(BaseLogprobBackend):
             for c, (depth, src), dst in zip(chunk, sources, dsts):
                 if src is not None:
                     self.engine.seq_copy(src.seq_id, dst, depth)
-                rows.extend(Row(c[p], p, dst, p == len(c) - 1) for p in range(depth, len(c)))
+                last = len(c) - 1
+                rows.extend(Row(c[p], p, dst, p == last) for p in range(depth, len(c)))
                 self.tokens_reused += depth
             self.tokens_computed += len(rows)
-            logits: list[np.ndarray] = []
             step = self.engine.n_batch
             for start in range(0, len(rows), step):
-                logits.extend(self._decode(rows[start : start + step]))
+                for logits in self._decode(rows[start : start + step]):
+                    emit(logits)
         except BaseException:
             for dst in dsts:
                 self._release(_Seq(dst, 0))
@@ -173,10 +231,10 @@ class LlamaCppBackend(BaseLogprobBackend):
                 cache.insert(c, kv=_Seq(dst, len(c)))  # may evict (and release) older sequences
             else:
                 self._release(_Seq(dst, 0))
-        return logits
 
-    def _decode(self, rows: list[Any]) -> "list[np.ndarray]":
-        """``Engine.decode``, evicting cached sequences while the KV cells are full."""
+    def _decode(self, rows: list[Any]) -> "np.ndarray":
+        """``Engine.decode`` (a view of llama.cpp's logits), evicting cached sequences
+        while the KV cells are full."""
         from genlm_llamacpp.engine import NoKVSpace
 
         while True:
@@ -230,6 +288,8 @@ class LlamaCppBackend(BaseLogprobBackend):
             "free_sequences": len(self._free),
             "n_ctx": self.engine.n_ctx,
             "n_seq_max": self.engine.n_seq_max,
+            "weights_type": self.engine.weights_type,
+            "kv_cache_type": self.engine.kv_cache_type,
         }
         return out
 

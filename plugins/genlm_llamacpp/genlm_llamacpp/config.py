@@ -15,6 +15,12 @@ class LlamaCppConfig(BackendConfig):
     ``model`` is a ``.gguf`` file, a local folder holding one (name it with
     ``gguf_file`` when there are several), or a hub id with ``gguf_file``. The GGUF is
     read directly (weights, tokenizer and metadata): nothing is converted.
+
+    ``dtype`` keeps its meaning of every backend where llama.cpp has a choice: the
+    weights are the file's (F32, F16 or quantised), activations are float32, and
+    ``dtype`` picks the KV cache (and so attention) precision unless
+    ``kv_cache_type`` names one. So ``dtype="float32"`` on an F32 GGUF computes in
+    float32 throughout (what ``genlm compare`` asks for).
     """
 
     component = "llamacpp"
@@ -38,8 +44,13 @@ class LlamaCppConfig(BackendConfig):
     n_gpu_layers: int = Field(
         0, ge=-1, description="layers offloaded to a GPU when the build has one (-1: all)"
     )
-    kv_cache_type: Literal["f32", "f16", "bf16", "q8_0"] = Field(
-        "f16", description="type of the KV cache entries (f32: exact agreement with float32 engines)"
+    kv_cache_type: Literal["f32", "f16", "bf16", "q8_0"] | None = Field(
+        None,
+        description=(
+            "type of the KV cache entries (f32: exact agreement with float32 engines); None: from "
+            "dtype (float32 -> f32, bfloat16 -> bf16, float16 -> f16; auto -> f32 for an all-F32 "
+            "GGUF, bf16 for a BF16 one, f16 otherwise). The weights are always the GGUF's own"
+        ),
     )
     flash_attn: bool | None = Field(
         None,

@@ -6,9 +6,15 @@ The converter (``convert_hf_to_gguf.py``, its ``conversion`` package and the mat
 genlm-core cache and run in a subprocess with that ``gguf-py`` first on the path (the
 ``gguf`` package installed in the venv may be another version).
 
-``tiny_gguf_path()`` is the f32 GGUF of the tiny test Llama
-(:func:`genlm_core.embedded.tiny_model_path`), built on first use; the tests compare
-it with genlm-hf on the same weights.
+``tiny_gguf_path(arch)`` is the f32 GGUF of a tiny test model
+(:func:`genlm_core.embedded.tiny_model_path`: ``"llama"`` and ``"gpt2"`` with a
+byte-level BPE tokenizer, ``"llama-spm"`` with a sentencepiece one), built on first
+use; the tests compare each with genlm-hf on the same weights.
+``smollm2_f16_gguf_path()`` is SmolLM2-135M-Instruct in f16, written from the float32
+folder dequantised from the embedded Q4_1 GGUF (the benchmark's unquantised GGUF).
+
+``python -m genlm_llamacpp.convert`` builds the test GGUFs (``scripts/test.sh`` runs it);
+``--smollm2-f16`` builds the benchmark's too.
 """
 
 from __future__ import annotations
@@ -23,9 +29,19 @@ from pathlib import Path
 
 from genlm_core import embedded
 
-__all__ = ["convert_hf_to_gguf", "converter_dir", "find_sdist", "tiny_gguf_path"]
+__all__ = [
+    "TEST_GGUFS",
+    "convert_hf_to_gguf",
+    "converter_dir",
+    "find_sdist",
+    "smollm2_f16_gguf_path",
+    "tiny_gguf_path",
+]
 
 SDIST_GLOB = "llama_cpp_python-*.tar.gz"
+
+#: the tiny models the tests read as GGUF files (all f32)
+TEST_GGUFS = ("llama", "gpt2", "llama-spm")
 
 # The converter names a BPE pre-tokenizer by hashing the encoding of a probe text; a
 # tokenizer it does not know (the tiny test model's, trained here) needs the name given.
@@ -95,15 +111,51 @@ def convert_hf_to_gguf(
     return out
 
 
+def _fresh(out: Path, source: Path) -> bool:
+    return out.is_file() and out.stat().st_mtime >= source.stat().st_mtime
+
+
 def tiny_gguf_path(arch: str = "llama", outtype: str = "f32") -> Path:
     """The GGUF of the tiny test model ``arch`` (built on first use, then cached)."""
     folder = embedded.tiny_model_path(arch, progress=False)
     out = embedded.models_dir() / f"tiny-{arch}-{outtype}.gguf"
-    source = folder / "model.safetensors"
-    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
+    if _fresh(out, folder / "model.safetensors"):
         return out
-    return convert_hf_to_gguf(folder, out, outtype, pre_tokenizer="gpt-2")
+    # byte-level BPE: name the pre-tokenizer; sentencepiece (tokenizer.model) needs none
+    pre = None if (folder / "tokenizer.model").is_file() else "gpt-2"
+    return convert_hf_to_gguf(folder, out, outtype, pre_tokenizer=pre)
+
+
+def smollm2_f16_gguf_path(progress: bool = False) -> Path:
+    """SmolLM2-135M-Instruct as an f16 GGUF (cached), from the float32 folder that
+    :func:`genlm_core.embedded.smollm2_path` dequantises from the Q4_1 GGUF.
+
+    The folder's tokenizer is the GGUF's own (``smollm`` pre-tokenizer, restored by
+    the folder builder); llama.cpp's converter recognises it by its probe hash.
+    """
+    folder = embedded.smollm2_path(progress=progress)
+    out = embedded.models_dir() / f"{embedded.SMOLLM2_NAME}.f16.gguf"
+    if _fresh(out, folder / "model.safetensors"):
+        return out
+    if progress:
+        print(f"[genlm-llamacpp] writing {out}", file=sys.stderr, flush=True)
+    return convert_hf_to_gguf(folder, out, "f16")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the GGUF files of the test models (offline).")
+    parser.add_argument(
+        "--smollm2-f16", action="store_true", help="also SmolLM2-135M-Instruct in f16 (the benchmark's)"
+    )
+    args = parser.parse_args(argv)
+    for arch in TEST_GGUFS:
+        print(tiny_gguf_path(arch))
+    if args.smollm2_f16:
+        print(smollm2_f16_gguf_path(progress=True))
+    return 0
 
 
 if __name__ == "__main__":  # python -m genlm_llamacpp.convert: build the test GGUFs
-    print(tiny_gguf_path("llama"))
+    raise SystemExit(main())

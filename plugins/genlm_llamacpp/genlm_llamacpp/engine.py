@@ -17,12 +17,19 @@ from dataclasses import dataclass
 import llama_cpp as L
 import numpy as np
 
-__all__ = ["Engine", "NoKVSpace", "Row"]
+__all__ = ["Engine", "NoKVSpace", "Row", "kv_type_for"]
 
 _backend_ready = False
 
 #: ggml type ids of the KV cache types the config offers (ggml.h ``enum ggml_type``)
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
+
+
+def kv_type_for(dtype: str, weights_type: str) -> str:
+    """The KV cache type ``dtype`` means for a GGUF whose weights are ``weights_type``."""
+    if dtype == "auto":  # the checkpoint's own precision
+        return {"F32": "f32", "BF16": "bf16"}.get(weights_type, "f16")
+    return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[dtype]
 
 
 class NoKVSpace(RuntimeError):
@@ -51,7 +58,8 @@ class Engine:
         n_batch: int,
         n_threads: int | None,
         n_gpu_layers: int,
-        kv_cache_type: str = "f16",
+        kv_cache_type: str | None = None,
+        dtype: str = "auto",
         flash_attn: bool | None = None,
     ) -> None:
         global _backend_ready
@@ -64,6 +72,13 @@ class Engine:
         self.model = L.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
             raise ValueError(f"llamacpp: llama.cpp could not load the GGUF file {path!r}")
+        desc = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self.model, desc, len(desc))
+        #: the GGUF's weight type as llama.cpp names it ("F32", "F16", "Q4_1", ...)
+        self.weights_type = desc.value.decode(errors="replace").split(" ", 2)[-1].removeprefix("all ")
+        if kv_cache_type is None:
+            kv_cache_type = kv_type_for(dtype, self.weights_type)
+        self.kv_cache_type = kv_cache_type
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(L.llama_model_n_ctx_train(self.model))
@@ -120,30 +135,33 @@ class Engine:
         L.llama_memory_clear(self.mem, True)
 
     # ------------------------------------------------------------------ decoding
-    def decode(self, rows: Sequence[Row]) -> list[np.ndarray]:
-        """One ``llama_decode`` over ``rows`` (at most ``n_batch``); the logits of the
-        rows marked ``logits``, in order, as float32 arrays of ``n_vocab``."""
+    def decode(self, rows: Sequence[Row]) -> np.ndarray:
+        """One ``llama_decode`` over ``rows`` (at most ``n_batch``): the logits of the rows
+        marked ``logits``, in order, as an ``(outputs, n_vocab)`` float32 *view* of
+        llama.cpp's output buffer, valid until the next decode (copy or consume it first:
+        no copy is made here)."""
         n = len(rows)
         if not 0 < n <= self.n_batch:
             raise ValueError(f"llamacpp: a decode holds 1 to {self.n_batch} tokens, got {n}")
         self._tokens[:n] = [r.token for r in rows]
         self._pos[:n] = [r.pos for r in rows]
         self._nseq[:n] = 1
-        self._logits[:n] = [r.logits for r in rows]
+        flags = [r.logits for r in rows]
+        self._logits[:n] = flags
+        seq = self._seq
         for i, r in enumerate(rows):
-            self._seq[i][0] = r.seq
+            seq[i][0] = r.seq
         self.batch.n_tokens = n
         rc = L.llama_decode(self.ctx, self.batch)
         if rc == 1:
             raise NoKVSpace("llama_decode: no free KV cells for the batch")
         if rc != 0:
             raise RuntimeError(f"llamacpp: llama_decode failed with code {rc}")
-        out = []
-        for i, r in enumerate(rows):
-            if r.logits:
-                ptr = L.llama_get_logits_ith(self.ctx, i)
-                out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
-        return out
+        outputs = sum(flags)
+        if not outputs:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        # llama_get_logits: the output rows in batch order, contiguous
+        return np.ctypeslib.as_array(L.llama_get_logits(self.ctx), shape=(outputs, self.n_vocab))
 
     # ------------------------------------------------------------------ vocabulary
     def token_bytes(self, token: int) -> bytes:

@@ -29,6 +29,34 @@ def tiny_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_gpt2_path() -> Path:
+    return model_paths.tiny_gpt2()
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_gguf() -> Path:
+    """The tiny GPT-2 (byte-level BPE, GELU, learned positions) as an f32 GGUF."""
+    from genlm_llamacpp.convert import tiny_gguf_path
+
+    return tiny_gguf_path("gpt2", "f32")
+
+
+@pytest.fixture(scope="session")
+def tiny_spm_path() -> Path:
+    """The tiny Llama with a Llama-2-style sentencepiece tokenizer (tokenizer.model)."""
+    from genlm_core import embedded
+
+    return embedded.tiny_model_path("llama-spm", progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_spm_gguf() -> Path:
+    from genlm_llamacpp.convert import tiny_gguf_path
+
+    return tiny_gguf_path("llama-spm", "f32")
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     return model_paths.smollm2()
 

@@ -227,3 +227,26 @@ async def test_sampling_seeded_with_eos(llm):
     assert a == await llm.sample(prompt, max_tokens=8, seed=3)
     many = await llm.batch_sample([prompt, prompt + [1]], max_tokens=4, seed=1)
     assert len(many) == 2
+
+
+def test_rows_normalised_from_llamacpp_buffer_equal_the_default_path(llm):
+    """``_forward_rows`` normalises each row straight from llama.cpp's output buffer;
+    the core's default path copies the logits out (``_forward``) and normalises the
+    batch. Same logits, same float32 log_softmax: equal to SELF_ATOL (bitwise here).
+    Every row is a tensor of its own, a repeated context included."""
+    from genlm_core.backend import BaseLogprobBackend
+
+    rng = random.Random(6)
+    ctxs = [tuple(c) for c in _contexts(rng, 6, 1, 30)]
+    ctxs.append(ctxs[2])
+    llm.clear_cache()
+    ours = llm._forward_rows(ctxs)
+    llm.clear_cache()
+    default = BaseLogprobBackend._forward_rows(llm, ctxs)
+    assert len(ours) == len(ctxs)
+    for a, b in zip(ours, default):
+        assert a.shape == (len(llm.byte_vocab),) and a.dtype == torch.float32
+        assert _close(a, b, SELF_ATOL), (a - b).abs().max()
+        assert a.untyped_storage().nbytes() == a.numel() * 4  # compact: owns exactly its row
+    assert ours[2] is not ours[-1] and torch.equal(ours[2], ours[-1])
+    assert len({a.untyped_storage().data_ptr() for a in ours}) == len(ours)

