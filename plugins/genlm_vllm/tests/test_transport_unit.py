@@ -45,4 +45,28 @@ def test_cpu_ranks_get_disjoint_core_lists(monkeypatch) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5})
     assert _cpu_binding(2) == "0,1|2,3"  # 5 cores for 2 ranks: 2 each, one left over
     assert _cpu_binding(5) == "0|1|2|3|5"
-    assert _cpu_binding(6) is None  # fewer cores than ranks: leave vLLM's default
+    # fewer cores than ranks (vLLM's "auto" refuses: one NUMA node per rank): one core
+    # each, round-robin, so two ranks share core 0
+    assert _cpu_binding(6) == "0|1|2|3|5|0"
+
+
+def test_an_engines_leftover_communicator_segments_are_removed() -> None:
+    """What a killed worker leaves of vLLM's CPU communicator: only that engine's
+    segments go, another engine's (another ident) stay."""
+    import secrets
+
+    from genlm_vllm.transport import SHM_DIR, remove_engine_segments
+
+    ours, theirs = f"vllm_dist_{secrets.token_hex(8)}", f"vllm_dist_{secrets.token_hex(8)}"
+    names = [f"{ours}-tp:0-[0-1]-cpushm_0", f"{ours}-pp:0-[0-1]-cpushm_1", f"{theirs}-tp:0-[0-1]-cpushm_0"]
+    for n in names:
+        with open(os.path.join(SHM_DIR, n), "wb") as f:
+            f.write(b"x")
+    try:
+        assert sorted(remove_engine_segments([ours])) == sorted(names[:2])
+        assert os.path.exists(os.path.join(SHM_DIR, names[2]))
+        assert remove_engine_segments([]) == [] and remove_engine_segments(["../etc"]) == []
+    finally:
+        for n in names:
+            if os.path.exists(os.path.join(SHM_DIR, n)):
+                os.unlink(os.path.join(SHM_DIR, n))
