@@ -263,12 +263,13 @@ class VLLMBackend(BaseLogprobBackend):
         self._dead: str | None = None  # why the engine is unusable (a worker died)
         self.workers: list[dict[str, Any]] = []
         if not self.in_process:
-            from genlm_vllm.transport import RowBuffer, shm_available
+            from genlm_vllm.transport import RowBuffer, shm_available, sweep_stale_buffers
 
             self.workers = [w for w in llm.collective_rpc("genlm_worker_info") if w]
             if llm.llm_engine.vllm_config.parallel_config.pipeline_parallel_size > 1:
                 llm.collective_rpc("genlm_prepare_pipeline")  # see CaptureWorkerExtension
             if shm_available():
+                sweep_stale_buffers()  # what backends killed without close() left here
                 self._buffer = RowBuffer(self._namespace)
             self._watchdog = _Watchdog(self)
         self._counter = itertools.count()

@@ -24,6 +24,7 @@ killed mid-batch cannot leave a segment behind.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import secrets
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RowBuffer", "SHM_DIR", "write_rows", "HEADER", "remove_engine_segments"]
+__all__ = ["RowBuffer", "SHM_DIR", "write_rows", "HEADER", "remove_engine_segments", "sweep_stale_buffers"]
 
 SHM_DIR = "/dev/shm"
 #: header: 16 bytes of nonce, then padding to keep rows 64-byte aligned
@@ -62,6 +63,8 @@ class RowBuffer:
         size = HEADER + max(nbytes, 2 * self.capacity)
         if self._fd is None:
             self._fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            # held while this process lives: sweep_stale_buffers() leaves a locked file alone
+            fcntl.flock(self._fd, fcntl.LOCK_SH)
         os.ftruncate(self._fd, size)
         if self._map is not None:
             self._map.close()
@@ -89,6 +92,51 @@ class RowBuffer:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_stale_buffers() -> list[str]:
+    """Unlink the row buffers of backends that died without ``close()`` (a process
+    killed with SIGKILL, e.g. a Ray actor ended by ``ray.kill``). A buffer is stale when
+    the pid in its name is not running here *and* no process holds the lock its owner
+    takes for its lifetime (the lock also covers an owner in another pid namespace that
+    shares this ``/dev/shm``). Returns the names removed."""
+    if not shm_available():
+        return []
+    removed = []
+    for name in os.listdir(SHM_DIR):
+        parts = name.split("-")
+        if not name.startswith("genlm-vllm-") or len(parts) < 4 or not parts[2].isdigit():
+            continue
+        if _pid_alive(int(parts[2])):
+            continue
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            continue  # gone, or not ours to touch
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its owner still runs
+        else:
+            try:
+                os.unlink(path)
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 def remove_engine_segments(idents: list[str]) -> list[str]:

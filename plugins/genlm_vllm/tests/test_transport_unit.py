@@ -70,3 +70,35 @@ def test_an_engines_leftover_communicator_segments_are_removed() -> None:
         for n in names:
             if os.path.exists(os.path.join(SHM_DIR, n)):
                 os.unlink(os.path.join(SHM_DIR, n))
+
+
+def test_buffers_of_dead_backends_are_swept_live_ones_kept() -> None:
+    """A backend killed without close() (e.g. a Ray actor ended by ray.kill) leaves its
+    buffer; the next backend on the machine removes it, never a live one's."""
+    import fcntl
+    import subprocess
+
+    from genlm_vllm.transport import SHM_DIR, sweep_stale_buffers
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs
+    stale = os.path.join(SHM_DIR, f"genlm-vllm-{gone.pid}-unit-stale")
+    held = os.path.join(SHM_DIR, f"genlm-vllm-{gone.pid}-unit-held")  # its owner: another pid namespace
+    live = RowBuffer("unit-live")
+    fds = []
+    try:
+        live.ensure(64)
+        for path in (stale, held):
+            fds.append(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+        fcntl.flock(fds[1], fcntl.LOCK_SH)
+        os.close(fds.pop(0))
+        removed = sweep_stale_buffers()
+        assert os.path.basename(stale) in removed and not os.path.exists(stale)
+        assert os.path.exists(held) and os.path.exists(live.path)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        for path in (stale, held):
+            if os.path.exists(path):
+                os.unlink(path)
+        live.close()
