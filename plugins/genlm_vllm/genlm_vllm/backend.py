@@ -379,10 +379,12 @@ class VLLMBackend(BaseLogprobBackend):
 
     def _fetch(self, tags: list[str]) -> tuple[torch.Tensor, list[int]]:
         """The captured rows in request order, and the indices that have none."""
-        if self.in_process:  # a plain call: the worker's own tensors, no copy
+        if self.in_process:  # a plain call: the worker's own tensors, stacked (one copy)
+            from genlm_vllm.transport import stack_rows
+
             rows = self.llm.collective_rpc("genlm_pop_captured", args=(tags,))[0]
             missing = [i for i, r in enumerate(rows) if r is None]
-            return (torch.stack(rows) if not missing else torch.empty(0)), missing
+            return (stack_rows(rows) if not missing else torch.empty(0)), missing
         buffer = self._buffer
         desc = None
         if buffer is not None:
