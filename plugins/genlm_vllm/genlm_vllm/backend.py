@@ -262,6 +262,8 @@ class VLLMBackend(BaseLogprobBackend):
         self._buffer: Any = None
         self._dead: str | None = None  # why the engine is unusable (a worker died)
         self.workers: list[dict[str, Any]] = []
+        self._engine_procs: list[Any] = []  # its processes here (psutil: workers, a separate core)
+        self._engine_segments: set[str] = set()  # what they map in /dev/shm
         if not self.in_process:
             from genlm_vllm.transport import RowBuffer, shm_available, sweep_stale_buffers
 
@@ -272,6 +274,10 @@ class VLLMBackend(BaseLogprobBackend):
                 sweep_stale_buffers()  # what backends killed without close() left here
                 self._buffer = RowBuffer(self._namespace)
             self._watchdog = _Watchdog(self)
+            self._engine_procs = _engine_processes(self.workers)
+            # what the engine's processes map in /dev/shm (its message queues, the
+            # executor's lock, the CPU communicator): removed at close() if left over
+            self._engine_segments = _mapped(self._engine_procs)
         self._counter = itertools.count()
         self._lora_ids = itertools.count(1)
         self._loras: dict[str, Any] = {}
@@ -302,8 +308,8 @@ class VLLMBackend(BaseLogprobBackend):
         t0 = time.perf_counter()
         with (
             _engine_environment(kwargs, device),
-            summarise_repeats("vllm"),
-        ):  # e.g. one cast warning per weight
+            summarise_repeats("vllm"),  # e.g. one cast warning per weight
+        ):
             llm = LLM(**kwargs)
         note(f"vllm: engine ready in {time.perf_counter() - t0:.0f} s")
         try:
@@ -654,6 +660,8 @@ class VLLMBackend(BaseLogprobBackend):
             watchdog.stop()
         llm, self.llm = self.llm, None
         _LIVE_IN_PROCESS.discard(self)
+        if self._engine_procs:  # what the processes still alive map now (e.g. grown queues)
+            self._engine_segments |= _mapped(self._engine_procs)
         if llm is not None:
             # the in-process engines left use this process's parallel groups: keep them
             others = any(b.llm is not None for b in _LIVE_IN_PROCESS)
@@ -664,9 +672,10 @@ class VLLMBackend(BaseLogprobBackend):
         self._remove_worker_segments()
 
     def _remove_worker_segments(self) -> None:
-        """Unlink what the engine's workers on this machine left in ``/dev/shm`` (vLLM's
-        CPU communicator segments of a worker that was killed; see
-        :func:`genlm_vllm.transport.remove_engine_segments`). The workers are gone by now."""
+        """Unlink what the engine's processes on this machine left in ``/dev/shm`` (vLLM's
+        message queues, the executor's lock, CPU-communicator segments: what a killed
+        worker never removes; see :func:`genlm_vllm.transport.remove_engine_segments`).
+        They are gone by now: the executor's shutdown waits for them (or kills them)."""
         import socket
 
         from genlm_vllm.transport import remove_engine_segments
@@ -675,10 +684,15 @@ class VLLMBackend(BaseLogprobBackend):
         idents = sorted(
             {w["dist_ident"] for w in self.workers if w.get("dist_ident") and w.get("host") == host}
         )
-        if idents:
-            removed = remove_engine_segments(idents)
-            if removed:
-                note(f"vllm: removed {len(removed)} shared-memory segment(s) the engine's workers left")
+        if not idents and not self._engine_segments:
+            return
+        if _alive(self._engine_procs):
+            note("vllm: the engine's processes are still running; their shared memory is left to them")
+            return
+        gc.collect()  # a collected message queue unlinks its own segment
+        removed = remove_engine_segments(self._engine_segments, idents)
+        if removed:
+            note(f"vllm: removed {len(removed)} shared-memory segment(s) the engine's processes left")
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
@@ -746,6 +760,54 @@ class _Watchdog:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+
+
+def _engine_processes(workers: list[dict[str, Any]]) -> list[Any]:
+    """The engine's processes on this machine (``psutil.Process``, which tells a reused
+    pid from the original): its workers, and their parent when that is not this
+    process (the engine core in a process of its own)."""
+    import socket
+
+    import psutil
+
+    host = socket.gethostname()
+    procs: dict[int, Any] = {}
+    for w in workers:
+        if w.get("host") != host or not w.get("pid"):
+            continue
+        try:
+            proc = psutil.Process(int(w["pid"]))
+            procs[proc.pid] = proc
+            parent = proc.parent()
+        except psutil.Error:
+            continue
+        if parent is not None and parent.pid not in (os.getpid(), 0, 1):
+            procs.setdefault(parent.pid, parent)
+    return list(procs.values())
+
+
+def _running(procs: list[Any]) -> list[Any]:
+    import psutil
+
+    out = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _mapped(procs: list[Any]) -> set[str]:
+    """What those of ``procs`` that still run map in ``/dev/shm``."""
+    from genlm_vllm.transport import mapped_segments
+
+    return mapped_segments([p.pid for p in _running(procs)])
+
+
+def _alive(procs: list[Any]) -> bool:
+    return bool(_running(procs))
 
 
 def _engine_in_process(llm: Any) -> bool:

@@ -29,12 +29,21 @@ import mmap
 import os
 import secrets
 import sys
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["RowBuffer", "SHM_DIR", "write_rows", "HEADER", "remove_engine_segments", "sweep_stale_buffers"]
+__all__ = [
+    "RowBuffer",
+    "SHM_DIR",
+    "write_rows",
+    "HEADER",
+    "mapped_segments",
+    "remove_engine_segments",
+    "sweep_stale_buffers",
+]
 
 SHM_DIR = "/dev/shm"
 #: header: 16 bytes of nonce, then padding to keep rows 64-byte aligned
@@ -161,21 +170,61 @@ def sweep_stale_buffers() -> list[str]:
     return removed
 
 
-def remove_engine_segments(idents: list[str]) -> list[str]:
-    """Unlink the ``/dev/shm`` segments of vLLM's CPU communicator left by an engine's
-    workers (``<ident>-<group>-cpushm_<rank>``, where ``ident`` is the engine's
-    ``VLLM_DIST_IDENT``: ``vllm_dist_<random hex>``, or the port of a ``tcp://`` init
-    method). A worker removes its segment when it exits normally; one that is killed (a
-    fault, or a shutdown that outlasted its grace period) leaves it. Returns the names
-    removed."""
+#: what an engine's processes keep in /dev/shm: Python shared memory (vLLM's message
+#: queues between the executor and its workers), multiprocessing's named semaphores
+#: (the executor's worker lock), vLLM's CPU communicator (``...-cpushm_<rank>``)
+ENGINE_SEGMENT_PREFIXES = ("psm_", "sem.mp-")
+
+
+def mapped_segments(pids: list[int]) -> set[str]:
+    """The ``/dev/shm`` names that processes ``pids`` have mapped (``/proc/<pid>/maps``).
+
+    Matched by inode: a POSIX named semaphore (multiprocessing's locks) is mapped under
+    the temporary name glibc created it with (``sem.XXXXXX (deleted)``), then linked to
+    its real name (``sem.mp-...``). Empty where the maps cannot be read."""
+    inodes: set[int] = set()
+    names: set[str] = set()
+    prefix = SHM_DIR + "/"
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+                    if len(fields) == 6 and fields[5].startswith(prefix):
+                        inodes.add(int(fields[4]))
+                        names.add(fields[5].strip()[len(prefix) :].removesuffix(" (deleted)"))
+        except (OSError, ValueError):
+            continue
+    if inodes:
+        for name in os.listdir(SHM_DIR):
+            try:
+                if os.stat(os.path.join(SHM_DIR, name)).st_ino in inodes:
+                    names.add(name)
+            except OSError:
+                continue
+    return names
+
+
+def remove_engine_segments(names: Iterable[str], idents: Sequence[str] = ()) -> list[str]:
+    """Unlink what an engine's processes left in ``/dev/shm`` once they are gone.
+
+    ``names``: segments its processes had mapped (:func:`mapped_segments`), of the
+    kinds in :data:`ENGINE_SEGMENT_PREFIXES` or vLLM's CPU communicator (``cpushm``);
+    ``idents``: the engine's ``VLLM_DIST_IDENT`` (``vllm_dist_<random hex>``, or the port
+    of a ``tcp://`` init method), whose CPU communicator segments
+    (``<ident>-<group>-cpushm_<rank>``) go too. A process removes what it created when
+    it exits normally; one that is killed (a fault, a shutdown that outlasted its grace
+    period, a Ray actor ended by ``ray.kill``) leaves its message queue, the executor's
+    lock and its communicator segment behind for good. Returns the names removed."""
     if not shm_available():
         return []
+    wanted = {
+        n for n in names if n and os.sep not in n and (n.startswith(ENGINE_SEGMENT_PREFIXES) or "cpushm" in n)
+    }
     prefixes = tuple(f"{i}-" for i in idents if i and os.sep not in i)
-    if not prefixes:
-        return []
     removed = []
     for name in os.listdir(SHM_DIR):
-        if name.startswith(prefixes) and "cpushm" in name:
+        if name in wanted or (prefixes and name.startswith(prefixes) and "cpushm" in name):
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
                 removed.append(name)

@@ -65,17 +65,40 @@ def _cmdlines(pids: Iterable[int]) -> list[list[str]]:
     return out
 
 
-def assert_gone(kids: set[int], segments: set[str], within: float = 30.0, also: Iterable[int] = ()) -> None:
+def engine_segments(workers: list[dict[str, Any]]) -> set[str]:
+    """What an engine's processes map in ``/dev/shm`` now (its message queues, the
+    executor's lock, the CPU communicator, the row buffer): its workers and, when the
+    engine core runs in a process of its own, their parent."""
+    from genlm_vllm.transport import mapped_segments
+
+    pids = {int(w["pid"]) for w in workers}
+    for pid in list(pids):
+        with contextlib.suppress(psutil.Error):
+            pids.add(psutil.Process(pid).ppid())
+    pids -= {os.getpid(), 0, 1}
+    return mapped_segments(sorted(pids))
+
+
+def assert_gone(
+    kids: set[int],
+    segments: set[str],
+    within: float = 30.0,
+    also: Iterable[int] = (),
+    engine: Iterable[str] = (),
+) -> None:
     """No child process beyond ``kids``, none of ``also`` (e.g. orphans of a killed
-    process, which are no longer our descendants) and no row buffer beyond ``segments``
-    once ``within`` seconds have passed."""
-    also = set(also)
+    process, which are no longer our descendants), no row buffer or CPU-communicator
+    segment beyond ``segments`` and none of ``engine`` (what the engine's processes had
+    mapped: :func:`engine_segments`) once ``within`` seconds have passed."""
+    also, engine = set(also), set(engine)
     deadline = time.monotonic() + within
     while time.monotonic() < deadline and ((descendants() - kids) or alive(also)):
         time.sleep(0.5)
     left = (descendants() - kids) | alive(also)
     assert not left, _cmdlines(left)
     assert shm_segments() <= segments, shm_segments() - segments
+    still = sorted(engine & set(os.listdir("/dev/shm")))
+    assert not still, f"the engine's shared memory is still in /dev/shm: {still}"
 
 
 class LocalRay:

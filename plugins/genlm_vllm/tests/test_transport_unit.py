@@ -63,9 +63,9 @@ def test_an_engines_leftover_communicator_segments_are_removed() -> None:
         with open(os.path.join(SHM_DIR, n), "wb") as f:
             f.write(b"x")
     try:
-        assert sorted(remove_engine_segments([ours])) == sorted(names[:2])
+        assert sorted(remove_engine_segments((), [ours])) == sorted(names[:2])
         assert os.path.exists(os.path.join(SHM_DIR, names[2]))
-        assert remove_engine_segments([]) == [] and remove_engine_segments(["../etc"]) == []
+        assert remove_engine_segments([], []) == [] and remove_engine_segments(["../etc"], ["../etc"]) == []
     finally:
         for n in names:
             if os.path.exists(os.path.join(SHM_DIR, n)):
@@ -102,3 +102,54 @@ def test_buffers_of_dead_backends_are_swept_live_ones_kept() -> None:
             if os.path.exists(path):
                 os.unlink(path)
         live.close()
+
+
+def test_segments_an_engine_maps_are_found_and_only_those_removed() -> None:
+    """An engine's processes map its message queues (Python shared memory) and the
+    executor's lock (a named semaphore, mapped under glibc's temporary name: found by
+    inode): once such a process is killed they are left over, and removed; other names
+    (another program's file) stay."""
+    import secrets
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from genlm_vllm.transport import SHM_DIR, mapped_segments, remove_engine_segments
+
+    queue, other = f"psm_unit{secrets.token_hex(4)}", f"unit-other-{secrets.token_hex(4)}"
+    for n in (queue, other):
+        with open(os.path.join(SHM_DIR, n), "wb") as f:
+            f.write(bytes(4096))
+    code = f"""
+        import mmap, multiprocessing, os, sys
+        maps = [mmap.mmap(os.open(os.path.join({SHM_DIR!r}, n), os.O_RDWR), 4096) for n in ({queue!r}, {other!r})]
+        lock = multiprocessing.get_context("spawn").Lock()
+        print("sem." + lock._semlock.name.lstrip("/"), flush=True)
+        sys.stdin.read()
+        """
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # its resource tracker complains about the killed lock
+        text=True,
+    )
+    try:
+        sem = holder.stdout.readline().strip()
+        seen = mapped_segments([holder.pid])
+        assert {queue, other, sem} <= seen, seen
+        holder.send_signal(signal.SIGKILL)  # a killed worker: nothing of its own is removed
+        holder.wait(timeout=30)
+        assert mapped_segments([holder.pid]) == set()
+        removed = remove_engine_segments(seen)
+        assert queue in removed and other not in removed  # not a kind an engine creates: kept
+        assert os.path.exists(os.path.join(SHM_DIR, other))
+        assert not os.path.exists(os.path.join(SHM_DIR, queue)) and not os.path.exists(
+            os.path.join(SHM_DIR, sem)
+        )
+    finally:
+        holder.kill()
+        for n in (queue, other):
+            if os.path.exists(os.path.join(SHM_DIR, n)):
+                os.unlink(os.path.join(SHM_DIR, n))

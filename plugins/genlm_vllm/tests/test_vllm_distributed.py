@@ -32,7 +32,7 @@ from oracles import (
     random_ids,
     run_preemption_workload,
 )
-from processes import assert_gone, descendants, env, shm_segments
+from processes import assert_gone, descendants, engine_segments, env, shm_segments
 
 import genlm_core
 from conftest import TINY_BUDGET
@@ -205,9 +205,11 @@ def test_mp_engine_core_with_tp2(tiny_path, tiny_backend) -> None:
         assert max_abs_diff(got, want) <= TOL
         s = llm.sample_sync(batch[2], 3, eos_token_ids=[], temperature=0.0)
         assert s[0] == int(torch.argmax(got[2]))
+        mine = engine_segments(llm.workers)  # its queues, lock, communicator, row buffer
+        assert mine
     finally:
         llm.close()
-    assert_gone(kids, segments)
+    assert_gone(kids, segments, engine=mine)
 
 
 async def wait_for_model_call(backend, within: float = 30.0) -> None:
@@ -232,6 +234,7 @@ def test_killed_worker_fails_callers_then_clean_close(tp2) -> None:
     segments_before = shm_segments() - {tp2._buffer.name}
     kids_before = descendants() - {w["pid"] for w in tp2.workers}
     victim = tp2.workers[1]["pid"]
+    mine = engine_segments(tp2.workers)  # a killed worker never removes its part
     batch = [_ids(tp2, 150, 900 + k) for k in range(8)]  # ~40 steps of 32 tokens
     tp2.clear_cache()
     errors: list[BaseException] = []
@@ -261,7 +264,7 @@ def test_killed_worker_fails_callers_then_clean_close(tp2) -> None:
     with pytest.raises(EngineDiedError, match="died|failed"):
         tp2.next_token_logprobs_sync([5, 6, 7])
     tp2.close()
-    assert_gone(kids_before, segments_before)
+    assert_gone(kids_before, segments_before, engine=mine)
 
 
 def test_pp2_after_the_kill_matches_tp1(tiny_path, tiny_backend, mild_adapter, lora_reference) -> None:
@@ -290,6 +293,7 @@ def test_pp2_after_the_kill_matches_tp1(tiny_path, tiny_backend, mild_adapter, l
         s = asyncio.run(llm.batch_sample([batch[1], batch[2]], 3, eos_token_ids=[], temperature=0.0))
         assert [t[0] for t in s] == [int(torch.argmax(got[1])), int(torch.argmax(got[2]))]
         _check_lora(llm, mild_adapter, lora_reference, batch, got)
+        mine = engine_segments(llm.workers)
     finally:
         llm.close()
-    assert_gone(kids, segments)
+    assert_gone(kids, segments, engine=mine)

@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 from oracles import max_abs_diff, mixed_batch, random_ids
-from processes import LocalRay, alive, assert_gone, descendants, shm_segments
+from processes import LocalRay, alive, assert_gone, descendants, engine_segments, shm_segments
 
 import genlm_core
 from conftest import TINY_BUDGET
@@ -79,6 +79,7 @@ def test_backend_in_a_ray_actor_with_mp_workers(ray_cluster, tiny_path, tiny_bac
         )
     )
     pids: set[int] = set()
+    mine: set[str] = set()
     try:
         info = ray.get(actor.info.remote(), timeout=START_S)
         workers = info["workers"]
@@ -86,6 +87,8 @@ def test_backend_in_a_ray_actor_with_mp_workers(ray_cluster, tiny_path, tiny_bac
         assert info["actor_pid"] != os.getpid() and not info["in_process"]
         assert info["tensor_parallel_size"] == 2 and info["distributed_executor_backend"] == "mp"
         assert [w["tp_rank"] for w in workers] == [0, 1]
+        mine = engine_segments(workers)  # the ranks' queues, lock and communicator
+        assert mine
 
         # rows: workers -> actor (/dev/shm) -> driver (Ray), equal to the TP=1 engine's
         # (TP=2 reorders float32 sums: ~4e-6 observed, see test_vllm_distributed.TOL)
@@ -131,5 +134,5 @@ def test_backend_in_a_ray_actor_with_mp_workers(ray_cluster, tiny_path, tiny_bac
     assert LocalRay.alive_actors() == {}  # the GCS actor table
     cluster.stop()
     # the actor's workers are not our descendants once the actor is gone: checked by pid
-    assert_gone(kids_before, segments_before, also=pids)
+    assert_gone(kids_before, segments_before, also=pids, engine=mine)
     assert not alive(pids)

@@ -24,7 +24,7 @@ import time
 import pytest
 import torch
 from oracles import max_abs_diff, mixed_batch, preemption_engine_opts, run_preemption_workload
-from processes import assert_gone, descendants, env, shm_segments
+from processes import assert_gone, descendants, engine_segments, env, shm_segments
 
 import genlm_core
 
@@ -123,5 +123,7 @@ def test_sampling(engine) -> None:
 
 def test_close_leaves_nothing(engine) -> None:
     _, llm, (kids, segments) = engine
+    mine = engine_segments(llm.workers)
+    assert mine
     llm.close()
-    assert_gone(kids, segments)
+    assert_gone(kids, segments, engine=mine)
