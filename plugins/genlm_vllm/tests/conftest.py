@@ -1,5 +1,6 @@
 """Shared engines for the genlm-vllm tests: vLLM engines are slow to start, so each
-model gets one engine for the whole session."""
+model (and the LoRA-enabled tiny engine) gets one in-process engine for the whole
+session, closed at its end."""
 
 from __future__ import annotations
 
@@ -44,6 +45,57 @@ def tiny_backend(tiny_path: str):
         max_num_batched_tokens=TINY_BUDGET,
         batch_size=16,
         engine_opts={"max_logprobs": -1, "block_size": 32},
+    )
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="session")
+def smol_path() -> str:
+    import model_paths
+
+    return str(model_paths.smollm2())
+
+
+@pytest.fixture(scope="session")
+def smol_backend(smol_path: str):
+    """SmolLM2-135M-Instruct (49,152 tokens), float32, in process, TP=1: the reference
+    of the SmolLM2 suites; ``max_logprobs=-1`` for the dictionary oracle."""
+    import genlm_core
+
+    llm = genlm_core.load(
+        "vllm",
+        model=smol_path,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=512,
+        engine_opts={"max_logprobs": -1},
+    )
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_adapter(tiny_path: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A random rank-8 LoRA adapter of the tiny Llama (q_proj, v_proj), large effect."""
+    from oracles import build_lora_adapter
+
+    return build_lora_adapter(tiny_path, tmp_path_factory.mktemp("lora") / "adapter", scale=20.0)
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_backend(tiny_path: str):
+    """The tiny Llama in process with LoRA enabled (rank <= 8): the TP=1 LoRA reference."""
+    import genlm_core
+
+    llm = genlm_core.load(
+        "vllm",
+        model=tiny_path,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=128,
+        enable_lora=True,
+        max_lora_rank=8,
     )
     yield llm
     llm.close()

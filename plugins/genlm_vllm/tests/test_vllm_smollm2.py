@@ -1,32 +1,13 @@
-"""SmolLM2-135M (a real pretrained model, 49k vocabulary), float32, one engine."""
+"""SmolLM2-135M (a real pretrained model, 49k vocabulary), float32, the session's
+in-process engine (``smol_backend``, also the reference of the distributed suite)."""
 
 from __future__ import annotations
 
-import pytest
 from oracles import genlm_hf_oracle, hf_oracle, max_abs_diff, vllm_dict_oracle
 
-import genlm_core
 
-
-@pytest.fixture(scope="module")
-def smol():
-    import model_paths
-
-    path = str(model_paths.smollm2())
-    llm = genlm_core.load(
-        "vllm",
-        model=path,
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=512,
-        engine_opts={"max_logprobs": -1},
-    )
-    yield path, llm
-    llm.close()
-
-
-def test_smollm2_matches_oracles(smol) -> None:
-    path, llm = smol
+def test_smollm2_matches_oracles(smol_backend, smol_path) -> None:
+    path, llm = smol_path, smol_backend
     assert len(llm.byte_vocab) == 49152
     tok = llm.tokenizer
     texts = [
