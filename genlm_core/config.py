@@ -262,11 +262,12 @@ class BackendConfig(GenlmConfig):
     batch_size: int = Field(32, ge=1, description="most contexts per forward pass")
     timeout: float = Field(0.002, ge=0, description="seconds a request waits for others to join its batch")
     batch_policy: Literal["deadline", "tick", "debounce"] = Field(
-        "deadline",
+        "tick",
         description=(
-            "when a partial batch runs: 'deadline' = timeout after its first request; 'tick' = as "
-            "soon as every task ready on the event loop has submitted (a lone caller does not wait), "
-            "timeout as the upper bound; 'debounce' = timeout after the last request"
+            "when a partial batch runs: 'tick' = as soon as every task ready on the event loop has "
+            "submitted (a lone caller does not wait), timeout as the upper bound; 'deadline' = timeout "
+            "after its first request (also gathers requests from other threads); 'debounce' = timeout "
+            "after the last request"
         ),
     )
     cache_size: int = Field(4096, ge=0, description="entries of the output cache (0 disables it)")

@@ -182,7 +182,8 @@ async def test_close_fails_waiting_callers():
     def fn(reqs):
         return reqs
 
-    b = AutoBatcher(fn, batch_size=100, timeout=10.0)
+    # a deadline keeps the lone request waiting (the default tick policy would run it)
+    b = AutoBatcher(fn, batch_size=100, timeout=10.0, policy="deadline")
     task = asyncio.ensure_future(b.submit(1))
     await asyncio.sleep(0.01)
     b.close()
@@ -193,7 +194,7 @@ async def test_close_fails_waiting_callers():
 
 
 async def test_reset_then_keeps_serving():
-    b = AutoBatcher(lambda r: r, batch_size=100, timeout=10.0)
+    b = AutoBatcher(lambda r: r, batch_size=100, timeout=10.0, policy="deadline")  # keeps it waiting
     task = asyncio.ensure_future(b.submit(1))
     await asyncio.sleep(0.01)
     b.reset()
@@ -350,8 +351,9 @@ async def test_backend_batch_policy_tick_serves_lone_callers_without_the_deadlin
     for it), 16 concurrent calls still form one batch, and rows equal the deadline
     backend's (same mock model: bitwise)."""
     tick = genlm_core.load("mock", batch_policy="tick", timeout=0.5, cache_size=0)
-    ref = genlm_core.load("mock", timeout=0.0, cache_size=0)
+    ref = genlm_core.load("mock", batch_policy="deadline", timeout=0.0, cache_size=0)
     assert tick.batcher.policy == "tick" and ref.batcher.policy == "deadline"
+    assert genlm_core.load("mock").batcher.policy == "tick"  # the default
     t0 = time.perf_counter()
     for t in range(10):
         row = await tick.next_token_logprobs([1, 2, t])
