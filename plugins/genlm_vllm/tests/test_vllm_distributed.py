@@ -44,7 +44,13 @@ from conftest import TINY_BUDGET
 TOL = 1e-4
 
 
-def _load(path: str, **extra):
+#: the options that let an engine take LoRA adapters like the TP=1 reference's
+LORA = {"enable_lora": True, "max_lora_rank": 8}
+
+
+def _load(path: str, engine_opts: dict, **config):
+    """The tiny Llama in float32 on a 32-token step budget, workers over the ``mp``
+    executor as ``engine_opts`` lay them out; ``config``: more backend options."""
     return genlm_core.load(
         "vllm",
         model=path,
@@ -53,7 +59,13 @@ def _load(path: str, **extra):
         max_model_len=160,
         max_num_batched_tokens=TINY_BUDGET,
         batch_size=16,
-        engine_opts={"block_size": 32, "disable_log_stats": False, **extra},
+        engine_opts={
+            "block_size": 32,
+            "disable_log_stats": False,
+            "distributed_executor_backend": "mp",
+            **engine_opts,
+        },
+        **config,
     )
 
 
@@ -105,22 +117,7 @@ def _check_lora(
 def tp2(tiny_path):
     """TP=2 over the mp executor, LoRA enabled; 6 KV blocks of 32 tokens: long decodes
     beside the captured prompts force preemptions."""
-    llm = genlm_core.load(
-        "vllm",
-        model=tiny_path,
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=160,
-        max_num_batched_tokens=TINY_BUDGET,
-        batch_size=16,
-        enable_lora=True,
-        max_lora_rank=8,
-        engine_opts={
-            "tensor_parallel_size": 2,
-            "distributed_executor_backend": "mp",
-            **preemption_engine_opts(),
-        },
-    )
+    llm = _load(tiny_path, {"tensor_parallel_size": 2, **preemption_engine_opts()}, **LORA)
     yield llm
     llm.close()
 
@@ -194,7 +191,7 @@ def test_mp_engine_core_with_tp2(tiny_path, tiny_backend) -> None:
     still come through /dev/shm; close() leaves no process and no segment."""
     segments, kids = shm_segments(), descendants()
     with env("VLLM_ENABLE_V1_MULTIPROCESSING", "1"):
-        llm = _load(tiny_path, tensor_parallel_size=2, distributed_executor_backend="mp")
+        llm = _load(tiny_path, {"tensor_parallel_size": 2})
     try:
         info = llm.info()
         assert info["engine_core"] == "own process" and info["world_size"] == 2
@@ -270,17 +267,7 @@ def test_killed_worker_fails_callers_then_clean_close(tp2) -> None:
 def test_pp2_after_the_kill_matches_tp1(tiny_path, tiny_backend, mild_adapter, lora_reference) -> None:
     """(b) with LoRA, and a new multi-process backend in the process whose engine lost a worker."""
     segments, kids = shm_segments(), descendants()
-    llm = genlm_core.load(
-        "vllm",
-        model=tiny_path,
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=160,
-        max_num_batched_tokens=TINY_BUDGET,
-        enable_lora=True,
-        max_lora_rank=8,
-        engine_opts={"block_size": 32, "pipeline_parallel_size": 2, "distributed_executor_backend": "mp"},
-    )
+    llm = _load(tiny_path, {"pipeline_parallel_size": 2}, **LORA)
     try:
         info = llm.info()
         assert info["pipeline_parallel_size"] == 2 and [w["pp_rank"] for w in info["workers"]] == [0, 1]
