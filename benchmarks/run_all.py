@@ -116,7 +116,7 @@ NEEDS = {
 }
 # the JSON files each section writes into benchmarks/out
 FILES = {
-    "batcher": ["batcher_overhead", "batcher_policy"],
+    "batcher": ["batcher_overhead", "batcher_policy", "batcher_sequential"],
     "vocab": ["vocab"],
     "trie": ["trie"],
     "sis": ["sis"],
