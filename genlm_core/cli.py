@@ -94,12 +94,18 @@ def _dtype_options() -> dict[str, Any]:
 def _auto_dtype(model: str | None) -> dict[str, Any]:
     """What ``dtype="auto"`` resolves to for ``model`` (default: the embedded SmolLM2, if built)."""
     from genlm_core import dtypes, embedded
+    from genlm_core.config import ConfigError
+    from genlm_core.model_folder import check_model_folder
 
     if model is None:
         folder = embedded.models_dir() / embedded.SMOLLM2_NAME
         if not (folder / "config.json").is_file():
             return {"model": None, "dtype": None, "note": "embedded model not built (genlm models prepare)"}
         model = str(folder)
+    try:
+        check_model_folder(model, ("config",))
+    except ConfigError as exc:
+        return {"model": model, "dtype": None, "error": str(exc)}
     try:
         return {"model": model, "dtype": dtypes.resolve_dtype("auto", model)}
     except ValueError as exc:
@@ -190,9 +196,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001
         info["auto"] = {"error": str(exc)}
     info["dtype_auto"] = _auto_dtype(getattr(args, "model", None))
+    # a --model that is missing or incomplete is a bad argument: exit 2, as for every other one
+    status = 2 if "error" in info["dtype_auto"] else 0
     if args.json:
         print(json.dumps(info, indent=2))
-        return 0
+        return status
     print(f"Python {info['python']} on {hw.system} {hw.machine}, {hw.cpu_count} CPU(s)")
     print(f"CUDA: {'yes' if hw.cuda else 'no'} ({hw.cuda_reason})")
     print(f"Apple silicon: {'yes' if hw.apple_silicon else 'no'}")
@@ -220,11 +228,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print(f"load('auto') picks: {auto['choice']} on {auto['device']}")
     dt = info["dtype_auto"]
-    if dt["dtype"] is not None:
+    if "error" in dt:
+        print(f"genlm doctor: error: --model: {dt['error']}", file=sys.stderr)
+    elif dt["dtype"] is not None:
         print(f"dtype='auto' (every backend): {dt['dtype']} for {dt['model']}")
     else:
         print(f"dtype='auto' (every backend): the checkpoint's dtype ({dt.get('note', '')})")
-    return 0
+    return status
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -251,7 +261,8 @@ def parse_opts(pairs: list[str] | None) -> dict[str, Any]:
     for kv in pairs or []:
         key, sep, value = kv.partition("=")
         if not sep or not key:
-            raise SystemExit(f"genlm: --opt takes KEY=VALUE, got {kv!r} (e.g. --opt batch_size=16)")
+            # a ValueError: main() reports it in one line with exit status 2, like every bad argument
+            raise ValueError(f"--opt takes KEY=VALUE, got {kv!r} (e.g. --opt batch_size=16)")
         try:
             opts[key] = json.loads(value)
         except json.JSONDecodeError:

@@ -260,7 +260,12 @@ class BackendConfig(GenlmConfig):
         model_folder.check_model_folder(self.model, self.model_needs())
 
     batch_size: int = Field(32, ge=1, description="most contexts per forward pass")
-    timeout: float = Field(0.002, ge=0, description="seconds a request waits for others to join its batch")
+    timeout: float = Field(
+        0.002,
+        ge=0,
+        allow_inf_nan=False,  # inf: a lone request under 'deadline' would wait forever
+        description="seconds a request waits for others to join its batch (finite)",
+    )
     batch_policy: Literal["deadline", "tick", "debounce"] = Field(
         "tick",
         description=(

@@ -34,6 +34,9 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
 
 _LISTED = 8  # entries of a folder named in an error
 
+#: suffixes of single-file checkpoints: a missing path ending in one names a file, not a folder
+FILE_SUFFIXES = (".gguf", ".ggml", ".bin", ".safetensors", ".pt", ".pth", ".npz")
+
 
 def as_model_argument(model: Any) -> Any:
     """``model`` as configs hold it: an ``os.PathLike`` becomes an absolute path string
@@ -80,6 +83,11 @@ def check_model_folder(
     if not folder.exists():
         parent = folder.parent
         hint = "" if parent.is_dir() else f"; its parent {str(parent)!r} does not exist either"
+        if folder.suffix.lower() in FILE_SUFFIXES:
+            raise ConfigError(
+                f"{what} file {str(model)!r} does not exist{hint} (give the path of an existing "
+                f"{folder.suffix} file, a local model folder, or a hub id such as 'gpt2' or 'org/name')"
+            )
         raise ConfigError(
             f"{what} folder {str(model)!r} does not exist{hint} "
             "(give an existing local folder, or a hub id such as 'gpt2' or 'org/name')"

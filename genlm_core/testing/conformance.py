@@ -22,8 +22,10 @@ it can fail without any hard-coded expected value.
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import random
+import weakref
 from typing import Any
 
 import pytest
@@ -46,6 +48,8 @@ class LogprobBackendConformance:
     n_contexts: int = 6
     #: longest random context
     max_len: int = 8
+    #: event loops (one ``asyncio.run`` each) in the no-leak check
+    loop_steps: int = 8
 
     @pytest.fixture
     def backend(self) -> Any:  # pragma: no cover - plugins override
@@ -220,3 +224,26 @@ class LogprobBackendConformance:
         with pytest.raises(ValueError):
             await backend.batch_next_token_logprobs([good[0], [-1]])
         assert self._close(backend.next_token_logprobs_sync(good[0]), expected[0], self.atol)
+
+    def test_no_state_kept_across_event_loops(self, backend: Any) -> None:
+        """One ``asyncio.run`` per step (sync wrappers, CLIs, notebooks): once a step's
+        loop is closed, neither the loop nor a row it computed stays alive."""
+        base = self.contexts(backend, seed=8)
+        ids = [c[0] for c in self.contexts(backend, seed=9)]
+        loops: list[weakref.ref] = []
+        rows: list[weakref.ref] = []
+
+        async def step(i: int) -> None:
+            loops.append(weakref.ref(asyncio.get_running_loop()))
+            out = await asyncio.gather(
+                *(backend.next_token_logprobs(c + [ids[i % len(ids)]] * (i + 1)) for c in base)
+            )
+            rows.extend(weakref.ref(r) for r in out)
+
+        backend.clear_cache()
+        for i in range(self.loop_steps):
+            asyncio.run(step(i))
+        backend.clear_cache()
+        gc.collect()
+        assert sum(r() is not None for r in loops) == 0, "a closed event loop is still referenced"
+        assert sum(r() is not None for r in rows) == 0, "a row of a finished event loop is still referenced"

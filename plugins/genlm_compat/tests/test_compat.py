@@ -240,3 +240,27 @@ def test_warns_next_to_the_real_distribution(monkeypatch: pytest.MonkeyPatch) ->
         _guard.CompatShadowWarning, match="genlm-backend 0.3.1 is installed next to genlm-compat"
     ):
         _guard.warn_if_real("genlm-backend", "genlm.backend")
+
+
+@pytest.mark.parametrize("eos", ["<|endoftext|>", b"<|endoftext|>"])
+def test_beam_params_one_eos_string_is_one_token_not_its_characters(eos: Any) -> None:
+    """``eos_tokens="<|endoftext|>"`` once made 13 one-byte EOS tokens (every 'e' ended a
+    sequence); ``b"</s>"`` was refused. Both are one token, as in genlm-core."""
+    assert gbytes.BeamParams(K=5, eos_tokens=eos).eos_tokens == (b"<|endoftext|>",)
+    assert gbytes.BeamParams(5, 0.0, False, eos).eos_byte_strings == (b"<|endoftext|>",)
+    assert gbytes.BeamParams(K=5, eos_tokens=[eos, b"</s>"]).eos_tokens == (b"<|endoftext|>", b"</s>")
+
+
+def test_load_model_by_name_refuses_a_name_that_is_not_a_name() -> None:
+    with pytest.raises(TypeError, match="hub id or a local folder .* got int 123"):
+        gb.load_model_by_name(123, backend="mock")
+
+
+def test_mock_options_are_checked_before_the_tokenizer_is_loaded(tmp_path: Path) -> None:
+    """An unknown option is reported as such (not after the hub's retries for the tokenizer)."""
+    with pytest.raises(ValueError, match="Unknown option 'llm_opts'"):
+        gb.MockAsyncLM.from_name("gpt2", llm_opts={"bogus": 1})
+    with pytest.raises(ValueError, match="Unknown option 'bogus'"):
+        gb.load_model_by_name("gpt2", backend="mock", llm_opts={"bogus": 1})
+    with pytest.raises(ValueError, match="does not exist"):
+        gb.MockAsyncLM.from_name(str(tmp_path / "missing"))

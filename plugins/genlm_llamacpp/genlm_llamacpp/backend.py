@@ -6,13 +6,17 @@ Importing this module does not import llama_cpp; creating a backend does.
   sequence of its own, its new tokens go into one ``llama_decode`` batch (split in
   ``n_batch``-token decodes when longer) and the logits of its last position are read.
 * KV prefix reuse: each computed context keeps its sequence, recorded in the core
-  :class:`~genlm_core.prefix_cache.PrefixCache` (the payload is the sequence id; its
-  size is its token count, bounded by ``kv_cache_tokens``). A later context copies the
-  sequence of its deepest cached proper prefix (``llama_memory_seq_cp``: the unified
-  KV cache shares the cells) and computes only its remaining tokens, so a particle's
-  one-token extension computes one token. Sequences are evicted least recently used
-  first when the cache's token budget, the ``n_seq_max`` sequences or the ``n_ctx``
-  cells run out; an evicted sequence is removed from llama.cpp (``seq_rm``).
+  :class:`~genlm_core.prefix_cache.PrefixCache` (the payload names the sequence and how
+  many of its positions the context covers; its size is that token count, bounded by
+  ``kv_cache_tokens``). A later context extends the sequence of its deepest cached
+  proper prefix in place when that prefix is where the sequence ends (a particle's
+  one-token step: one token computed, no new sequence, the shorter prefix still
+  cached), or copies the prefix into a sequence of its own (``llama_memory_seq_cp``:
+  the unified KV cache shares the cells) and computes only its remaining tokens.
+* Every group of contexts is planned before it decodes: the sequences and KV cells it
+  needs are counted (:mod:`genlm_llamacpp.kv_cells`) and least recently used entries it
+  does not read are evicted once, enough for the group; an entry's sequence is removed
+  from llama.cpp (``seq_rm``) when no entry reads it any more.
 * The byte vocabulary comes from the GGUF's tokenizer (:mod:`genlm_llamacpp.tokenizer`).
 """
 
@@ -28,6 +32,7 @@ from genlm_core.config import ConfigError
 from genlm_core.prefix_cache import PrefixCache
 from genlm_core.progress import note
 from genlm_llamacpp.config import LlamaCppConfig
+from genlm_llamacpp.kv_cells import CellLedger
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -39,10 +44,21 @@ __all__ = ["LlamaCppBackend", "resolve_gguf"]
 
 
 @dataclass(eq=False)
-class _Seq:
-    """A KV sequence of the llama.cpp context holding the first ``n_tokens`` of a prefix."""
+class _KV:
+    """A KV sequence of the llama.cpp context: ``length`` positions decoded, ``views``
+    prefix-cache entries reading it."""
 
     seq_id: int
+    length: int = 0
+    views: int = 0
+
+
+@dataclass(eq=False)
+class _Seq:
+    """What the prefix cache holds for a context: the first ``n_tokens`` positions of a
+    sequence. A particle's sequence extended in place keeps serving its shorter prefixes."""
+
+    kv: _KV
     n_tokens: int
 
 
@@ -64,9 +80,12 @@ class LlamaCppBackend(BaseLogprobBackend):
             eos_token_ids=tokenizer.eos_token_ids,
         )  # fmt: skip
         self._free: list[int] = list(range(engine.n_seq_max))
+        self.ledger = CellLedger(engine.n_ctx)
+        #: every context computed alone in an emptied KV cache (see LlamaCppConfig.batch_invariant)
+        self.batch_invariant: bool = engine.batch_invariant
         budget = self.config.kv_cache_tokens
         self.prefix_cache: PrefixCache | None = None
-        if budget != 0:
+        if budget != 0 and not self.batch_invariant:
             self.prefix_cache = PrefixCache(
                 kv_budget_bytes=budget,  # in tokens: sizeof counts a sequence's tokens
                 sizeof=lambda seq: seq.n_tokens,
@@ -89,6 +108,8 @@ class LlamaCppBackend(BaseLogprobBackend):
             path,
             n_ctx=config.n_ctx,
             n_seq_max=config.n_seq_max,
+            kv_cells=config.kv_cells,
+            batch_invariant=config.batch_invariant,
             n_batch=config.n_batch,
             n_threads=config.n_threads,
             n_gpu_layers=config.n_gpu_layers,
@@ -126,60 +147,63 @@ class LlamaCppBackend(BaseLogprobBackend):
     def _forward_rows(self, contexts: list[tuple[int, ...]]) -> "list[torch.Tensor]":
         """Each row normalised straight from llama.cpp's output buffer into a tensor of
         its own: no logits copy, no batch tensor, no per-row copy out of it (the
-        default path's three batch-sized copies). The same float32 ``log_softmax``."""
+        default path's three batch-sized copies). The same float32 ``log_softmax``.
+        ``contexts`` are distinct (the batcher and the sync path de-duplicate)."""
         import torch
 
-        unique = list(dict.fromkeys(contexts))
-        rows: list[torch.Tensor] = []
         vocab = self.vocab_size
-
-        def emit(logits: "np.ndarray") -> None:
-            rows.append(torch.log_softmax(torch.from_numpy(logits[:vocab]), dim=-1))
-
-        self._compute(unique, self.prefix_cache is not None, emit)
-        if len(unique) == len(contexts):
-            return rows
-        first = dict(zip(unique, rows))
-        seen: set[tuple[int, ...]] = set()
-        out = []
-        for c in contexts:  # a repeated context gets a copy of its own
-            out.append(first[c].clone() if c in seen else first[c])
-            seen.add(c)
-        return out
+        return self._compute(
+            contexts,
+            self.prefix_cache is not None,
+            lambda logits: torch.log_softmax(torch.from_numpy(logits[:vocab]), dim=-1),
+        )
 
     def _run(self, contexts: list[tuple[int, ...]], reuse: bool) -> "torch.Tensor":
-        """Logits (float32, ``(len(contexts), n_vocab)``), copied once out of llama.cpp."""
+        """Logits (float32, ``(len(contexts), n_vocab)``), copied out of llama.cpp."""
         import numpy as np
         import torch
 
-        unique = list(dict.fromkeys(contexts))
-        out = np.empty((len(unique), self.engine.n_vocab), dtype=np.float32)
-        filled = 0
-
-        def emit(logits: "np.ndarray") -> None:
-            nonlocal filled
-            out[filled] = logits
-            filled += 1
-
-        self._compute(unique, reuse, emit)
-        if len(unique) != len(contexts):
-            where = {c: i for i, c in enumerate(unique)}
-            out = out[[where[c] for c in contexts]]
-        return torch.from_numpy(out)
+        rows = self._compute(contexts, reuse, lambda logits: logits.copy())
+        return torch.from_numpy(np.stack(rows))
 
     def _compute(
-        self, unique: list[tuple[int, ...]], reuse: bool, emit: "Callable[[np.ndarray], None]"
-    ) -> None:
-        """Compute distinct contexts in groups; ``emit`` gets each one's logits in order
-        (a view of llama.cpp's buffer, valid only during the call)."""
+        self, contexts: list[tuple[int, ...]], reuse: bool, convert: "Callable[[np.ndarray], Any]"
+    ) -> list:
+        """Compute contexts in groups; ``convert`` turns each one's logits (a view of
+        llama.cpp's buffer, valid only during the call) into what is returned, in order."""
         self.forward_calls += 1
-        for chunk in self._chunks(unique):
-            self._run_chunk(chunk, reuse, emit)
+        if self.batch_invariant:
+            return [self._alone(c, convert) for c in contexts]
+        out: list = []
+        for chunk in self._chunks(contexts):
+            out += self._run_chunk(chunk, reuse, convert)
+        return out
+
+    def _alone(self, context: tuple[int, ...], convert: "Callable[[np.ndarray], Any]") -> Any:
+        """``context`` decoded from position 0 in an emptied KV cache: its cells are
+        0..len-1 whatever ran before, so its row is a function of the context alone.
+
+        Why it is needed on quantised weights: llama.cpp's attention sums over the
+        cells of the shared KV cache in SIMD lanes chosen by cell index, so where a
+        context's cells lie (which depends on its batch-mates and on what is cached)
+        moves its float32 attention output by ~1e-7; the quantised matmuls then round
+        their inputs to 8 bits per 32-value block, and a 1e-7 change that crosses a
+        rounding boundary becomes a whole quantisation step (~1e-3), which grows through
+        the layers (SmolLM2 Q4_1: up to 0.8 on tail logprobs, KL up to 0.01, measured
+        with llama.cpp's tensor callbacks: identical up to the first attention output,
+        then the first flipped step). F32 weights keep the ~1e-7 (about 1e-6 on logprobs).
+        """
+        self._drop_all_kv()
+        kv = _KV(self._free.pop())
+        try:
+            return self._decode_plan([context], [(0, kv)], convert)[0]
+        finally:
+            self._drop_all_kv()
 
     def _chunks(self, contexts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
         """Groups computed together: at most half the sequences (the other half can hold
-        their cached sources) and at most ``n_ctx`` tokens counted in full, so a group
-        always fits the KV cells once the cache has made room."""
+        their cached sources) and at most ``n_ctx`` cells' worth of tokens counted in
+        full, so a group always fits an emptied cache."""
         most = max(1, self.engine.n_seq_max // 2)
         chunks: list[list[tuple[int, ...]]] = []
         tokens = 0
@@ -192,81 +216,152 @@ class LlamaCppBackend(BaseLogprobBackend):
         return chunks
 
     def _run_chunk(
-        self, chunk: list[tuple[int, ...]], reuse: bool, emit: "Callable[[np.ndarray], None]"
-    ) -> None:
-        from genlm_llamacpp.engine import Row
+        self, chunk: list[tuple[int, ...]], reuse: bool, convert: "Callable[[np.ndarray], Any]"
+    ) -> list:
+        """Plan the chunk against free sequences and KV cells, make room once, decode.
 
-        cache = self.prefix_cache
-        sources: list[tuple[int, _Seq | None]] = [
-            cache.deepest_kv(c, max_depth=len(c) - 1) if reuse and cache is not None else (0, None)
-            for c in chunk
-        ]
-        protected = {id(src) for _, src in sources if src is not None}
-        dsts: list[int] = []
+        A context whose cached source (its deepest cached proper prefix) ends where the
+        source's sequence ends, and that no other context of the chunk extends, decodes
+        into that sequence in place (a particle's one-token step takes no new sequence;
+        the shorter prefix stays cached, as the first positions of the longer one); the
+        others copy the source's prefix into a new sequence. Before anything decodes,
+        least recently used cached entries that the chunk does not read are evicted until
+        the sequences and cells it needs are free
+        (:class:`~genlm_llamacpp.kv_cells.CellLedger` counts cells, shared ones once).
+        If even that is not enough, the chunk runs on an emptied cache without reuse
+        (``_chunks`` sizes a chunk so that it fits). No decode is ever retried for want
+        of a slot.
+        """
+        from genlm_llamacpp.engine import NoKVSpace
+
+        plan = self._plan(chunk, reuse)
+        if plan is None:  # its sources and new tokens cannot share the cells: start afresh
+            self._drop_all_kv()
+            plan = self._plan(chunk, False)
         try:
-            for _ in chunk:
-                dsts.append(self._take_seq(protected))
-            rows: list[Row] = []
-            for c, (depth, src), dst in zip(chunk, sources, dsts):
-                if src is not None:
-                    self.engine.seq_copy(src.seq_id, dst, depth)
-                last = len(c) - 1
-                rows.extend(Row(c[p], p, dst, p == last) for p in range(depth, len(c)))
-                self.tokens_reused += depth
-            self.tokens_computed += len(rows)
-            step = self.engine.n_batch
-            for start in range(0, len(rows), step):
-                for logits in self._decode(rows[start : start + step]):
-                    emit(logits)
-        except BaseException:
-            for dst in dsts:
-                self._release(_Seq(dst, 0))
-            raise
-        for c, dst in zip(chunk, dsts):
+            rows = self._decode_plan(chunk, plan, convert)
+        except NoKVSpace:
+            # the ledger and llama.cpp disagree (never seen): one clean retry, not a loop
+            self._drop_all_kv()
+            plan = self._plan(chunk, False)
+            try:
+                rows = self._decode_plan(chunk, plan, convert)
+            except NoKVSpace:
+                self._drop_all_kv()
+                raise RuntimeError(
+                    f"llamacpp: the {self.engine.n_ctx} KV cells (kv_cells) cannot hold this batch even "
+                    "with every cached prefix evicted; raise kv_cells or lower batch_size"
+                ) from None
+        cache = self.prefix_cache
+        for c, (_, kv) in zip(chunk, plan):
+            kv.length = len(c)
             if (
                 reuse
                 and cache is not None
                 and (cache.kv_budget_bytes is None or len(c) <= cache.kv_budget_bytes)
             ):
-                cache.insert(c, kv=_Seq(dst, len(c)))  # may evict (and release) older sequences
-            else:
-                self._release(_Seq(dst, 0))
+                kv.views += 1
+                cache.insert(c, kv=_Seq(kv, len(c)))  # may evict (and release) older entries
+            elif kv.views == 0:
+                self._free_kv(kv)
+        return rows
 
-    def _decode(self, rows: list[Any]) -> "np.ndarray":
-        """``Engine.decode`` (a view of llama.cpp's logits), evicting cached sequences
-        while the KV cells are full."""
-        from genlm_llamacpp.engine import NoKVSpace
+    def _plan(self, chunk: list[tuple[int, ...]], reuse: bool) -> Any:
+        """``(depth, sequence)`` per context, with room made for them; ``None`` when
+        evicting every entry the chunk does not read leaves too few sequences or cells
+        (never without reuse: ``_chunks`` sizes a chunk for an empty cache)."""
+        cache = self.prefix_cache
+        found: list[tuple[int, _Seq | None]] = [
+            cache.deepest_kv(c, max_depth=len(c) - 1) if reuse and cache is not None else (0, None)
+            for c in chunk
+        ]
+        sources = {id(src.kv) for _, src in found if src is not None}
+        in_place: set[int] = set()
+        for depth, src in found:
+            if src is not None and src.kv.length == depth and id(src.kv) not in in_place:
+                in_place.add(id(src.kv))
+        seqs_needed = len(chunk) - len(in_place)
+        cells_needed = sum(len(c) - depth for c, (depth, _) in zip(chunk, found))
+        ledger = self.ledger
+        while len(self._free) < seqs_needed or ledger.free < cells_needed:
+            if cache is None or cache.evict_lru_kv(keep=lambda seq: id(seq.kv) in sources) is None:
+                if reuse:
+                    return None
+                raise RuntimeError(  # pragma: no cover - _chunks sizes chunks for an empty cache
+                    f"llamacpp: a group of {len(chunk)} contexts needs {cells_needed} KV cells and "
+                    f"{seqs_needed} sequences; {ledger.free} and {len(self._free)} are free"
+                )
+        plan: list[tuple[int, _KV]] = []
+        claimed: set[int] = set()
+        for depth, src in found:
+            if src is not None and id(src.kv) in in_place and id(src.kv) not in claimed:
+                claimed.add(id(src.kv))
+                plan.append((depth, src.kv))
+                continue
+            kv = _KV(self._free.pop())
+            if src is not None:  # copied before any decode extends the source in place
+                self.engine.seq_copy(src.kv.seq_id, kv.seq_id, depth)
+                ledger.copy(src.kv.seq_id, kv.seq_id, depth)
+            plan.append((depth, kv))
+        return plan
 
-        while True:
-            try:
+    def _decode_plan(
+        self,
+        chunk: list[tuple[int, ...]],
+        plan: list[tuple[int, _KV]],
+        convert: "Callable[[np.ndarray], Any]",
+    ) -> list:
+        """Decode the planned tokens (``n_batch`` a call); the converted logits of each
+        context's last position, in order. A failed decode leaves sequences half computed:
+        the whole KV cache is dropped, so none is ever reused."""
+        from genlm_llamacpp.engine import Row
+
+        rows: list[Row] = []
+        for c, (depth, kv) in zip(chunk, plan):
+            last = len(c) - 1
+            rows.extend(Row(c[p], p, kv.seq_id, p == last) for p in range(depth, len(c)))
+        out: list = []
+        step = self.engine.n_batch
+        try:
+            for start in range(0, len(rows), step):
+                part = rows[start : start + step]
                 self.decode_calls += 1
-                return self.engine.decode(rows)
-            except NoKVSpace:
-                if self.prefix_cache is None or self.prefix_cache.evict_lru_kv() is None:
-                    raise RuntimeError(
-                        f"llamacpp: the {self.engine.n_ctx} KV cells (n_ctx) cannot hold this batch "
-                        "even with every cached prefix evicted; raise n_ctx or lower batch_size"
-                    ) from None
+                logits = self.engine.decode(part)
+                for r in part:
+                    self.ledger.extend(r.seq, 1)
+                self.tokens_computed += len(part)
+                out += [convert(row) for row in logits]
+        except BaseException:
+            self._drop_all_kv()
+            raise
+        self.tokens_reused += sum(depth for depth, _ in plan)
+        return out
 
-    def _take_seq(self, protected: set[int]) -> int:
-        """A free sequence id, evicting the least recently used unprotected cached one."""
-        if not self._free and self.prefix_cache is not None:
-            self.prefix_cache.evict_lru_kv(keep=lambda seq: id(seq) in protected)
-        if not self._free:  # pragma: no cover - _chunks leaves room by construction
-            raise RuntimeError(f"llamacpp: all {self.engine.n_seq_max} KV sequences (n_seq_max) are in use")
-        return self._free.pop()
+    def _drop_all_kv(self) -> None:
+        """Evict every cached entry and empty llama.cpp's KV cache."""
+        if self.prefix_cache is not None:
+            on_evict, self.prefix_cache.on_evict_kv = self.prefix_cache.on_evict_kv, None
+            self.prefix_cache.clear()
+            self.prefix_cache.on_evict_kv = on_evict
+        self.engine.clear()
+        self.ledger.clear()
+        self._free = list(range(self.engine.n_seq_max))
 
     def _release(self, seq: _Seq) -> None:
-        """Remove a sequence's KV from llama.cpp and make its id free (PrefixCache's ``on_evict_kv``)."""
-        self.engine.seq_remove(seq.seq_id)
-        self._free.append(seq.seq_id)
+        """PrefixCache's ``on_evict_kv``: one entry fewer reads the sequence; the last one
+        frees it (its KV removed from llama.cpp, its cells and id free)."""
+        seq.kv.views -= 1
+        if seq.kv.views == 0:
+            self._free_kv(seq.kv)
+
+    def _free_kv(self, kv: _KV) -> None:
+        self.engine.seq_remove(kv.seq_id)
+        self.ledger.remove(kv.seq_id)
+        self._free.append(kv.seq_id)
 
     def _clear_engine_cache(self) -> None:
         with self.batcher.model_lock:
-            if self.prefix_cache is not None:
-                self.prefix_cache.clear()  # releases every sequence
-            self.engine.clear()
-            self._free = list(range(self.engine.n_seq_max))
+            self._drop_all_kv()
 
     def _close_engine(self) -> None:
         with self.batcher.model_lock:
@@ -286,7 +381,9 @@ class LlamaCppBackend(BaseLogprobBackend):
             "tokens_computed": self.tokens_computed,
             "tokens_reused": self.tokens_reused,
             "free_sequences": len(self._free),
-            "n_ctx": self.engine.n_ctx,
+            "kv_cells": self.engine.n_ctx,
+            "kv_cells_used": self.ledger.used,
+            "batch_invariant": self.batch_invariant,
             "n_seq_max": self.engine.n_seq_max,
             "weights_type": self.engine.weights_type,
             "kv_cache_type": self.engine.kv_cache_type,

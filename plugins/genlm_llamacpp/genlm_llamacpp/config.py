@@ -31,13 +31,25 @@ class LlamaCppConfig(BackendConfig):
     n_ctx: int | None = Field(
         None,
         ge=1,
+        description="the longest context accepted (None: the model's training context, at most 4096)",
+    )
+    kv_cells: int | None = Field(
+        None,
+        ge=1,
         description=(
-            "KV cells shared by all sequences, and the longest context accepted "
-            "(None: the model's training context, at most 4096)"
+            "KV cells shared by all sequences: the cached prefixes and the contexts computing (None: "
+            "64 per sequence, n_seq_max * 64 = 8192 by default, and at least n_ctx; n_ctx when "
+            "batch_invariant; rounded up to a multiple of 256)"
         ),
     )
     n_seq_max: int = Field(
-        64, ge=2, le=256, description="KV sequences (live contexts: cached prefixes and the batch computing)"
+        128,
+        ge=2,
+        le=256,
+        description=(
+            "KV sequences (live contexts: cached prefixes and the batch computing); the default keeps 64 "
+            "particles' sequences with room for their copies"
+        ),
     )
     n_batch: int = Field(512, ge=1, description="most tokens per llama_decode call")
     n_threads: int | None = Field(None, ge=1, description="CPU threads (None: every core)")
@@ -59,12 +71,22 @@ class LlamaCppConfig(BackendConfig):
             "rounds to f16; llama.cpp's choice otherwise)"
         ),
     )
+    batch_invariant: bool | None = Field(
+        None,
+        description=(
+            "compute every context alone in an emptied KV cache, so its row never depends on which "
+            "contexts share its batch or were computed before (no batching, no prefix reuse). "
+            "None: on for quantised GGUFs, whose kernels re-quantise activations to 8 bits and turn "
+            "llama.cpp's float32 rounding differences (from where a context's cells lie in the "
+            "shared KV cache) into differences up to ~1 on tail logprobs; off for F32/F16/BF16 GGUFs"
+        ),
+    )
     kv_cache_tokens: int | None = Field(
         None,
         ge=0,
         description=(
             "tokens of KV the prefix cache keeps, summed over its sequences (LRU; 0: no prefix "
-            "reuse; None: bounded only by n_ctx and n_seq_max)"
+            "reuse; None: bounded only by kv_cells and n_seq_max)"
         ),
     )
 

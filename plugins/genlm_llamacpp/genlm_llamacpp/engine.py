@@ -55,6 +55,8 @@ class Engine:
         *,
         n_ctx: int | None,
         n_seq_max: int,
+        kv_cells: int | None = None,
+        batch_invariant: bool | None = None,
         n_batch: int,
         n_threads: int | None,
         n_gpu_layers: int,
@@ -76,6 +78,8 @@ class Engine:
         L.llama_model_desc(self.model, desc, len(desc))
         #: the GGUF's weight type as llama.cpp names it ("F32", "F16", "Q4_1", ...)
         self.weights_type = desc.value.decode(errors="replace").split(" ", 2)[-1].removeprefix("all ")
+        #: weights below 16 bits: their kernels re-quantise the activations (to 8 bits)
+        self.quantized = self.weights_type.upper() not in ("F32", "F16", "BF16")
         if kv_cache_type is None:
             kv_cache_type = kv_type_for(dtype, self.weights_type)
         self.kv_cache_type = kv_cache_type
@@ -84,11 +88,15 @@ class Engine:
         self.n_ctx_train = int(L.llama_model_n_ctx_train(self.model))
         if n_ctx is None:
             n_ctx = min(self.n_ctx_train, 4096) if self.n_ctx_train > 0 else 4096
+        #: every context computed alone (LlamaCppConfig.batch_invariant); None: when quantised
+        self.batch_invariant = self.quantized if batch_invariant is None else batch_invariant
+        if kv_cells is None:  # alone: one context at a time; else room for the particles in flight
+            kv_cells = n_ctx if self.batch_invariant else max(n_ctx, n_seq_max * 64)
         threads = n_threads or os.cpu_count() or 1
         cparams = L.llama_context_default_params()
         # llama.cpp pads the cells to a multiple of 256, but clamps n_batch to the
         # unpadded value first: pass the padded count
-        cparams.n_ctx = -(-n_ctx // 256) * 256
+        cparams.n_ctx = -(-kv_cells // 256) * 256
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
         cparams.n_seq_max = n_seq_max
@@ -111,7 +119,7 @@ class Engine:
                 f"llamacpp: llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq_max}, "
                 f"n_batch={n_batch}) for {path!r}"
             )
-        self.max_context = n_ctx  # the longest context accepted: what the user asked for
+        self.max_context = min(n_ctx, kv_cells)  # the longest context accepted
         self.n_ctx = int(L.llama_n_ctx(self.ctx))  # KV cells: llama.cpp rounds up to 256s
         self.n_batch = int(L.llama_n_batch(self.ctx))
         self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
@@ -132,7 +140,8 @@ class Engine:
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
     def clear(self) -> None:
-        L.llama_memory_clear(self.mem, True)
+        """Free every cell (metadata only: a cell's stale data is never read unmasked)."""
+        L.llama_memory_clear(self.mem, False)
 
     # ------------------------------------------------------------------ decoding
     def decode(self, rows: Sequence[Row]) -> np.ndarray:

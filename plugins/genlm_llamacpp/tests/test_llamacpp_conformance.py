@@ -58,3 +58,18 @@ class TestLlamaCppConformanceNoPrefixCache(LogprobBackendConformance):
         )
         yield llm
         llm.close()
+
+
+class TestLlamaCppConformanceQuantised(LogprobBackendConformance):
+    """The embedded SmolLM2 Q4_1 GGUF with its defaults: every context computed alone in an
+    emptied KV cache (``batch_invariant``), so every comparison of the kit is exact."""
+
+    atol = 0.0
+    n_contexts = 4
+    loop_steps = 4
+
+    @pytest.fixture(scope="class")
+    def backend(self, smollm2_gguf):
+        llm = genlm_core.load("llamacpp", model=str(smollm2_gguf), n_threads=2)
+        yield llm
+        llm.close()

@@ -35,6 +35,7 @@ from genlm_core.batching import AutoBatcher
 from genlm_core.dtypes import UnsupportedDtypeError, resolve_dtype
 from genlm_core.progress import note, summarise_repeats
 from genlm_vllm.config import VLLMConfig
+from genlm_vllm.main_guard import check_main_guard
 
 __all__ = ["VLLMBackend", "VLLMNotInstalledError", "EngineDiedError"]
 
@@ -153,6 +154,25 @@ def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
     finally:
         for name in added:
             os.environ.pop(name, None)
+
+
+def _check_spawn_safe(kwargs: dict[str, Any], device: str) -> None:
+    """Refuse, with the fix, a start that would spawn workers from an unguarded script.
+    vLLM spawns (rather than forks) on CPU always, and elsewhere when asked to or once
+    CUDA is initialised in this process."""
+    spawns = (
+        device == "cpu"
+        or os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn"
+        or (torch.cuda.is_available() and torch.cuda.is_initialized())
+    )
+    if not spawns:
+        return
+    world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
+    executor = kwargs.get("distributed_executor_backend")
+    if world > 1 and executor in (None, "mp"):
+        check_main_guard(f"tensor_parallel_size x pipeline_parallel_size = {world}")
+    elif os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1":
+        check_main_guard("VLLM_ENABLE_V1_MULTIPROCESSING=1 (the engine core runs in a process of its own)")
 
 
 def _announce_start(kwargs: dict[str, Any], device: str) -> None:
@@ -304,6 +324,7 @@ class VLLMBackend(BaseLogprobBackend):
 
         kwargs = engine_kwargs(config, device)
         check_dtype(kwargs["dtype"], device)
+        _check_spawn_safe(kwargs, device)
         _announce_start(kwargs, device)
         t0 = time.perf_counter()
         with (

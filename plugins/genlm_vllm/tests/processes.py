@@ -165,3 +165,33 @@ class LocalRay:
 
         self.running = False
         ray.shutdown(wait_for_processes=True)
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and all its descendants (a Ray cluster
+    started here, its actors and their engine ranks included)."""
+    total = 0.0
+    for p in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def ray_get_while_progressing(ref: Any, what: str, stall_s: float = 300.0, poll_s: float = 5.0) -> Any:
+    """``ray.get(ref)`` for work that may take long on a loaded machine (an engine start):
+    waits as long as the processes under this one keep using CPU, and fails only when
+    none did for ``stall_s`` seconds (a hang), never because the machine is slow."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    last, last_t = tree_cpu_seconds(), time.monotonic()
+    while True:
+        try:
+            return ray.get(ref, timeout=poll_s)
+        except GetTimeoutError:
+            pass
+        used, now = tree_cpu_seconds(), time.monotonic()
+        if used > last + 0.5:  # half a CPU-second of work since the last progress
+            last, last_t = used, now
+        assert now - last_t < stall_s, f"{what}: no CPU used by any process for {stall_s:.0f} s (a hang)"

@@ -55,7 +55,8 @@ class BeamParams(_CoreBeamParams):
         if "eos_tokens" in kwargs and "eos_byte_strings" in kwargs:
             raise TypeError("BeamParams: give eos_tokens or eos_byte_strings, not both")
         eos = kwargs.pop("eos_tokens", kwargs.pop("eos_byte_strings", None))
-        super().__init__(eos_tokens=tuple(eos or ()), **kwargs)
+        # a lone str or bytes is one token (as in genlm-core), never split into characters
+        super().__init__(eos_tokens=() if eos is None else eos, **kwargs)
 
     @property
     def eos_byte_strings(self) -> tuple[bytes, ...]:

@@ -8,6 +8,7 @@ config accepts (``cache_size``, ``kv_cache_bytes``, ...) pass through as keyword
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 from genlm_hf.backend import HFBackend
@@ -99,14 +100,26 @@ class MockAsyncLM(_LoraName, MockBackend):
     """genlm-core's mock backend over a tokenizer's vocabulary (fixed pseudo-random
     distributions per context)."""
 
-    def __init__(self, tokenizer: Any = None, **options: Any) -> None:
-        super().__init__(tokenizer, MockBackend.config_class.build("mock", **options))
+    def __init__(self, tokenizer: Any = None, config: Any = None, **options: Any) -> None:
+        super().__init__(tokenizer, config or MockBackend.config_class.build("mock", **options))
 
     @classmethod
     def from_name(cls, model_name: str, **kwargs: Any) -> "MockAsyncLM":  # type: ignore[override]
+        # options and the folder are checked before the tokenizer load can reach the network
+        config = MockBackend.config_class.build("mock", model=_model_name(model_name), **kwargs)
+        config.check_model()
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(model_name), **kwargs)
+        return cls(AutoTokenizer.from_pretrained(config.model), config=config)
+
+
+def _model_name(name: Any) -> Any:
+    """``name`` if it can name a model (a hub id or a folder), else a clear TypeError."""
+    if isinstance(name, (str, os.PathLike)):
+        return name
+    raise TypeError(
+        f"a model name is a hub id or a local folder (str or path), got {type(name).__name__} {name!r}"
+    )
 
 
 def _engine(name: str, module: str, attr: str, dist: str) -> type:
@@ -147,4 +160,4 @@ def load_model_by_name(name: str, backend: str | None = None, llm_opts: dict | N
         backend = "vllm" if torch.cuda.is_available() else "hf"
     if backend not in _BACKENDS:
         raise ValueError(f"Invalid backend: {backend}")
-    return _BACKENDS[backend].from_name(name, **(llm_opts or {}))
+    return _BACKENDS[backend].from_name(_model_name(name), **(llm_opts or {}))
