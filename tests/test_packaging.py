@@ -185,3 +185,32 @@ def test_import_needs_only_dependencies(dist: dict) -> None:
     assert proc.returncode == 0, (
         f"{dist['name']}: importing {modules} with {blocked} blocked:\n{proc.stderr[-3000:]}"
     )
+
+
+def test_doctor_lists_every_distribution_and_what_it_misses(tmp_path: Path, monkeypatch) -> None:
+    """A third-party plugin with a missing dependency and a missing extra (a fake
+    ``.dist-info`` on ``sys.path``) is listed with both; ``genlm --version`` lists every
+    distribution of this repository that is installed, at its pyproject's version."""
+    from genlm_core.cli import main
+    from genlm_core.distributions import genlm_distributions
+
+    info = tmp_path / "acme_lm-2.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: acme-lm\nVersion: 2.0\nRequires-Dist: genlm-core\n"
+        "Requires-Dist: nonesuch-engine>=1\nRequires-Dist: nonesuch-accel; extra == 'fast'\n"
+        "Requires-Dist: nonesuch-mac; sys_platform == 'nonesuch-os'\n"
+    )
+    (info / "entry_points.txt").write_text("[genlm_core]\nacme = acme_lm.plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = {d.name: d for d in genlm_distributions()}
+    assert found["acme-lm"].version == "2.0"
+    assert found["acme-lm"].missing == ["nonesuch-engine"]
+    assert found["acme-lm"].extras_missing == {"fast": ["nonesuch-accel"]}
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    for dist in DISTS:
+        version = importlib.metadata.version(dist["name"]) if dist["name"] in found else None
+        if version is not None:
+            want = tomllib.loads(dist["pyproject"].read_text())["project"]["version"]
+            assert found[dist["name"]].version == want
