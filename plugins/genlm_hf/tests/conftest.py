@@ -11,14 +11,14 @@ from hf_helpers import load_hf
 
 @pytest.fixture(scope="session")
 def tiny_llama_path() -> str:
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     return str(model_paths.tiny_llama())
 
 
 @pytest.fixture(scope="session")
 def tiny_gpt2_path() -> str:
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     return str(model_paths.tiny_gpt2())
 
@@ -26,7 +26,7 @@ def tiny_gpt2_path() -> str:
 @pytest.fixture(scope="session", params=["llama", "gpt2"])
 def tiny(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A float32 backend on each tiny model (shared; tests clear its caches first)."""
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     llm = load_hf(str(model_paths.tiny_model(request.param)))
     yield llm
