@@ -50,11 +50,7 @@ SETS: dict[str, dict] = {
         "tests": [
             "scripts/artifact_tests/test_core_alone.py",
             "tests/test_token.py",
-            "tests/test_trie.py",
-            "tests/test_bytes_exact.py",
-            "tests/test_bytes_heal.py",
             "tests/test_prefix_cache_evict.py",
-            "tests/test_dtypes.py",
         ],
     },
     "hf": {
