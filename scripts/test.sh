@@ -13,8 +13,8 @@ echo "[test] building the offline test models (tiny Llama / GPT-2, SmolLM2-135M 
 $PY scripts/build_test_models.py
 $PY -m genlm_llamacpp.convert  # f32 GGUFs of the tiny Llama, GPT-2 and sentencepiece Llama (llama.cpp's converter, offline)
 echo "[test] ruff"
-.venv/bin/ruff check genlm_core plugins tests benchmarks scripts conftest.py
-.venv/bin/ruff format --check genlm_core plugins tests benchmarks scripts conftest.py
+.venv/bin/ruff check genlm_core plugins tests benchmarks scripts examples
+.venv/bin/ruff format --check genlm_core plugins tests benchmarks scripts examples
 mkdir -p build
 # GPU-only tests are deselected (not skipped) where the hardware probe finds no CUDA.
 nocuda=""

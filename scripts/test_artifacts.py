@@ -109,7 +109,8 @@ def torch_pin() -> str:
 
 
 def find_links() -> list[str]:
-    links = [str(DIST), str(ROOT / ".venv" / "wheels")]  # the llama.cpp wheel setup_env.sh compiled
+    # the llama.cpp wheel scripts/setup_env.sh compiled into the venv running this script
+    links = [str(DIST), str(Path(sys.prefix) / "wheels")]
     links += os.environ.get("PIP_FIND_LINKS", "").split()  # where this machine keeps its torch wheel
     return [x for x in links if x and Path(x).exists()]
 
