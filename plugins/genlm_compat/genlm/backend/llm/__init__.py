@@ -120,7 +120,7 @@ def _engine(name: str, module: str, attr: str, dist: str) -> type:
         return placeholder(
             __name__,
             name,
-            f"{dist} (pip install {dist}; see the README's install section): {exc}",
+            f'{dist}: pip install "genlm-compat[{dist.removeprefix("genlm-")}]" ({exc})',
             ImportError,
         )
 
