@@ -85,8 +85,12 @@ class Unported(type):
         raise cls.error(cls.hint)
 
 
-def placeholder(module: str, name: str, equivalent: str, error: type[Exception] = NotImplementedError) -> Any:
-    hint = f"{module}.{name} (genlm-backend / genlm-bytes) is not part of genlm-compat; use {equivalent}"
+def placeholder(
+    module: str, name: str, equivalent: str, error: type[Exception] = NotImplementedError, hint: str = ""
+) -> Any:
+    hint = (
+        hint or f"{module}.{name} (genlm-backend / genlm-bytes) is not part of genlm-compat; use {equivalent}"
+    )
     return Unported(name, (), {"__module__": module, "hint": hint, "error": error})
 
 

@@ -117,12 +117,9 @@ def _engine(name: str, module: str, attr: str, dist: str) -> type:
     try:
         base = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
-        return placeholder(
-            __name__,
-            name,
-            f'{dist}: pip install "genlm-compat[{dist.removeprefix("genlm-")}]" ({exc})',
-            ImportError,
-        )
+        extra = dist.removeprefix("genlm-")
+        hint = f'{__name__}.{name} needs {dist}: pip install "genlm-compat[{extra}]" ({exc})'
+        return placeholder(__name__, name, "", ImportError, hint)
 
     def from_name(cls: type, model_name: str, **kwargs: Any) -> Any:  # None: the option's default
         return base.from_name.__func__(cls, model_name, **{k: v for k, v in kwargs.items() if v is not None})
