@@ -126,6 +126,8 @@ def uv_pip(tools: str, venv: Path, segment: str, constraints: Path) -> None:
     cmd = [tools, "-m", "uv", "pip", sub, "--python", venv / "bin" / "python"]
     if sub == "install":
         cmd += ["--constraint", constraints, *[f"--find-links={x}" for x in find_links()]]
+        # the wheels just built keep their version: uv must not reuse a cached older build
+        cmd += [f"--refresh-package={w.name.split('-')[0].replace('_', '-')}" for w in DIST.glob("*.whl")]
     rest = [r for r in rest if r != "-y"]  # uv never asks
     run(cmd + rest)
 
