@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from hf_helpers import load_hf
 
+from genlm_core.testing.plugin import mark_directory
+
 
 @pytest.fixture(scope="session")
 def tiny_llama_path() -> str:
@@ -39,3 +41,8 @@ def llama(tiny_llama_path: str) -> Iterator[Any]:
     llm = load_hf(tiny_llama_path)
     yield llm
     llm.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """float32 numeric suites: scripts/test.sh runs them again with the SIMD path capped."""
+    mark_directory(items, __file__, pytest.mark.numeric)

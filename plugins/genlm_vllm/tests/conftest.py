@@ -5,9 +5,10 @@ session, closed at its end."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
+
+from genlm_core.testing.plugin import mark_directory
 
 # in-process engine core, small CPU KV cache (the backend sets these too when unset)
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -17,10 +18,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test here uses the session-wide in-process engines: ``vllm_engine`` runs them
     in a process of their own, apart from the other suites (scripts/test.sh)."""
-    here = Path(__file__).parent
-    for item in items:
-        if here in item.path.parents:
-            item.add_marker(pytest.mark.vllm_engine)
+    mark_directory(items, __file__, pytest.mark.vllm_engine)
 
 
 #: tokens per engine step of the tiny engine: small, so mixed batches are chunked
