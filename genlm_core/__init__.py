@@ -19,7 +19,18 @@ from genlm_core.protocols import ByteModel, Cache, LogprobBackend, Trie
 from genlm_core.registry import UnavailableImplementationError, UnknownImplementationError, get_registry
 from genlm_core.token import Token
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version: pyproject.toml is its one source."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("genlm-core")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "0+unknown"
+
+
+__version__ = _version()
 
 __all__ = [
     "AutoBatcher",

@@ -57,6 +57,18 @@ def _engine_versions() -> dict[str, str | None]:
     return out
 
 
+class _Versions(argparse.Action):
+    """``genlm --version``: one line per installed genlm distribution (and plugin)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        from genlm_core.distributions import genlm_distributions
+
+        for d in genlm_distributions():
+            missing = ", ".join(d.missing)
+            print(f"{d.name} {d.version}" + (f"  (missing: {missing})" if missing else ""))
+        parser.exit()
+
+
 def int_option(low: int, high: int | None = None) -> Callable[[str], int]:
     """An argparse ``type`` for an integer in ``[low, high]``: a bad value is a parse
     error naming the option (argparse adds it), the value and the accepted range."""
@@ -179,7 +191,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     import platform
 
     from genlm_core import hardware
-    from genlm_core.api import explain_auto
+    from genlm_core.api import explain_auto, list_backends
+    from genlm_core.distributions import NO_BACKEND_HINT, genlm_distributions
     from genlm_core.registry import get_registry
 
     hw = hardware.probe()
@@ -187,7 +200,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "python": platform.python_version(),
         "hardware": hw.as_dict(),
         "engines": _engine_versions(),
+        "distributions": {d.name: d.as_dict() for d in genlm_distributions()},
         "plugins": {name: f"{d} {v}" for name, (d, v) in get_registry().plugins.items()},
+        "backends": [b["name"] for b in list_backends()],
         "broken_plugins": [b.as_dict() for b in get_registry().broken],
         "scale_out": _scale_out(hw),
     }
@@ -211,6 +226,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print("Engines:")
     for mod, ver in info["engines"].items():
         print(f"  {mod:<13} {ver or 'not installed'}")
+    print("Distributions:")
+    for name, d in info["distributions"].items():
+        print(f"  {name:<16} {d['version']}")
+        for req in d["missing"]:
+            print(f"    missing {req}")
+        for extra, reqs in d["extras_missing"].items():
+            print(f'    [{extra}] not installed: {", ".join(reqs)} (pip install "{name}[{extra}]")')
+    if not info["backends"]:
+        print(f"Backends: {NO_BACKEND_HINT}")
     print("Plugins:")
     for name, dv in info["plugins"].items():
         print(f"  {name:<13} {dv}")
@@ -409,6 +433,9 @@ def add_model_arguments(sp: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="genlm", description="genlm-core: backends for LM probabilistic programs"
+    )
+    p.add_argument(
+        "--version", action=_Versions, nargs=0, help="show every installed genlm distribution and exit"
     )
     sub = p.add_subparsers(dest="command", required=True)
 

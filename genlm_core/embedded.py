@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -76,12 +75,15 @@ TINY_INIT_STD = 0.2  # large enough that next-token distributions are not flat
 
 MARKER = ".genlm-model.json"
 # Bump when a builder changes what it writes: existing folders are then rebuilt.
-_BUILDER_VERSION = {"smollm2": 3, "tiny-llama": 2, "tiny-gpt2": 1, "tiny-llama-spm": 1}
+_BUILDER_VERSION = {"smollm2": 3, "tiny-llama": 3, "tiny-gpt2": 2, "tiny-llama-spm": 2}
 
 # Local training text for the tiny tokenizers: files that exist on any Debian
 # machine and in any CPython 3.11 standard library (missing ones are skipped).
-_LICENSE_FILES = ("GPL-3", "Apache-2.0", "LGPL-2.1", "MPL-2.0", "Artistic", "BSD", "GFDL-1.3")
-_STDLIB_FILES = ("textwrap.py", "string.py", "difflib.py", "json/encoder.py", "json/decoder.py")
+#: the tiny tokenizers' training text, shipped as package data so every host builds the
+#: same models: the license texts GPL-3, Apache-2.0, LGPL-2.1, MPL-2.0, Artistic, BSD and
+#: GFDL-1.3 (verbatim copies, which each permits), three genlm-core modules frozen at the
+#: time (so that code and indentation get merges) and a line of non-ASCII text
+TINY_CORPUS = Path(__file__).parent / "data" / "tiny_corpus.txt"
 
 
 class ModelUnavailableError(RuntimeError):
@@ -346,13 +348,6 @@ def tiny_model_path(arch: str, progress: bool = False) -> Path:
     return _ensure_built(key, key, lambda tmp, report: _build_tiny(arch, tmp, report), progress)
 
 
-def _tiny_corpus_files() -> list[Path]:
-    files = [Path("/usr/share/common-licenses") / name for name in _LICENSE_FILES]
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files += [stdlib / name for name in _STDLIB_FILES]
-    return [f for f in files if f.is_file()]
-
-
 def train_tiny_tokenizer(vocab_size: int = TINY_VOCAB_SIZE) -> Any:
     """Train the tiny models' byte-level BPE (a ``PreTrainedTokenizerFast``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -434,10 +429,7 @@ def train_tiny_sentencepiece(out: Path, vocab_size: int = TINY_VOCAB_SIZE) -> An
 
 
 def _tiny_corpus_texts() -> list[str]:
-    texts = [f.read_text(encoding="utf-8", errors="replace") for f in _tiny_corpus_files()]
-    # Some non-ASCII text so multi-byte UTF-8 sequences get merges of their own.
-    texts.append("café naïve résumé Zürich Ελληνικά русский 日本語 中文 한국어 🙂🚀 ∑ ≤ ≥ → ∞\n" * 20)
-    return texts
+    return [TINY_CORPUS.read_text(encoding="utf-8")]
 
 
 def _init_weights(model: Any, seed: int) -> None:

@@ -13,42 +13,37 @@ echo "[test] building the offline test models (tiny Llama / GPT-2, SmolLM2-135M 
 $PY scripts/build_test_models.py
 $PY -m genlm_llamacpp.convert  # f32 GGUFs of the tiny Llama, GPT-2 and sentencepiece Llama (llama.cpp's converter, offline)
 echo "[test] ruff"
-.venv/bin/ruff check genlm_core plugins tests benchmarks scripts conftest.py
-.venv/bin/ruff format --check genlm_core plugins tests benchmarks scripts conftest.py
+.venv/bin/ruff check genlm_core plugins tests benchmarks scripts examples
+.venv/bin/ruff format --check genlm_core plugins tests benchmarks scripts examples
 mkdir -p build
 # GPU-only tests are deselected (not skipped) where the hardware probe finds no CUDA.
-markers=()
+nocuda=""
 if ! $PY -c "import sys; from genlm_core.hardware import probe; sys.exit(0 if probe().cuda else 1)"; then
-  markers=(-m "not cuda")
+  nocuda=" and not cuda"
 fi
-# The vLLM-using suites run in a process of their own, first: their engines live for
-# the whole session (in-process engine core, its KV cache and threads) and would
-# otherwise sit beside every other suite on our 2 cores.
-VLLM_SUITES=(plugins/genlm_vllm tests/test_bytes_models.py)
-# Suites that start and close in-process SmolLM2 engines of their own run in a process
-# of their own too: closing an in-process vLLM engine tears down vLLM's process-global
-# distributed state, which the other suites' session-wide engine still uses (the
-# backend warns about it; see genlm_vllm's README).
-VLLM_OWN_ENGINES=(plugins/genlm_vllm/tests/test_vllm_compare.py plugins/genlm_vllm/tests/test_vllm_dtype.py)
+# Three processes, chosen by the markers the suites declare (genlm_core.testing.plugin):
+# - vllm_engine: suites on the session-wide in-process vLLM engines, first and apart:
+#   those engines live for the whole session (engine core, KV cache, threads) and would
+#   otherwise sit beside every other suite on our 2 cores;
+# - own_process: suites that start and close in-process engines of their own: closing
+#   one tears down vLLM's process-global distributed state, which a session-wide engine
+#   still uses (see genlm_vllm's README);
+# - everything else.
 set +e
-$PY -m pytest -q -rs --junitxml=build/junit-vllm.xml "${markers[@]}" "${VLLM_SUITES[@]}" \
-    $(printf -- '--ignore=%s ' "${VLLM_OWN_ENGINES[@]}") "$@"
+$PY -m pytest -q -rs --junitxml=build/junit-vllm.xml -m "vllm_engine and not own_process$nocuda" "$@"
 rc1=$?
-$PY -m pytest -q -rs --junitxml=build/junit-vllm-own.xml "${markers[@]}" "${VLLM_OWN_ENGINES[@]}" "$@"
+$PY -m pytest -q -rs --junitxml=build/junit-vllm-own.xml -m "own_process$nocuda" "$@"
 rc1=$(( rc1 | $? ))
-$PY -m pytest -q -rs --junitxml=build/junit.xml "${markers[@]}" \
-    --ignore=plugins/genlm_vllm --ignore=tests/test_bytes_models.py "$@"
+$PY -m pytest -q -rs --junitxml=build/junit.xml -m "not vllm_engine and not own_process$nocuda" "$@"
 rc2=$?
 # The numeric suites once more on another SIMD path (scripts/isa_env.sh: AVX2 on an
 # AVX-512 host, SSE4 otherwise): float32 sums round differently per instruction set,
-# so a tolerance that holds on one kind of CPU only fails here on every machine.
-NUMERIC_SUITES=(tests/test_bytes_exact.py tests/test_bytes_beam.py tests/test_bytes_heal.py
-  tests/test_bytes_lookahead.py tests/test_trie.py tests/test_caches.py
-  plugins/genlm_hf plugins/genlm_mlx plugins/genlm_mock)
+# so a tolerance that holds on one kind of CPU only fails here on every machine. The
+# suites say so with the `numeric` marker.
 (
   eval "$(bash scripts/isa_env.sh other)"
   echo "[test] numeric suites again with the SIMD path capped at $GENLM_TEST_ISA"
-  $PY -m pytest -q -rs --junitxml=build/junit-isa.xml "${markers[@]}" "${NUMERIC_SUITES[@]}" "$@"
+  $PY -m pytest -q -rs --junitxml=build/junit-isa.xml -m "numeric and not own_process$nocuda" "$@"
 )
 rc3=$?
 set -e

@@ -20,6 +20,8 @@ from genlm_core.bytes import (
 from genlm_core.bytes.testing import BruteForce, TableBackend
 from genlm_core.config import ConfigError
 
+pytestmark = pytest.mark.numeric  # run again with the SIMD path capped (scripts/test.sh)
+
 VOCAB = [b"a", b"b", b"aa", b"ab", b"ba", b"bb", b"aab", b"abb", b"bab", b"<e>", b"abab", b"ba"]
 EOS_ID = 9
 

@@ -18,6 +18,8 @@ import pytest
 from genlm_core.bytes import BeamParams, ByteBeamState, EOSMode
 from genlm_core.bytes.testing import BruteForce, TableBackend
 
+pytestmark = pytest.mark.numeric  # run again with the SIMD path capped (scripts/test.sh)
+
 VOCAB = [
     b"a", b"b", b"aa", b"ab", b"ba", b"bb", b"aab", b"aba", b"abb", b"baa", b"bab",
     b"bba", b"abab", b"baba", b"aaaa", b"bbbb", b"abba", b"ab", b"<e>", b"bab",

@@ -10,6 +10,8 @@ import pytest
 from genlm_core.bytes import BeamParams, ByteBeamState, EmptyBeamError
 from genlm_core.bytes.testing import BruteForce, TableBackend
 
+pytestmark = pytest.mark.numeric  # run again with the SIMD path capped (scripts/test.sh)
+
 # --- scenario 1: "c" exists only inside b"bc"; K=1 keeps the partial b"ab" ------------
 V1 = [b"a", b"b", b"ab", b"bc", b"<e>"]
 A, B, AB, BC, E1 = range(5)

@@ -11,6 +11,8 @@ from genlm_core.bytes.lookahead import Lookahead
 from genlm_core.bytes.testing import TableBackend
 from genlm_core.trie.testing import gpt2_byte_vocab
 
+pytestmark = pytest.mark.numeric  # run again with the SIMD path capped (scripts/test.sh)
+
 TEXT = b"An apple a day keeps the doctor away, and a pear a week keeps the dentist at bay."
 
 

@@ -13,7 +13,7 @@ from model_paths import smollm2
 import genlm_core
 from genlm_core.bytes import BeamParams, ByteBeamState
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_engine]  # shares the session's vLLM engines
 
 TEXT = b"An apple a day keeps the doctor away."
 PROMPT = b"An apple a day keeps the"

@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genlm_core.caches import OutputCache, sizeof
 from genlm_core.prefix_cache import PrefixCache
+
+pytestmark = pytest.mark.numeric  # run again with the SIMD path capped (scripts/test.sh)
 
 
 def test_output_cache_byte_budget_after_100k_inserts():

@@ -13,6 +13,9 @@ import genlm_core
 from genlm_core.config import ConfigError
 from genlm_core.registry import Registry, UnknownImplementationError
 
+# the example and the broken plugin, installed into a temporary folder (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("installed_fixture_plugins")
+
 ENGINES = ("torch", "transformers", "vllm", "mlx", "mlx_lm")
 
 

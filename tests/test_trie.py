@@ -24,6 +24,8 @@ from genlm_core.trie.async_trie import AsyncTokenByteTrie
 from genlm_core.trie.cpu import TokenByteTrie
 from genlm_core.trie.testing import gpt2_byte_vocab, qwen_byte_vocab
 
+pytestmark = pytest.mark.numeric  # run again with the SIMD path capped (scripts/test.sh)
+
 torch = pytest.importorskip("torch")
 from genlm_core.trie.torch_impl import TorchTokenByteTrie  # noqa: E402
 

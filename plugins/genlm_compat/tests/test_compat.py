@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,10 +18,6 @@ from genlm_core.bytes import ByteBeamState as CoreByteBeamState
 from genlm_core.token import Token as CoreToken
 from genlm_core.vocab import decode_vocab as core_decode_vocab
 
-_TESTS = Path(__file__).resolve().parents[3] / "tests"  # model_paths
-if str(_TESTS) not in sys.path:
-    sys.path.insert(0, str(_TESTS))
-
 gb = pytest.importorskip("genlm.backend")
 gbytes = pytest.importorskip("genlm.bytes")
 
@@ -34,7 +28,7 @@ LOGPROB_ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def tiny_path() -> str:
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     return str(model_paths.tiny_llama())
 

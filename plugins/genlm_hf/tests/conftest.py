@@ -8,17 +8,19 @@ from typing import Any
 import pytest
 from hf_helpers import load_hf
 
+from genlm_core.testing.plugin import mark_directory
+
 
 @pytest.fixture(scope="session")
 def tiny_llama_path() -> str:
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     return str(model_paths.tiny_llama())
 
 
 @pytest.fixture(scope="session")
 def tiny_gpt2_path() -> str:
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     return str(model_paths.tiny_gpt2())
 
@@ -26,7 +28,7 @@ def tiny_gpt2_path() -> str:
 @pytest.fixture(scope="session", params=["llama", "gpt2"])
 def tiny(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A float32 backend on each tiny model (shared; tests clear its caches first)."""
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     llm = load_hf(str(model_paths.tiny_model(request.param)))
     yield llm
@@ -39,3 +41,8 @@ def llama(tiny_llama_path: str) -> Iterator[Any]:
     llm = load_hf(tiny_llama_path)
     yield llm
     llm.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """float32 numeric suites: scripts/test.sh runs them again with the SIMD path capped."""
+    mark_directory(items, __file__, pytest.mark.numeric)

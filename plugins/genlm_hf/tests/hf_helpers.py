@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
-
-_TESTS = Path(__file__).resolve().parents[3] / "tests"
-if str(_TESTS) not in sys.path:
-    sys.path.insert(0, str(_TESTS))
 
 #: batched / cached results must match a full uncached forward pass this closely
 ATOL = 1e-5

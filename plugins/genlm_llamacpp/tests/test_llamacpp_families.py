@@ -178,7 +178,7 @@ def test_gpt2_vocabulary_and_encoding_equal_the_hf_tokenizer(gpt2_llm, tiny_gpt2
 
 
 def test_gpt2_logprobs_agree_with_transformers(gpt2_llm, tiny_gpt2_path, oracle_factory):
-    from hf_oracle import HFOracle
+    from genlm_core.testing.oracle import HFOracle
 
     plain = oracle_factory(tiny_gpt2_path)
     f16_gelu = HFOracle(tiny_gpt2_path)  # its own copy: the cached oracle stays exact

@@ -1,35 +1,14 @@
-"""Fixtures of the genlm-mlx tests: real mlx (CPU) on the offline test models."""
+"""Fixtures of the genlm-mlx tests: real mlx (CPU) on the offline test models.
 
-from __future__ import annotations
-
-import sys
-from pathlib import Path
+The model fixtures (``tiny_llama_path``, ``tiny_gpt2_path``, ``smollm2_path``,
+``oracle_factory``) come from genlm-core's pytest plugin (``genlm_core.testing``).
+"""
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-if str(REPO / "tests") not in sys.path:
-    sys.path.insert(0, str(REPO / "tests"))
-
-import model_paths  # noqa: E402
-from hf_oracle import oracle_cache  # noqa: E402
+from genlm_core.testing.plugin import mark_directory
 
 
-@pytest.fixture(scope="session")
-def tiny_llama_path() -> Path:
-    return model_paths.tiny_llama()
-
-
-@pytest.fixture(scope="session")
-def tiny_gpt2_path() -> Path:
-    return model_paths.tiny_gpt2()
-
-
-@pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    return model_paths.smollm2()
-
-
-@pytest.fixture(scope="session")
-def oracle_factory():
-    return oracle_cache()
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """float32 numeric suites: scripts/test.sh runs them again with the SIMD path capped."""
+    mark_directory(items, __file__, pytest.mark.numeric)

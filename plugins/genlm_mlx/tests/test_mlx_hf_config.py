@@ -32,7 +32,7 @@ def _mlx_vs_hf(folder, oracle_factory) -> float:
 
 
 def test_transformers5_rope_theta_is_honoured(tiny_llama_path, tmp_path, oracle_factory):
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     folder = model_paths.transformers5_copy(tiny_llama_path, tmp_path / "t5", rope_theta=50000.0)
     before = (folder / "config.json").read_bytes()
@@ -55,7 +55,7 @@ def test_gpt2_without_n_ctx_loads_as_transformers_reads_it(tiny_gpt2_path, tmp_p
 
 
 def test_unimplemented_rope_type_is_refused(tiny_llama_path, tmp_path):
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     folder = model_paths.transformers5_copy(
         tiny_llama_path, tmp_path / "t5p", rope_type="proportional", partial_rotary_factor=0.5

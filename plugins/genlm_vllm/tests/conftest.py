@@ -5,18 +5,21 @@ session, closed at its end."""
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
+
+from genlm_core.testing.plugin import mark_directory
 
 # in-process engine core, small CPU KV cache (the backend sets these too when unset)
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-_TESTS = Path(__file__).resolve().parents[3] / "tests"
-if str(_TESTS) not in sys.path:
-    sys.path.insert(0, str(_TESTS))
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here uses the session-wide in-process engines: ``vllm_engine`` runs them
+    in a process of their own, apart from the other suites (scripts/test.sh)."""
+    mark_directory(items, __file__, pytest.mark.vllm_engine)
+
 
 #: tokens per engine step of the tiny engine: small, so mixed batches are chunked
 TINY_BUDGET = 32
@@ -24,7 +27,7 @@ TINY_BUDGET = 32
 
 @pytest.fixture(scope="session")
 def tiny_path() -> str:
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     return str(model_paths.tiny_llama())
 
@@ -52,7 +55,7 @@ def tiny_backend(tiny_path: str):
 
 @pytest.fixture(scope="session")
 def smol_path() -> str:
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     return str(model_paths.smollm2())
 

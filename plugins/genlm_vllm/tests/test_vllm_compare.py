@@ -10,14 +10,15 @@ import pytest
 import genlm_core
 from genlm_core.compare import DEFAULT_PROMPTS, DEFAULT_TOLERANCE, compare_loaded
 
-pytestmark = pytest.mark.slow
+# starts and closes SmolLM2 engines of its own: a process of its own (scripts/test.sh)
+pytestmark = [pytest.mark.slow, pytest.mark.own_process]
 
 VLLM_OPTS = {"enforce_eager": True, "max_model_len": 1024}
 
 
 @pytest.fixture(scope="module", params=["converted", "transformers5"])
 def smol_folder(request, tmp_path_factory) -> str:
-    import model_paths
+    from genlm_core.testing import models as model_paths
 
     if request.param == "converted":
         return str(model_paths.smollm2())

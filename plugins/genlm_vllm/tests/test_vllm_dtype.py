@@ -10,6 +10,9 @@ import torch
 import genlm_core
 from genlm_core.dtypes import UnsupportedDtypeError
 
+# starts and closes in-process engines of its own: a process of its own (scripts/test.sh)
+pytestmark = pytest.mark.own_process
+
 
 def _worker_weight_dtypes(worker) -> list[str]:
     return sorted({str(p.dtype).removeprefix("torch.") for p in worker.get_model().parameters()})

@@ -4,14 +4,7 @@ from genlm.backend._guard import warn_if_real
 
 warn_if_real("genlm-backend", "genlm.backend")
 
-from genlm.backend.llm import (  # noqa: E402
-    AsyncLM,
-    AsyncMlxLM,
-    AsyncTransformer,
-    AsyncVirtualLM,
-    MockAsyncLM,
-    load_model_by_name,
-)
+from genlm.backend.llm import AsyncLM, AsyncTransformer, MockAsyncLM, load_model_by_name  # noqa: E402
 from genlm.backend.tokenization import Token, decode_vocab  # noqa: E402
 from genlm.backend.trie import (  # noqa: E402
     AsyncTokenCharacterTrie,
@@ -32,3 +25,12 @@ __all__ = [
     "decode_vocab",
     "load_model_by_name",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``AsyncVirtualLM`` / ``AsyncMlxLM``: built on first use (importing starts no engine)."""
+    if name in ("AsyncVirtualLM", "AsyncMlxLM"):
+        from genlm.backend import llm
+
+        return getattr(llm, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

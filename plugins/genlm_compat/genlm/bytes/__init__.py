@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from genlm.backend._guard import warn_if_real
+from genlm.backend._surface import module_getattr
 
 from genlm_core.bytes import (
     EOS,
@@ -19,6 +20,7 @@ from genlm_core.trie.async_trie import AsyncTokenByteTrie as AsyncTokenByteTrie
 from genlm_core.trie.cpu import TokenByteTrie
 
 warn_if_real("genlm-bytes", "genlm.bytes")
+__getattr__, _ = module_getattr(__name__)  # Chart
 
 __all__ = [
     "EOS",
@@ -26,6 +28,7 @@ __all__ = [
     "AsyncTokenByteTrie",
     "BeamParams",
     "ByteBeamState",
+    "Chart",
     "LazyTrieState",
     "StatefulTokenizedLM",
     "TokenByteTrie",

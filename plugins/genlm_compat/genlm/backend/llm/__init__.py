@@ -7,10 +7,12 @@ config accepts (``cache_size``, ``kv_cache_bytes``, ...) pass through as keyword
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from typing import Any
 
+from genlm.backend._surface import placeholder
 from genlm_hf.backend import HFBackend
 from genlm_hf.config import HFConfig
 from genlm_hf.loading import load_model_and_tokenizer
@@ -18,7 +20,8 @@ from genlm_mock.backend import MockBackend
 
 from genlm_core.backend import BaseLogprobBackend as AsyncLM
 
-__all__ = ["AsyncLM", "AsyncMlxLM", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM", "load_model_by_name"]
+__all__ = ["AsyncLM", "AsyncMlxLM", "AsyncSGLTransformer", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM",
+           "load_model_by_name"]  # fmt: skip
 
 #: transformers' dtype spellings (``torch_dtype=`` in ``hf_opts``) -> genlm-hf's ``dtype``
 _DTYPES = {"float": "float32", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
@@ -127,15 +130,9 @@ def _engine(name: str, module: str, attr: str, dist: str) -> type:
     try:
         base = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
-        reason = f"{name} needs {dist} (pip install {dist}): {exc}"
-
-        class Missing:
-            @classmethod
-            def from_name(cls, *args: Any, **kwargs: Any) -> Any:
-                raise ImportError(reason)
-
-        Missing.__name__ = Missing.__qualname__ = name
-        return Missing
+        extra = dist.removeprefix("genlm-")
+        hint = f'{__name__}.{name} needs {dist}: pip install "genlm-compat[{extra}]" ({exc})'
+        return placeholder(__name__, name, "", ImportError, hint)
 
     def from_name(cls: type, model_name: str, **kwargs: Any) -> Any:  # None: the option's default
         return base.from_name.__func__(cls, model_name, **{k: v for k, v in kwargs.items() if v is not None})
@@ -143,21 +140,35 @@ def _engine(name: str, module: str, attr: str, dist: str) -> type:
     return type(name, (_LoraName, base), {"__module__": __name__, "from_name": classmethod(from_name)})
 
 
-#: vLLM (``from_name(model_name, engine_opts=None, **kwargs)``: genlm-vllm options)
-AsyncVirtualLM: Any = _engine("AsyncVirtualLM", "genlm_vllm.backend", "VLLMBackend", "genlm-vllm")
-#: MLX (``from_name(model_name, **kwargs)``: genlm-mlx options)
-AsyncMlxLM: Any = _engine("AsyncMlxLM", "genlm_mlx.backend", "MLXBackend", "genlm-mlx")
+#: AsyncVirtualLM: vLLM (``from_name(model_name, engine_opts=None, **kwargs)``: genlm-vllm options);
+#: AsyncMlxLM: MLX (``from_name(model_name, **kwargs)``: genlm-mlx options). Built on first use, so
+#: importing genlm.backend starts neither engine. SGLang has no genlm-core backend.
+_ENGINES = {"AsyncVirtualLM": ("genlm_vllm.backend", "VLLMBackend", "genlm-vllm"),
+            "AsyncMlxLM": ("genlm_mlx.backend", "MLXBackend", "genlm-mlx")}  # fmt: skip
+_SGL = "genlm_core.load('vllm', ...) / AsyncVirtualLM (genlm-core has no SGLang backend)"
 
-_BACKENDS = {"vllm": AsyncVirtualLM, "hf": AsyncTransformer, "mock": MockAsyncLM, "mlx": AsyncMlxLM}
+
+@functools.cache
+def __getattr__(name: str) -> Any:
+    if name in _ENGINES:
+        return _engine(name, *_ENGINES[name])
+    if name == "AsyncSGLTransformer":
+        return placeholder(__name__, name, _SGL, ImportError)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_BACKENDS = {"vllm": "AsyncVirtualLM", "hf": "AsyncTransformer", "mock": "MockAsyncLM", "mlx": "AsyncMlxLM",
+             "sgl": "AsyncSGLTransformer"}  # fmt: skip
 
 
 def load_model_by_name(name: str, backend: str | None = None, llm_opts: dict | None = None) -> AsyncLM:
-    """genlm-backend's loader: ``backend`` is "vllm", "hf", "mock" or "mlx"; None picks
-    vLLM when CUDA is available, else "hf". ``llm_opts`` go to ``from_name``."""
+    """genlm-backend's loader: ``backend`` is "vllm", "hf", "mock", "mlx" (or "sgl", which
+    raises); None picks vLLM when CUDA is available, else "hf". ``llm_opts`` go to ``from_name``."""
     if backend is None:
         import torch
 
         backend = "vllm" if torch.cuda.is_available() else "hf"
     if backend not in _BACKENDS:
         raise ValueError(f"Invalid backend: {backend}")
-    return _BACKENDS[backend].from_name(_model_name(name), **(llm_opts or {}))
+    cls = globals().get(_BACKENDS[backend]) or __getattr__(_BACKENDS[backend])
+    return cls.from_name(_model_name(name), **(llm_opts or {}))

@@ -1,5 +1,6 @@
-"""The reference distribution engine-plugin tests compare against: a plain
-transformers float32 forward pass of the whole context (no cache, no batching)."""
+"""The float32 oracle engine-plugin tests compare against: a plain transformers
+float32 forward pass of the whole context (no cache, no batching). Needs torch and
+transformers (imported when an oracle is built)."""
 
 from __future__ import annotations
 

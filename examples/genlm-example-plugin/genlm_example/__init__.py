@@ -1,0 +1,1 @@
+"""Example third-party plugin for genlm-core: a byte bigram LogprobBackend."""

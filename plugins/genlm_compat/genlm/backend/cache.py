@@ -1,0 +1,5 @@
+"""genlm.backend.cache (names resolved on use: see genlm.backend._surface)."""
+
+from genlm.backend._surface import module_getattr
+
+__getattr__, __all__ = module_getattr(__name__)

@@ -1,0 +1,46 @@
+"""Record the public names of genlm-backend 0.3.1 and genlm-bytes 0.2.0 into
+``reference_names.json`` (what ``test_surface.py`` holds genlm-compat against).
+
+Run with a Python that has the real releases installed, e.g. the anchor venv that
+``benchmarks/bench_control.py`` builds::
+
+    python plugins/genlm_compat/tests/record_reference_names.py benchmarks/.anchor-venv-control/bin/python
+
+A module's public names are its ``__all__``, else every attribute not starting with
+``_`` that is a ``genlm.*`` class or function (what ``from module import name`` finds
+there, re-exports included; imported third-party modules and objects excluded).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+WALK = r"""
+import importlib, json, pkgutil, types
+out = {"versions": {d: importlib.metadata.version(d) for d in ("genlm-backend", "genlm-bytes")}, "modules": {}}
+for top in ("genlm.backend", "genlm.bytes"):
+    pkg = importlib.import_module(top)
+    for name in sorted([top] + [m.name for m in pkgutil.walk_packages(pkg.__path__, top + ".")]):
+        mod = importlib.import_module(name)
+        names = getattr(mod, "__all__", None) or [
+            k for k, v in vars(mod).items()
+            if not k.startswith("_") and not isinstance(v, types.ModuleType)
+            and (getattr(v, "__module__", "") or "").startswith("genlm.")
+        ]
+        out["modules"][name] = sorted(names)
+print(json.dumps(out, indent=1, sort_keys=True))
+"""
+
+
+def main() -> None:
+    python = sys.argv[1] if len(sys.argv) > 1 else sys.executable
+    text = subprocess.run(
+        [python, "-c", "import importlib.metadata\n" + WALK], check=True, capture_output=True, text=True
+    ).stdout
+    (Path(__file__).parent / "reference_names.json").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,1 +1,0 @@
-"""Example third-party plugin for genlm-core (kept in the test tree, installed for real in CI)."""
