@@ -109,7 +109,13 @@ def build_app(
     state = ServerState(backend, limits or ServeLimits(), token)
     lim = state.limits
 
-    def guarded(name: str, need_token: bool = True) -> Callable[[Callable[..., Awaitable[Response]]], Any]:
+    def guarded(
+        name: str, need_token: bool = True, counted: bool = True
+    ) -> Callable[[Callable[..., Awaitable[Response]]], Any]:
+        """Token, shutdown and concurrency checks and error mapping around a handler.
+        ``counted=False`` (health, info, stats): cheap reads that monitoring must get
+        even when the server is at its concurrency limit."""
+
         def wrap(
             handler: Callable[[Request], Awaitable[Response]],
         ) -> Callable[[Request], Awaitable[Response]]:
@@ -120,6 +126,8 @@ def build_app(
                         raise _HTTPError(401, "missing or wrong token (send 'Authorization: Bearer <token>')")
                     if state.closing:
                         raise _HTTPError(503, "the server is shutting down", "ServerClosing")
+                    if not counted:
+                        return await handler(request)
                     if state.inflight >= lim.max_concurrent_requests:
                         state.rejected_busy += 1
                         raise _HTTPError(
@@ -191,11 +199,11 @@ def build_app(
                     f"context {i} has {len(c)} tokens, more than the server's limit of {limit}; shorten it"
                 )
 
-    @guarded("health", need_token=False)
+    @guarded("health", need_token=False, counted=False)
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "healthy": bool(getattr(backend, "healthy", True))})
 
-    @guarded("info")
+    @guarded("info", counted=False)
     async def info(request: Request) -> Response:
         return JSONResponse(
             {
@@ -295,7 +303,7 @@ def build_app(
         text = backend.tokenizer.decode(ids, skip_special_tokens=bool(data.get("skip_special_tokens", False)))
         return JSONResponse({"text": text})
 
-    @guarded("stats")
+    @guarded("stats", counted=False)
     async def stats(request: Request) -> Response:
         return JSONResponse(server_stats(state))
 

@@ -87,7 +87,7 @@ class Frame:
 def _build(kind: int, header: dict[str, Any], payload_parts: list[bytes | memoryview]) -> bytes:
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
-    payload_len = sum(len(memoryview(p).cast("B")) for p in payload_parts)
+    payload_len = sum(memoryview(p).nbytes for p in payload_parts)
     return b"".join([_PREFIX.pack(MAGIC, VERSION, kind, len(head), 0, payload_len), head, *payload_parts])
 
 
@@ -195,7 +195,8 @@ def encode_rows(rows: np.ndarray | None, n: int, width: int, transport: str = "f
     if transport == "shm":
         return _build(ROWS, header, [])
     assert rows is not None and rows.dtype == np.float32 and rows.shape == (n, width)
-    return _build(ROWS, header, [memoryview(np.ascontiguousarray(rows).astype("<f4", copy=False)).cast("B")])
+    flat = np.ascontiguousarray(rows, dtype="<f4").reshape(-1).view(np.uint8)  # no copy for float32 rows
+    return _build(ROWS, header, [memoryview(flat)])
 
 
 @dataclass(frozen=True)

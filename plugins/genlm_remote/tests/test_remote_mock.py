@@ -58,7 +58,9 @@ def test_rows_are_the_served_backends_bit_for_bit(server, oracle, transport) -> 
         got = llm.batch_next_token_logprobs_sync(ctxs)
         want = oracle.batch_next_token_logprobs_sync(ctxs)
         assert torch.equal(got, want)
-        assert torch.equal(llm.next_token_logprobs_uncached([4, 4]), oracle.next_token_logprobs_uncached([4, 4]))
+        assert torch.equal(
+            llm.next_token_logprobs_uncached([4, 4]), oracle.next_token_logprobs_uncached([4, 4])
+        )
         assert llm.stats()["transport"]["replies"][transport] > 0
     finally:
         llm.close()
