@@ -17,7 +17,15 @@ from genlm_mock.backend import MockBackend
 
 from genlm_core.backend import BaseLogprobBackend as AsyncLM
 
-__all__ = ["AsyncLM", "AsyncMlxLM", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM", "load_model_by_name"]
+__all__ = [
+    "AsyncLM",
+    "AsyncMlxLM",
+    "AsyncRemoteLM",
+    "AsyncTransformer",
+    "AsyncVirtualLM",
+    "MockAsyncLM",
+    "load_model_by_name",
+]
 
 #: transformers' dtype spellings (``torch_dtype=`` in ``hf_opts``) -> genlm-hf's ``dtype``
 _DTYPES = {"float": "float32", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
@@ -134,12 +142,22 @@ def _engine(name: str, module: str, attr: str, dist: str) -> type:
 AsyncVirtualLM: Any = _engine("AsyncVirtualLM", "genlm_vllm.backend", "VLLMBackend", "genlm-vllm")
 #: MLX (``from_name(model_name, **kwargs)``: genlm-mlx options)
 AsyncMlxLM: Any = _engine("AsyncMlxLM", "genlm_mlx.backend", "MLXBackend", "genlm-mlx")
+#: a model served by `genlm serve` (``from_name(model_name, url=..., token=None)``: genlm-remote
+#: options; ``model_name`` is the served model, or None to take whatever the server hosts)
+AsyncRemoteLM: Any = _engine("AsyncRemoteLM", "genlm_remote.backend", "RemoteBackend", "genlm-remote")
 
-_BACKENDS = {"vllm": AsyncVirtualLM, "hf": AsyncTransformer, "mock": MockAsyncLM, "mlx": AsyncMlxLM}
+_BACKENDS = {
+    "vllm": AsyncVirtualLM,
+    "hf": AsyncTransformer,
+    "mock": MockAsyncLM,
+    "mlx": AsyncMlxLM,
+    "remote": AsyncRemoteLM,
+}
 
 
 def load_model_by_name(name: str, backend: str | None = None, llm_opts: dict | None = None) -> AsyncLM:
-    """genlm-backend's loader: ``backend`` is "vllm", "hf", "mock" or "mlx"; None picks
+    """genlm-backend's loader: ``backend`` is "vllm", "hf", "mock", "mlx" or "remote"
+    (``llm_opts={"url": ...}``: a `genlm serve` server); None picks
     vLLM when CUDA is available, else "hf". ``llm_opts`` go to ``from_name``."""
     if backend is None:
         import torch
