@@ -405,6 +405,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     opts = parse_opts(args.opt)
     if args.model is not None:
         opts["model"] = args.model
+    if args.replicas > 1:  # Ray Serve: each replica loads the backend itself
+        from genlm_core.serve.ray_serve import run_replicas
+
+        run_replicas(args.backend, args.replicas, args.host, args.port, token, limits, **opts)
+        return 0
     print(f"loading backend {args.backend} ({args.model or 'its default model'}) ...", file=sys.stderr)
     llm = genlm_core.load(args.backend, **opts)
     print(f"loaded: backend {llm.backend_name} on {llm.device}, dtype {llm.dtype}", file=sys.stderr)

@@ -223,6 +223,7 @@ def build_app(
         )
 
     vocab_frame: list[bytes] = []
+    replica = f"{socket.gethostname()}:{os.getpid()}"
 
     @guarded("vocab")
     async def vocab(request: Request) -> Response:
@@ -243,10 +244,10 @@ def build_app(
         arr = np.ascontiguousarray(rows.detach().to("cpu").numpy(), dtype=np.float32)
         n, width = arr.shape
         if req.shm is not None and n and write_block(arr, req.shm):
-            body = frame.encode_rows(None, n, width, "shm")
+            body = frame.encode_rows(None, n, width, "shm", replica)
             state.rows["shm"] += n
         else:
-            body = frame.encode_rows(arr, n, width, "frame")
+            body = frame.encode_rows(arr, n, width, "frame", replica)
             state.rows["frame"] += n
         state.bytes_out["logprobs"] += len(body)
         return Response(body, media_type=frame.MEDIA_TYPE)

@@ -18,7 +18,8 @@ Payloads (never JSON numbers, never an object per token):
   {"name": str, "nonce": hex, "capacity": int}}``; payload ``N`` uint32 lengths, then
   every context's token ids as int32, concatenated.
 * ``ROWS`` (server -> client): header ``{"n": N, "width": W, "dtype": "float32",
-  "transport": "frame" | "shm"}``; payload ``N * W`` float32 (row-major), or nothing
+  "transport": "frame" | "shm", "replica": "host:pid"}``; payload ``N * W`` float32
+  (row-major), or nothing
   when the rows were written into the client's shared-memory buffer (``"shm"``).
 * ``VOCAB`` (server -> client, once): header ``{"n": N}``; payload ``N`` uint32 byte
   lengths, ``N`` uint32 string lengths, then every token's bytes, then every token's
@@ -189,9 +190,14 @@ def decode_contexts(data: bytes, max_batch: int | None = None) -> ContextsReques
 
 
 # ---------------------------------------------------------------------- ROWS
-def encode_rows(rows: np.ndarray | None, n: int, width: int, transport: str = "frame") -> bytes:
-    """``rows``: a C-contiguous ``(n, width)`` float32 array (None with ``transport="shm"``)."""
-    header = {"n": n, "width": width, "dtype": "float32", "transport": transport}
+def encode_rows(
+    rows: np.ndarray | None, n: int, width: int, transport: str = "frame", replica: str | None = None
+) -> bytes:
+    """``rows``: a C-contiguous ``(n, width)`` float32 array (None with ``transport="shm"``).
+    ``replica``: which server process computed them (``host:pid``; optional)."""
+    header: dict[str, Any] = {"n": n, "width": width, "dtype": "float32", "transport": transport}
+    if replica is not None:
+        header["replica"] = replica
     if transport == "shm":
         return _build(ROWS, header, [])
     assert rows is not None and rows.dtype == np.float32 and rows.shape == (n, width)
@@ -205,6 +211,7 @@ class RowsReply:
     width: int
     transport: str
     rows: np.ndarray | None  # (n, width) float32, writable; None for "shm"
+    replica: str | None = None
 
 
 def decode_rows(data: bytes, max_width: int | None = None) -> RowsReply:
@@ -214,10 +221,13 @@ def decode_rows(data: bytes, max_width: int | None = None) -> RowsReply:
     if h.get("dtype") != "float32":
         raise FrameError(f"ROWS dtype must be 'float32', got {h.get('dtype')!r}")
     transport = h.get("transport")
+    replica = h.get("replica")
+    if replica is not None and not isinstance(replica, str):
+        raise FrameError(f"ROWS replica must be a string, got {replica!r}")
     if transport == "shm":
         if len(frame.payload):
             raise FrameError("a ROWS frame with transport 'shm' carries no payload")
-        return RowsReply(n, width, "shm", None)
+        return RowsReply(n, width, "shm", None, replica)
     if transport != "frame":
         raise FrameError(f"ROWS transport must be 'frame' or 'shm', got {transport!r}")
     if len(frame.payload) != 4 * n * width:
@@ -225,7 +235,7 @@ def decode_rows(data: bytes, max_width: int | None = None) -> RowsReply:
             f"ROWS payload is {len(frame.payload)} bytes; {n} x {width} float32 need {4 * n * width}"
         )
     rows = np.frombuffer(frame.payload, dtype="<f4").reshape(n, width).astype(np.float32, copy=True)
-    return RowsReply(n, width, "frame", rows)
+    return RowsReply(n, width, "frame", rows, replica)
 
 
 # ---------------------------------------------------------------------- VOCAB

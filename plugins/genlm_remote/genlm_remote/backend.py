@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import socket
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -79,6 +80,7 @@ class RemoteBackend(BaseLogprobBackend):
         self._max_batch = int(info["limits"]["max_batch"])
         self.transport = self._pick_transport(config)
         self.transport_counts = {"shm": 0, "frame": 0}
+        self.replica_counts: Counter[str] = Counter()  # which server process answered
         self._buffer: Any = None
         self._buffer_lock = threading.Lock()
         if self.transport == "shm":
@@ -159,6 +161,7 @@ class RemoteBackend(BaseLogprobBackend):
                 f"the server answered {reply.n} rows of {reply.width}, asked {len(contexts)} of {self.vocab_size}"
             )
         self.transport_counts[reply.transport] += 1
+        self.replica_counts[reply.replica or "?"] += 1
         if reply.transport == "shm":
             if buf is None:
                 raise RuntimeError("the server wrote rows into shared memory this client did not offer")
@@ -247,6 +250,7 @@ class RemoteBackend(BaseLogprobBackend):
         out["transport"] = {
             "kind": self.transport,
             "replies": dict(self.transport_counts),
+            "replicas": dict(self.replica_counts),
             "bytes_sent": self.conn.bytes_sent,
             "bytes_received": self.conn.bytes_received,
         }
