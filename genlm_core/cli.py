@@ -523,6 +523,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-concurrent-requests", type=POSITIVE, default=64, help="more get HTTP 503")
     sv.add_argument("--graceful-shutdown-s", type=float, default=30.0, help="in-flight grace on shutdown")
     sv.add_argument(
+        "--replicas", type=POSITIVE, default=1, help="N > 1: N replicas behind Ray Serve (docs/scale-out.md)"
+    )
+    sv.add_argument(
         "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
     )
     sv.set_defaults(func=cmd_serve)
