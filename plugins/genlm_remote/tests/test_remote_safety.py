@@ -120,7 +120,7 @@ def test_limits_fail_the_offending_request_only(oracle) -> None:
 
 
 def test_concurrency_limit_is_a_clear_busy_error() -> None:
-    with ServerProcess("mock", opts={"work_s": 0.5}, args=["--max-concurrent-requests", "1"]) as srv:
+    with ServerProcess("mock", opts={"work_s": 2.0}, args=["--max-concurrent-requests", "1"]) as srv:
         llm = genlm_core.load("remote", url=srv.url, cache_size=0)
         other = genlm_core.load("remote", url=srv.url, cache_size=0)
         try:
