@@ -19,6 +19,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _start_ray(ray, attempts: int = 3) -> None:
+    """A local cluster; on a loaded 2-core machine the raylet sometimes gives up waiting
+    for its agent ("timed out during startup"): started again, at most ``attempts`` times
+    (as genlm-vllm's Ray tests do)."""
+    import os
+
+    os.environ.setdefault("RAY_agent_register_timeout_ms", "180000")
+    for attempt in range(attempts):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception here
+            ray.shutdown()
+            if attempt == attempts - 1 or "timed out during startup" not in str(exc):
+                raise
+
+
 @pytest.fixture(scope="module")
 def ray_serve_url():
     import ray
@@ -26,7 +43,7 @@ def ray_serve_url():
 
     from genlm_core.serve.ray_serve import deploy
 
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    _start_ray(ray)
     try:
         url = deploy("mock", num_replicas=2, port=_free_port(), num_cpus=0.5)
         yield url
