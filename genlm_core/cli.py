@@ -401,6 +401,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_context_length=args.max_context_length,
         max_concurrent_requests=args.max_concurrent_requests,
         graceful_shutdown_s=args.graceful_shutdown_s,
+        gather_s=args.gather_ms / 1000,
     )
     opts = parse_opts(args.opt)
     if args.model is not None:
@@ -522,6 +523,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-context-length", type=POSITIVE, default=None, help="longest context accepted")
     sv.add_argument("--max-concurrent-requests", type=POSITIVE, default=64, help="more get HTTP 503")
     sv.add_argument("--graceful-shutdown-s", type=float, default=30.0, help="in-flight grace on shutdown")
+    sv.add_argument(
+        "--gather-ms",
+        type=float,
+        default=5.0,
+        help="longest a request waits for other active clients' requests to share its batch (0: off)",
+    )
     sv.add_argument(
         "--replicas", type=POSITIVE, default=1, help="N > 1: N replicas behind Ray Serve (docs/scale-out.md)"
     )

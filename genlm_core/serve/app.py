@@ -46,12 +46,15 @@ from starlette.routing import Route
 
 from genlm_core.row_transport import write_block
 from genlm_core.serve import frame
+from genlm_core.serve.gather import Gatherer
 from genlm_core.serve.limits import ServeLimits, token_matches
 
 __all__ = ["PROTOCOL", "build_app"]
 
 #: version of the HTTP surface above (the frame has its own)
 PROTOCOL = 1
+#: header naming the client process (genlm-remote sends a random id): see serve/gather.py
+CLIENT_HEADER = "x-genlm-client"
 
 
 class _HTTPError(Exception):
@@ -75,6 +78,7 @@ class ServerState:
         self.rows: Counter[str] = Counter()
         self.bytes_out: Counter[str] = Counter()
         self.rejected_busy = 0
+        self.gatherer = Gatherer(limits.gather_s)
         model_limit = getattr(backend, "max_context_length", None)
         mine = limits.max_context_length
         self.max_context_length = mine if model_limit is None else min(model_limit, mine or model_limit)
@@ -237,10 +241,15 @@ def build_app(
     async def logprobs(request: Request) -> Response:
         req = frame.decode_contexts(await read_body(request), max_batch=lim.max_batch)
         check_lengths(req.contexts)
+        client = request.headers.get(CLIENT_HEADER)
         if req.uncached:
             rows = await asyncio.to_thread(_uncached_rows, backend, req.contexts)
         else:
-            rows = await backend.batch_next_token_logprobs(req.contexts)
+            await state.gatherer.arrive(client)
+            try:
+                rows = await backend.batch_next_token_logprobs(req.contexts)
+            finally:
+                state.gatherer.leave(client)
         arr = np.ascontiguousarray(rows.detach().to("cpu").numpy(), dtype=np.float32)
         n, width = arr.shape
         if req.shm is not None and n and write_block(arr, req.shm):
@@ -351,6 +360,7 @@ def server_stats(state: ServerState) -> dict[str, Any]:
         "errors": dict(state.errors),
         "rows": dict(state.rows),
         "bytes_out": dict(state.bytes_out),
+        "gather": state.gatherer.stats(),
     }
     batcher = getattr(backend, "batcher", None)
     if batcher is not None:

@@ -25,6 +25,14 @@ class ServeLimits(BaseModel):
         64, ge=1, description="requests served at once, over all clients; more get HTTP 503"
     )
     max_sample_tokens: int = Field(4096, ge=1, description="largest max_tokens of a sampling request")
+    gather_s: float = Field(
+        0.005,
+        ge=0,
+        description=(
+            "longest a rows request waits for the other active clients' requests so that they "
+            "share one batch (genlm_core.serve.gather; 0: off)"
+        ),
+    )
     graceful_shutdown_s: float = Field(
         30.0, gt=0, description="on shutdown, how long in-flight requests may finish before they are failed"
     )

@@ -16,6 +16,7 @@ import json
 import socket
 import threading
 import urllib.parse
+import uuid
 from typing import Any
 
 __all__ = ["Connection", "RemoteError", "ServerBusy", "parse_url"]
@@ -67,6 +68,9 @@ class Connection:
         self._lock = threading.Lock()
         self.bytes_received = 0
         self.bytes_sent = 0
+        #: sent with every request: the server gathers the requests of its active clients
+        #: into one batch (genlm_core.serve.gather)
+        self.client_id = uuid.uuid4().hex
 
     def _conn(self, fresh: bool = False) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -96,7 +100,9 @@ class Connection:
             self._local.conn = None
 
     def request(self, method: str, path: str, body: bytes | None = None, content_type: str = "") -> bytes:
-        headers = {"Content-Type": content_type} if content_type else {}
+        headers = {"X-Genlm-Client": self.client_id}
+        if content_type:
+            headers["Content-Type"] = content_type
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         for attempt in (0, 1):

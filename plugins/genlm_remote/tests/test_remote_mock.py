@@ -110,31 +110,40 @@ def test_tokenizer_is_the_servers(server, oracle) -> None:
         llm.close()
 
 
-def test_many_clients_share_forward_passes() -> None:
+@pytest.mark.parametrize("gather_ms", [0, 300])
+def test_many_clients_share_forward_passes(gather_ms) -> None:
     """Rows asked by several clients at once are batched together on the server: with
     a forward pass that takes 50 ms, requests arriving meanwhile queue, and the next
-    batch holds more rows than any one request carries (2); each client gets its own
-    rows (oracle: the mock in this process)."""
+    batch holds more rows than any one request carries (2). With gathering on
+    (genlm_core.serve.gather), four clients in lockstep share nearly every batch (8
+    rows); without, they fall into two groups a step. Each client gets its own rows
+    (oracle: the mock in this process)."""
     from concurrent.futures import ThreadPoolExecutor
 
     oracle = genlm_core.load("mock")
-    with ServerProcess("mock", opts={"work_s": 0.05}) as srv:
+    with ServerProcess("mock", opts={"work_s": 0.05}, args=["--gather-ms", str(gather_ms)]) as srv:
         clients = [genlm_core.load("remote", url=srv.url, cache_size=0) for _ in range(4)]
-        ctxs = [[[c, i, 11] for i in range(2)] for c in range(4)]
+        # every step new contexts: the server's output cache answers none of them
+        ctxs = [[[[c, i, 11 + step] for i in range(2)] for step in range(6)] for c in range(4)]
 
         def ask(k: int):
-            return [clients[k].batch_next_token_logprobs_sync(ctxs[k]) for _ in range(5)]
+            return [clients[k].batch_next_token_logprobs_sync(ctxs[k][step]) for step in range(6)]
 
         try:
             with ThreadPoolExecutor(4) as pool:
                 results = list(pool.map(ask, range(4)))
             for k in range(4):
-                want = oracle.batch_next_token_logprobs_sync(ctxs[k])
-                assert all(torch.equal(r, want) for r in results[k])
+                for step in range(6):
+                    assert torch.equal(results[k][step], oracle.batch_next_token_logprobs_sync(ctxs[k][step]))
             stats = clients[0].server_stats()
-            assert stats["requests"]["logprobs"] == 20
+            assert stats["requests"]["logprobs"] == 24 and stats["batch_sizes"]["recent"] <= 24
             assert stats["batch_sizes"]["max"] > 2, stats["batch_sizes"]
             assert stats["queue_depth"] == 0 and "output_cache" in stats["cache_hit_rate"]
+            if gather_ms:
+                # 24 requests of 2 rows: 6 batches of 8 when every step is shared; the
+                # first step may split while the clients' first requests straggle in
+                assert stats["batch_sizes"]["mean"] >= 6, stats["batch_sizes"]
+                assert stats["gather"]["held_requests"] > 0
         finally:
             for c in clients:
                 c.close()
