@@ -109,7 +109,7 @@ def client_main(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     llm = load_backend(args)
-    asyncio.run(run_sis(llm, PROMPT, n_particles=2, max_tokens=2, seed=args.seed + 100))  # warm-up
+    asyncio.run(run_sis(llm, PROMPT, n_particles=2, max_tokens=2, seed=args.seed + 50))  # warm-up
     llm.clear_cache()
     print("READY", flush=True)
     sys.stdin.readline()  # the orchestrator starts every client at once
@@ -132,7 +132,18 @@ def client_main(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------- orchestration
-def run_clients(args: argparse.Namespace, mode: str, url: str = "") -> list[dict[str, Any]]:
+def clear_server(url: str) -> None:
+    """The server's caches dropped, so a layout gets no row computed for an earlier one."""
+    import urllib.request
+
+    req = urllib.request.Request(url + "/v1/clear_cache", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=600) as r:
+        r.read()
+
+
+def run_clients(args: argparse.Namespace, mode: str, url: str = "", seed0: int = 0) -> list[dict[str, Any]]:
+    if url:
+        clear_server(url)
     cmd = [sys.executable, __file__, "--client", "--mode", mode, "--model", args.model, "--url", url]
     cmd += [
         "--particles",
@@ -150,7 +161,7 @@ def run_clients(args: argparse.Namespace, mode: str, url: str = "") -> list[dict
     for i in range(args.clients):
         procs.append(
             subprocess.Popen(
-                [*cmd, "--seed", str(i)],
+                [*cmd, "--seed", str(seed0 + 100 * i)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -253,7 +264,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         log(f"server ready at {srv.url}; warm-up round (discarded)")
         # the server's first batches of each shape are slow (allocator, KV buffers): measured
         # 1.9 s per call in the first round after start against 30-70 ms in the next ones
-        run_clients(args, "frame", srv.url)
+        run_clients(args, "frame", srv.url, seed0=10_000)
         for mode, name in (
             ("shm", "(b) one server, shared memory"),
             ("frame", "(c) one server, network frame"),
@@ -301,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--particles", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=20)
-    ap.add_argument("--runs", type=int, default=3, help="SIS runs per client")
+    ap.add_argument("--runs", type=int, default=3, help="SIS runs per client (run r: seed + r; < 50)")
     ap.add_argument("--repeat", type=int, default=10, help="batches of 16 for the per-call overhead")
     ap.add_argument(
         "--threads",

@@ -15,6 +15,7 @@ Endpoints (all under ``/v1``; every one but ``health`` needs the token when one 
 ``/v1/tokenize``       POST    JSON ``{"text", "add_special_tokens"}`` -> ``{"ids"}``
 ``/v1/detokenize``     POST    JSON ``{"ids", "skip_special_tokens"}`` -> ``{"text"}``
 ``/v1/stats``          GET     queue depth, batch sizes, cache hit rates, rows per transport
+``/v1/clear_cache``    POST    drop the backend's output and KV caches (all clients')
 =====================  ======  ===========================================================
 
 Every logprobs request goes through the backend's own async path
@@ -313,6 +314,13 @@ def build_app(
         text = backend.tokenizer.decode(ids, skip_special_tokens=bool(data.get("skip_special_tokens", False)))
         return JSONResponse({"text": text})
 
+    @guarded("clear_cache")
+    async def clear_cache(request: Request) -> Response:
+        """Drop the backend's output cache and KV caches (every client's: benchmarks use it
+        between layouts; results never change, only what is recomputed)."""
+        await asyncio.to_thread(_clear, backend)
+        return JSONResponse({"cleared": True})
+
     @guarded("stats", counted=False)
     async def stats(request: Request) -> Response:
         return JSONResponse(server_stats(state))
@@ -335,10 +343,20 @@ def build_app(
         Route("/v1/tokenize", tokenize, methods=["POST"]),
         Route("/v1/detokenize", detokenize, methods=["POST"]),
         Route("/v1/stats", stats),
+        Route("/v1/clear_cache", clear_cache, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.genlm = state
     return app
+
+
+def _clear(backend: Any) -> None:
+    lock = getattr(getattr(backend, "batcher", None), "model_lock", None)
+    if lock is None:
+        backend.clear_cache()
+        return
+    with lock:  # not while a batch runs in the engine
+        backend.clear_cache()
 
 
 def _uncached_rows(backend: Any, contexts: list[tuple[int, ...]]) -> Any:

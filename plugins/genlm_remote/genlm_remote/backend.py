@@ -241,6 +241,12 @@ class RemoteBackend(BaseLogprobBackend):
         return [list(s) for s in reply["samples"]]
 
     # ------------------------------------------------------------------ state
+    def clear_server_cache(self) -> None:
+        """Drop the *server's* output and KV caches (every client's). ``clear_cache()``
+        clears only this client's own output cache: another program's work is not ours to
+        throw away."""
+        self.conn.post_json("/v1/clear_cache", {})
+
     def server_stats(self) -> dict[str, Any]:
         """The server's /v1/stats (queue depth, batch sizes, cache hit rates)."""
         return self.conn.get_json("/v1/stats")

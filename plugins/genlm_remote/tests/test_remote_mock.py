@@ -148,3 +148,19 @@ def test_many_clients_share_forward_passes(gather_ms) -> None:
             for c in clients:
                 c.close()
             oracle.close()
+
+
+def test_clear_cache_is_local_clear_server_cache_is_the_servers(server, oracle) -> None:
+    llm = genlm_core.load("remote", url=server.url)
+    try:
+        llm.clear_server_cache()
+        llm.next_token_logprobs_sync([42, 43])
+        assert llm.server_stats()["backend"]["output_cache"]["entries"] >= 1
+        llm.clear_cache()  # this client's own cache only
+        assert llm.output_cache.stats()["entries"] == 0
+        assert llm.server_stats()["backend"]["output_cache"]["entries"] >= 1
+        llm.clear_server_cache()
+        assert llm.server_stats()["backend"]["output_cache"]["entries"] == 0
+        assert torch.equal(llm.next_token_logprobs_sync([42, 43]), oracle.next_token_logprobs_sync([42, 43]))
+    finally:
+        llm.close()
