@@ -527,7 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--gather-ms",
         type=float,
         default=5.0,
-        help="longest a request waits for other active clients' requests to share its batch (0: off)",
+        help="least time a request may wait for other active clients' requests to share its batch "
+        "(a quarter of the last forward pass when longer; 0: off)",
     )
     sv.add_argument(
         "--replicas", type=POSITIVE, default=1, help="N > 1: N replicas behind Ray Serve (docs/scale-out.md)"

@@ -86,3 +86,16 @@ async def test_quiet_clients_and_anonymous_requests() -> None:
     assert await _timed(g, "a") < 1.0
     assert await _timed(g, None) < 0.1 and g.computing == 1  # anonymous: not counted
     assert Gatherer(wait_s=0).wait_s == 0
+
+
+@pytest.mark.asyncio
+async def test_the_wait_grows_with_the_forward_pass() -> None:
+    """After a busy period of 0.8 s, a request waits up to a quarter of it (0.2 s) for
+    a missing client, not just wait_s (1 ms)."""
+    g = Gatherer(wait_s=0.001, window_s=30.0)
+    await g.arrive("b")
+    await asyncio.sleep(0.8)
+    g.leave("b")  # b is active; its 0.8 s batch just ended
+    assert g.last_busy_s >= 0.75
+    took = await _timed(g, "a")
+    assert 0.15 <= took < 5.0

@@ -29,8 +29,9 @@ class ServeLimits(BaseModel):
         0.005,
         ge=0,
         description=(
-            "longest a rows request waits for the other active clients' requests so that they "
-            "share one batch (genlm_core.serve.gather; 0: off)"
+            "how long a rows request may wait for the other active clients' requests so that they "
+            "share one batch: at least this, a quarter of the last forward pass when that is longer "
+            "(genlm_core.serve.gather; 0: off)"
         ),
     )
     graceful_shutdown_s: float = Field(
