@@ -234,13 +234,14 @@ def per_call_overhead(args: argparse.Namespace, url: str) -> dict[str, Any]:
     local = genlm_core.load("hf", model=args.model, dtype="float32", device="cpu", batch_size=64)
     t_local = timed(local, 300)
     local.close()
-    out = {"batch": 16, "in_process_ms": 1e3 * t_local}
+    out = {"batch": 16, "in_process_ms": 1e3 * t_local, "in_process_ms_per_row": 1e3 * t_local / 16}
     for transport in ("shm", "frame"):
         remote = genlm_core.load("remote", url=url, transport=transport, cache_size=0)
         t = timed(remote, 600 if transport == "shm" else 900)
         stats = remote.stats()["transport"]
         out[f"{transport}_ms"] = 1e3 * t
         out[f"{transport}_ratio"] = t / t_local
+        out[f"{transport}_ms_per_row"] = 1e3 * t / 16
         out[f"{transport}_bytes_per_row"] = stats["bytes_received"] / (16 * args.repeat)
         remote.close()
     return out

@@ -164,3 +164,22 @@ def test_clear_cache_is_local_clear_server_cache_is_the_servers(server, oracle) 
         assert torch.equal(llm.next_token_logprobs_sync([42, 43]), oracle.next_token_logprobs_sync([42, 43]))
     finally:
         llm.close()
+
+
+def test_the_client_imports_no_engine_and_no_server_stack(server) -> None:
+    """A fresh process loads the remote backend, gets rows and encodes text without
+    importing any engine, tokenizer library or the server's web stack."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, genlm_core\n"
+        f"llm = genlm_core.load('remote', url={server.url!r})\n"
+        "llm.next_token_logprobs_sync(llm.tokenizer.encode('hello world'))\n"
+        "llm.close()\n"
+        "heavy = ('transformers', 'tokenizers', 'vllm', 'llama_cpp', 'mlx', 'starlette', 'uvicorn', 'ray')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
