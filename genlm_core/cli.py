@@ -526,9 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument(
         "--gather-ms",
         type=float,
-        default=5.0,
-        help="least time a request may wait for other active clients' requests to share its batch "
-        "(a quarter of the last forward pass when longer; 0: off)",
+        default=100.0,
+        help="most a request waits for other active clients' requests to share its batch "
+        "(a quarter of the last forward pass, at most this; 0: off)",
     )
     sv.add_argument(
         "--replicas", type=POSITIVE, default=1, help="N > 1: N replicas behind Ray Serve (docs/scale-out.md)"

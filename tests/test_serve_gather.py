@@ -27,36 +27,38 @@ async def test_a_lone_client_never_waits() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_missing_client_is_waited_for_at_most_wait_s() -> None:
-    g = Gatherer(wait_s=0.2)
+async def test_a_missing_client_is_waited_for_a_quarter_pass_at_most_wait_s() -> None:
+    g = Gatherer(wait_s=0.2, window_s=30.0)
     await g.arrive("b")
+    await asyncio.sleep(2.0)  # b's batch: a 2 s pass
     g.leave("b")  # b is active, but sends nothing more
-    took = await _timed(g, "a")
+    took = await _timed(g, "a")  # min(0.2, 2.0 / 4): 0.2 s
     assert 0.15 <= took < 5.0
     g.leave("a")
 
 
 @pytest.mark.asyncio
 async def test_waiting_requests_are_released_together_when_all_clients_are_here() -> None:
-    g = Gatherer(wait_s=10.0)
-    for c in "abc":
-        await g.arrive(c)
-    for c in "abc":
-        g.leave(c)
+    """b and c arrive while a's 2 s batch runs: held; when it ends they wait (up to a
+    quarter of it) for a's next request, and all three go in the same loop iteration."""
+    g = Gatherer(wait_s=10.0, window_s=60.0)
+    await g.arrive("a")  # alone: not held
     released: list[str] = []
 
     async def one(c: str) -> None:
         await g.arrive(c)
         released.append(c)
 
+    tb, tc = asyncio.create_task(one("b")), asyncio.create_task(one("c"))
+    await asyncio.sleep(2.0)
+    assert released == []  # held while a's batch runs
+    g.leave("a")
+    await asyncio.sleep(0.05)
+    assert released == []  # waiting for a's next request (up to 0.5 s)
     t0 = time.monotonic()
-    ta = asyncio.create_task(one("a"))
-    tb = asyncio.create_task(one("b"))
-    await asyncio.sleep(0.1)
-    assert released == []  # a and b wait for c
-    await one("c")  # c arrives: all three go, in the same loop iteration
-    await asyncio.gather(ta, tb)
-    assert sorted(released) == ["a", "b", "c"] and time.monotonic() - t0 < 5.0
+    await one("a")
+    await asyncio.gather(tb, tc)
+    assert sorted(released) == ["a", "b", "c"] and time.monotonic() - t0 < 0.4
     assert g.computing == 3
 
 
@@ -89,13 +91,17 @@ async def test_quiet_clients_and_anonymous_requests() -> None:
 
 
 @pytest.mark.asyncio
-async def test_the_wait_grows_with_the_forward_pass() -> None:
-    """After a busy period of 0.8 s, a request waits up to a quarter of it (0.2 s) for
-    a missing client, not just wait_s (1 ms)."""
-    g = Gatherer(wait_s=0.001, window_s=30.0)
+async def test_the_wait_is_a_quarter_of_the_forward_pass() -> None:
+    """After a busy period of 0.8 s a request waits up to 0.2 s for a missing client (not
+    wait_s = 30 s); after a pass of ~0 s it does not wait."""
+    g = Gatherer(wait_s=30.0, window_s=60.0)
     await g.arrive("b")
     await asyncio.sleep(0.8)
     g.leave("b")  # b is active; its 0.8 s batch just ended
     assert g.last_busy_s >= 0.75
     took = await _timed(g, "a")
     assert 0.15 <= took < 5.0
+    g.leave("a")
+    await g.arrive("b")
+    g.leave("b")  # a pass of no time: nothing to gain by waiting
+    assert await _timed(g, "a") < 1.0

@@ -12,11 +12,12 @@ model on a CPU, any model on a GPU) costs nearly the same for 16 rows as for 64.
 rows request in the last ``window_s`` seconds) has no request waiting here, as long as
 either a batch is being computed (holding then costs nothing: the request could not run
 before that batch ends anyway) or for a bounded time after the request arrived or the
-backend went idle, whichever is later: ``wait_s``, or a quarter of the last busy period
-(the forward pass) when that is longer - a client's turnaround (its particles' own
-masking and sampling) is a few ms on a quiet machine and more on a busy one, and waiting
-a quarter of a pass to save a whole pass is a good bet, while the bet lost costs at most
-a quarter. When every active client is
+backend went idle, whichever is later: a quarter of the last busy period (the forward
+pass), at most ``wait_s``. Waiting a quarter of a pass to save a whole pass is a good bet
+when the other clients' turnaround (their particles' own masking and sampling: a few ms
+for SmolLM2-sized rows) is shorter than that, and a lost bet costs at most a quarter of a
+pass; for a model whose passes take a millisecond it is next to nothing, as it should be
+(the wire costs more than the pass there). When every active client is
 waiting, all are released in the same loop iteration and the batcher's tick policy puts
 them in one batch. A lone client never waits (it is the only active one); a client that
 went quiet stops being waited for after ``window_s``; requests without a client id
@@ -80,7 +81,7 @@ class Gatherer:
                 if not self._someone_missing(now):
                     break
                 if self.computing == 0:
-                    budget = max(self.wait_s, self.busy_share * self.last_busy_s)
+                    budget = min(self.wait_s, self.busy_share * self.last_busy_s)
                     left = max(start, self.idle_since) + budget - now
                     if left <= 0:
                         break

@@ -26,11 +26,11 @@ class ServeLimits(BaseModel):
     )
     max_sample_tokens: int = Field(4096, ge=1, description="largest max_tokens of a sampling request")
     gather_s: float = Field(
-        0.005,
+        0.1,
         ge=0,
         description=(
-            "how long a rows request may wait for the other active clients' requests so that they "
-            "share one batch: at least this, a quarter of the last forward pass when that is longer "
+            "longest a rows request waits for the other active clients' requests so that they share "
+            "one batch, after the backend went idle: a quarter of the last forward pass, at most this "
             "(genlm_core.serve.gather; 0: off)"
         ),
     )
