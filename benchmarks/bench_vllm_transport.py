@@ -275,7 +275,8 @@ def engine_part(
 
 def transport_part(batches: list[int], vocabs: list[int], repeat: int) -> list[dict[str, Any]]:
     import torch
-    from genlm_vllm.transport import RowBuffer, write_rows
+
+    from genlm_core.row_transport import RowBuffer, write_rows
 
     rows = []
     for V in vocabs:

@@ -19,6 +19,8 @@ Sections (``--only`` picks some):
   bytes     byte-level beam (K=5, K=1) vs genlm-bytes over genlm-backend
   llamacpp  genlm-llamacpp (SmolLM2 Q4_1 and f16 GGUFs) vs genlm-hf float32 on SIS and
             the byte beam K=5, and our layer vs raw llama.cpp replaying the same batches
+  serve     four SIS client processes: a backend each vs one `genlm serve hf` (shared
+            memory, network frame): calls/s, per-call latency, total RSS
 
 Anchors (genlm-backend 0.3.1, genlm-bytes 0.2.0) are installed from PyPI into
 ``benchmarks/.anchor-venv*`` the first time (a few minutes). ``--quick`` skips the
@@ -102,6 +104,7 @@ def _sections(quick: bool) -> dict[str, list[str]]:
         ],
         "bytes": ["bench_bytes.py", *(["--no-anchor", "--k", "1"] if q else [])],
         "llamacpp": ["bench_llamacpp.py", *(["--quick"] if q else [])],
+        "serve": ["bench_serve.py", *(["--quick"] if q else [])],
     }
 
 
@@ -113,6 +116,7 @@ NEEDS = {
     "vllm": "vllm",
     "bytes": "hf",
     "llamacpp": "llamacpp",
+    "serve": "hf",
 }
 # the JSON files each section writes into benchmarks/out
 FILES = {
@@ -125,6 +129,7 @@ FILES = {
     "vllm": ["vllm"],
     "bytes": ["bytes"],
     "llamacpp": ["llamacpp"],
+    "serve": ["serve"],
 }
 
 
@@ -326,7 +331,39 @@ def headline(sections: list[str]) -> list[dict[str, Any]]:
             rows.append(_row(f"byte beam K={r['K']}, bits/byte", r["(a) bits/byte"], r.get("(b) bits/byte")))
     if "llamacpp" in sections and (lc := _load("llamacpp")):
         rows += _llamacpp_rows(lc)
+    if "serve" in sections and (sv := _load("serve")):
+        rows += _serve_rows(sv)
     return rows
+
+
+def _serve_rows(sv: dict[str, Any]) -> list[dict[str, Any]]:
+    """Four SIS clients: one `genlm serve hf` (b: shared memory) against a backend each (a)."""
+    f = sv.get("figures", {})
+    a, b = sv["rows"][0], sv["rows"][1]
+    return [
+        _row(
+            "serve: 4 SIS clients, calls/s (b) one server over shm vs (a) own backend each",
+            b["calls_per_s"],
+            a["calls_per_s"],
+            f.get("b_over_a_calls_per_s"),
+            ">= 1.5",
+            f.get("b_over_a_calls_per_s", 0) >= 1.5,
+        ),
+        _row(
+            "serve: total RSS MB, (b) vs (a)",
+            b["total_rss_mb"],
+            a["total_rss_mb"],
+            f.get("b_over_a_memory"),
+            "<= 0.6",
+            f.get("b_over_a_memory", 9) <= 0.6,
+        ),
+        _row(
+            "serve: batch of 16, per-call time through the server (shm) / in process",
+            f.get("per_call_overhead_b_at_batch16"),
+            target="<= 1.2",
+            met=f.get("per_call_overhead_b_at_batch16", 9) <= 1.2,
+        ),
+    ]
 
 
 def _llamacpp_rows(lc: dict[str, Any]) -> list[dict[str, Any]]:

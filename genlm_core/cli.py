@@ -422,6 +422,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Host one backend for many client processes (genlm_core.serve; the client is load("remote"))."""
+    import genlm_core
+    from genlm_core.serve.limits import ServeLimits, check_bind
+    from genlm_core.serve.run import serve
+
+    token = args.token or os.environ.get("GENLM_SERVE_TOKEN") or None
+    check_bind(args.host, token)  # before the (possibly long) model load
+    limits = ServeLimits(
+        max_body_bytes=args.max_body_bytes,
+        max_batch=args.max_batch,
+        max_context_length=args.max_context_length,
+        max_concurrent_requests=args.max_concurrent_requests,
+        graceful_shutdown_s=args.graceful_shutdown_s,
+        gather_s=args.gather_ms / 1000,
+    )
+    opts = parse_opts(args.opt)
+    if args.model is not None:
+        opts["model"] = args.model
+    if args.replicas > 1:  # Ray Serve: each replica loads the backend itself
+        from genlm_core.serve.ray_serve import run_replicas
+
+        run_replicas(args.backend, args.replicas, args.host, args.port, token, limits, **opts)
+        return 0
+    print(f"loading backend {args.backend} ({args.model or 'its default model'}) ...", file=sys.stderr)
+    llm = genlm_core.load(args.backend, **opts)
+    print(f"loaded: backend {llm.backend_name} on {llm.device}, dtype {llm.dtype}", file=sys.stderr)
+    serve(llm, host=args.host, port=args.port, token=token, limits=limits, log_level=args.log_level)
+    return 0
+
+
 # ---------------------------------------------------------------------- parser
 def add_model_arguments(sp: argparse.ArgumentParser) -> None:
     """``--backend``, ``--model`` and ``--opt``: what every model command takes."""
@@ -515,6 +546,35 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--only", nargs="*", help="run only these benchmarks")
     be.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     be.set_defaults(func=cmd_bench)
+
+    sv = sub.add_parser("serve", help="host one backend for many client processes (load('remote', url=...))")
+    sv.add_argument("backend", help="backend name (genlm backends), e.g. hf, mock, vllm, llamacpp")
+    sv.add_argument("--model", default=None, help="hub id, local folder or file (default: the backend's own)")
+    sv.add_argument("--opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs --token)")
+    sv.add_argument("--port", type=int_option(0, 65535), default=8765, help="0 picks a free port")
+    sv.add_argument("--token", default=None, help="bearer token clients must send (or GENLM_SERVE_TOKEN)")
+    sv.add_argument("--max-batch", type=POSITIVE, default=256, help="most contexts in one request")
+    sv.add_argument(
+        "--max-body-bytes", type=int_option(1024), default=16 * 2**20, help="largest request body"
+    )
+    sv.add_argument("--max-context-length", type=POSITIVE, default=None, help="longest context accepted")
+    sv.add_argument("--max-concurrent-requests", type=POSITIVE, default=64, help="more get HTTP 503")
+    sv.add_argument("--graceful-shutdown-s", type=float, default=30.0, help="in-flight grace on shutdown")
+    sv.add_argument(
+        "--gather-ms",
+        type=float,
+        default=100.0,
+        help="most a request waits for other active clients' requests to share its batch "
+        "(a quarter of the last forward pass, at most this; 0: off)",
+    )
+    sv.add_argument(
+        "--replicas", type=POSITIVE, default=1, help="N > 1: N replicas behind Ray Serve (docs/scale-out.md)"
+    )
+    sv.add_argument(
+        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    sv.set_defaults(func=cmd_serve)
     return p
 
 

@@ -13,7 +13,15 @@ from genlm_core.registry import get_registry
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 # the reference documents the distributions of this repository, not whatever else is installed
-FIRST_PARTY = {"genlm-core", "genlm-hf", "genlm-vllm", "genlm-mlx", "genlm-llamacpp", "genlm-mock"}
+FIRST_PARTY = {
+    "genlm-core",
+    "genlm-hf",
+    "genlm-vllm",
+    "genlm-mlx",
+    "genlm-llamacpp",
+    "genlm-mock",
+    "genlm-remote",
+}
 
 
 def _doc_markdown(doc: str) -> list[str]:

@@ -21,5 +21,5 @@ def test_configuration_reference_is_up_to_date() -> None:
 
 def test_configuration_reference_documents_every_first_party_backend() -> None:
     text = (ROOT / "docs" / "configuration.md").read_text()
-    for name in ("hf", "vllm", "mlx", "mock"):
+    for name in ("hf", "vllm", "mlx", "mock", "remote"):
         assert f"## backend `{name}`" in text, name

@@ -285,7 +285,7 @@ class VLLMBackend(BaseLogprobBackend):
         self._engine_procs: list[Any] = []  # its processes here (psutil: workers, a separate core)
         self._engine_segments: set[str] = set()  # what they map in /dev/shm
         if not self.in_process:
-            from genlm_vllm.transport import RowBuffer, shm_available, sweep_stale_buffers
+            from genlm_core.row_transport import RowBuffer, shm_available, sweep_stale_buffers
 
             self.workers = [w for w in llm.collective_rpc("genlm_worker_info") if w]
             if llm.llm_engine.vllm_config.parallel_config.pipeline_parallel_size > 1:
@@ -407,7 +407,7 @@ class VLLMBackend(BaseLogprobBackend):
     def _fetch(self, tags: list[str]) -> tuple[torch.Tensor, list[int]]:
         """The captured rows in request order, and the indices that have none."""
         if self.in_process:  # a plain call: the worker's own tensors, stacked (one copy)
-            from genlm_vllm.transport import stack_rows
+            from genlm_core.row_transport import stack_rows
 
             rows = self.llm.collective_rpc("genlm_pop_captured", args=(tags,))[0]
             missing = [i for i, r in enumerate(rows) if r is None]

@@ -20,7 +20,7 @@ from genlm_mock.backend import MockBackend
 
 from genlm_core.backend import BaseLogprobBackend as AsyncLM
 
-__all__ = ["AsyncLM", "AsyncMlxLM", "AsyncSGLTransformer", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM",
+__all__ = ["AsyncLM", "AsyncMlxLM", "AsyncRemoteLM", "AsyncSGLTransformer", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM",
            "load_model_by_name"]  # fmt: skip
 
 #: transformers' dtype spellings (``torch_dtype=`` in ``hf_opts``) -> genlm-hf's ``dtype``
@@ -144,7 +144,9 @@ def _engine(name: str, module: str, attr: str, dist: str) -> type:
 #: AsyncMlxLM: MLX (``from_name(model_name, **kwargs)``: genlm-mlx options). Built on first use, so
 #: importing genlm.backend starts neither engine. SGLang has no genlm-core backend.
 _ENGINES = {"AsyncVirtualLM": ("genlm_vllm.backend", "VLLMBackend", "genlm-vllm"),
-            "AsyncMlxLM": ("genlm_mlx.backend", "MLXBackend", "genlm-mlx")}  # fmt: skip
+            "AsyncMlxLM": ("genlm_mlx.backend", "MLXBackend", "genlm-mlx"),
+            # a model served by `genlm serve` (from_name(model_name, url=..., token=None))
+            "AsyncRemoteLM": ("genlm_remote.backend", "RemoteBackend", "genlm-remote")}  # fmt: skip
 _SGL = "genlm_core.load('vllm', ...) / AsyncVirtualLM (genlm-core has no SGLang backend)"
 
 
@@ -158,12 +160,12 @@ def __getattr__(name: str) -> Any:
 
 
 _BACKENDS = {"vllm": "AsyncVirtualLM", "hf": "AsyncTransformer", "mock": "MockAsyncLM", "mlx": "AsyncMlxLM",
-             "sgl": "AsyncSGLTransformer"}  # fmt: skip
+             "remote": "AsyncRemoteLM", "sgl": "AsyncSGLTransformer"}  # fmt: skip
 
 
 def load_model_by_name(name: str, backend: str | None = None, llm_opts: dict | None = None) -> AsyncLM:
-    """genlm-backend's loader: ``backend`` is "vllm", "hf", "mock", "mlx" (or "sgl", which
-    raises); None picks vLLM when CUDA is available, else "hf". ``llm_opts`` go to ``from_name``."""
+    """genlm-backend's loader: ``backend`` is "vllm", "hf", "mock", "mlx", "remote"
+    (``llm_opts={"url": ...}``: a `genlm serve` server) (or "sgl", which raises); None picks vLLM when CUDA is available, else "hf". ``llm_opts`` go to ``from_name``."""
     if backend is None:
         import torch
 

@@ -1,0 +1,355 @@
+"""One engine, many programs: four SIS programs with their own models vs one `genlm serve`.
+
+Four client processes each run the SIS workload (16 particles x 20 tokens, genlm_core.smc's
+``run_sis``; SmolLM2-135M float32 on CPU by default), started together:
+
+  (a) each process loads its own genlm-hf backend;
+  (b) all four go through one ``genlm serve hf`` over the same-host transport (rows
+      through each client's ``/dev/shm`` buffer);
+  (c) the same server, rows in the network frame over loopback.
+
+Reported per layout: total next-token calls per second over the four (all calls / the
+span from the first start to the last finish), per-call latency (median and p99 over
+every call of every client), and the total resident memory of all processes (each
+client's VmRSS at its end, plus the server's with its children). Also: a single-client
+batch of 16 fresh contexts, in process vs through the server (the per-call overhead of
+the wire), and the memory model::
+
+    (a) = N * (M + R)          (b) = (M + R) + N * C
+
+M: the weights in memory, R: an engine process's runtime (torch, transformers,
+allocator), C: a client's footprint (torch + genlm-core, no engine). (b)/(a) tends to
+1/N as M grows; the JSON holds the measured M, R and C of this run.
+
+Results: ``benchmarks/out/serve.json`` and ``serve.md``. Run on a quiet machine.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_serve.py                       # SmolLM2-135M, 4 clients
+    .venv/bin/python benchmarks/bench_serve.py --quick               # tiny model, smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import write_results  # noqa: E402
+
+PROMPT = "Montreal is"
+
+
+def log(msg: str) -> None:
+    print(f"[bench_serve {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def tree_rss(pid: int) -> int:
+    """RSS of ``pid`` and its descendants (a server's engine may fork)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    total = proc.memory_info().rss
+    for child in proc.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+# ---------------------------------------------------------------------- client process
+def load_backend(args: argparse.Namespace) -> Any:
+    import genlm_core
+
+    if args.mode == "local":
+        return genlm_core.load("hf", model=args.model, dtype="float32", device="cpu", batch_size=64)
+    return genlm_core.load("remote", url=args.url, transport=args.mode)
+
+
+class TimedCalls:
+    """``llm`` with every ``next_token_logprobs`` call timed (what run_sis calls)."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.latencies: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.llm, name)
+
+    async def next_token_logprobs(self, ids: Any) -> Any:
+        t0 = time.perf_counter()
+        out = await self.llm.next_token_logprobs(ids)
+        self.latencies.append(time.perf_counter() - t0)
+        return out
+
+
+def client_main(args: argparse.Namespace) -> int:
+    import torch
+
+    from genlm_core.smc import run_sis
+
+    torch.set_num_threads(args.threads)
+    llm = load_backend(args)
+    asyncio.run(run_sis(llm, PROMPT, n_particles=2, max_tokens=2, seed=args.seed + 50))  # warm-up
+    llm.clear_cache()
+    print("READY", flush=True)
+    sys.stdin.readline()  # the orchestrator starts every client at once
+    timed = TimedCalls(llm)
+    start = time.time()
+    calls = 0
+    for r in range(args.runs):
+        res = asyncio.run(
+            run_sis(timed, PROMPT, n_particles=args.particles, max_tokens=args.max_tokens, seed=args.seed + r)
+        )
+        calls += res.calls
+        llm.clear_cache()
+    end = time.time()
+    out = {"start": start, "end": end, "calls": calls, "latencies": timed.latencies, "rss": rss_bytes()}
+    if args.mode != "local":
+        out["transport"] = llm.stats()["transport"]
+    print("RESULT " + json.dumps(out), flush=True)
+    llm.close()
+    return 0
+
+
+# ---------------------------------------------------------------------- orchestration
+def clear_server(url: str) -> None:
+    """The server's caches dropped, so a layout gets no row computed for an earlier one."""
+    import urllib.request
+
+    req = urllib.request.Request(url + "/v1/clear_cache", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=600) as r:
+        r.read()
+
+
+def run_clients(args: argparse.Namespace, mode: str, url: str = "", seed0: int = 0) -> list[dict[str, Any]]:
+    if url:
+        clear_server(url)
+    cmd = [sys.executable, __file__, "--client", "--mode", mode, "--model", args.model, "--url", url]
+    cmd += [
+        "--particles",
+        str(args.particles),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--runs",
+        str(args.runs),
+    ]
+    # (a): the cores split between the clients' engines; (b), (c): the engine (the server)
+    # has them all and a client, which only masks and samples, one thread
+    threads = max(1, args.threads // args.clients) if mode == "local" else args.client_threads
+    cmd += ["--threads", str(threads)]
+    procs = []
+    for i in range(args.clients):
+        procs.append(
+            subprocess.Popen(
+                [*cmd, "--seed", str(seed0 + 100 * i)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=HERE.parent,
+            )
+        )
+    try:
+        for p in procs:
+            line = p.stdout.readline()
+            if line.strip() != "READY":
+                raise RuntimeError(f"a {mode} client did not get ready: {line!r}")
+        for p in procs:
+            p.stdin.write("GO\n")
+            p.stdin.flush()
+        results = []
+        for p in procs:
+            for line in p.stdout:
+                if line.startswith("RESULT "):
+                    results.append(json.loads(line[len("RESULT ") :]))
+            p.wait(timeout=args.timeout)
+        if len(results) != len(procs):
+            raise RuntimeError(f"{len(procs) - len(results)} {mode} client(s) gave no result")
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=60)
+
+
+def summarise(layout: str, results: list[dict[str, Any]], server_rss: int = 0) -> dict[str, Any]:
+    lat = sorted(x for r in results for x in r["latencies"])
+    span = max(r["end"] for r in results) - min(r["start"] for r in results)
+    calls = sum(r["calls"] for r in results)
+    row = {
+        "layout": layout,
+        "clients": len(results),
+        "calls": calls,
+        "calls_per_s": calls / span,
+        "latency_median_ms": 1e3 * statistics.median(lat),
+        "latency_p99_ms": 1e3 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "client_rss_mb": sum(r["rss"] for r in results) / 2**20,
+        "server_rss_mb": server_rss / 2**20,
+        "total_rss_mb": (sum(r["rss"] for r in results) + server_rss) / 2**20,
+    }
+    tr = [r["transport"] for r in results if "transport" in r]
+    if tr:
+        row["bytes_received_per_row"] = sum(t["bytes_received"] for t in tr) / max(1, calls)
+    return row
+
+
+def per_call_overhead(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """One client, batches of 16 fresh contexts: in process vs through the server (shm
+    and frame). Fresh contexts every repeat, so no cache answers on either side."""
+    import genlm_core
+
+    def timed(llm: Any, offset: int) -> float:
+        prompt = list(llm.tokenizer.encode(PROMPT, add_special_tokens=False))
+        times = []
+        for rep in range(args.repeat):
+            ctxs = [prompt + [(offset + 16 * rep + i) % len(llm.byte_vocab)] for i in range(16)]
+            t0 = time.perf_counter()
+            llm.batch_next_token_logprobs_sync(ctxs)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:] or times)
+
+    import torch
+
+    torch.set_num_threads(args.threads)  # as many as the server has
+    local = genlm_core.load("hf", model=args.model, dtype="float32", device="cpu", batch_size=64)
+    t_local = timed(local, 300)
+    local.close()
+    out = {"batch": 16, "in_process_ms": 1e3 * t_local, "in_process_ms_per_row": 1e3 * t_local / 16}
+    for transport in ("shm", "frame"):
+        remote = genlm_core.load("remote", url=url, transport=transport, cache_size=0)
+        t = timed(remote, 600 if transport == "shm" else 900)
+        stats = remote.stats()["transport"]
+        out[f"{transport}_ms"] = 1e3 * t
+        out[f"{transport}_ratio"] = t / t_local
+        out[f"{transport}_ms_per_row"] = 1e3 * t / 16
+        out[f"{transport}_bytes_per_row"] = stats["bytes_received"] / (16 * args.repeat)
+        remote.close()
+    return out
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    from genlm_core.serve.testing import ServerProcess
+
+    rows = []
+    log(f"(a) {args.clients} clients, each with its own genlm-hf backend ({args.model})")
+    rows.append(summarise("(a) own backend each", run_clients(args, "local")))
+    opts: dict[str, Any] = {"dtype": "float32", "device": "cpu", "batch_size": 64}
+    for kv in args.server_opt or []:
+        key, _, value = kv.partition("=")
+        try:
+            opts[key] = json.loads(value)
+        except json.JSONDecodeError:
+            opts[key] = value
+    env = {"OMP_NUM_THREADS": str(args.threads)}
+    with ServerProcess("hf", model=args.model, opts=opts, env=env) as srv:
+        log(f"server ready at {srv.url}; warm-up round (discarded)")
+        # the server's first batches of each shape are slow (allocator, KV buffers): measured
+        # 1.9 s per call in the first round after start against 30-70 ms in the next ones
+        run_clients(args, "frame", srv.url, seed0=10_000)
+        for mode, name in (
+            ("shm", "(b) one server, shared memory"),
+            ("frame", "(c) one server, network frame"),
+        ):
+            log(name)
+            res = run_clients(args, mode, srv.url)
+            rows.append(summarise(name, res, tree_rss(srv.proc.pid)))
+        server_rss = tree_rss(srv.proc.pid)
+        overhead = per_call_overhead(args, srv.url)
+    a = rows[0]
+    figures = {
+        "b_over_a_calls_per_s": rows[1]["calls_per_s"] / a["calls_per_s"],
+        "c_over_a_calls_per_s": rows[2]["calls_per_s"] / a["calls_per_s"],
+        "b_over_a_memory": rows[1]["total_rss_mb"] / a["total_rss_mb"],
+        "per_call_overhead_b_at_batch16": overhead["shm_ratio"],
+        "targets": {"b_over_a_calls_per_s": ">= 1.5", "b_over_a_memory": "<= 0.6", "overhead": "<= 1.2"},
+        # memory model: (a) = N (M + R), (b) = (M + R) + N C
+        "memory_model": {
+            "N": args.clients,
+            "engine_process_mb (M + R)": server_rss / 2**20,
+            "client_process_mb (C)": rows[1]["client_rss_mb"] / args.clients,
+            "own_backend_process_mb": a["client_rss_mb"] / args.clients,
+        },
+    }
+    write_results(
+        "serve",
+        rows,
+        {"config": vars(args), "figures": figures, "batch16": overhead},
+        cols=[
+            "layout",
+            "calls_per_s",
+            "latency_median_ms",
+            "latency_p99_ms",
+            "total_rss_mb",
+            "bytes_received_per_row",
+        ],
+    )
+    print(json.dumps(figures, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M (float32)")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--particles", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=3, help="SIS runs per client (run r: seed + r; < 50)")
+    ap.add_argument("--repeat", type=int, default=10, help="batches of 16 for the per-call overhead")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="cores for the engines: split over (a)'s clients",
+    )
+    ap.add_argument("--client-threads", type=int, default=1, help="torch threads of a remote client")
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument(
+        "--server-opt",
+        action="append",
+        metavar="KEY=VALUE",
+        help="option of the served hf backend (repeatable)",
+    )
+    ap.add_argument("--quick", action="store_true", help="tiny model, 2 clients, 4 particles x 4 tokens")
+    # client-process arguments
+    ap.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", default="local", help=argparse.SUPPRESS)
+    ap.add_argument("--url", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.client:
+        return client_main(args)
+    if args.quick:
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        import model_paths
+
+        args.model = args.model or str(model_paths.tiny_llama())
+        args.clients, args.particles, args.max_tokens, args.runs, args.repeat = 2, 4, 4, 1, 3
+    if args.model is None:
+        from genlm_core import embedded
+
+        args.model = str(embedded.smollm2_path(progress=True))
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

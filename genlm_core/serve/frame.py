@@ -1,0 +1,273 @@
+"""The wire frame of ``genlm serve``: contexts in, float32 rows out, versioned.
+
+Every binary body (request or response) is one frame, little-endian::
+
+    offset  size  field
+    0       4     magic  b"GLMF"
+    4       2     version (1)
+    6       2     kind   (1 CONTEXTS, 2 ROWS, 3 VOCAB)
+    8       4     header_len: bytes of the header, padded with spaces to a multiple of 8
+    12      4     reserved, 0
+    16      8     payload_len
+    24      ...   header: a UTF-8 JSON object of small metadata (counts, flags)
+    24+h    ...   payload
+
+Payloads (never JSON numbers, never an object per token):
+
+* ``CONTEXTS`` (client -> server): header ``{"n": N, "uncached": bool, "shm": null |
+  {"name": str, "nonce": hex, "capacity": int}}``; payload ``N`` uint32 lengths, then
+  every context's token ids as int32, concatenated.
+* ``ROWS`` (server -> client): header ``{"n": N, "width": W, "dtype": "float32",
+  "transport": "frame" | "shm", "replica": "host:pid"}``; payload ``N * W`` float32
+  (row-major), or nothing
+  when the rows were written into the client's shared-memory buffer (``"shm"``).
+* ``VOCAB`` (server -> client, once): header ``{"n": N}``; payload ``N`` uint32 byte
+  lengths, ``N`` uint32 string lengths, then every token's bytes, then every token's
+  string form (UTF-8), so the client rebuilds ``byte_vocab``/``str_vocab`` exactly.
+
+The parser is strict: a frame whose magic, version, kind, lengths, header fields or
+payload size do not add up raises :class:`FrameError` (a ``ValueError``) naming what
+is wrong; it never reads past the buffer and its work is bounded by the buffer's size.
+Errors travel as JSON (``{"error": ..., "type": ...}``) with an HTTP status, not frames.
+
+Version policy: a reader accepts only the versions in :data:`SUPPORTED_VERSIONS`; a
+change to any layout above is a new version, and a server answers a frame of a
+version it does not know with a clear 400 error naming the versions it speaks.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CONTEXTS",
+    "FrameError",
+    "MAGIC",
+    "ROWS",
+    "SUPPORTED_VERSIONS",
+    "VERSION",
+    "VOCAB",
+    "Frame",
+    "decode_contexts",
+    "decode_rows",
+    "decode_vocab",
+    "encode_contexts",
+    "encode_rows",
+    "encode_vocab",
+    "parse",
+]
+
+MAGIC = b"GLMF"
+VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+CONTEXTS, ROWS, VOCAB = 1, 2, 3
+KINDS = {CONTEXTS: "CONTEXTS", ROWS: "ROWS", VOCAB: "VOCAB"}
+_PREFIX = struct.Struct("<4sHHIIQ")
+PREFIX_LEN = _PREFIX.size  # 24
+#: the largest header a reader accepts (headers hold a few counts and flags)
+MAX_HEADER = 64 * 1024
+MEDIA_TYPE = "application/x-genlm-frame"
+
+
+class FrameError(ValueError):
+    """A frame that cannot be read: the message says which field and what was expected."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: int
+    header: dict[str, Any]
+    payload: memoryview
+
+
+def _build(kind: int, header: dict[str, Any], payload_parts: list[bytes | memoryview]) -> bytes:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    payload_len = sum(memoryview(p).nbytes for p in payload_parts)
+    return b"".join([_PREFIX.pack(MAGIC, VERSION, kind, len(head), 0, payload_len), head, *payload_parts])
+
+
+def parse(data: bytes | bytearray | memoryview, expect: int | None = None) -> Frame:
+    """The frame in ``data`` (exactly one, nothing after it), or :class:`FrameError`."""
+    buf = memoryview(data).cast("B")
+    if len(buf) < PREFIX_LEN:
+        raise FrameError(f"truncated frame: {len(buf)} bytes, shorter than the {PREFIX_LEN}-byte prefix")
+    magic, version, kind, header_len, reserved, payload_len = _PREFIX.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise FrameError(f"not a genlm frame: magic {bytes(magic)!r}, expected {MAGIC!r}")
+    if version not in SUPPORTED_VERSIONS:
+        raise FrameError(
+            f"frame version {version} is not supported (this side speaks {list(SUPPORTED_VERSIONS)}): "
+            "upgrade the older of client and server"
+        )
+    if kind not in KINDS:
+        raise FrameError(f"unknown frame kind {kind} (known: {KINDS})")
+    if expect is not None and kind != expect:
+        raise FrameError(f"expected a {KINDS[expect]} frame, got {KINDS[kind]}")
+    if reserved != 0:
+        raise FrameError(f"reserved prefix field is {reserved}, must be 0")
+    if header_len > MAX_HEADER or header_len % 8:
+        raise FrameError(f"header length {header_len} must be a multiple of 8 and <= {MAX_HEADER}")
+    if PREFIX_LEN + header_len + payload_len != len(buf):
+        raise FrameError(
+            f"frame length mismatch: prefix says {PREFIX_LEN} + {header_len} header + {payload_len} "
+            f"payload bytes, got {len(buf)} (truncated or trailing data)"
+        )
+    try:
+        header = json.loads(bytes(buf[PREFIX_LEN : PREFIX_LEN + header_len]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise FrameError(f"frame header is not a UTF-8 JSON object: {exc}") from None
+    if not isinstance(header, dict):
+        raise FrameError(f"frame header must be a JSON object, got {type(header).__name__}")
+    return Frame(kind, header, buf[PREFIX_LEN + header_len :])
+
+
+def _count(header: dict[str, Any], key: str, limit: int | None = None) -> int:
+    value = header.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise FrameError(f"frame header field {key!r} must be a non-negative int, got {value!r}")
+    if limit is not None and value > limit:
+        raise FrameError(f"frame header field {key!r} is {value}, above the limit {limit}")
+    return value
+
+
+# ---------------------------------------------------------------------- CONTEXTS
+def encode_contexts(
+    contexts: list[tuple[int, ...]] | list[list[int]], *, uncached: bool = False, shm: dict | None = None
+) -> bytes:
+    lengths = np.fromiter((len(c) for c in contexts), dtype="<u4", count=len(contexts))
+    ids = np.fromiter((t for c in contexts for t in c), dtype="<i4", count=int(lengths.sum()))
+    header: dict[str, Any] = {"n": len(contexts), "uncached": bool(uncached), "shm": None}
+    if shm is not None:
+        header["shm"] = {"name": shm["name"], "nonce": shm["nonce"].hex(), "capacity": int(shm["capacity"])}
+    return _build(CONTEXTS, header, [lengths.tobytes(), ids.tobytes()])
+
+
+@dataclass(frozen=True)
+class ContextsRequest:
+    contexts: list[tuple[int, ...]]
+    uncached: bool
+    shm: dict[str, Any] | None
+
+
+def decode_contexts(data: bytes, max_batch: int | None = None) -> ContextsRequest:
+    frame = parse(data, expect=CONTEXTS)
+    h = frame.header
+    n = _count(h, "n", max_batch)
+    uncached = h.get("uncached", False)
+    if not isinstance(uncached, bool):
+        raise FrameError(f"frame header field 'uncached' must be a bool, got {uncached!r}")
+    shm = h.get("shm")
+    if shm is not None:
+        if not isinstance(shm, dict) or not isinstance(shm.get("name"), str):
+            raise FrameError("frame header field 'shm' must be null or {name, nonce, capacity}")
+        try:
+            nonce = bytes.fromhex(shm.get("nonce", ""))
+        except (TypeError, ValueError):
+            raise FrameError("frame header field 'shm.nonce' must be a hex string") from None
+        shm = {"name": shm["name"], "nonce": nonce, "capacity": _count(shm, "capacity")}
+    payload = frame.payload
+    if len(payload) < 4 * n:
+        raise FrameError(f"CONTEXTS payload holds {len(payload)} bytes, fewer than {n} lengths")
+    lengths = np.frombuffer(payload, dtype="<u4", count=n).astype(np.int64)
+    total = int(lengths.sum())
+    if len(payload) != 4 * n + 4 * total:
+        raise FrameError(
+            f"CONTEXTS payload is {len(payload)} bytes; {n} lengths summing to {total} tokens "
+            f"need {4 * n + 4 * total}"
+        )
+    ids = np.frombuffer(payload, dtype="<i4", count=total, offset=4 * n).tolist()
+    contexts, pos = [], 0
+    for length in lengths.tolist():
+        contexts.append(tuple(ids[pos : pos + length]))
+        pos += length
+    return ContextsRequest(contexts, uncached, shm)
+
+
+# ---------------------------------------------------------------------- ROWS
+def encode_rows(
+    rows: np.ndarray | None, n: int, width: int, transport: str = "frame", replica: str | None = None
+) -> bytes:
+    """``rows``: a C-contiguous ``(n, width)`` float32 array (None with ``transport="shm"``).
+    ``replica``: which server process computed them (``host:pid``; optional)."""
+    header: dict[str, Any] = {"n": n, "width": width, "dtype": "float32", "transport": transport}
+    if replica is not None:
+        header["replica"] = replica
+    if transport == "shm":
+        return _build(ROWS, header, [])
+    assert rows is not None and rows.dtype == np.float32 and rows.shape == (n, width)
+    flat = np.ascontiguousarray(rows, dtype="<f4").reshape(-1).view(np.uint8)  # no copy for float32 rows
+    return _build(ROWS, header, [memoryview(flat)])
+
+
+@dataclass(frozen=True)
+class RowsReply:
+    n: int
+    width: int
+    transport: str
+    rows: np.ndarray | None  # (n, width) float32, writable; None for "shm"
+    replica: str | None = None
+
+
+def decode_rows(data: bytes, max_width: int | None = None) -> RowsReply:
+    frame = parse(data, expect=ROWS)
+    h = frame.header
+    n, width = _count(h, "n"), _count(h, "width", max_width)
+    if h.get("dtype") != "float32":
+        raise FrameError(f"ROWS dtype must be 'float32', got {h.get('dtype')!r}")
+    transport = h.get("transport")
+    replica = h.get("replica")
+    if replica is not None and not isinstance(replica, str):
+        raise FrameError(f"ROWS replica must be a string, got {replica!r}")
+    if transport == "shm":
+        if len(frame.payload):
+            raise FrameError("a ROWS frame with transport 'shm' carries no payload")
+        return RowsReply(n, width, "shm", None, replica)
+    if transport != "frame":
+        raise FrameError(f"ROWS transport must be 'frame' or 'shm', got {transport!r}")
+    if len(frame.payload) != 4 * n * width:
+        raise FrameError(
+            f"ROWS payload is {len(frame.payload)} bytes; {n} x {width} float32 need {4 * n * width}"
+        )
+    rows = np.frombuffer(frame.payload, dtype="<f4").reshape(n, width).astype(np.float32, copy=True)
+    return RowsReply(n, width, "frame", rows, replica)
+
+
+# ---------------------------------------------------------------------- VOCAB
+def encode_vocab(byte_vocab: list[bytes], str_vocab: list[str]) -> bytes:
+    if len(byte_vocab) != len(str_vocab):
+        raise ValueError(f"{len(byte_vocab)} byte tokens but {len(str_vocab)} strings")
+    strs = [s.encode("utf-8", errors="surrogatepass") for s in str_vocab]
+    blens = np.fromiter((len(b) for b in byte_vocab), dtype="<u4", count=len(byte_vocab))
+    slens = np.fromiter((len(s) for s in strs), dtype="<u4", count=len(strs))
+    return _build(VOCAB, {"n": len(byte_vocab)}, [blens.tobytes(), slens.tobytes(), *byte_vocab, *strs])
+
+
+def decode_vocab(data: bytes) -> tuple[list[bytes], list[str]]:
+    frame = parse(data, expect=VOCAB)
+    n = _count(frame.header, "n")
+    payload = frame.payload
+    if len(payload) < 8 * n:
+        raise FrameError(f"VOCAB payload holds {len(payload)} bytes, fewer than {n} pairs of lengths")
+    blens = np.frombuffer(payload, dtype="<u4", count=n).astype(np.int64)
+    slens = np.frombuffer(payload, dtype="<u4", count=n, offset=4 * n).astype(np.int64)
+    total = 8 * n + int(blens.sum()) + int(slens.sum())
+    if len(payload) != total:
+        raise FrameError(f"VOCAB payload is {len(payload)} bytes; its lengths add up to {total}")
+    raw = bytes(payload[8 * n :])
+    out_b, out_s, pos = [], [], 0
+    for length in blens.tolist():
+        out_b.append(raw[pos : pos + length])
+        pos += length
+    try:
+        for length in slens.tolist():
+            out_s.append(raw[pos : pos + length].decode("utf-8", errors="surrogatepass"))
+            pos += length
+    except UnicodeDecodeError as exc:
+        raise FrameError(f"VOCAB string form is not UTF-8: {exc}") from None
+    return out_b, out_s

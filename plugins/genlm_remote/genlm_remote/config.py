@@ -1,0 +1,38 @@
+from typing import Literal
+
+from pydantic import Field
+
+from genlm_core.config import BackendConfig
+
+
+class RemoteConfig(BackendConfig):
+    """Options of the remote backend. The model, dtype and tokenizer are the server's:
+    ``model`` and ``dtype``, when given, must match what it serves."""
+
+    component = "remote"
+
+    url: str = Field(
+        "http://127.0.0.1:8765",
+        description=(
+            "the server (`genlm serve`): http://HOST:PORT; shm+http://HOST:PORT insists on rows "
+            "through /dev/shm (same host)"
+        ),
+    )
+    token: str | None = Field(None, description="bearer token the server was started with (--token)")
+    transport: Literal["auto", "shm", "frame"] = Field(
+        "auto",
+        description=(
+            "how rows come back: 'shm' = through a /dev/shm buffer this client owns (the server "
+            "falls back to the frame when it cannot open it), 'frame' = float32 rows in the HTTP "
+            "reply, 'auto' = shm when the server is on this host (a loopback url, or the server "
+            "reports this host's name), else frame"
+        ),
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="seconds to wait for one reply before failing")
+    connect_timeout_s: float = Field(10.0, gt=0, description="seconds to wait for a connection")
+
+    def model_needs(self) -> tuple[str, ...]:
+        return ()
+
+    def check_model(self) -> None:  # the model lives on the server
+        return None

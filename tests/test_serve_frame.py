@@ -1,0 +1,126 @@
+"""The wire frame of genlm serve (genlm_core.serve.frame): round trips are exact, and the
+strict parser answers every truncated, extended or corrupted frame with a FrameError
+(a ValueError) - never another exception, never a hang (hypothesis fuzzes it)."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from genlm_core.serve import frame
+from genlm_core.serve.frame import FrameError
+
+contexts_st = st.lists(st.lists(st.integers(0, 2**31 - 1), max_size=12), max_size=8)
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _any_decode(data: bytes) -> None:
+    """Every decoder on ``data``: each must return or raise FrameError."""
+    for decode in (frame.decode_contexts, frame.decode_rows, frame.decode_vocab, frame.parse):
+        try:
+            decode(data)
+        except FrameError:
+            pass
+
+
+@FUZZ
+@given(contexts_st, st.booleans())
+def test_contexts_round_trip(contexts, uncached) -> None:
+    shm = {"name": "genlm-remote-1-x", "nonce": bytes(range(16)), "capacity": 4096}
+    req = frame.decode_contexts(frame.encode_contexts(contexts, uncached=uncached, shm=shm))
+    assert req.contexts == [tuple(c) for c in contexts] and req.uncached == uncached
+    assert req.shm == shm
+
+
+@FUZZ
+@given(st.integers(0, 5), st.integers(0, 40), st.binary(min_size=0, max_size=800))
+def test_rows_round_trip_bit_for_bit(n, width, noise) -> None:
+    raw = (
+        (noise * (4 * n * width // max(len(noise), 1) + 1))[: 4 * n * width]
+        if noise
+        else bytes(4 * n * width)
+    )
+    rows = np.frombuffer(raw, dtype="<f4").reshape(n, width).astype(np.float32)  # any bits: NaNs, infs
+    reply = frame.decode_rows(frame.encode_rows(rows, n, width))
+    assert reply.rows is not None and reply.rows.tobytes() == rows.tobytes() and reply.rows.flags.writeable
+
+
+@FUZZ
+@given(st.lists(st.binary(max_size=6), min_size=1, max_size=20), st.data())
+def test_vocab_round_trip(tokens, data) -> None:
+    strs = [data.draw(st.text(max_size=4)) for _ in tokens]
+    assert frame.decode_vocab(frame.encode_vocab(tokens, strs)) == (tokens, strs)
+
+
+def _valid_frames() -> list[bytes]:
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4)
+    return [
+        frame.encode_contexts([[1, 2, 3], [4]], shm={"name": "n", "nonce": b"\x01" * 16, "capacity": 64}),
+        frame.encode_rows(rows, 3, 4),
+        frame.encode_rows(None, 3, 4, "shm"),
+        frame.encode_vocab([b"a", b"\xff\xfe"], ["a", "?"]),
+    ]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_every_truncation_and_extension_is_a_frame_error(index) -> None:
+    data = _valid_frames()[index]
+    for cut in range(len(data)):
+        with pytest.raises(FrameError):
+            frame.parse(data[:cut])
+    with pytest.raises(FrameError, match="length mismatch"):
+        frame.parse(data + b"\x00")
+
+
+@FUZZ
+@given(
+    st.sampled_from(range(4)), st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=6)
+)
+def test_corrupted_frames_parse_or_fail_cleanly(index, flips) -> None:
+    data = bytearray(_valid_frames()[index])
+    for pos, value in flips:
+        data[pos % len(data)] = value
+    _any_decode(bytes(data))
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_random_bytes_fail_cleanly(data) -> None:
+    _any_decode(data)
+    _any_decode(frame.MAGIC + data)
+
+
+@FUZZ
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 2**32 - 1),
+    st.dictionaries(
+        st.sampled_from(["n", "width", "uncached", "shm", "dtype", "transport"]),
+        st.none() | st.integers() | st.text(max_size=3) | st.booleans(),
+    ),
+)
+def test_lying_headers_fail_cleanly_without_huge_allocations(n, width, header) -> None:
+    """Counts far beyond the payload (n = 2**32 - 1) are refused by arithmetic before
+    anything of that size is allocated."""
+    for kind in (frame.CONTEXTS, frame.ROWS, frame.VOCAB):
+        h = {**header, "n": n, "width": width}
+        body = frame._build(kind, h, [b"\x00" * 16])
+        _any_decode(body)
+
+
+def test_errors_name_the_problem() -> None:
+    good = frame.encode_rows(np.zeros((1, 2), np.float32), 1, 2)
+    bad_version = good[:4] + struct.pack("<H", 99) + good[6:]
+    with pytest.raises(FrameError, match="version 99 is not supported"):
+        frame.parse(bad_version)
+    with pytest.raises(FrameError, match="not a genlm frame"):
+        frame.parse(b"XXXX" + good[4:])
+    with pytest.raises(FrameError, match="expected a CONTEXTS frame, got ROWS"):
+        frame.decode_contexts(good)
+    with pytest.raises(FrameError, match="above the limit 2"):
+        frame.decode_contexts(frame.encode_contexts([[1], [2], [3]]), max_batch=2)
+    assert issubclass(FrameError, ValueError)

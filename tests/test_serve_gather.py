@@ -1,0 +1,107 @@
+"""genlm_core.serve.gather: the requests of several active clients are released
+together (one batch), a lone client never waits, and every hold is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from genlm_core.serve.gather import Gatherer
+
+
+async def _timed(g: Gatherer, client: str) -> float:
+    t0 = time.monotonic()
+    await g.arrive(client)
+    return time.monotonic() - t0
+
+
+@pytest.mark.asyncio
+async def test_a_lone_client_never_waits() -> None:
+    g = Gatherer(wait_s=5.0)
+    for _ in range(3):
+        assert await _timed(g, "a") < 1.0  # 5 s if it waited
+        g.leave("a")
+    assert g.stats()["held_requests"] == 0
+
+
+@pytest.mark.asyncio
+async def test_a_missing_client_is_waited_for_a_quarter_pass_at_most_wait_s() -> None:
+    g = Gatherer(wait_s=0.2, window_s=30.0)
+    await g.arrive("b")
+    await asyncio.sleep(2.0)  # b's batch: a 2 s pass
+    g.leave("b")  # b is active, but sends nothing more
+    took = await _timed(g, "a")  # min(0.2, 2.0 / 4): 0.2 s
+    assert 0.15 <= took < 5.0
+    g.leave("a")
+
+
+@pytest.mark.asyncio
+async def test_waiting_requests_are_released_together_when_all_clients_are_here() -> None:
+    """b and c arrive while a's 2 s batch runs: held; when it ends they wait (up to a
+    quarter of it) for a's next request, and all three go in the same loop iteration."""
+    g = Gatherer(wait_s=10.0, window_s=60.0)
+    await g.arrive("a")  # alone: not held
+    released: list[str] = []
+
+    async def one(c: str) -> None:
+        await g.arrive(c)
+        released.append(c)
+
+    tb, tc = asyncio.create_task(one("b")), asyncio.create_task(one("c"))
+    await asyncio.sleep(2.0)
+    assert released == []  # held while a's batch runs
+    g.leave("a")
+    await asyncio.sleep(0.05)
+    assert released == []  # waiting for a's next request (up to 0.5 s)
+    t0 = time.monotonic()
+    await one("a")
+    await asyncio.gather(tb, tc)
+    assert sorted(released) == ["a", "b", "c"] and time.monotonic() - t0 < 0.4
+    assert g.computing == 3
+
+
+@pytest.mark.asyncio
+async def test_requests_are_held_while_a_batch_runs_then_join_the_next() -> None:
+    """a's request arrives while b's batch is computing: holding it costs nothing (it
+    could not run before), so it waits for b's next request instead of running alone."""
+    g = Gatherer(wait_s=1.0, window_s=30.0)
+    await g.arrive("b")  # b computing
+    task = asyncio.create_task(g.arrive("a"))
+    await asyncio.sleep(1.5)  # beyond wait_s: a is still held, b's batch still runs
+    assert not task.done()
+    g.leave("b")
+    await asyncio.sleep(0.01)
+    assert not task.done()  # waiting for b to come back (up to wait_s)
+    await g.arrive("b")
+    await asyncio.wait_for(task, 5.0)
+    assert g.computing == 2
+
+
+@pytest.mark.asyncio
+async def test_quiet_clients_and_anonymous_requests() -> None:
+    g = Gatherer(wait_s=5.0, window_s=0.1)
+    await g.arrive("b")
+    g.leave("b")
+    await asyncio.sleep(0.2)  # b went quiet: no longer waited for
+    assert await _timed(g, "a") < 1.0
+    assert await _timed(g, None) < 0.1 and g.computing == 1  # anonymous: not counted
+    assert Gatherer(wait_s=0).wait_s == 0
+
+
+@pytest.mark.asyncio
+async def test_the_wait_is_a_quarter_of_the_forward_pass() -> None:
+    """After a busy period of 0.8 s a request waits up to 0.2 s for a missing client (not
+    wait_s = 30 s); after a pass of ~0 s it does not wait."""
+    g = Gatherer(wait_s=30.0, window_s=60.0)
+    await g.arrive("b")
+    await asyncio.sleep(0.8)
+    g.leave("b")  # b is active; its 0.8 s batch just ended
+    assert g.last_busy_s >= 0.75
+    took = await _timed(g, "a")
+    assert 0.15 <= took < 5.0
+    g.leave("a")
+    await g.arrive("b")
+    g.leave("b")  # a pass of no time: nothing to gain by waiting
+    assert await _timed(g, "a") < 1.0
