@@ -74,7 +74,7 @@ async def _run(llm: Any, args: argparse.Namespace) -> None:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The demo's options (``genlm demo`` and ``python -m genlm_core.demo``)."""
-    from genlm_core.cli import POSITIVE, SEED, add_model_arguments
+    from genlm_core.cli_options import POSITIVE, SEED, add_model_arguments
 
     add_model_arguments(ap)
     ap.add_argument("--prompt", default="Montreal is")
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the model ``args`` name (default: the embedded SmolLM2) and run the demo."""
     import genlm_core
     from genlm_core import embedded
-    from genlm_core.cli import parse_opts
+    from genlm_core.cli_options import parse_opts
 
     opts = parse_opts(args.opt)
     model = args.model or str(embedded.smollm2_path(progress=True))

@@ -5,7 +5,7 @@ hub id (``"gpt2"``, ``"org/name"``) or a local folder. Engines given a folder th
 not exist treat it as a hub id and fail with the hub's repo-id rules; given an empty
 folder they fail inside the tokenizer. :func:`check_model_folder` runs first, in
 ``genlm_core.load`` and in every plugin's constructor, and says what is wrong in the
-same words on every backend. It imports nothing but the standard library.
+same words on every backend. It imports nothing but the standard library (and :mod:`genlm_core.errors`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from genlm_core.errors import ConfigError
 
 __all__ = ["REQUIREMENTS", "as_model_argument", "check_model_folder", "looks_like_path"]
 
@@ -75,8 +77,6 @@ def check_model_folder(
     Hub ids and ``None`` pass (the engine resolves them); so does an existing file (a
     GGUF checkpoint given by its path): only its engine can judge it.
     """
-    from genlm_core.config import ConfigError
-
     if model is None or not looks_like_path(model):
         return
     folder = Path(os.path.expanduser(os.fspath(model)))
