@@ -33,45 +33,42 @@ def _owner(name: str, modules: dict[str, Path]) -> str | None:
     return name or None
 
 
+def _run_time_nodes(node: ast.AST):
+    """Every node below ``node``, except the bodies of ``if TYPE_CHECKING:`` blocks."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            for other in child.orelse:
+                yield other
+                yield from _run_time_nodes(other)
+            continue
+        yield child
+        yield from _run_time_nodes(child)
+
+
+def _imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str | None] = set()
+    for node in _run_time_nodes(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(_owner(a.name, modules) for a in node.names if a.name.startswith(PACKAGE))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = package
+                for _ in range(node.level - 1):
+                    pkg = pkg.rpartition(".")[0]
+                base = f"{pkg}.{base}" if base else pkg
+            if base.startswith(PACKAGE):
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    found.add(full if full in modules else _owner(base, modules))
+    return {m for m in found if m is not None and m != module}
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module -> the genlm_core modules it imports (anywhere but under TYPE_CHECKING)."""
     modules = _modules()
-    graph: dict[str, set[str]] = {m: set() for m in modules}
-    for module, path in modules.items():
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        edges = graph[module]
-
-        class Visitor(ast.NodeVisitor):
-            def visit_If(self, node: ast.If) -> None:
-                if "TYPE_CHECKING" in ast.unparse(node.test):
-                    for child in node.orelse:
-                        self.visit(child)
-                else:
-                    self.generic_visit(node)
-
-            def visit_Import(self, node: ast.Import) -> None:
-                for alias in node.names:
-                    target = _owner(alias.name, modules)
-                    if alias.name.startswith(PACKAGE) and target not in (None, module):
-                        edges.add(target)
-
-            def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-                base = node.module or ""
-                if node.level:
-                    pkg = package
-                    for _ in range(node.level - 1):
-                        pkg = pkg.rpartition(".")[0]
-                    base = f"{pkg}.{base}" if base else pkg
-                if not base.startswith(PACKAGE):
-                    return
-                for alias in node.names:
-                    full = f"{base}.{alias.name}"
-                    target = full if full in modules else _owner(base, modules)
-                    if target not in (None, module):
-                        edges.add(target)
-
-        Visitor().visit(ast.parse(path.read_text(), str(path)))
-    return graph
+    return {module: _imports_of(module, path, modules) for module, path in modules.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
