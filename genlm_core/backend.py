@@ -60,9 +60,10 @@ class BaseLogprobBackend:
         self.byte_vocab = byte_vocab
         self.str_vocab = str_vocab
         self.vocab_size = len(byte_vocab)
-        if eos_token_ids is None:
-            eos = getattr(tokenizer, "eos_token_id", None)
-            eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if eos_token_ids is None:  # the checkpoint policy (genlm_core.checkpoint), read from its files
+            from genlm_core.checkpoint import checkpoint_eos_ids
+
+            eos_token_ids = checkpoint_eos_ids(self.config.model, tokenizer, len(byte_vocab))
         self.eos_token_ids: list[int] = [int(e) for e in eos_token_ids]
         cfg = self.config
         self.output_cache: OutputCache | None = (
@@ -300,9 +301,14 @@ class BaseLogprobBackend:
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[list[int]]:
-        """Sample for each prompt concurrently (batched). Prompt ``i`` uses ``seed + i``."""
+        """Sample for each prompt concurrently (batched). Prompt ``i`` uses ``seed + i``.
+
+        Every prompt and argument is checked before any sampling starts. Engines with a
+        sampler of their own override :meth:`sample` only: its concurrent calls batch.
+        """
         for p in prompt_token_ids_list:
             self.validate(p)
+        self._check_sample_args(max_tokens, temperature, eos_token_ids)
         return list(
             await asyncio.gather(
                 *(

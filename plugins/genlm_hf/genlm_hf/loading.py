@@ -15,9 +15,7 @@ __all__ = ["check_config", "check_dtype", "requested_dtype", "resolve_device", "
 def check_config(config: HFConfig) -> None:
     """Fail early, before any weights are read, on options this machine cannot honour."""
     if config.model is None:
-        raise ValueError(
-            "the hf backend needs a model: genlm_core.load('hf', model='<hub id or local folder>')"
-        )
+        raise ValueError("internal: HFBackend.from_config resolves model=None first")
     config.check_model()
     requested_dtype(config)  # a conflicting hf_opts dtype fails before any weights are read
     if config.bitsandbytes_opts:

@@ -41,7 +41,7 @@ def test_lora_switching(tiny_path, tiny_lora_adapter, tiny_lora_backend) -> None
         llm.clear_lora()
     again = llm.batch_next_token_logprobs_sync(contexts)
     assert max_abs_diff(again, base) <= 1e-4
-    with pytest.raises(ValueError, match="unknown LoRA"):
+    with pytest.raises(ValueError, match="no LoRA adapter named"):
         llm.set_lora("missing")
     with pytest.raises(ValueError, match="not found"):
         llm.load_lora("/nonexistent/adapter", "b")
