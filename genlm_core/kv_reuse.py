@@ -38,7 +38,7 @@ __all__ = ["KVCacheOptions", "KVReuse", "KVReuseBackend"]
 
 class KVCacheOptions(GenlmConfig):
     """The KV-reuse options of every engine with its own KV (a mixin of its config):
-    ``class MyConfig(BackendConfig, KVCacheOptions)``."""
+    ``class MyConfig(KVCacheOptions, BackendConfig)`` (its options then follow the common ones)."""
 
     prefix_cache: bool = Field(
         True,

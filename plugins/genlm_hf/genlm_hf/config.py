@@ -13,7 +13,7 @@ from genlm_core.kv_reuse import KVCacheOptions
 __all__ = ["HFConfig", "DTYPES"]
 
 
-class HFConfig(BackendConfig, KVCacheOptions):
+class HFConfig(KVCacheOptions, BackendConfig):
     """Options of ``genlm_core.load("hf", ...)``.
 
     ``model`` is a hub id or a local folder, loaded with transformers'

@@ -8,7 +8,7 @@ from genlm_core.config import BackendConfig
 from genlm_core.kv_reuse import KVCacheOptions
 
 
-class MLXConfig(BackendConfig, KVCacheOptions):
+class MLXConfig(KVCacheOptions, BackendConfig):
     """Options of :class:`genlm_mlx.backend.MLXBackend`.
 
     ``model`` is anything ``mlx_lm.load`` accepts: a local folder (Hugging Face
