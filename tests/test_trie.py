@@ -1053,3 +1053,71 @@ def test_any_vocabulary_positions_ids_and_symbols() -> None:
         assert mx[ab] == pytest.approx(np.log(0.3)) and mx[sym] == pytest.approx(np.log(0.2))
     with_eos = TrieStructure(vocab, eos_tokens=[eos, Token(9, b"b")])
     assert with_eos.eos_token_ids == [9, -1] and with_eos.children[with_eos.root][EOS] == with_eos.eos_node
+
+
+# ---------------------------------------------------------------------- one set of calls on every result
+def test_every_implementations_results_answer_the_same_calls() -> None:
+    """Eager and lazy results of every trie (NumPy, numba, torch on the CPU) answer
+    ``m[node]``, ``m.take(index)`` for a list, a NumPy array and a tensor index, and
+    ``np.asarray(m)``; a batch answers ``mb[row]`` with the same, ``mb.take(nodes)``
+    (lazy results and tensors: the same nodes of every row) and ``np.asarray(mb)``.
+    Oracle: the eager NumPy result, itself checked against brute force above."""
+    rng = np.random.default_rng(5)
+    vocab = [bytes(rng.integers(97, 100, size=rng.integers(1, 4)).tolist()) for _ in range(60)] + [b"<e>"]
+    s = TrieStructure(vocab, eos_tokens=[b"<e>"])
+    W = rng.random((3, len(vocab)))
+    ref = TokenByteTrie(s, accel="numpy")
+    nodes = [0, 3, s.num_nodes - 1, s.eos_node, -1]
+    indices = {"list": nodes, "numpy": np.array(nodes), "tensor": torch.tensor(nodes)}
+    for name, trie in {**implementations(s), **{f"lazy-{k}": v for k, v in lazy_variants(s).items()}}.items():
+        for op in ("weight_sum", "weight_max"):
+            for lazy in (False, True) if op == "weight_sum" else (False,):
+                kw = {"lazy": True} if lazy else {}
+                want = getattr(ref, op)(W[0], EOSMode.WITH_EOS)
+                m = getattr(trie, op)(W[0], EOSMode.WITH_EOS, **kw)
+                where = (name, op, lazy)
+                # float64 weights: every implementation sums in float64 (TwoSum residuals), so
+                # the results agree to a few ulps of the total (at most 61 weights < 1 each)
+                tol = 64 * 2**-52 * len(vocab)
+                got = np.array([float(m[node]) for node in nodes])  # -inf (max of no token) compares equal
+                np.testing.assert_allclose(got, want[nodes], atol=tol, rtol=0, err_msg=str(where))
+                for kind, index in indices.items():
+                    got = np.asarray(m.take(index)).astype(np.float64)
+                    np.testing.assert_allclose(got, want[nodes], atol=tol, rtol=0, err_msg=str((where, kind)))
+                np.testing.assert_allclose(np.asarray(m), want, atol=tol, rtol=0, err_msg=str(where))
+                batch_op = "batch_" + op
+                mb = getattr(trie, batch_op)(W, EOSMode.WITH_EOS, **kw)
+                want_b = getattr(ref, batch_op)(W, EOSMode.WITH_EOS)
+                np.testing.assert_allclose(np.asarray(mb), want_b, atol=tol, rtol=0, err_msg=str(where))
+                for row in range(len(W)):
+                    got = np.array([float(mb[row][node]) for node in nodes])
+                    np.testing.assert_allclose(got, want_b[row, nodes], atol=tol, rtol=0, err_msg=str(where))
+                    np.testing.assert_allclose(
+                        np.asarray(mb[row].take(indices["numpy"])), want_b[row, nodes], atol=tol, rtol=0
+                    )
+                if lazy or isinstance(mb, torch.Tensor):
+                    for index in indices.values():
+                        got = np.asarray(mb.take(index))
+                        assert got.shape == (len(W), len(nodes)), where
+                        np.testing.assert_allclose(
+                            got, want_b[:, nodes], atol=tol, rtol=0, err_msg=str(where)
+                        )
+
+
+def test_make_trie_resolves_through_the_registry() -> None:
+    """One factory: make_trie and genlm_core.load_trie pick alike, by the registry's
+    priorities per device (torch on CUDA, the CPU trie on the CPU, nothing on MPS: the
+    torch trie's prefix sums are float64, which MPS lacks)."""
+    from genlm_core import load_trie
+    from genlm_core.registry import UnavailableImplementationError, get_registry
+
+    vocab = [b"a", b"ab", b"b"]
+    for device in ("auto", "cpu"):
+        assert type(make_trie(vocab, device=device)) is type(load_trie(vocab, device=device))
+    reg = get_registry()
+    assert reg.choose_auto("trie", devices=["cuda"])[0].name == "torch"
+    assert reg.choose_auto("trie", devices=["cpu"])[0].name == "numpy"
+    with pytest.raises(UnavailableImplementationError, match="device mps"):
+        reg.choose_auto("trie", devices=["mps"])
+    assert isinstance(load_trie(vocab, "torch", device="cpu"), TorchTokenByteTrie)
+    assert TRIE_IMPLEMENTATIONS["torch"] == ("genlm_core.trie.torch_impl:TorchTokenByteTrie", ["cuda", "cpu"])
