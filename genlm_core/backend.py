@@ -86,7 +86,7 @@ class BaseLogprobBackend:
 
     @classmethod
     def from_name(cls, model: str | None = None, **options: Any) -> "BaseLogprobBackend":
-        """Seeds-compatible constructor: ``Backend.from_name("gpt2", batch_size=8)``."""
+        """genlm-backend's constructor: ``Backend.from_name("gpt2", batch_size=8)``."""
         config = cls.config_class.build(cls.backend_name, model=model, **options)
         return cls.from_config(config)
 
@@ -270,7 +270,7 @@ class BaseLogprobBackend:
         """Sample up to ``max_tokens`` tokens; stops before any token in ``eos_token_ids``.
 
         ``seed`` makes the draw reproducible. ``temperature=0`` is greedy. The EOS
-        token itself is not included in the result (as in the seeds).
+        token itself is not included in the result.
         """
         import torch
 
@@ -335,7 +335,7 @@ class BaseLogprobBackend:
         self._clear_engine_cache()
 
     def reset_async_queries(self) -> None:
-        """Seeds compatibility: fail and drop waiting requests. Not needed after errors."""
+        """genlm-backend's name: fail and drop waiting requests. Not needed after errors."""
         self.batcher.reset()
 
     @property

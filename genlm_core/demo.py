@@ -1,6 +1,6 @@
 """The main job (`genlm demo`): what genlm-core does, on a real model, with no model hub.
 
-1. Autobatched sequential importance sampling (the seeds' README example):
+1. Autobatched sequential importance sampling (genlm-backend's README example):
    prompt "Montreal is", 10 particles; strings with normalised probabilities and
    how many next-token calls were batched into how many forward passes.
 2. A byte-level continuation (beam over tokenizations) and the bits per byte of a
@@ -53,7 +53,7 @@ async def byte_demo(
 
 
 async def sis_demo(llm: Any, prompt: str, particles: int, max_tokens: int, seed: int) -> str:
-    """The seeds' autobatched SIS from ``prompt`` (progress bar on stderr); its report."""
+    """Autobatched SIS from ``prompt`` (progress bar on stderr); its report."""
     from genlm_core.smc import run_sis
 
     result = await run_sis(

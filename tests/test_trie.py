@@ -672,7 +672,7 @@ def test_visualize(monkeypatch: pytest.MonkeyPatch) -> None:
         t.visualize()
 
 
-# ---------------------------------------------------------------------- issue 17: weights every path agrees on
+# ---------------------------------------------------------------------- weights every path agrees on
 from genlm_core.config import ConfigError  # noqa: E402
 from genlm_core.trie.base import NonFiniteWeightsError  # noqa: E402
 
@@ -772,7 +772,7 @@ def weight_cases(draw: st.DrawFn):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(weight_cases())
 def test_nonfinite_negative_zero_weights_agree_on_every_path(case) -> None:
-    """Issue 17 point 2: random weights with inf/NaN/negative/zero entries give on
+    """Random weights with inf/NaN/negative/zero entries give on
     every path either the brute-force answer or the same NonFiniteWeightsError
     (sums: any non-finite weight; max: any NaN; -inf/inf are legit maxima)."""
     vocab, eos, atomic, w = case
@@ -811,7 +811,7 @@ def test_nonfinite_negative_zero_weights_agree_on_every_path(case) -> None:
                         assert abs(got[node] - want) <= tol, (name, op, mode, node, got[node], want)
 
 
-def test_issue17_row7_one_inf_weight_is_an_error_on_every_path() -> None:
+def test_one_inf_weight_is_an_error_on_every_path() -> None:
     """Eagerly one inf made unrelated branches NaN while lazy=True answered 0.5."""
     t = make_trie([b"a", b"b"], device="cpu")
     w = np.array([np.inf, 0.5])
@@ -851,8 +851,8 @@ def test_async_nonfinite_weights_fail_only_their_caller() -> None:
     asyncio.run(main())
 
 
-# ---------------------------------------------------------------------- issue 17 row 5: options
-def test_issue17_row5_unknown_trie_options_are_named() -> None:
+# ---------------------------------------------------------------------- unknown and bad options
+def test_unknown_trie_options_are_named() -> None:
     vocab = [b"a", b"<e>"]
     calls = [
         lambda **kw: make_trie(vocab, device="cpu", **kw),
@@ -892,8 +892,8 @@ def genlm_core_load_trie(vocab, name, **kw):
     return load_trie(vocab, name, **kw)
 
 
-# ---------------------------------------------------------------------- issue 17 row 13: input types
-def test_issue17_row13_half_precision_empty_batches_and_lists() -> None:
+# ---------------------------------------------------------------------- input types
+def test_half_precision_weights_empty_batches_and_lists() -> None:
     vocab = [b"a", b"ab", b"b", b"<e>"]
     s = TrieStructure(vocab, eos_tokens=[b"<e>"])
     n, nn = len(vocab), s.num_nodes
@@ -925,14 +925,14 @@ def test_issue17_row13_half_precision_empty_batches_and_lists() -> None:
     assert lazy.take([0, 1]).shape == (0, 2)
 
 
-# ---------------------------------------------------------------------- issue 16 item 5: one signature
+# ---------------------------------------------------------------------- one signature
 def _params(fn) -> list[str]:
     import inspect
 
     return [p for p in inspect.signature(fn).parameters if p != "self"]
 
 
-def test_issue16_one_trie_signature() -> None:
+def test_every_trie_takes_one_signature() -> None:
     from genlm_core.protocols import Trie
 
     for cls in (Trie, TokenByteTrie, TorchTokenByteTrie):
@@ -944,7 +944,7 @@ def test_issue16_one_trie_signature() -> None:
     assert _params(AsyncTokenByteTrie.weight_max) == ["ws", "mode", "out", "key"]
 
 
-def test_issue16_readme_trie_example_runs_on_every_implementation() -> None:
+def test_readme_trie_example_runs_on_every_implementation() -> None:
     """make_trie returns the torch trie on CUDA machines: the README's lazy example
     must run there too (the torch trie on the CPU stands in for CUDA)."""
     vocab = [b"Paris", b"P", b"Pa", b"London", b"<e>", b"Rome"]
@@ -987,7 +987,7 @@ def Trie_protocol():
     return Trie
 
 
-def test_issue16_lazy_batch_take_reads_every_row_in_one_call() -> None:
+def test_lazy_batch_take_reads_every_row_in_one_call() -> None:
     rng = np.random.default_rng(11)
     vocab = [bytes(rng.integers(97, 100, size=rng.integers(1, 5)).tolist()) for _ in range(300)] + [b"<e>"]
     s = TrieStructure(vocab, eos_tokens=[b"<e>"], atomic_tokens=[vocab[7]])

@@ -57,7 +57,7 @@ def resolve_device(requested: str | None) -> str:
 
 
 def requested_dtype(config: HFConfig) -> str:
-    """``config.dtype``, or the seeds' ``hf_opts={"torch_dtype": ...}`` when dtype is 'auto'."""
+    """``config.dtype``, or genlm-backend's ``hf_opts={"torch_dtype": ...}`` when dtype is 'auto'."""
     legacy = [(k, config.hf_opts[k]) for k in ("torch_dtype", "dtype") if k in config.hf_opts]
     if not legacy:
         return config.dtype

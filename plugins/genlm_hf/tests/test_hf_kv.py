@@ -246,8 +246,8 @@ def _logprob_rows_held(llm) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("cache_size", [4096, 0])
 async def test_cache_bytes_is_one_logprob_budget(tiny_llama_path: str, cache_size: int) -> None:
-    """Issue 17 row 3: rows were kept in the output cache and again in the prefix cache,
-    each up to ``cache_bytes`` (2x the setting). Real storage is read from the tensors."""
+    """Rows are kept once, in the output cache (not again in the prefix cache, which would
+    hold up to 2x ``cache_bytes``). Real storage is read from the tensors."""
     probe = load_hf(tiny_llama_path)
     row_bytes = probe.vocab_size * 4
     probe.close()
