@@ -131,41 +131,6 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
-#: environment variables that decide how a vLLM engine is laid out over processes/machines
-SCALE_OUT_ENV = (
-    "VLLM_ENABLE_V1_MULTIPROCESSING",
-    "VLLM_CPU_OMP_THREADS_BIND",
-    "VLLM_CPU_KVCACHE_SPACE",
-    "CUDA_VISIBLE_DEVICES",
-    "RAY_ADDRESS",
-)
-
-
-def _scale_out(hw: Any) -> dict[str, Any]:
-    """The parallel layouts this machine allows (docs/scale-out.md), without importing an engine."""
-    import importlib.metadata as md
-
-    try:
-        ray = md.version("ray")
-    except md.PackageNotFoundError:
-        ray = None
-    if hw.cuda:
-        tp = hw.cuda_devices
-        note = f"tensor_parallel_size * pipeline_parallel_size <= {tp} GPU(s) on this node"
-    else:
-        tp = hw.cpu_count
-        note = (
-            f"CPU ranks bind their OpenMP threads: set VLLM_CPU_OMP_THREADS_BIND to one core list "
-            f"per rank ('|'-separated, e.g. '0|1'), <= {hw.cpu_count} cores in all"
-        )
-    return {
-        "max_ranks_on_this_node": tp,
-        "note": note,
-        "ray": ray,
-        "env": {k: os.environ[k] for k in SCALE_OUT_ENV if k in os.environ},
-    }
-
-
 def cmd_doctor(args: argparse.Namespace) -> int:
     import platform
 
@@ -183,7 +148,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "plugins": {name: f"{d} {v}" for name, (d, v) in get_registry().plugins.items()},
         "backends": [b["name"] for b in list_backends()],
         "broken_plugins": [b.as_dict() for b in get_registry().broken],
-        "scale_out": _scale_out(hw),
+        "sections": get_registry().doctor_sections(hw),  # each plugin's own (genlm_doctor hook)
     }
     try:
         info["auto"] = explain_auto()
@@ -219,12 +184,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"  {name:<13} {dv}")
     for b in info["broken_plugins"]:
         print(f"  {b['name']:<13} BROKEN: {b['reason']}")
-    so = info["scale_out"]
-    print("Scale-out (vLLM; docs/scale-out.md):")
-    print(f"  ranks on this node: up to {so['max_ranks_on_this_node']} ({so['note']})")
-    print(f"  ray: {so['ray'] or 'not installed (pip install ray: distributed_executor_backend=ray)'}")
-    for k, v in so["env"].items():
-        print(f"  {k}={v}")
+    for section in info["sections"].values():
+        print(f"{section['title']}:")
+        for line in section["lines"]:
+            print(f"  {line}")
     auto = info["auto"]
     if "error" in auto:
         print(f"load('auto'): {auto['error']}")
@@ -555,7 +518,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _debug() -> bool:
-    import os
 
     return os.environ.get("GENLM_DEBUG", "") not in ("", "0")
 

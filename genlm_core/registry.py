@@ -266,6 +266,23 @@ class Registry:
                         name, dist, version, f"{hook_name} failed: {type(exc).__name__}: {exc}"
                     )
 
+    def doctor_sections(self, hardware: Any) -> dict[str, dict[str, Any]]:
+        """Every plugin's ``genlm_doctor`` section, by plugin name; a plugin whose hook
+        fails gets a section saying so (the others are still shown)."""
+        out: dict[str, dict[str, Any]] = {}
+        for impl in self.pm.hook.genlm_doctor.get_hookimpls():
+            try:
+                section = impl.function(hardware=hardware)
+            except Exception as exc:  # noqa: BLE001 - one plugin's doctor must not hide the others
+                section = {"title": impl.plugin_name, "lines": [f"genlm_doctor failed: {exc}"], "data": {}}
+            if section:
+                out[impl.plugin_name] = {
+                    "title": str(section.get("title", impl.plugin_name)),
+                    "lines": [str(x) for x in section.get("lines", [])],
+                    "data": section.get("data", {}),
+                }
+        return out
+
     def _report_broken(self, plugin: str, dist: str, version: str, error: str) -> None:
         msg = (
             f"genlm-core plugin {plugin!r} ({dist} {version}) is broken and was skipped: {error} "
