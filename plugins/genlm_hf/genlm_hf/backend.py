@@ -26,7 +26,7 @@ from genlm_core.kv_reuse import KVReuse, KVReuseBackend
 from genlm_core.lora import LoraAdapters
 from genlm_hf.config import HFConfig
 from genlm_hf.kv import Row, forward_rows, supports_kv_reuse
-from genlm_hf.loading import load_model_and_tokenizer
+from genlm_hf.loading import load_model_and_tokenizer, with_model
 
 __all__ = ["HFBackend"]
 
@@ -64,10 +64,7 @@ class HFBackend(KVReuseBackend, BaseLogprobBackend):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, config: HFConfig) -> "HFBackend":
-        if config.model is None:  # the checkpoint policy: the embedded SmolLM2 (genlm_core.checkpoint)
-            if config.gguf_file is not None:
-                raise ValueError("hf: gguf_file needs model= (the folder or hub id holding the file)")
-            config = config.model_copy(update={"model": checkpoint.default_model()})
+        config = with_model(config)  # model=None: the checkpoint policy's default model
         model, tokenizer, _ = load_model_and_tokenizer(config)
         backend = cls(model, tokenizer, config)
         if config.lora_path is not None:
