@@ -92,7 +92,12 @@ class BaseLogprobBackend:
 
     # ------------------------------------------------------------------ engine hooks
     def _forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor | Sequence[torch.Tensor]":
-        """Logits (or logprobs) of the next token for each context. Engines implement it."""
+        """Logits (or logprobs) of the next token for each context. Engines implement it.
+
+        The contexts are validated and distinct: the AutoBatcher merges identical whole
+        contexts (``key=ctx``) and the sync batch path de-duplicates before calling, so
+        an engine never de-duplicates again. Rows come back in the order given.
+        """
         raise NotImplementedError
 
     def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor | Sequence[torch.Tensor]":

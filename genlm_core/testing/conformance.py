@@ -248,6 +248,29 @@ class LogprobBackendConformance:
         assert sum(r() is not None for r in loops) == 0, "a closed event loop is still referenced"
         assert sum(r() is not None for r in rows) == 0, "a row of a finished event loop is still referenced"
 
+    @pytest.mark.asyncio
+    async def test_engine_gets_distinct_contexts(self, backend: Any, monkeypatch: Any) -> None:
+        """Every engine call receives distinct contexts, whatever the callers repeat (the
+        batcher and the sync batch path merge them): engines need no de-duplication."""
+        seen: list[list[tuple[int, ...]]] = []
+        original = backend._forward_rows
+
+        def spy(contexts: list[tuple[int, ...]]) -> Any:
+            seen.append(list(contexts))
+            return original(contexts)
+
+        monkeypatch.setattr(backend, "_forward_rows", spy)
+        a, b = self.contexts(backend, seed=8)[:2]
+        backend.clear_cache()
+        backend.batch_next_token_logprobs_sync([a, b, a, a])
+        backend.clear_cache()
+        await asyncio.gather(*(backend.next_token_logprobs(c) for c in (a, b, a, b, a)))
+        backend.clear_cache()
+        await backend.batch_next_token_logprobs([b, a, b])
+        assert seen, "no engine call was made"
+        for call in seen:
+            assert len(call) == len(set(call)), call
+
     # ------------------------------------------------------------------ contract surface
     def test_contract_surface(self, backend: Any) -> None:
         """What callers rely on beyond the rows (:class:`~genlm_core.protocols.LogprobBackend`)."""
