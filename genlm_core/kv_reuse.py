@@ -103,9 +103,10 @@ class KVReuse:
         cache.insert(context, kv=kv)
         return True
 
-    def count(self, computed: int, reused: int) -> None:
-        """One model call that ran ``computed`` tokens and resumed ``reused`` from the cache."""
-        self.forward_calls += 1
+    def count(self, computed: int, reused: int, calls: int = 1) -> None:
+        """A model call (``calls``) that ran ``computed`` tokens and resumed ``reused`` from
+        the cache (an engine counting one call in parts passes ``calls=0`` for the rest)."""
+        self.forward_calls += calls
         self.tokens_computed += int(computed)
         self.tokens_reused += int(reused)
 
