@@ -250,7 +250,7 @@ def test_load_model_by_name_refuses_a_name_that_is_not_a_name() -> None:
         gb.load_model_by_name(123, backend="mock")
 
 
-def test_mock_options_are_checked_before_the_tokenizer_is_loaded(tmp_path: Path) -> None:
+def test_mock_options_are_checked_before_the_tokenizer_is_loaded(tmp_path: Any) -> None:
     """An unknown option is reported as such (not after the hub's retries for the tokenizer)."""
     with pytest.raises(ValueError, match="Unknown option 'llm_opts'"):
         gb.MockAsyncLM.from_name("gpt2", llm_opts={"bogus": 1})

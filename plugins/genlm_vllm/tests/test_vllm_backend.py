@@ -10,11 +10,11 @@ import threading
 
 import pytest
 import torch
+from conftest import TINY_BUDGET
 from genlm_vllm.capture import CAPTURED, INSTANCES
 from oracles import genlm_hf_oracle, hf_oracle, max_abs_diff, vllm_dict_oracle
 
 import genlm_core
-from conftest import TINY_BUDGET
 
 
 def _ids(backend, n: int, seed: int) -> list[int]:
