@@ -1,4 +1,4 @@
-"""Autobatched sequential importance sampling (the seeds' README workload), timed.
+"""Autobatched sequential importance sampling (genlm-backend's README workload), timed.
 
 16 particles extend "Montreal is" by up to 20 tokens (tokens longer than 10 bytes
 masked out, EOS forced at the end), with a fixed seed. Every particle step is one

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -81,7 +82,26 @@ def list_backends() -> list[dict[str, Any]]:
     return list_implementations("backend")
 
 
-def load_trie(vocab: Any, name: str | None = "auto", **options: Any) -> Any:
-    """Build a token-byte trie over ``vocab`` with the best implementation for this machine."""
-    reg = resolve(name, kind="trie")
-    return reg.load_target()(vocab, **options)
+def load_trie(vocab: Any, name: str | None = "auto", *, device: str | None = "auto", **options: Any) -> Any:
+    """Build a token-byte trie over ``vocab``: the one trie factory (``make_trie`` calls it).
+
+    ``name="auto"`` picks through the registry (``genlm_register_tries``): on the first
+    device that some available implementation supports - this machine's devices best
+    first for ``device="auto"``, else the device given (``"cpu"``, ``"cuda"``,
+    ``"cuda:1"``) - the highest priority wins: the torch trie on CUDA, the NumPy/numba
+    trie on the CPU. A ``name`` picks that implementation; ``device`` then goes to it
+    unless it is ``"auto"``. Other options (``eos_tokens``, ``atomic_tokens``, ...) go
+    to the constructor, which names unknown ones.
+    """
+    device = "auto" if device is None else device
+    if name in (None, "auto"):
+        kind = None if device == "auto" else str(device).split(":")[0]
+        reg, chosen, _ = get_registry().choose_auto("trie", devices=None if kind is None else [kind])
+        target_device = chosen if device == "auto" else device
+    else:
+        reg = get_registry().get("trie", name)
+        target_device = None if device == "auto" else device
+    cls = reg.load_target()
+    if target_device is not None and "device" in inspect.signature(cls).parameters:
+        options["device"] = target_device
+    return cls(vocab, **options)

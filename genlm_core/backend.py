@@ -60,9 +60,10 @@ class BaseLogprobBackend:
         self.byte_vocab = byte_vocab
         self.str_vocab = str_vocab
         self.vocab_size = len(byte_vocab)
-        if eos_token_ids is None:
-            eos = getattr(tokenizer, "eos_token_id", None)
-            eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if eos_token_ids is None:  # the checkpoint policy (genlm_core.checkpoint), read from its files
+            from genlm_core.checkpoint import checkpoint_eos_ids
+
+            eos_token_ids = checkpoint_eos_ids(self.config.model, tokenizer, len(byte_vocab))
         self.eos_token_ids: list[int] = [int(e) for e in eos_token_ids]
         cfg = self.config
         self.output_cache: OutputCache | None = (
@@ -85,13 +86,18 @@ class BaseLogprobBackend:
 
     @classmethod
     def from_name(cls, model: str | None = None, **options: Any) -> "BaseLogprobBackend":
-        """Seeds-compatible constructor: ``Backend.from_name("gpt2", batch_size=8)``."""
+        """genlm-backend's constructor: ``Backend.from_name("gpt2", batch_size=8)``."""
         config = cls.config_class.build(cls.backend_name, model=model, **options)
         return cls.from_config(config)
 
     # ------------------------------------------------------------------ engine hooks
     def _forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor | Sequence[torch.Tensor]":
-        """Logits (or logprobs) of the next token for each context. Engines implement it."""
+        """Logits (or logprobs) of the next token for each context. Engines implement it.
+
+        The contexts are validated and distinct: the AutoBatcher merges identical whole
+        contexts (``key=ctx``) and the sync batch path de-duplicates before calling, so
+        an engine never de-duplicates again. Rows come back in the order given.
+        """
         raise NotImplementedError
 
     def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor | Sequence[torch.Tensor]":
@@ -269,7 +275,7 @@ class BaseLogprobBackend:
         """Sample up to ``max_tokens`` tokens; stops before any token in ``eos_token_ids``.
 
         ``seed`` makes the draw reproducible. ``temperature=0`` is greedy. The EOS
-        token itself is not included in the result (as in the seeds).
+        token itself is not included in the result.
         """
         import torch
 
@@ -300,9 +306,14 @@ class BaseLogprobBackend:
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[list[int]]:
-        """Sample for each prompt concurrently (batched). Prompt ``i`` uses ``seed + i``."""
+        """Sample for each prompt concurrently (batched). Prompt ``i`` uses ``seed + i``.
+
+        Every prompt and argument is checked before any sampling starts. Engines with a
+        sampler of their own override :meth:`sample` only: its concurrent calls batch.
+        """
         for p in prompt_token_ids_list:
             self.validate(p)
+        self._check_sample_args(max_tokens, temperature, eos_token_ids)
         return list(
             await asyncio.gather(
                 *(
@@ -329,7 +340,7 @@ class BaseLogprobBackend:
         self._clear_engine_cache()
 
     def reset_async_queries(self) -> None:
-        """Seeds compatibility: fail and drop waiting requests. Not needed after errors."""
+        """genlm-backend's name: fail and drop waiting requests. Not needed after errors."""
         self.batcher.reset()
 
     @property

@@ -33,8 +33,9 @@ def genlm_register_tries(register):
     register(
         "torch",
         "genlm_core.trie.torch_impl:TorchTokenByteTrie",
-        devices=["cuda", "mps", "cpu"],
-        priority={"cuda": 100, "mps": 100, "cpu": 10},
+        # not "mps": the prefix sums are float64, which MPS lacks
+        devices=["cuda", "cpu"],
+        priority={"cuda": 100, "cpu": 10},
         requires=["torch"],
         description="torch tensors; results stay on the device",
     )

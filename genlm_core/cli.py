@@ -11,10 +11,11 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
-__all__ = ["main"]
+from genlm_core.cli_options import POSITIVE, SEED, add_model_arguments, int_option, parse_opts
+
+__all__ = ["main", "POSITIVE", "SEED", "add_model_arguments", "int_option", "parse_opts"]
 
 ENGINE_MODULES = ("torch", "transformers", "vllm", "mlx", "mlx_lm", "peft")
 
@@ -67,28 +68,6 @@ class _Versions(argparse.Action):
             missing = ", ".join(d.missing)
             print(f"{d.name} {d.version}" + (f"  (missing: {missing})" if missing else ""))
         parser.exit()
-
-
-def int_option(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An argparse ``type`` for an integer in ``[low, high]``: a bad value is a parse
-    error naming the option (argparse adds it), the value and the accepted range."""
-    accepted = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {accepted}, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"expected {accepted}, got {value}")
-        return value
-
-    parse.__name__ = accepted  # argparse names the type in some messages
-    return parse
-
-
-POSITIVE = int_option(1)
-SEED = int_option(0, 2**63 - 1)
 
 
 def _dtype_options() -> dict[str, Any]:
@@ -152,41 +131,6 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
-#: environment variables that decide how a vLLM engine is laid out over processes/machines
-SCALE_OUT_ENV = (
-    "VLLM_ENABLE_V1_MULTIPROCESSING",
-    "VLLM_CPU_OMP_THREADS_BIND",
-    "VLLM_CPU_KVCACHE_SPACE",
-    "CUDA_VISIBLE_DEVICES",
-    "RAY_ADDRESS",
-)
-
-
-def _scale_out(hw: Any) -> dict[str, Any]:
-    """The parallel layouts this machine allows (docs/scale-out.md), without importing an engine."""
-    import importlib.metadata as md
-
-    try:
-        ray = md.version("ray")
-    except md.PackageNotFoundError:
-        ray = None
-    if hw.cuda:
-        tp = hw.cuda_devices
-        note = f"tensor_parallel_size * pipeline_parallel_size <= {tp} GPU(s) on this node"
-    else:
-        tp = hw.cpu_count
-        note = (
-            f"CPU ranks bind their OpenMP threads: set VLLM_CPU_OMP_THREADS_BIND to one core list "
-            f"per rank ('|'-separated, e.g. '0|1'), <= {hw.cpu_count} cores in all"
-        )
-    return {
-        "max_ranks_on_this_node": tp,
-        "note": note,
-        "ray": ray,
-        "env": {k: os.environ[k] for k in SCALE_OUT_ENV if k in os.environ},
-    }
-
-
 def cmd_doctor(args: argparse.Namespace) -> int:
     import platform
 
@@ -204,7 +148,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "plugins": {name: f"{d} {v}" for name, (d, v) in get_registry().plugins.items()},
         "backends": [b["name"] for b in list_backends()],
         "broken_plugins": [b.as_dict() for b in get_registry().broken],
-        "scale_out": _scale_out(hw),
+        "sections": get_registry().doctor_sections(hw),  # each plugin's own (genlm_doctor hook)
     }
     try:
         info["auto"] = explain_auto()
@@ -240,12 +184,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"  {name:<13} {dv}")
     for b in info["broken_plugins"]:
         print(f"  {b['name']:<13} BROKEN: {b['reason']}")
-    so = info["scale_out"]
-    print("Scale-out (vLLM; docs/scale-out.md):")
-    print(f"  ranks on this node: up to {so['max_ranks_on_this_node']} ({so['note']})")
-    print(f"  ray: {so['ray'] or 'not installed (pip install ray: distributed_executor_backend=ray)'}")
-    for k, v in so["env"].items():
-        print(f"  {k}={v}")
+    for section in info["sections"].values():
+        print(f"{section['title']}:")
+        for line in section["lines"]:
+            print(f"  {line}")
     auto = info["auto"]
     if "error" in auto:
         print(f"load('auto'): {auto['error']}")
@@ -277,21 +219,6 @@ def _default_model(model: str | None) -> str:
     from genlm_core import embedded
 
     return str(embedded.smollm2_path(progress=True))
-
-
-def parse_opts(pairs: list[str] | None) -> dict[str, Any]:
-    """``--opt key=value`` pairs as load() options (values parsed as JSON when they are)."""
-    opts: dict[str, Any] = {}
-    for kv in pairs or []:
-        key, sep, value = kv.partition("=")
-        if not sep or not key:
-            # a ValueError: main() reports it in one line with exit status 2, like every bad argument
-            raise ValueError(f"--opt takes KEY=VALUE, got {kv!r} (e.g. --opt batch_size=16)")
-        try:
-            opts[key] = json.loads(value)
-        except json.JSONDecodeError:
-            opts[key] = value
-    return opts
 
 
 def _load_llm(args: argparse.Namespace) -> Any:
@@ -454,13 +381,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------- parser
-def add_model_arguments(sp: argparse.ArgumentParser) -> None:
-    """``--backend``, ``--model`` and ``--opt``: what every model command takes."""
-    sp.add_argument("--backend", default="auto", help="backend name (default: best for this machine)")
-    sp.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M)")
-    sp.add_argument("--opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="genlm", description="genlm-core: backends for LM probabilistic programs"
@@ -598,7 +518,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _debug() -> bool:
-    import os
 
     return os.environ.get("GENLM_DEBUG", "") not in ("", "0")
 

@@ -22,6 +22,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from genlm_core import model_folder
 from genlm_core.dtypes import DTYPES, normalize_dtype
+from genlm_core.errors import ConfigError
 
 __all__ = [
     "GenlmConfig",
@@ -32,10 +33,6 @@ __all__ = [
     "reject_unknown_options",
     "unknown_options_message",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration could not be built: the message says what to change."""
 
 
 #: the component name ``build_config`` reports errors under (a registered name)

@@ -1,6 +1,6 @@
 """The main job (`genlm demo`): what genlm-core does, on a real model, with no model hub.
 
-1. Autobatched sequential importance sampling (the seeds' README example):
+1. Autobatched sequential importance sampling (genlm-backend's README example):
    prompt "Montreal is", 10 particles; strings with normalised probabilities and
    how many next-token calls were batched into how many forward passes.
 2. A byte-level continuation (beam over tokenizations) and the bits per byte of a
@@ -53,7 +53,7 @@ async def byte_demo(
 
 
 async def sis_demo(llm: Any, prompt: str, particles: int, max_tokens: int, seed: int) -> str:
-    """The seeds' autobatched SIS from ``prompt`` (progress bar on stderr); its report."""
+    """Autobatched SIS from ``prompt`` (progress bar on stderr); its report."""
     from genlm_core.smc import run_sis
 
     result = await run_sis(
@@ -74,7 +74,7 @@ async def _run(llm: Any, args: argparse.Namespace) -> None:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The demo's options (``genlm demo`` and ``python -m genlm_core.demo``)."""
-    from genlm_core.cli import POSITIVE, SEED, add_model_arguments
+    from genlm_core.cli_options import POSITIVE, SEED, add_model_arguments
 
     add_model_arguments(ap)
     ap.add_argument("--prompt", default="Montreal is")
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the model ``args`` name (default: the embedded SmolLM2) and run the demo."""
     import genlm_core
     from genlm_core import embedded
-    from genlm_core.cli import parse_opts
+    from genlm_core.cli_options import parse_opts
 
     opts = parse_opts(args.opt)
     model = args.model or str(embedded.smollm2_path(progress=True))

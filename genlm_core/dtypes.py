@@ -22,6 +22,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from genlm_core.model_folder import checkpoint_file
+
 __all__ = [
     "DTYPES",
     "UnsupportedDtypeError",
@@ -85,7 +87,7 @@ def checkpoint_dtype(model: str | Path | None) -> str | None:
     """
     if model is None:
         return None
-    config_path = _config_json(str(model))
+    config_path = checkpoint_file(model, "config.json")
     if config_path is None:
         return None
     try:
@@ -114,25 +116,6 @@ def resolve_dtype(requested: str, model: str | Path | None) -> str:
     if requested != "auto":
         return requested
     return checkpoint_dtype(model) or "float32"
-
-
-def _config_json(model: str) -> Path | None:
-    local = Path(model).expanduser()
-    if local.is_dir():
-        path = local / "config.json"
-        return path if path.is_file() else None
-    if local.exists():  # a file (e.g. a GGUF): its folder may hold a config
-        path = local.parent / "config.json"
-        return path if path.is_file() else None
-    try:  # a hub id: only what is already cached, never a download
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    try:
-        found = try_to_load_from_cache(model, "config.json")
-    except Exception:  # noqa: BLE001 - not a valid repo id: no checkpoint dtype known
-        return None
-    return Path(found) if isinstance(found, str) else None
 
 
 def _safetensors_dtype(folder: Path) -> str | None:

@@ -57,8 +57,18 @@ class GenlmHookSpecs:
     def genlm_register_byte_models(self, register: Register) -> None:
         """Register ByteModel implementations."""
 
+    @hookspec
+    def genlm_doctor(self, hardware: Any) -> dict[str, Any] | None:
+        """This plugin's section of ``genlm doctor``, or None for none.
 
-#: hook name -> protocol kind it registers
+        ``hardware`` is :func:`genlm_core.hardware.probe`'s result. Return
+        ``{"title": str, "lines": [str, ...], "data": {...}}``: the title and lines are
+        printed, ``data`` (JSON-serialisable) appears under ``sections`` in
+        ``genlm doctor --json``. Must import no engine (doctor runs without one).
+        """
+
+
+#: registration hook name -> protocol kind it registers (other hooks: ``genlm_doctor``)
 HOOK_KINDS = {
     "genlm_register_backends": "backend",
     "genlm_register_tries": "trie",

@@ -5,7 +5,7 @@ hub id (``"gpt2"``, ``"org/name"``) or a local folder. Engines given a folder th
 not exist treat it as a hub id and fail with the hub's repo-id rules; given an empty
 folder they fail inside the tokenizer. :func:`check_model_folder` runs first, in
 ``genlm_core.load`` and in every plugin's constructor, and says what is wrong in the
-same words on every backend. It imports nothing but the standard library.
+same words on every backend. It imports nothing but the standard library (and :mod:`genlm_core.errors`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REQUIREMENTS", "as_model_argument", "check_model_folder", "looks_like_path"]
+from genlm_core.errors import ConfigError
+
+__all__ = ["REQUIREMENTS", "as_model_argument", "check_model_folder", "checkpoint_file", "looks_like_path"]
 
 #: What a model folder needs, by requirement name: any one of these file names.
 REQUIREMENTS: dict[str, tuple[str, ...]] = {
@@ -75,8 +77,6 @@ def check_model_folder(
     Hub ids and ``None`` pass (the engine resolves them); so does an existing file (a
     GGUF checkpoint given by its path): only its engine can judge it.
     """
-    from genlm_core.config import ConfigError
-
     if model is None or not looks_like_path(model):
         return
     folder = Path(os.path.expanduser(os.fspath(model)))
@@ -111,3 +111,29 @@ def check_model_folder(
     inner = [str(sub) for sub in sorted(folder.iterdir()) if (sub / "config.json").is_file()]
     hint = f"; did you mean {inner[0]!r}?" if inner else ""
     raise ConfigError(f"{what} folder {str(model)!r} lacks {' and '.join(wanted)}: {holds}{hint}")
+
+
+def checkpoint_file(model: str | os.PathLike[str] | None, name: str) -> Path | None:
+    """The checkpoint's file ``name`` (``config.json``, ``generation_config.json``), or None.
+
+    ``model`` is a local folder, a file in one (a GGUF: its folder's file, if any), or a
+    hub id whose file is already in the local Hugging Face cache: nothing is downloaded.
+    """
+    if model is None:
+        return None
+    local = Path(os.path.expanduser(os.fspath(model)))
+    if local.is_dir():
+        path = local / name
+        return path if path.is_file() else None
+    if local.exists():
+        path = local.parent / name
+        return path if path.is_file() else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(os.fspath(model), name)
+    except Exception:  # noqa: BLE001 - not a valid repo id: nothing cached for it
+        return None
+    return Path(found) if isinstance(found, str) else None

@@ -1,4 +1,4 @@
-"""The protocols plugins implement: LogprobBackend, Trie, Cache, ByteModel.
+"""The protocols plugins implement: LogprobBackend (and LoraBackend), Trie, Cache, ByteModel.
 
 They are ``runtime_checkable`` so ``isinstance(obj, LogprobBackend)`` checks the
 surface. Types that would need torch are strings, so importing this module stays
@@ -15,21 +15,48 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from genlm_core.token import Token
 
-__all__ = ["LogprobBackend", "Trie", "Cache", "ByteModel", "PROTOCOL_KINDS"]
+__all__ = ["LogprobBackend", "LoraBackend", "Trie", "Cache", "ByteModel", "PROTOCOL_KINDS"]
 
 
 @runtime_checkable
 class LogprobBackend(Protocol):
     """A language model that returns full next-token log-probability vectors.
 
+    Everything callers use (the CLI, ``genlm_core.compare``, the byte model, SMC code)
+    is stated here; :class:`genlm_core.backend.BaseLogprobBackend` implements it once
+    for every engine plugin.
+
     Output contract: ``next_token_logprobs*`` return a normalised float32 torch
     tensor of length ``len(byte_vocab)`` (one row per context for the batch
-    versions). Bad input raises ``ValueError`` for that caller only.
+    versions), owned by the caller (it may modify it in place). Bad input raises
+    ``ValueError`` for that caller only.
+
+    * ``vocab_size``: ``len(byte_vocab)``, the width of every row;
+    * ``eos_token_ids``: the default EOS ids (``sample(eos_token_ids=None)``), by the
+      checkpoint policy of :mod:`genlm_core.checkpoint`;
+    * ``max_context_length``: the longest context accepted (``None``: no known limit);
+    * ``dtype``: what the engine computes in (``"float32"``, ``"float16"``,
+      ``"bfloat16"``); ``device``: where (``"cpu"``, ``"cuda"``, ``"mps"``...);
+    * ``stats()``: counters (``"batcher"``, ``"output_cache"``, engine entries);
+      ``info()``: what runs where (``"backend"``, ``"model"``, ``"device"``, ...);
+    * ``close()``: stop the batcher (waiting callers get an error) and release the
+      engine; the backend answers nothing afterwards. Also a (async) context manager.
     """
 
     tokenizer: Any
     byte_vocab: "list[Token]"
     str_vocab: list[str]
+    vocab_size: int
+    eos_token_ids: list[int]
+
+    @property
+    def max_context_length(self) -> int | None: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def device(self) -> Any: ...
 
     async def next_token_logprobs(self, token_ids: Sequence[int]) -> "torch.Tensor": ...
 
@@ -43,7 +70,7 @@ class LogprobBackend(Protocol):
         self,
         prompt_token_ids: Sequence[int],
         max_tokens: int,
-        eos_token_ids: Sequence[int],
+        eos_token_ids: Sequence[int] | None = None,
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[int]: ...
@@ -52,12 +79,48 @@ class LogprobBackend(Protocol):
         self,
         prompt_token_ids_list: Sequence[Sequence[int]],
         max_tokens: int,
-        eos_token_ids: Sequence[int],
+        eos_token_ids: Sequence[int] | None = None,
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[list[int]]: ...
 
     def clear_cache(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class LoraBackend(LogprobBackend, Protocol):
+    """A LogprobBackend whose engine applies LoRA adapters (genlm-hf through peft,
+    genlm-vllm through vLLM's LoRA support); the same names and meaning on each.
+
+    * ``load_lora(path, name="default")``: register the adapter folder ``path`` under
+      ``name``. The active adapter does not change, so no result changes and no cache
+      is dropped. A folder that does not exist, or a ``name`` already loaded, raises
+      ``ValueError``.
+    * ``set_lora(name="default")``: every later call uses adapter ``name`` (a name not
+      loaded raises ``ValueError``). Drops the output cache, and any engine KV computed
+      under another adapter (genlm-hf drops its prefix KV; vLLM keys its prefix cache
+      by adapter, so genlm-vllm has none to drop).
+    * ``clear_lora()``: back to the base model; drops the same caches as ``set_lora``.
+    * ``active_lora``: the active adapter's name, ``None`` for the base model.
+
+    Switching runs under the model lock: a batch already running finishes with the
+    adapter it started with.
+    """
+
+    @property
+    def active_lora(self) -> str | None: ...
+
+    def load_lora(self, path: Any, name: str = "default") -> None: ...
+
+    def set_lora(self, name: str = "default") -> None: ...
+
+    def clear_lora(self) -> None: ...
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ import importlib.util
 import os
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,6 +266,23 @@ class Registry:
                         name, dist, version, f"{hook_name} failed: {type(exc).__name__}: {exc}"
                     )
 
+    def doctor_sections(self, hardware: Any) -> dict[str, dict[str, Any]]:
+        """Every plugin's ``genlm_doctor`` section, by plugin name; a plugin whose hook
+        fails gets a section saying so (the others are still shown)."""
+        out: dict[str, dict[str, Any]] = {}
+        for impl in self.pm.hook.genlm_doctor.get_hookimpls():
+            try:
+                section = impl.function(hardware=hardware)
+            except Exception as exc:  # noqa: BLE001 - one plugin's doctor must not hide the others
+                section = {"title": impl.plugin_name, "lines": [f"genlm_doctor failed: {exc}"], "data": {}}
+            if section:
+                out[impl.plugin_name] = {
+                    "title": str(section.get("title", impl.plugin_name)),
+                    "lines": [str(x) for x in section.get("lines", [])],
+                    "data": section.get("data", {}),
+                }
+        return out
+
     def _report_broken(self, plugin: str, dist: str, version: str, error: str) -> None:
         msg = (
             f"genlm-core plugin {plugin!r} ({dist} {version}) is broken and was skipped: {error} "
@@ -362,7 +380,7 @@ class Registry:
         )
 
     def choose_auto(
-        self, kind: str = "backend", model: Any = None
+        self, kind: str = "backend", model: Any = None, devices: Sequence[str] | None = None
     ) -> tuple[Registration, str, list[dict[str, Any]]]:
         """Pick the best available implementation for this machine (and ``model``).
 
@@ -371,7 +389,8 @@ class Registry:
         to the name, for a stable choice). A ``model`` whose file suffix some
         implementations claim (``model_suffixes``, e.g. ``.gguf``) is chosen among
         those only. Returns the choice, its device and the candidates considered
-        (for ``genlm doctor``).
+        (for ``genlm doctor``). ``devices`` replaces this machine's device list (best
+        first), e.g. ``["cpu"]`` for the best implementation on the CPU.
         """
         considered: list[dict[str, Any]] = []
         regs = [r for r in self._by_kind[kind].values() if r.auto]
@@ -381,7 +400,7 @@ class Registry:
         claiming = [r for r in regs if suffix and suffix in r.model_suffixes]
         if claiming:
             regs = claiming
-        for device in hardware.probe().devices:
+        for device in devices if devices is not None else hardware.probe().devices:
             ranked = []
             for reg in regs:
                 if device not in reg.devices:
@@ -405,6 +424,11 @@ class Registry:
             raise UnavailableImplementationError(
                 f"No {kind} that reads {suffix} models can run here: "
                 + "; ".join(f"{r.name}: {r.status()[1]}" for r in claiming)
+            )
+        if devices is not None:
+            raise UnavailableImplementationError(
+                f"No {kind} can run on device {', '.join(devices)}; `genlm backends --all` lists "
+                "each implementation's devices"
             )
         raise UnavailableImplementationError(
             f"No {kind} can run on this machine (devices: {', '.join(hardware.probe().devices)}). "

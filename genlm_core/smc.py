@@ -1,4 +1,4 @@
-"""Autobatched sequential importance sampling (the seeds' README example), as a library
+"""Autobatched sequential importance sampling (genlm-backend's README example), as a library
 function: the main job, ``genlm sample`` and the SIS benchmark all run this code.
 
 Each particle is a coroutine that asks the backend for its own next-token

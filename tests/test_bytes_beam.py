@@ -59,7 +59,7 @@ def test_registry_names_the_beam():
 def test_lm_context_is_immutable_and_limit_is_passed_on():
     lm = StatefulTokenizedLM(object(), [1, 2, 3], max_context_length=3)
     nxt = lm << 4
-    assert lm.context == (1, 2, 3)  # not mutated (the seeds truncated it in place)
+    assert lm.context == (1, 2, 3)  # not mutated (never truncated in place)
     assert nxt.context == (2, 3, 4) and nxt.max_context_length == 3
     assert (nxt << 5 << 6).context == (4, 5, 6)
     assert (nxt << 5 << 6).max_context_length == 3
@@ -214,7 +214,7 @@ async def test_prefill_scores_fewer_contexts_but_keeps_the_same_beam():
     for K in (1, 2, 3):
         llm1 = table_llm(seed=11)
         ref = (await ByteBeamState.initial(llm1, BeamParams(K=K))).with_mode(EOSMode.WITHOUT_EOS)
-        for c in data:  # the seeds' definition of prefill
+        for c in data:  # prefill's definition: one byte at a time
             ref = await (ref.prune() << c)
         ref = ref.with_mode(EOSMode.WITH_EOS)
         llm2 = table_llm(seed=11)
@@ -227,9 +227,9 @@ async def test_prefill_scores_fewer_contexts_but_keeps_the_same_beam():
     assert saved > 0
 
 
-# ---------------------------------------------------------------------- issue 17 rows 4 and 8
+# ---------------------------------------------------------------------- byte-string arguments, terminated beams
 async def test_byte_string_arguments_take_bytes_only():
-    """Row 4: an int n was read as n NUL bytes (``bytes(n)``); str is not bytes
+    """An int n must not be read as n NUL bytes (``bytes(n)``); str is not bytes
     either (genlm-bytes reads neither)."""
     llm = table_llm(seed=4)
     beam = await ByteBeamState.initial(llm, BeamParams(K=3))
@@ -258,8 +258,8 @@ async def test_byte_string_arguments_take_bytes_only():
 
 
 async def test_terminated_beam_refuses_to_step():
-    """Row 8: ``terminated << 65`` and ``terminated.prefill(b'x')`` returned an
-    empty beam; only logp_next/greedy raised."""
+    """``terminated << 65`` and ``terminated.prefill(b'x')`` raise, as logp_next and
+    greedy do, instead of returning an empty beam."""
     from genlm_core.bytes import TerminatedBeamError
 
     llm = table_llm(default={0: 0.4, 1: 0.3, EOS_ID: 0.3})

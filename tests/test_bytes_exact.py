@@ -106,12 +106,12 @@ async def test_eos_probability_is_exact_and_consumable():
     done = await (bm << 257)
     assert done.terminated
     assert done.logZ == pytest.approx(math.log(bf.exact_then_eos(b"aba")), abs=TOL64)
-    # the seeds returned NaN here; a terminated beam says so instead
+    # a terminated beam says so instead of returning NaN
     from genlm_core.bytes import TerminatedBeamError
 
     with pytest.raises(TerminatedBeamError):
         await done.logp_next()
-    # stepping past EOS is an error too, not a silently empty beam (issue 17, row 8)
+    # stepping past EOS is an error too, not a silently empty beam
     with pytest.raises(TerminatedBeamError, match="consumed EOS"):
         await (done << ord("a"))
     with pytest.raises(TerminatedBeamError, match="consumed EOS"):

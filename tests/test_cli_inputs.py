@@ -1,4 +1,4 @@
-"""What a user sees for bad input and long work (issue 17, rows 10, 11, 12, 14, 15):
+"""What a user sees for bad input and long work :
 model folders checked before any engine loads, config errors that name the option, the
 value and the accepted range, CLI numbers checked at parse time, ``pathlib.Path``
 models, progress bars and engine notes on stderr."""
@@ -31,7 +31,7 @@ def tiny_gpt2() -> pathlib.Path:
     return model_paths.tiny_gpt2()
 
 
-# ---------------------------------------------------------------------- row 10: model folders
+# ---------------------------------------------------------------------- model folders
 def test_missing_or_empty_model_folder_same_message_on_every_backend_before_any_engine(tmp_path):
     """Every backend (and "auto") says the same thing about a bad folder, before it
     imports an engine: checked in a fresh process, where no engine is loaded yet."""
@@ -101,7 +101,7 @@ def test_cli_missing_model_folder_is_one_clear_line(capsys):
     assert "Repo id" not in err
 
 
-# ---------------------------------------------------------------------- row 11: config errors
+# ---------------------------------------------------------------------- config errors
 def _configs() -> list[type[GenlmConfig]]:
     from genlm_core.bytes import BeamParams
     from genlm_core.caches import OutputCacheConfig
@@ -179,7 +179,7 @@ def test_cli_bad_option_value_is_one_line_naming_it(capsys):
     assert "cache_bytes=-1" in line and ">= 0" in line and "validation error" not in err
 
 
-# ---------------------------------------------------------------------- row 12: CLI numbers
+# ---------------------------------------------------------------------- CLI numbers
 @pytest.mark.parametrize(
     ("argv", "option", "shown"),
     [
@@ -219,7 +219,7 @@ def test_cli_top_k_above_the_vocabulary_shows_all_with_a_note(capsys):
     assert f"--top-k 100000 is more than the vocabulary's {vocab} tokens" in err
 
 
-# ---------------------------------------------------------------------- row 14: Path models
+# ---------------------------------------------------------------------- Path models
 def test_path_models_are_accepted_everywhere(tmp_path, monkeypatch):
     model = tiny_gpt2()
     by_path = genlm_core.load("hf", model=model)
@@ -239,7 +239,7 @@ def test_path_models_are_accepted_everywhere(tmp_path, monkeypatch):
     assert vllm_cfg(tokenizer=pathlib.Path("tok")).tokenizer == os.path.join(str(tmp_path), "tok")
 
 
-# ---------------------------------------------------------------------- row 15: long work
+# ---------------------------------------------------------------------- long work
 def test_byte_cli_and_demo_show_progress_on_stderr(capsys):
     assert (
         main(["bytes", "ab", "--backend", "mock", "--beam", "2", "--n-bytes", "5", "--bits-per-byte", "cd"])

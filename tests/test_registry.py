@@ -158,8 +158,9 @@ def test_cli_doctor_and_one_line_errors():
     r = run_cli("doctor", "--json")
     info = json.loads(r.stdout)
     assert info["hardware"]["devices"][-1] == "cpu"
-    # the parallel layout this machine allows: one rank per GPU, or per CPU core
-    so = info["scale_out"]
+    # the parallel layout this machine allows: one rank per GPU, or per CPU core (genlm-vllm's
+    # own section, through the genlm_doctor hook)
+    so = info["sections"]["vllm"]["data"]["scale_out"]
     hw = info["hardware"]
     assert so["max_ranks_on_this_node"] == (hw["cuda_devices"] if hw["cuda"] else hw["cpu_count"])
     text = run_cli("doctor").stdout
@@ -198,3 +199,28 @@ def test_cli_demo_takes_the_model_options():
     assert int(passes) >= calls / 2  # no forward pass held more than batch_size=2 contexts
     bad = run_cli("demo", "--backend", "mock", "--opt", "batch_size")
     assert bad.returncode != 0 and "--opt takes KEY=VALUE" in bad.stderr
+
+
+def test_doctor_sections_come_from_each_plugins_hook():
+    """`genlm doctor` prints what each plugin's genlm_doctor hook returns; a hook that
+    fails gets a line saying so and hides no other plugin's section."""
+    import types
+
+    from genlm_core import hardware, hookimpl
+    from genlm_core.registry import Registry
+
+    good = types.ModuleType("good_doctor")
+    good.genlm_doctor = hookimpl(lambda hardware: {"title": "Good", "lines": [f"{hardware.cpu_count} CPUs"]})
+    bad = types.ModuleType("bad_doctor")
+
+    def fails(hardware):
+        raise RuntimeError("no luck")
+
+    bad.genlm_doctor = hookimpl(fails)
+    reg = Registry()
+    reg._add_plugin(good, "good", "good-dist", "1")
+    reg._add_plugin(bad, "bad", "bad-dist", "1")
+    hw = hardware.probe()
+    sections = reg.doctor_sections(hw)
+    assert sections["good"] == {"title": "Good", "lines": [f"{hw.cpu_count} CPUs"], "data": {}}
+    assert sections["bad"]["lines"] == ["genlm_doctor failed: no luck"]

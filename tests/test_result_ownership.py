@@ -1,4 +1,4 @@
-"""Results nobody can corrupt, budgets that hold (issue 17, rows 1, 2, 6 and 9).
+"""Results nobody can corrupt, budgets that hold.
 
 The contract: every tensor a backend returns belongs to its caller (SMC code masks
 rows in place), on every path; cached rows own exactly their memory, so the output
@@ -32,7 +32,7 @@ def _storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
-# ---------------------------------------------------------------- row 1: callers own their rows
+# ---------------------------------------------------------------- callers own their rows
 async def _get(llm, path: str, ctx: list[int]) -> torch.Tensor:
     if path == "sync":
         return llm.next_token_logprobs_sync(ctx)
@@ -92,7 +92,7 @@ async def test_batcher_gives_each_merged_caller_its_own_array():
     b.close()
 
 
-# ---------------------------------------------------------------- row 2: cached rows own their memory
+# ---------------------------------------------------------------- cached rows own their memory
 def test_sizeof_counts_the_storage_a_view_keeps_alive():
     big = torch.zeros(32, 1000)
     assert sizeof(big[3]) == big.untyped_storage().nbytes() == 32 * 1000 * 4
@@ -134,7 +134,7 @@ async def test_returned_rows_do_not_keep_the_batch_alive():
     llm.close()
 
 
-# ---------------------------------------------------------------- row 6: close() mid-batch
+# ---------------------------------------------------------------- close() mid-batch
 async def test_close_while_a_batch_runs_gives_no_caller_a_cancelled_error():
     """The running batch's callers get their results (the batch completes); queued: BatcherClosed."""
     started, release = threading.Event(), threading.Event()
@@ -213,7 +213,7 @@ async def test_reset_mid_batch_delivers_the_running_batch_and_keeps_serving():
     b.close()
 
 
-# ---------------------------------------------------------------- row 9: empty batches
+# ---------------------------------------------------------------- empty batches
 @pytest.mark.parametrize(
     "make", [lambda: _mock(), lambda: TableBackend([b"a", b"b", b"<e>"], eos_token_ids=[2])]
 )

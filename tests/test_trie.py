@@ -672,7 +672,7 @@ def test_visualize(monkeypatch: pytest.MonkeyPatch) -> None:
         t.visualize()
 
 
-# ---------------------------------------------------------------------- issue 17: weights every path agrees on
+# ---------------------------------------------------------------------- weights every path agrees on
 from genlm_core.config import ConfigError  # noqa: E402
 from genlm_core.trie.base import NonFiniteWeightsError  # noqa: E402
 
@@ -772,7 +772,7 @@ def weight_cases(draw: st.DrawFn):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(weight_cases())
 def test_nonfinite_negative_zero_weights_agree_on_every_path(case) -> None:
-    """Issue 17 point 2: random weights with inf/NaN/negative/zero entries give on
+    """Random weights with inf/NaN/negative/zero entries give on
     every path either the brute-force answer or the same NonFiniteWeightsError
     (sums: any non-finite weight; max: any NaN; -inf/inf are legit maxima)."""
     vocab, eos, atomic, w = case
@@ -811,7 +811,7 @@ def test_nonfinite_negative_zero_weights_agree_on_every_path(case) -> None:
                         assert abs(got[node] - want) <= tol, (name, op, mode, node, got[node], want)
 
 
-def test_issue17_row7_one_inf_weight_is_an_error_on_every_path() -> None:
+def test_one_inf_weight_is_an_error_on_every_path() -> None:
     """Eagerly one inf made unrelated branches NaN while lazy=True answered 0.5."""
     t = make_trie([b"a", b"b"], device="cpu")
     w = np.array([np.inf, 0.5])
@@ -851,8 +851,8 @@ def test_async_nonfinite_weights_fail_only_their_caller() -> None:
     asyncio.run(main())
 
 
-# ---------------------------------------------------------------------- issue 17 row 5: options
-def test_issue17_row5_unknown_trie_options_are_named() -> None:
+# ---------------------------------------------------------------------- unknown and bad options
+def test_unknown_trie_options_are_named() -> None:
     vocab = [b"a", b"<e>"]
     calls = [
         lambda **kw: make_trie(vocab, device="cpu", **kw),
@@ -892,8 +892,8 @@ def genlm_core_load_trie(vocab, name, **kw):
     return load_trie(vocab, name, **kw)
 
 
-# ---------------------------------------------------------------------- issue 17 row 13: input types
-def test_issue17_row13_half_precision_empty_batches_and_lists() -> None:
+# ---------------------------------------------------------------------- input types
+def test_half_precision_weights_empty_batches_and_lists() -> None:
     vocab = [b"a", b"ab", b"b", b"<e>"]
     s = TrieStructure(vocab, eos_tokens=[b"<e>"])
     n, nn = len(vocab), s.num_nodes
@@ -925,14 +925,14 @@ def test_issue17_row13_half_precision_empty_batches_and_lists() -> None:
     assert lazy.take([0, 1]).shape == (0, 2)
 
 
-# ---------------------------------------------------------------------- issue 16 item 5: one signature
+# ---------------------------------------------------------------------- one signature
 def _params(fn) -> list[str]:
     import inspect
 
     return [p for p in inspect.signature(fn).parameters if p != "self"]
 
 
-def test_issue16_one_trie_signature() -> None:
+def test_every_trie_takes_one_signature() -> None:
     from genlm_core.protocols import Trie
 
     for cls in (Trie, TokenByteTrie, TorchTokenByteTrie):
@@ -944,7 +944,7 @@ def test_issue16_one_trie_signature() -> None:
     assert _params(AsyncTokenByteTrie.weight_max) == ["ws", "mode", "out", "key"]
 
 
-def test_issue16_readme_trie_example_runs_on_every_implementation() -> None:
+def test_readme_trie_example_runs_on_every_implementation() -> None:
     """make_trie returns the torch trie on CUDA machines: the README's lazy example
     must run there too (the torch trie on the CPU stands in for CUDA)."""
     vocab = [b"Paris", b"P", b"Pa", b"London", b"<e>", b"Rome"]
@@ -987,7 +987,7 @@ def Trie_protocol():
     return Trie
 
 
-def test_issue16_lazy_batch_take_reads_every_row_in_one_call() -> None:
+def test_lazy_batch_take_reads_every_row_in_one_call() -> None:
     rng = np.random.default_rng(11)
     vocab = [bytes(rng.integers(97, 100, size=rng.integers(1, 5)).tolist()) for _ in range(300)] + [b"<e>"]
     s = TrieStructure(vocab, eos_tokens=[b"<e>"], atomic_tokens=[vocab[7]])
@@ -1053,3 +1053,71 @@ def test_any_vocabulary_positions_ids_and_symbols() -> None:
         assert mx[ab] == pytest.approx(np.log(0.3)) and mx[sym] == pytest.approx(np.log(0.2))
     with_eos = TrieStructure(vocab, eos_tokens=[eos, Token(9, b"b")])
     assert with_eos.eos_token_ids == [9, -1] and with_eos.children[with_eos.root][EOS] == with_eos.eos_node
+
+
+# ---------------------------------------------------------------------- one set of calls on every result
+def test_every_implementations_results_answer_the_same_calls() -> None:
+    """Eager and lazy results of every trie (NumPy, numba, torch on the CPU) answer
+    ``m[node]``, ``m.take(index)`` for a list, a NumPy array and a tensor index, and
+    ``np.asarray(m)``; a batch answers ``mb[row]`` with the same, ``mb.take(nodes)``
+    (lazy results and tensors: the same nodes of every row) and ``np.asarray(mb)``.
+    Oracle: the eager NumPy result, itself checked against brute force above."""
+    rng = np.random.default_rng(5)
+    vocab = [bytes(rng.integers(97, 100, size=rng.integers(1, 4)).tolist()) for _ in range(60)] + [b"<e>"]
+    s = TrieStructure(vocab, eos_tokens=[b"<e>"])
+    W = rng.random((3, len(vocab)))
+    ref = TokenByteTrie(s, accel="numpy")
+    nodes = [0, 3, s.num_nodes - 1, s.eos_node, -1]
+    indices = {"list": nodes, "numpy": np.array(nodes), "tensor": torch.tensor(nodes)}
+    for name, trie in {**implementations(s), **{f"lazy-{k}": v for k, v in lazy_variants(s).items()}}.items():
+        for op in ("weight_sum", "weight_max"):
+            for lazy in (False, True) if op == "weight_sum" else (False,):
+                kw = {"lazy": True} if lazy else {}
+                want = getattr(ref, op)(W[0], EOSMode.WITH_EOS)
+                m = getattr(trie, op)(W[0], EOSMode.WITH_EOS, **kw)
+                where = (name, op, lazy)
+                # float64 weights: every implementation sums in float64 (TwoSum residuals), so
+                # the results agree to a few ulps of the total (at most 61 weights < 1 each)
+                tol = 64 * 2**-52 * len(vocab)
+                got = np.array([float(m[node]) for node in nodes])  # -inf (max of no token) compares equal
+                np.testing.assert_allclose(got, want[nodes], atol=tol, rtol=0, err_msg=str(where))
+                for kind, index in indices.items():
+                    got = np.asarray(m.take(index)).astype(np.float64)
+                    np.testing.assert_allclose(got, want[nodes], atol=tol, rtol=0, err_msg=str((where, kind)))
+                np.testing.assert_allclose(np.asarray(m), want, atol=tol, rtol=0, err_msg=str(where))
+                batch_op = "batch_" + op
+                mb = getattr(trie, batch_op)(W, EOSMode.WITH_EOS, **kw)
+                want_b = getattr(ref, batch_op)(W, EOSMode.WITH_EOS)
+                np.testing.assert_allclose(np.asarray(mb), want_b, atol=tol, rtol=0, err_msg=str(where))
+                for row in range(len(W)):
+                    got = np.array([float(mb[row][node]) for node in nodes])
+                    np.testing.assert_allclose(got, want_b[row, nodes], atol=tol, rtol=0, err_msg=str(where))
+                    np.testing.assert_allclose(
+                        np.asarray(mb[row].take(indices["numpy"])), want_b[row, nodes], atol=tol, rtol=0
+                    )
+                if lazy or isinstance(mb, torch.Tensor):
+                    for index in indices.values():
+                        got = np.asarray(mb.take(index))
+                        assert got.shape == (len(W), len(nodes)), where
+                        np.testing.assert_allclose(
+                            got, want_b[:, nodes], atol=tol, rtol=0, err_msg=str(where)
+                        )
+
+
+def test_make_trie_resolves_through_the_registry() -> None:
+    """One factory: make_trie and genlm_core.load_trie pick alike, by the registry's
+    priorities per device (torch on CUDA, the CPU trie on the CPU, nothing on MPS: the
+    torch trie's prefix sums are float64, which MPS lacks)."""
+    from genlm_core import load_trie
+    from genlm_core.registry import UnavailableImplementationError, get_registry
+
+    vocab = [b"a", b"ab", b"b"]
+    for device in ("auto", "cpu"):
+        assert type(make_trie(vocab, device=device)) is type(load_trie(vocab, device=device))
+    reg = get_registry()
+    assert reg.choose_auto("trie", devices=["cuda"])[0].name == "torch"
+    assert reg.choose_auto("trie", devices=["cpu"])[0].name == "numpy"
+    with pytest.raises(UnavailableImplementationError, match="device mps"):
+        reg.choose_auto("trie", devices=["mps"])
+    assert isinstance(load_trie(vocab, "torch", device="cpu"), TorchTokenByteTrie)
+    assert TRIE_IMPLEMENTATIONS["torch"] == ("genlm_core.trie.torch_impl:TorchTokenByteTrie", ["cuda", "cpu"])

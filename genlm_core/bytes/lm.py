@@ -34,8 +34,7 @@ class StatefulTokenizedLM:
 
     ``lm << token`` returns a new state; when ``max_context_length`` is set the
     context keeps its last ``max_context_length`` tokens, and the limit is passed
-    on to every extended state (the seeds dropped it after one extension and
-    truncated the context list in place).
+    on to every extended state (the context is never truncated in place).
     """
 
     __slots__ = ("model", "context", "max_context_length")

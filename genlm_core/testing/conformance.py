@@ -247,3 +247,75 @@ class LogprobBackendConformance:
         gc.collect()
         assert sum(r() is not None for r in loops) == 0, "a closed event loop is still referenced"
         assert sum(r() is not None for r in rows) == 0, "a row of a finished event loop is still referenced"
+
+    @pytest.mark.asyncio
+    async def test_engine_gets_distinct_contexts(self, backend: Any, monkeypatch: Any) -> None:
+        """Every engine call receives distinct contexts, whatever the callers repeat (the
+        batcher and the sync batch path merge them): engines need no de-duplication."""
+        seen: list[list[tuple[int, ...]]] = []
+        original = backend._forward_rows
+
+        def spy(contexts: list[tuple[int, ...]]) -> Any:
+            seen.append(list(contexts))
+            return original(contexts)
+
+        monkeypatch.setattr(backend, "_forward_rows", spy)
+        a, b = self.contexts(backend, seed=8)[:2]
+        backend.clear_cache()
+        backend.batch_next_token_logprobs_sync([a, b, a, a])
+        backend.clear_cache()
+        await asyncio.gather(*(backend.next_token_logprobs(c) for c in (a, b, a, b, a)))
+        backend.clear_cache()
+        await backend.batch_next_token_logprobs([b, a, b])
+        assert seen, "no engine call was made"
+        for call in seen:
+            assert len(call) == len(set(call)), call
+
+    # ------------------------------------------------------------------ contract surface
+    def test_contract_surface(self, backend: Any) -> None:
+        """What callers rely on beyond the rows (:class:`~genlm_core.protocols.LogprobBackend`)."""
+        assert backend.vocab_size == len(backend.byte_vocab)
+        assert backend.dtype in ("float32", "float16", "bfloat16")
+        assert str(backend.device)
+        stats = backend.stats()
+        assert isinstance(stats, dict) and "batcher" in stats
+        info = backend.info()
+        assert info["vocab_size"] == backend.vocab_size and info["device"] == str(backend.device)
+        assert callable(backend.close)
+
+    # ------------------------------------------------------------------ checkpoint policy
+    def checkpoint_folder(self, backend: Any) -> Any:
+        """The model folder the backend was loaded from (its files give the policy's
+        expected values), or None (a GGUF file, a hub id): override where needed."""
+        from pathlib import Path
+
+        model = getattr(getattr(backend, "config", None), "model", None)
+        return model if model is not None and Path(model).is_dir() else None
+
+    def test_checkpoint_policy(self, backend: Any) -> None:
+        """Default EOS ids, context limit and dtype follow :mod:`genlm_core.checkpoint`:
+        the same folder gives the same answers on every engine."""
+        from genlm_core import checkpoint
+
+        eos = backend.eos_token_ids
+        assert eos == sorted(set(eos)) and all(0 <= e < backend.vocab_size for e in eos)
+        limit = backend.max_context_length
+        assert limit is None or (isinstance(limit, int) and limit >= 1)
+        folder = self.checkpoint_folder(backend)
+        if folder is None:
+            return
+        config = checkpoint.read_config(folder)
+        expected_eos = checkpoint.default_eos_ids(
+            checkpoint.read_generation_config(folder),
+            config,
+            getattr(backend.tokenizer, "eos_token_id", None),
+            backend.vocab_size,
+        )
+        assert eos == expected_eos, (eos, expected_eos)
+        expected_limit = checkpoint.context_limit(config)
+        # an engine option may lower the limit (vLLM max_model_len, llama.cpp n_ctx), never raise it
+        assert limit == expected_limit or (
+            limit is not None and expected_limit is not None and limit < expected_limit
+        ), (limit, expected_limit)
+        if getattr(backend.config, "dtype", None) == "auto":
+            assert backend.dtype == checkpoint.resolve_dtype("auto", folder)

@@ -40,12 +40,6 @@ __all__ = [
     "load_trie_class",
 ]
 
-#: name -> (import string "module:Class", devices it runs on, best first)
-TRIE_IMPLEMENTATIONS: dict[str, tuple[str, list[str]]] = {
-    "numpy": ("genlm_core.trie.cpu:TokenByteTrie", ["cpu"]),
-    "torch": ("genlm_core.trie.torch_impl:TorchTokenByteTrie", ["cuda", "cpu"]),
-}
-
 _LAZY = {
     "TokenByteTrie": "genlm_core.trie.cpu",
     "TorchTokenByteTrie": "genlm_core.trie.torch_impl",
@@ -55,45 +49,40 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "TRIE_IMPLEMENTATIONS":
+        return _implementations()
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'genlm_core.trie' has no attribute {name!r}")
     return getattr(importlib.import_module(mod), name)
 
 
+def _implementations() -> dict[str, tuple[str, list[str]]]:
+    """``TRIE_IMPLEMENTATIONS``: name -> (import string, devices), read from the registry
+    (the tries registered through ``genlm_register_tries``, the core's and plugins')."""
+    from genlm_core.registry import get_registry
+
+    return {r.name: (r.target, list(r.devices)) for r in get_registry().all("trie")}
+
+
 def load_trie_class(name: str) -> type:
-    """The class registered under ``name`` in :data:`TRIE_IMPLEMENTATIONS`."""
-    try:
-        target, _ = TRIE_IMPLEMENTATIONS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown trie implementation {name!r}; known: {sorted(TRIE_IMPLEMENTATIONS)}"
-        ) from None
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    """The trie class registered under ``name`` (``"numpy"``, ``"torch"``, a plugin's)."""
+    from genlm_core.registry import get_registry
 
-
-def _cuda_available() -> bool:
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        return False
-    import torch
-
-    return bool(torch.cuda.is_available())
+    return get_registry().get("trie", name).load_target()
 
 
 def make_trie(vocab: Any, device: str = "auto", **kwargs: Any) -> Any:
-    """Build a trie for ``vocab`` on the best implementation for ``device``.
+    """Build a trie for ``vocab`` on the best implementation for ``device``: the same
+    resolution as :func:`genlm_core.load_trie` (the registry's).
 
-    ``device="auto"``: the torch trie on CUDA when a GPU is visible, else the NumPy
-    trie. ``"cpu"``: NumPy. ``"cuda"``/``"cuda:N"``: torch on that device. Other
-    keyword arguments (``eos_tokens``, ``atomic_tokens``, ...) go to the constructor,
-    which names unknown ones. Both take ``weight_sum(ws, mode, *, out=None,
-    lazy=False)`` (the torch trie computes eagerly under ``lazy=True``).
+    ``device="auto"``: the best implementation on this machine's best device (the torch
+    trie on CUDA, the NumPy/numba trie otherwise). ``"cpu"``: the CPU trie.
+    ``"cuda"``/``"cuda:N"``: the torch trie on that device. Other keyword arguments
+    (``eos_tokens``, ``atomic_tokens``, ...) go to the constructor, which names unknown
+    ones. Every trie takes ``weight_sum(ws, mode, *, out=None, lazy=False)`` and its
+    results answer ``m[node]``, ``m.take(nodes)`` and ``np.asarray(m)``.
     """
-    if device == "auto":
-        device = "cuda" if _cuda_available() else "cpu"
-    if device == "cpu":
-        return load_trie_class("numpy")(vocab, **kwargs)
-    return load_trie_class("torch")(vocab, device=device, **kwargs)
+    from genlm_core.api import load_trie
+
+    return load_trie(vocab, "auto", device=device, **kwargs)

@@ -16,8 +16,10 @@ integer weights are computed in float32).
 
 Same arguments as the CPU trie (:class:`genlm_core.trie.cpu.TokenByteTrie`):
 ``weight_sum(ws, mode, *, out=None, lazy=False)``. ``lazy=True`` is accepted and
-computes the eager result (a tensor of every node's mass, indexable like the lazy
-CPU result: ``m[node]``); :attr:`computes_lazily` is ``False``. Weights are checked
+computes the eager result; :attr:`computes_lazily` is ``False``. Results are
+tensors of class :class:`NodeMassTensor`, which also answer the CPU results' calls
+(``m[node]``, ``m.take(nodes)`` with any integer array-like, ``np.asarray(m)`` from
+any device), so code written for ``make_trie`` runs on either. Weights are checked
 as on the CPU (finite for sums, NaN-free for max; see :mod:`genlm_core.trie.base`):
 the check reads each row's float64 total and costs one device-to-host sync per call.
 """
@@ -40,7 +42,48 @@ from genlm_core.trie.base import (
 )
 from genlm_core.trie.structure import EOSMode, TrieStructure
 
-__all__ = ["TorchTokenByteTrie"]
+__all__ = ["NodeMassTensor", "TorchTokenByteTrie"]
+
+
+class NodeMassTensor(torch.Tensor):
+    """Node masses of the torch trie: a tensor on the trie's device that answers the
+    calls of the CPU trie's results (:class:`~genlm_core.trie.node_masses.NodeMasses`
+    and NumPy arrays) too.
+
+    * ``m[node]``, ``m[nodes]``, ``m[row]`` of a batch: as a tensor (results of
+      indexing are NodeMassTensors again);
+    * ``m.take(nodes)``: ``nodes`` may be any integer array-like (a list, a NumPy
+      array, a tensor on any device). One distribution: ``(len(nodes),)``; a batch:
+      ``(rows, len(nodes))``, the same nodes of every row (as
+      ``NodeMassesBatch.take``), unlike ``torch.Tensor.take`` on the flattened batch;
+    * ``np.asarray(m)``: a NumPy copy on the host (a CUDA tensor is copied over).
+
+    Any other operation gives a plain ``torch.Tensor``.
+    """
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __getitem__(self, key: Any) -> Any:
+        out = torch.Tensor.__getitem__(self, key)
+        return out.as_subclass(NodeMassTensor) if isinstance(out, torch.Tensor) else out
+
+    def take(self, nodes: Any) -> torch.Tensor:  # type: ignore[override]
+        if isinstance(nodes, torch.Tensor):
+            idx = nodes.to(device=self.device, dtype=torch.long)
+        else:
+            idx = torch.as_tensor(np.asarray(nodes, dtype=np.int64), device=self.device)
+        plain = self.as_subclass(torch.Tensor)
+        if plain.ndim <= 1:
+            return plain.take(idx)
+        return plain[..., idx.reshape(-1)].reshape(*plain.shape[:-1], *idx.shape)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.as_subclass(torch.Tensor).detach().cpu().numpy()
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def numpy(self, *, force: bool = False) -> np.ndarray:  # type: ignore[override]
+        """A NumPy array on the host (a CUDA tensor is copied over)."""
+        return np.asarray(self)
 
 
 class TorchTokenByteTrie(BaseTokenByteTrie):
@@ -233,7 +276,7 @@ class TorchTokenByteTrie(BaseTokenByteTrie):
         if ndim == 1:
             res = res[0]
         if out is None:
-            return res
+            return res.as_subclass(NodeMassTensor)
         if not isinstance(out, torch.Tensor) or out.shape != res.shape or out.dtype != res.dtype:
             got = f"{out.dtype} of shape {tuple(out.shape)}" if hasattr(out, "shape") else type(out).__name__
             raise ValueError(

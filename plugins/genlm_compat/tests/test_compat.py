@@ -1,4 +1,4 @@
-"""genlm-compat: the seeds' documented examples (genlm-backend README/docs, genlm-bytes)
+"""genlm-compat: the documented examples of genlm-backend (README, docs) and genlm-bytes
 run against genlm.backend / genlm.bytes, with results equal to genlm-core's own API."""
 
 from __future__ import annotations

@@ -8,15 +8,18 @@ from pydantic import Field
 
 from genlm_core.config import BackendConfig
 from genlm_core.dtypes import DTYPES
+from genlm_core.kv_reuse import KVCacheOptions
 
 __all__ = ["HFConfig", "DTYPES"]
 
 
-class HFConfig(BackendConfig):
+class HFConfig(KVCacheOptions, BackendConfig):
     """Options of ``genlm_core.load("hf", ...)``.
 
     ``model`` is a hub id or a local folder, loaded with transformers'
-    ``AutoModelForCausalLM.from_pretrained`` (no download happens for a local folder).
+    ``AutoModelForCausalLM.from_pretrained`` (no download happens for a local folder);
+    ``None`` is the embedded SmolLM2-135M-Instruct (:mod:`genlm_core.checkpoint`).
+    ``prefix_cache`` and ``kv_cache_bytes`` come from :class:`~genlm_core.kv_reuse.KVCacheOptions`.
     """
 
     component = "hf"
@@ -37,12 +40,6 @@ class HFConfig(BackendConfig):
         None, description="BitsAndBytesConfig options (CUDA only), e.g. {'load_in_8bit': True}"
     )
     trust_remote_code: bool = Field(False, description="allow model code shipped with the checkpoint")
-    kv_cache_bytes: int | None = Field(
-        1 << 30, ge=0, description="bytes of KV state kept for prefix reuse (LRU); None: no bound"
-    )
-    prefix_cache: bool = Field(
-        True, description="reuse the KV state of cached prefixes (run the model on new tokens only)"
-    )
     lora_path: str | None = Field(None, description="LoRA adapter folder loaded (and activated) at start")
     lora_name: str = Field("default", description="name of the adapter given by `lora_path`")
 

@@ -9,15 +9,18 @@ from genlm_core.dtypes import DTYPES, UnsupportedDtypeError, normalize_dtype, re
 from genlm_core.progress import note
 from genlm_hf.config import HFConfig
 
-__all__ = ["check_config", "check_dtype", "requested_dtype", "resolve_device", "load_model_and_tokenizer"]
+__all__ = [
+    "check_config",
+    "check_dtype",
+    "requested_dtype",
+    "resolve_device",
+    "load_model_and_tokenizer",
+    "with_model",
+]
 
 
 def check_config(config: HFConfig) -> None:
     """Fail early, before any weights are read, on options this machine cannot honour."""
-    if config.model is None:
-        raise ValueError(
-            "the hf backend needs a model: genlm_core.load('hf', model='<hub id or local folder>')"
-        )
     config.check_model()
     requested_dtype(config)  # a conflicting hf_opts dtype fails before any weights are read
     if config.bitsandbytes_opts:
@@ -35,6 +38,18 @@ def check_config(config: HFConfig) -> None:
                 "bitsandbytes_opts was given but the `bitsandbytes` package is not installed; "
                 "install it with `pip install genlm-hf[bitsandbytes]`"
             )
+
+
+def with_model(config: HFConfig) -> HFConfig:
+    """``config`` with ``model=None`` replaced by the checkpoint policy's default model
+    (the embedded SmolLM2-135M-Instruct, :func:`genlm_core.checkpoint.default_model`)."""
+    if config.model is not None:
+        return config
+    if config.gguf_file is not None:
+        raise ValueError("hf: gguf_file needs model= (the folder or hub id holding the file)")
+    from genlm_core import checkpoint
+
+    return config.model_copy(update={"model": checkpoint.default_model()})
 
 
 def resolve_device(requested: str | None) -> str:
@@ -59,7 +74,7 @@ def resolve_device(requested: str | None) -> str:
 
 
 def requested_dtype(config: HFConfig) -> str:
-    """``config.dtype``, or the seeds' ``hf_opts={"torch_dtype": ...}`` when dtype is 'auto'."""
+    """``config.dtype``, or genlm-backend's ``hf_opts={"torch_dtype": ...}`` when dtype is 'auto'."""
     legacy = [(k, config.hf_opts[k]) for k in ("torch_dtype", "dtype") if k in config.hf_opts]
     if not legacy:
         return config.dtype
@@ -90,6 +105,7 @@ def load_model_and_tokenizer(config: HFConfig) -> tuple[Any, Any, str]:
     :func:`genlm_core.dtypes.resolve_dtype` (the meaning every backend shares) and
     passed to transformers explicitly.
     """
+    config = with_model(config)
     check_config(config)
     device = resolve_device(config.device)
     dtype = resolve_dtype(requested_dtype(config), config.model)

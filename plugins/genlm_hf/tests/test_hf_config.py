@@ -49,8 +49,19 @@ def test_config_errors_are_clear() -> None:
         genlm_core.backend_config("hf", model="x", dtyp="float32")
     with pytest.raises(ConfigError, match="dtype"):
         genlm_core.backend_config("hf", model="x", dtype="float64")
-    with pytest.raises(ValueError, match="needs a model"):
-        genlm_core.load("hf")
+
+
+def test_model_none_is_the_checkpoint_policys_default(monkeypatch, tiny_llama_path) -> None:
+    """model=None loads what genlm_core.checkpoint.default_model names (the embedded
+    SmolLM2 on every engine; a tiny folder stands in for it here)."""
+    from genlm_core import checkpoint
+
+    monkeypatch.setattr(checkpoint, "default_model", lambda gguf=False: str(tiny_llama_path))
+    llm = genlm_core.load("hf")
+    try:
+        assert llm.config.model == str(tiny_llama_path)
+    finally:
+        llm.close()
 
 
 def test_bitsandbytes_without_cuda_fails_before_loading(monkeypatch, tiny_llama_path) -> None:
@@ -81,7 +92,10 @@ def test_unavailable_device_is_a_value_error(tiny_llama_path) -> None:
 
 def test_model_facts(llama) -> None:
     llm = llama
-    assert llm.max_context_length == llm.model.config.max_position_embeddings == 256
+    # 256 positions: a context holds at most 255 tokens, so the token it predicts has a
+    # position too (genlm_core.checkpoint's rule, the same on every engine)
+    assert llm.model.config.max_position_embeddings == 256
+    assert llm.max_context_length == 255
     assert len(llm.byte_vocab) == len(llm.tokenizer)
     assert str(llm.device) == "cpu"
     assert llm.model.dtype.is_floating_point and str(llm.model.dtype) == "torch.float32"
@@ -92,9 +106,9 @@ async def test_over_long_and_bad_contexts_leave_backend_healthy(llama) -> None:
     good = [1, 2, 3]
     expected = llm.next_token_logprobs_sync(good)
     limit = llm.max_context_length
-    with pytest.raises(ValueError, match="at most 256"):
+    with pytest.raises(ValueError, match="at most 255"):
         llm.next_token_logprobs_sync([5] * (limit + 1))
-    with pytest.raises(ValueError, match="at most 256"):
+    with pytest.raises(ValueError, match="at most 255"):
         await llm.next_token_logprobs([5] * (limit + 1))
     with pytest.raises(ValueError):
         llm.cache_kv([llm.vocab_size])

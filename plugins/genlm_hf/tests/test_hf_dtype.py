@@ -63,7 +63,7 @@ def test_llm_dtype_is_what_the_model_computes_in(
 def test_old_name_torch_dtype_is_an_alias(tiny_llama_path) -> None:
     cfg = genlm_core.backend_config("hf", model=tiny_llama_path, torch_dtype=torch.bfloat16)
     assert cfg.dtype == "bfloat16"
-    # the seeds' spelling, hf_opts={"torch_dtype": ...}, sets the dtype too; a conflict is refused
+    # genlm-backend's spelling, hf_opts={"torch_dtype": ...}, sets the dtype too; a conflict is refused
     llm = genlm_core.load("hf", model=tiny_llama_path, hf_opts={"torch_dtype": torch.float16})
     try:
         assert _hidden_dtype(llm) == llm.dtype == "float16"

@@ -48,8 +48,11 @@ def adapters(tiny_llama_path: str, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_lora_changes_distributions_and_clear_restores(
     tiny_llama_path: str, adapters: dict[str, Path]
 ) -> None:
+    from genlm_core.protocols import LoraBackend
+
     llm = load_hf(tiny_llama_path)
     try:
+        assert isinstance(llm, LoraBackend)
         base = llm.batch_next_token_logprobs_sync(CONTEXTS)
         llm.load_lora(adapters["a"], "a")
         llm.load_lora(adapters["b"], "b")

@@ -6,7 +6,7 @@ Importing this module does not import llama_cpp; creating a backend does.
   sequence of its own, its new tokens go into one ``llama_decode`` batch (split in
   ``n_batch``-token decodes when longer) and the logits of its last position are read.
 * KV prefix reuse: each computed context keeps its sequence, recorded in the core
-  :class:`~genlm_core.prefix_cache.PrefixCache` (the payload names the sequence and how
+  :class:`~genlm_core.kv_reuse.KVReuse` (the payload names the sequence and how
   many of its positions the context covers; its size is that token count, bounded by
   ``kv_cache_tokens``). A later context extends the sequence of its deepest cached
   proper prefix in place when that prefix is where the sequence ends (a particle's
@@ -18,6 +18,9 @@ Importing this module does not import llama_cpp; creating a backend does.
   does not read are evicted once, enough for the group; an entry's sequence is removed
   from llama.cpp (``seq_rm``) when no entry reads it any more.
 * The byte vocabulary comes from the GGUF's tokenizer (:mod:`genlm_llamacpp.tokenizer`).
+* The context limit and default EOS ids follow :mod:`genlm_core.checkpoint`: the GGUF's
+  training context minus one (lowered by ``n_ctx``/``kv_cells``), its
+  ``tokenizer.ggml.eos_token_id``; ``model=None`` is the embedded SmolLM2 GGUF.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from genlm_core import checkpoint
 from genlm_core.backend import BaseLogprobBackend
 from genlm_core.config import ConfigError
-from genlm_core.prefix_cache import PrefixCache
+from genlm_core.kv_reuse import KVReuse, KVReuseBackend
 from genlm_core.progress import note
 from genlm_llamacpp.config import LlamaCppConfig
 from genlm_llamacpp.kv_cells import CellLedger
@@ -62,7 +66,7 @@ class _Seq:
     n_tokens: int
 
 
-class LlamaCppBackend(BaseLogprobBackend):
+class LlamaCppBackend(KVReuseBackend, BaseLogprobBackend):
     """Batched, prefix-reusing next-token log-probabilities from a GGUF model on llama.cpp."""
 
     config_class = LlamaCppConfig
@@ -77,24 +81,23 @@ class LlamaCppBackend(BaseLogprobBackend):
         tokenizer = GGUFTokenizer(engine, vocab)
         super().__init__(
             tokenizer, config or LlamaCppConfig(), byte_vocab=vocab, str_vocab=strs,
-            eos_token_ids=tokenizer.eos_token_ids,
+            eos_token_ids=[] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id],
         )  # fmt: skip
         self._free: list[int] = list(range(engine.n_seq_max))
         self.ledger = CellLedger(engine.n_ctx)
         #: every context computed alone in an emptied KV cache (see LlamaCppConfig.batch_invariant)
         self.batch_invariant: bool = engine.batch_invariant
-        budget = self.config.kv_cache_tokens
-        self.prefix_cache: PrefixCache | None = None
-        if budget != 0 and not self.batch_invariant:
-            self.prefix_cache = PrefixCache(
-                kv_budget_bytes=budget,  # in tokens: sizeof counts a sequence's tokens
-                sizeof=lambda seq: seq.n_tokens,
-                on_evict_kv=self._release,
-            )
-        self.forward_calls = 0
+        self.kv = KVReuse(
+            self.config.kv_cache_tokens,  # in tokens: sizeof counts an entry's tokens
+            enabled=not self.batch_invariant,
+            sizeof=lambda seq: seq.n_tokens,
+            on_evict=self._release,
+        )
         self.decode_calls = 0
-        self.tokens_computed = 0
-        self.tokens_reused = 0
+        train = engine.n_ctx_train
+        self._max_context = checkpoint.engine_context_limit(
+            train - 1 if train > 1 else None, engine.max_context
+        )
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -122,7 +125,7 @@ class LlamaCppBackend(BaseLogprobBackend):
     # ------------------------------------------------------------------ engine hooks
     @property
     def max_context_length(self) -> int:
-        return self.engine.max_context
+        return self._max_context  # type: ignore[return-value]
 
     @property
     def dtype(self) -> str:
@@ -139,7 +142,7 @@ class LlamaCppBackend(BaseLogprobBackend):
         return False  # llama.cpp computes on every core already
 
     def _forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
-        return self._run(contexts, reuse=self.prefix_cache is not None)
+        return self._run(contexts, reuse=self.kv.enabled)
 
     def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         return self._run(contexts, reuse=False)
@@ -154,7 +157,7 @@ class LlamaCppBackend(BaseLogprobBackend):
         vocab = self.vocab_size
         return self._compute(
             contexts,
-            self.prefix_cache is not None,
+            self.kv.enabled,
             lambda logits: torch.log_softmax(torch.from_numpy(logits[:vocab]), dim=-1),
         )
 
@@ -171,7 +174,7 @@ class LlamaCppBackend(BaseLogprobBackend):
     ) -> list:
         """Compute contexts in groups; ``convert`` turns each one's logits (a view of
         llama.cpp's buffer, valid only during the call) into what is returned, in order."""
-        self.forward_calls += 1
+        self.kv.count(0, 0)  # one engine call; its tokens are counted as they decode
         if self.batch_invariant:
             return [self._alone(c, convert) for c in contexts]
         out: list = []
@@ -252,17 +255,14 @@ class LlamaCppBackend(BaseLogprobBackend):
                     f"llamacpp: the {self.engine.n_ctx} KV cells (kv_cells) cannot hold this batch even "
                     "with every cached prefix evicted; raise kv_cells or lower batch_size"
                 ) from None
-        cache = self.prefix_cache
         for c, (_, kv) in zip(chunk, plan):
             kv.length = len(c)
-            if (
-                reuse
-                and cache is not None
-                and (cache.kv_budget_bytes is None or len(c) <= cache.kv_budget_bytes)
-            ):
+            if reuse and self.kv.enabled:
                 kv.views += 1
-                cache.insert(c, kv=_Seq(kv, len(c)))  # may evict (and release) older entries
-            elif kv.views == 0:
+                if self.kv.store(c, _Seq(kv, len(c))):  # may evict (and release) older entries
+                    continue
+                kv.views -= 1  # longer than the whole budget: not kept
+            if kv.views == 0:
                 self._free_kv(kv)
         return rows
 
@@ -270,11 +270,8 @@ class LlamaCppBackend(BaseLogprobBackend):
         """``(depth, sequence)`` per context, with room made for them; ``None`` when
         evicting every entry the chunk does not read leaves too few sequences or cells
         (never without reuse: ``_chunks`` sizes a chunk for an empty cache)."""
-        cache = self.prefix_cache
-        found: list[tuple[int, _Seq | None]] = [
-            cache.deepest_kv(c, max_depth=len(c) - 1) if reuse and cache is not None else (0, None)
-            for c in chunk
-        ]
+        cache = self.kv.cache
+        found: list[tuple[int, _Seq | None]] = self.kv.lookup(chunk) if reuse else [(0, None)] * len(chunk)
         sources = {id(src.kv) for _, src in found if src is not None}
         in_place: set[int] = set()
         for depth, src in found:
@@ -329,12 +326,12 @@ class LlamaCppBackend(BaseLogprobBackend):
                 logits = self.engine.decode(part)
                 for r in part:
                     self.ledger.extend(r.seq, 1)
-                self.tokens_computed += len(part)
+                self.kv.count(len(part), 0, calls=0)
                 out += [convert(row) for row in logits]
         except BaseException:
             self._drop_all_kv()
             raise
-        self.tokens_reused += sum(depth for depth, _ in plan)
+        self.kv.count(0, sum(depth for depth, _ in plan), calls=0)
         return out
 
     def _drop_all_kv(self) -> None:
@@ -371,15 +368,9 @@ class LlamaCppBackend(BaseLogprobBackend):
             self.engine.close()
 
     # ------------------------------------------------------------------ extras
-    def stats(self) -> dict[str, Any]:
-        out = super().stats()
-        if self.prefix_cache is not None:
-            out["prefix_cache"] = self.prefix_cache.stats()
-        out["engine"] = {
-            "forward_calls": self.forward_calls,
+    def _engine_stats(self) -> dict[str, Any]:
+        return {
             "decode_calls": self.decode_calls,
-            "tokens_computed": self.tokens_computed,
-            "tokens_reused": self.tokens_reused,
             "free_sequences": len(self._free),
             "kv_cells": self.engine.n_ctx,
             "kv_cells_used": self.ledger.used,
@@ -388,7 +379,6 @@ class LlamaCppBackend(BaseLogprobBackend):
             "weights_type": self.engine.weights_type,
             "kv_cache_type": self.engine.kv_cache_type,
         }
-        return out
 
 
 def resolve_gguf(model: str | None, gguf_file: str | None) -> str:
@@ -396,12 +386,11 @@ def resolve_gguf(model: str | None, gguf_file: str | None) -> str:
 
     ``model`` may be the file, a folder holding it (``gguf_file`` names it when the
     folder holds several), or a hub id with ``gguf_file`` (downloaded by
-    ``huggingface_hub``). ``None`` is the embedded SmolLM2-135M-Instruct Q4_1 GGUF.
+    ``huggingface_hub``). ``None`` is the embedded SmolLM2-135M-Instruct Q4_1 GGUF (the
+    checkpoint policy's default model, :func:`genlm_core.checkpoint.default_model`).
     """
     if model is None:
-        from genlm_core.embedded import smollm2_gguf_path
-
-        return str(smollm2_gguf_path())
+        return checkpoint.default_model(gguf=True)
     path = os.path.expanduser(model)
     if os.path.isfile(path):
         if gguf_file is not None:

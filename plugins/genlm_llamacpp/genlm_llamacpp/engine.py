@@ -197,6 +197,11 @@ class Engine:
         """Every end-of-generation token id (EOS, EOT, ...)."""
         return [t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)]
 
+    def eos_id(self) -> int | None:
+        """The GGUF's EOS id (``tokenizer.ggml.eos_token_id``)."""
+        eos = int(L.llama_vocab_eos(self.vocab))
+        return eos if eos >= 0 else None
+
     def bos_id(self) -> int | None:
         bos = int(L.llama_vocab_bos(self.vocab))
         return bos if bos >= 0 else None

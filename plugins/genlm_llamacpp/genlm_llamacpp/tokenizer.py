@@ -34,8 +34,8 @@ class GGUFTokenizer:
         self._engine = engine
         self._bytes = byte_vocab
         eos = engine.eos_ids()
-        self.eos_token_ids = eos
-        self.eos_token_id = eos[0] if eos else None
+        self.eos_token_ids = eos  # every end-of-generation id (EOS, EOT, ...)
+        self.eos_token_id = engine.eos_id()  # the GGUF's tokenizer.ggml.eos_token_id
         self.bos_token_id = engine.bos_id()
         self.all_special_ids = sorted(set(eos) | ({self.bos_token_id} - {None}))
 

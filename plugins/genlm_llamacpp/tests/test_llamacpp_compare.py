@@ -55,7 +55,7 @@ def test_cli_compare_f32_gguf_matches_hf_tightly(capsys, tiny_llama_path, tiny_g
         "weights": "F32",
     }
     assert out["backends"]["hf"]["dtype"] == "float32"
-    assert max(c["tokens"] for c in out["contexts"]) == 256  # the long prompt, cut to the model's limit
+    assert max(c["tokens"] for c in out["contexts"]) == 255  # the long prompt, cut to 256 - 1
 
 
 def test_cli_compare_different_model_fails(capsys, tiny_llama_path, tiny_gpt2_gguf):

@@ -174,7 +174,7 @@ def test_gpt2_vocabulary_and_encoding_equal_the_hf_tokenizer(gpt2_llm, tiny_gpt2
             text, add_special_tokens=False
         ), text
     assert gpt2_llm.eos_token_ids == [hf.eos_token_id]
-    assert gpt2_llm.max_context_length == 256  # n_ctx of the GPT-2 config
+    assert gpt2_llm.max_context_length == 255  # n_ctx of the GPT-2 config: 256 positions, minus one
 
 
 def test_gpt2_logprobs_agree_with_transformers(gpt2_llm, tiny_gpt2_path, oracle_factory):

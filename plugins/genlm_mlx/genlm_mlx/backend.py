@@ -5,11 +5,13 @@ Importing this module does not import mlx; creating a backend does.
 * ``_forward`` left-pads the batch's contexts and prefills them together in steps
   of ``prefill_step_size`` (:func:`genlm_mlx.engine.forward`). The shared base
   gives batching (AutoBatcher), the output cache, validation and the entry points.
-* KV prefix reuse: the KV state of every computed context is stored in a core
-  :class:`~genlm_core.prefix_cache.PrefixCache` (one contiguous mlx array per
-  prefix, LRU-evicted under ``kv_cache_bytes``); a later context resumes from its
-  deepest cached proper prefix. Models whose caches cannot be reused (recurrent or
+* KV prefix reuse: the KV state of every computed context is stored in the core
+  :class:`~genlm_core.kv_reuse.KVReuse` (one contiguous mlx array per prefix,
+  LRU-evicted under ``kv_cache_bytes``); a later context resumes from its deepest
+  cached proper prefix. Models whose caches cannot be reused (recurrent or
   sliding-window layers) get a warning and no prefix caching.
+* The context limit, default EOS ids, dtype and ``model=None`` follow the checkpoint
+  policy of :mod:`genlm_core.checkpoint`.
 * ``sample`` uses mlx-lm's ``generate_step`` and ``make_sampler``, seeded.
 """
 
@@ -21,10 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from genlm_core import checkpoint
 from genlm_core.backend import BaseLogprobBackend
 from genlm_core.config import ConfigError
 from genlm_core.dtypes import resolve_dtype
-from genlm_core.prefix_cache import PrefixCache
+from genlm_core.kv_reuse import KVReuse, KVReuseBackend
 from genlm_core.progress import note
 from genlm_mlx.config import MLXConfig
 
@@ -34,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["MLXBackend"]
 
 
-class MLXBackend(BaseLogprobBackend):
+class MLXBackend(KVReuseBackend, BaseLogprobBackend):
     """Batched, prefix-caching next-token log-probabilities from an mlx-lm model.
 
     Args:
@@ -42,7 +45,8 @@ class MLXBackend(BaseLogprobBackend):
         tokenizer: mlx-lm's ``TokenizerWrapper`` or a Hugging Face tokenizer; the
             vocabulary is decoded from the underlying Hugging Face tokenizer.
         config: :class:`MLXConfig`.
-        model_config: the model's ``config.json`` as a dict (for the context limit).
+        model_config: the model's ``config.json`` as a dict (context limit; default:
+            the model's ``args``).
     """
 
     config_class = MLXConfig
@@ -63,25 +67,23 @@ class MLXBackend(BaseLogprobBackend):
         self.mlx_model = model
         self.mlx_tokenizer = tokenizer
         hf_tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
-        super().__init__(hf_tokenizer, config or MLXConfig(), eos_token_ids=_eos_ids(tokenizer))
-        self.eos_token_ids = [e for e in self.eos_token_ids if 0 <= e < self.vocab_size]
-        self._max_len = engine.context_limit(model, model_config, hf_tokenizer)
+        config = config or MLXConfig()
+        super().__init__(hf_tokenizer, config)  # default EOS ids: the checkpoint policy
+        if not model_config:  # built by hand: the model's own arguments hold the same keys
+            args = getattr(model, "args", None)
+            model_config = dict(vars(args)) if hasattr(args, "__dict__") else {}
+        self._max_len = checkpoint.context_limit(model_config)
         self.kv_reuse_problem = engine.kv_reuse_problem(model)
-        self.prefix_cache: PrefixCache | None = None
         self._kv_token_bytes = 0  # KV bytes per token, known after the first payload
-        self.forward_calls = 0
-        self.tokens_computed = 0
-        self.tokens_reused = 0
-        if self.config.prefix_cache and self.config.kv_cache_bytes != 0:
-            if self.kv_reuse_problem is None:
-                self.prefix_cache = PrefixCache(kv_budget_bytes=self.config.kv_cache_bytes)
-            else:
-                warnings.warn(
-                    f"genlm-mlx: model {type(model).__module__}.{type(model).__name__} cannot reuse "
-                    f"KV state ({self.kv_reuse_problem}); prefix caching is disabled.",
-                    UserWarning,
-                    stacklevel=2,
-                )
+        wanted = self.config.prefix_cache and self.config.kv_cache_bytes != 0
+        self.kv = KVReuse(self.config.kv_cache_bytes, enabled=wanted and self.kv_reuse_problem is None)
+        if wanted and self.kv_reuse_problem is not None:
+            warnings.warn(
+                f"genlm-mlx: model {type(model).__module__}.{type(model).__name__} cannot reuse "
+                f"KV state ({self.kv_reuse_problem}); prefix caching is disabled.",
+                UserWarning,
+                stacklevel=2,
+            )
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -91,11 +93,9 @@ class MLXBackend(BaseLogprobBackend):
         config.check_model()  # before mlx_lm is imported
         from mlx_lm import load
 
+        if config.model is None:  # the checkpoint policy: the embedded SmolLM2
+            config = config.model_copy(update={"model": checkpoint.default_model()})
         model_path = config.model
-        if model_path is None:
-            from genlm_core.embedded import smollm2_path
-
-            model_path = str(smollm2_path())
         note(f"mlx: loading {model_path} with mlx-lm")
         local = Path(model_path).expanduser()
         try:
@@ -131,10 +131,9 @@ class MLXBackend(BaseLogprobBackend):
     def _forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         import torch
 
-        cache = self.prefix_cache
-        if cache is None:
+        if not self.kv.enabled:
             return self._forward_uncached(contexts)
-        pasts = [cache.deepest_kv(c, max_depth=len(c) - 1)[1] for c in contexts]
+        starts = self.kv.lookup(contexts)
         budget = self.config.kv_cache_bytes
         max_kv_tokens = (
             budget // self._kv_token_bytes if budget is not None and self._kv_token_bytes else None
@@ -142,58 +141,37 @@ class MLXBackend(BaseLogprobBackend):
         out = self._engine.forward(
             self.mlx_model,
             contexts,
-            pasts,
+            [kv for _, kv in starts],
             self.config.prefill_step_size,
             want_kv=True,
             max_kv_tokens=max_kv_tokens,
         )
-        self._count(out)
+        self.kv.count(out.computed, out.reused)
         for ctx, kv in zip(contexts, out.payloads or []):
             if kv is not None:
                 self._kv_token_bytes = kv.nbytes // max(1, kv.shape[3])
-                cache.insert(ctx, kv=kv)
+                self.kv.store(ctx, kv)
         return torch.from_numpy(out.logits)
 
     def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         import torch
 
         out = self._engine.forward(self.mlx_model, contexts, None, self.config.prefill_step_size)
-        self._count(out)
+        self.kv.count(out.computed, out.reused)
         return torch.from_numpy(out.logits)
-
-    def _count(self, out: Any) -> None:
-        self.forward_calls += 1
-        self.tokens_computed += out.computed
-        self.tokens_reused += out.reused
 
     def _clear_engine_cache(self) -> None:
         import mlx.core as mx
 
-        if self.prefix_cache is not None:
-            self.prefix_cache.clear()
+        self.kv.clear()
         mx.clear_cache()
 
     def _close_engine(self) -> None:
         self._clear_engine_cache()
 
     # ------------------------------------------------------------------ extras
-    def cache_kv(self, prompt_token_ids: Sequence[int]) -> None:
-        """Compute ``prompt_token_ids`` now so later contexts that extend it reuse its KV."""
-        ctx = self.validate(prompt_token_ids)
-        self.batcher.run_sync([ctx])
-
-    def stats(self) -> dict[str, Any]:
-        out = super().stats()
-        if self.prefix_cache is not None:
-            out["prefix_cache"] = self.prefix_cache.stats()
-        out["engine"] = {
-            "forward_calls": self.forward_calls,
-            "tokens_computed": self.tokens_computed,
-            "tokens_reused": self.tokens_reused,
-            "kv_reuse": self.prefix_cache is not None,
-            "device": self.device,
-        }
-        return out
+    def _engine_stats(self) -> dict[str, Any]:
+        return {"device": self.device}
 
     async def sample(
         self,
@@ -266,14 +244,3 @@ def _cast(model: Any, dtype: str) -> None:
 
     model.set_dtype(getattr(mx, dtype))
     mx.eval(model.parameters())
-
-
-def _eos_ids(tokenizer: Any) -> list[int]:
-    """EOS ids: mlx-lm's wrapper knows the generation config's list too."""
-    ids = getattr(tokenizer, "eos_token_ids", None)
-    if ids:
-        return sorted(int(i) for i in ids)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if isinstance(eos, int):
-        return [eos]
-    return [int(e) for e in eos or []]

@@ -5,24 +5,20 @@ from __future__ import annotations
 from pydantic import Field
 
 from genlm_core.config import BackendConfig
+from genlm_core.kv_reuse import KVCacheOptions
 
 
-class MLXConfig(BackendConfig):
+class MLXConfig(KVCacheOptions, BackendConfig):
     """Options of :class:`genlm_mlx.backend.MLXBackend`.
 
     ``model`` is anything ``mlx_lm.load`` accepts: a local folder (Hugging Face
-    layout; GPT-2 needs ``n_ctx`` and the hub weight names) or a hub id.
+    layout; GPT-2 needs ``n_ctx`` and the hub weight names) or a hub id; ``None`` is the
+    embedded SmolLM2-135M-Instruct (:mod:`genlm_core.checkpoint`). ``prefix_cache`` and
+    ``kv_cache_bytes`` come from :class:`~genlm_core.kv_reuse.KVCacheOptions`.
     """
 
     component = "mlx"
 
     prefill_step_size: int = Field(
         2048, ge=1, description="most tokens per model call while prefilling a batch"
-    )
-    prefix_cache: bool = Field(
-        True,
-        description="reuse the KV state of cached prefixes (off for models whose caches cannot be reused)",
-    )
-    kv_cache_bytes: int | None = Field(
-        1 << 30, ge=0, description="bytes of KV state the prefix cache keeps (LRU; None: no bound)"
     )

@@ -28,14 +28,10 @@ from mlx_lm.models.cache import (
 __all__ = [
     "Forward",
     "batch_cache",
-    "context_limit",
     "forward",
     "kv_reuse_problem",
     "to_numpy_f32",
 ]
-
-#: config keys that bound the context length, most specific first
-_LIMIT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
 
 
 class Forward(NamedTuple):
@@ -82,20 +78,6 @@ def batch_cache(model: Any, left_padding: list[int]) -> list[Any] | None:
         else:
             return None
     return out
-
-
-def context_limit(model: Any, config: dict[str, Any] | None, tokenizer: Any) -> int | None:
-    """Longest context the model accepts, from its config (``None`` if unknown)."""
-    sources: list[Any] = [config or {}, getattr(model, "args", None)]
-    for src in sources:
-        for key in _LIMIT_KEYS:
-            value = src.get(key) if isinstance(src, dict) else getattr(src, key, None)
-            if isinstance(value, int) and value > 0:
-                return value
-    value = getattr(tokenizer, "model_max_length", None)
-    if isinstance(value, int) and 0 < value < 10_000_000:
-        return value
-    return None
 
 
 def to_numpy_f32(x: mx.array) -> np.ndarray:

@@ -17,9 +17,9 @@ from genlm_mock.config import MockConfig
 class MockBackend(BaseLogprobBackend):
     """A LogprobBackend whose distributions are pseudo-random but fixed per context.
 
-    Unlike the seeds' mock (seeded by ``sum((i + 1) * t)``, so different contexts can
-    share a distribution), the seed is the whole context, through numpy's
-    ``SeedSequence``. Uses the shared batcher and output cache, like every engine.
+    The seed is the whole context, through numpy's ``SeedSequence``, so different
+    contexts never share a distribution by construction (a seed such as
+    ``sum((i + 1) * t)`` would let them). Uses the shared batcher and output cache, like every engine.
     """
 
     config_class = MockConfig

@@ -15,7 +15,6 @@ under the batcher's ``model_lock``: the engine is not thread-safe.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import importlib.util
@@ -30,9 +29,11 @@ from typing import Any
 
 import torch
 
+from genlm_core import checkpoint
 from genlm_core.backend import BaseLogprobBackend
 from genlm_core.batching import AutoBatcher
 from genlm_core.dtypes import UnsupportedDtypeError, resolve_dtype
+from genlm_core.lora import LoraAdapters
 from genlm_core.progress import note, summarise_repeats
 from genlm_vllm.config import VLLMConfig
 from genlm_vllm.main_guard import check_main_guard
@@ -195,7 +196,7 @@ def engine_kwargs(config: VLLMConfig, device: str) -> dict[str, Any]:
     from genlm_vllm.capture import CaptureLogitsProcessor
 
     if config.model is None:
-        raise ValueError("the 'vllm' backend needs model=... (a hub id or a local folder)")
+        raise ValueError("internal: VLLMBackend.from_config resolves model=None first")
     if "dtype" in config.engine_opts:
         raise ValueError(
             "engine_opts['dtype'] is not accepted: pass dtype= (the option every backend shares; "
@@ -269,6 +270,16 @@ class VLLMBackend(BaseLogprobBackend):
         self._device = device or _engine_device()
         model_config = llm.llm_engine.model_config
         self._max_model_len = int(model_config.max_model_len)
+        # the checkpoint policy (genlm_core.checkpoint), lowered by max_model_len: vLLM
+        # needs a position for the one token it generates (prompt < max_model_len)
+        hf_config = getattr(model_config, "hf_config", None)
+        self._max_context = checkpoint.engine_context_limit(
+            checkpoint.context_limit(
+                checkpoint.read_config(config.model if config is not None else None)
+                or (hf_config.to_dict() if hf_config is not None else {})
+            ),
+            self._max_model_len - 1,
+        )
         self._dtype = _weight_dtype(llm)
         self.in_process = _engine_in_process(llm)
         if self.in_process:
@@ -300,8 +311,9 @@ class VLLMBackend(BaseLogprobBackend):
             self._engine_segments = _mapped(self._engine_procs)
         self._counter = itertools.count()
         self._lora_ids = itertools.count(1)
-        self._loras: dict[str, Any] = {}
-        self._active_lora: Any = None
+        self.adapters = LoraAdapters()
+        self._lora_requests: dict[str, Any] = {}
+        self._active_lora: Any = None  # the active LoRARequest
         self.sample_batcher: AutoBatcher[_SampleRequest, list[int]] = AutoBatcher(
             self._sample_batch_fn,
             batch_size=config.batch_size,
@@ -315,6 +327,8 @@ class VLLMBackend(BaseLogprobBackend):
     @classmethod
     def from_config(cls, config: VLLMConfig) -> "VLLMBackend":
         config.check_model()
+        if config.model is None:  # the checkpoint policy: the embedded SmolLM2 (genlm_core.checkpoint)
+            config = config.model_copy(update={"model": checkpoint.default_model()})
         _require_vllm()
         _tolerate_llvmlite()
         note(f"vllm: importing vLLM to start an engine for {config.model}")
@@ -356,8 +370,7 @@ class VLLMBackend(BaseLogprobBackend):
 
     @property
     def max_context_length(self) -> int:
-        # vLLM needs room for the one generated token: prompt < max_model_len
-        return self._max_model_len - 1
+        return self._max_context  # type: ignore[return-value]
 
     def _new_tags(self, n: int) -> list[str]:
         return [f"{self._namespace}:{next(self._counter)}" for _ in range(n)]
@@ -520,27 +533,6 @@ class VLLMBackend(BaseLogprobBackend):
         )
         return await self.sample_batcher.submit(req)
 
-    async def batch_sample(
-        self,
-        prompt_token_ids_list: Sequence[Sequence[int]],
-        max_tokens: int,
-        eos_token_ids: Sequence[int] | None = None,
-        temperature: float = 1.0,
-        seed: int | None = None,
-    ) -> list[list[int]]:
-        """Sample for each prompt in one engine call; prompt ``i`` uses ``seed + i``."""
-        for p in prompt_token_ids_list:
-            self.validate(p)
-        self._check_sample_args(max_tokens, temperature, eos_token_ids)
-        return list(
-            await asyncio.gather(
-                *(
-                    self.sample(p, max_tokens, eos_token_ids, temperature, None if seed is None else seed + i)
-                    for i, p in enumerate(prompt_token_ids_list)
-                )
-            )
-        )
-
     def sample_sync(
         self,
         prompt_token_ids: Sequence[int],
@@ -637,28 +629,28 @@ class VLLMBackend(BaseLogprobBackend):
         return results
 
     # ------------------------------------------------------------------ LoRA
-    def load_lora(self, lora_path: str, lora_name: str = "default") -> None:
-        """Register an adapter folder under ``lora_name`` (needs ``enable_lora=True``)."""
+    def load_lora(self, path: str, name: str = "default") -> None:
+        """Register the adapter folder ``path`` under ``name`` (needs ``enable_lora=True``);
+        the active adapter does not change (no result changes, no cache is dropped)."""
         if not self.llm.llm_engine.vllm_config.lora_config:
             raise ValueError("LoRA is disabled: build the backend with enable_lora=True")
         from vllm.lora.request import LoRARequest
 
-        if not os.path.isdir(lora_path):
-            raise ValueError(f"LoRA adapter folder not found: {lora_path!r}")
-        old = self._loras.get(lora_name)
-        lora_id = old.lora_int_id if old is not None else next(self._lora_ids)
-        self._loras[lora_name] = LoRARequest(lora_name, lora_id, str(lora_path))
-        if old is not None and self._active_lora is old:
-            self.set_lora(lora_name)
+        folder = self.adapters.check_new(path, name)
+        self._lora_requests[name] = LoRARequest(name, next(self._lora_ids), folder)
+        self.adapters.add(folder, name)
 
-    add_new_lora = load_lora  # seeds name
+    def add_new_lora(self, lora_path: str, lora_name: str = "default") -> None:
+        """genlm-backend's name of :meth:`load_lora`."""
+        self.load_lora(lora_path, lora_name)
 
-    def set_lora(self, lora_name: str = "default") -> None:
-        """Use adapter ``lora_name`` for every later call; drops the output cache."""
-        if lora_name not in self._loras:
-            raise ValueError(f"unknown LoRA adapter {lora_name!r}; loaded: {sorted(self._loras)}")
+    def set_lora(self, name: str = "default") -> None:
+        """Use adapter ``name`` for every later call; drops the output cache (vLLM keys its
+        prefix cache by adapter: no KV to drop)."""
+        self.adapters.require(name)
         with self.batcher.model_lock:
-            self._active_lora = self._loras[lora_name]
+            self._active_lora = self._lora_requests[name]
+            self.adapters.active = name
             if self.output_cache is not None:
                 self.output_cache.clear()
 
@@ -666,12 +658,13 @@ class VLLMBackend(BaseLogprobBackend):
         """Back to the base model; drops the output cache."""
         with self.batcher.model_lock:
             self._active_lora = None
+            self.adapters.active = None
             if self.output_cache is not None:
                 self.output_cache.clear()
 
     @property
     def active_lora(self) -> str | None:
-        return None if self._active_lora is None else self._active_lora.lora_name
+        return self.adapters.active
 
     # ------------------------------------------------------------------ shutdown
     def _close_engine(self) -> None:

@@ -16,3 +16,10 @@ def genlm_register_backends(register):
         install='pip install "genlm-vllm[cuda]"  (CPU machines: pip install "genlm-vllm[cpu]")',
         description="vLLM V1 engine: batched full next-token logprobs via a logits processor",
     )
+
+
+@hookimpl
+def genlm_doctor(hardware):
+    from genlm_vllm.doctor import doctor_section
+
+    return doctor_section(hardware)

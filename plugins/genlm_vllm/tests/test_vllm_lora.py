@@ -23,7 +23,10 @@ def _peft_rows(tiny_path: str, adapter: str, contexts: list[list[int]], V: int) 
 
 def test_lora_switching(tiny_path, tiny_lora_adapter, tiny_lora_backend) -> None:
     contexts = [[5, 6, 7, 8], [40, 41, 42, 43, 44, 45, 46, 47, 48], [300]]
+    from genlm_core.protocols import LoraBackend
+
     adapter, llm = tiny_lora_adapter, tiny_lora_backend
+    assert isinstance(llm, LoraBackend)
     llm.clear_lora()
     llm.clear_cache()
     V = len(llm.byte_vocab)
@@ -41,7 +44,9 @@ def test_lora_switching(tiny_path, tiny_lora_adapter, tiny_lora_backend) -> None
         llm.clear_lora()
     again = llm.batch_next_token_logprobs_sync(contexts)
     assert max_abs_diff(again, base) <= 1e-4
-    with pytest.raises(ValueError, match="unknown LoRA"):
+    with pytest.raises(ValueError, match="no LoRA adapter named"):
         llm.set_lora("missing")
     with pytest.raises(ValueError, match="not found"):
         llm.load_lora("/nonexistent/adapter", "b")
+    with pytest.raises(ValueError, match="already loaded"):  # the same rule as genlm-hf
+        llm.load_lora(adapter, "a")

@@ -19,20 +19,21 @@ from genlm_hf.loading import load_model_and_tokenizer
 from genlm_mock.backend import MockBackend
 
 from genlm_core.backend import BaseLogprobBackend as AsyncLM
+from genlm_core.dtypes import DTYPES, normalize_dtype
 
 __all__ = ["AsyncLM", "AsyncMlxLM", "AsyncRemoteLM", "AsyncSGLTransformer", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM",
            "load_model_by_name"]  # fmt: skip
 
-#: transformers' dtype spellings (``torch_dtype=`` in ``hf_opts``) -> genlm-hf's ``dtype``
-_DTYPES = {"float": "float32", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
-           "bf16": "bfloat16", "float16": "float16", "half": "float16", "fp16": "float16", "auto": "auto"}  # fmt: skip
-
 
 def _dtype(value: Any) -> str:
-    name = str(value).removeprefix("torch.")
-    if name not in _DTYPES:
-        raise ValueError(f"hf_opts torch_dtype={value!r} is not supported; use one of {sorted(_DTYPES)}")
-    return _DTYPES[name]
+    """genlm-hf's ``dtype`` for a ``torch_dtype=`` of ``hf_opts`` (the core's spellings)."""
+    name = "auto" if str(value) == "auto" else normalize_dtype(value)
+    if name is None:
+        raise ValueError(
+            f"hf_opts torch_dtype={value!r} is not supported; use one of {', '.join(DTYPES)} "
+            "(or a torch dtype / common spelling of one)"
+        )
+    return name
 
 
 class _LoraName:
