@@ -24,6 +24,7 @@ import threading
 
 import pytest
 import torch
+from conftest import TINY_BUDGET
 from oracles import (
     build_lora_adapter,
     max_abs_diff,
@@ -35,7 +36,6 @@ from oracles import (
 from processes import assert_gone, descendants, engine_segments, env, shm_segments
 
 import genlm_core
-from conftest import TINY_BUDGET
 
 #: TP splits each matmul of o_proj / down_proj (and a LoRA's expand) in halves summed
 #: by an all-reduce: float32 sums in another order. On the tiny Llama (logits of

@@ -18,6 +18,7 @@ import time
 
 import pytest
 import torch
+from conftest import TINY_BUDGET
 from oracles import max_abs_diff, mixed_batch, random_ids
 from processes import (
     LocalRay,
@@ -30,7 +31,6 @@ from processes import (
 )
 
 import genlm_core
-from conftest import TINY_BUDGET
 
 #: seconds a driver call may take before it counts as a hang (a batch of the tiny model
 #: takes well under a second). The engine start (20-60 s on 2 quiet cores, several
