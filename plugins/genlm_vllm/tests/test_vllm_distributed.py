@@ -82,11 +82,15 @@ def mild_adapter(tiny_path, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def lora_reference(tiny_lora_backend, mild_adapter):
-    """``contexts -> rows`` of the TP=1 engine with the mild adapter active."""
+    """``contexts -> rows`` of the TP=1 engine with the mild adapter active (loaded once:
+    loading a name twice is refused)."""
+    loaded: list[bool] = []
 
     def rows(contexts: list[list[int]]) -> torch.Tensor:
         llm = tiny_lora_backend
-        llm.load_lora(mild_adapter, "distributed-mild")
+        if not loaded:
+            llm.load_lora(mild_adapter, "distributed-mild")
+            loaded.append(True)
         llm.set_lora("distributed-mild")
         try:
             return llm.batch_next_token_logprobs_sync(contexts)
