@@ -75,7 +75,7 @@ TINY_INIT_STD = 0.2  # large enough that next-token distributions are not flat
 
 MARKER = ".genlm-model.json"
 # Bump when a builder changes what it writes: existing folders are then rebuilt.
-_BUILDER_VERSION = {"smollm2": 3, "tiny-llama": 3, "tiny-gpt2": 2, "tiny-llama-spm": 2}
+_BUILDER_VERSION = {"smollm2": 3, "tiny-llama": 3, "tiny-gpt2": 2, "tiny-llama-spm": 3}
 
 # Local training text for the tiny tokenizers: files that exist on any Debian
 # machine and in any CPython 3.11 standard library (missing ones are skipped).

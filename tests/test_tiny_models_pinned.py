@@ -16,7 +16,7 @@ from genlm_core import embedded
 PINNED = {
     "llama": "1cc60222758a521ceadb61d954eaf197763f4fd59be5f112200bf91dbcc75108",
     "gpt2": "1a1b861b29a9a63435ea239d47e250f76ce8a4ddb923af5840df481bc5d5e61a",
-    "llama-spm": "0ac216d7d0998bb8375335c9e3cdd9bf39ecab7449a7b046dcada9ac103239f1",
+    "llama-spm": "5ebcbad91696b317acf965451cffa691f10cfe1a16fa3d32a00377c011517519",
 }
 CORPUS_SHA256 = "b5e0c10d3e5f441540394aae75c234e8fa13ace1daeae54812cc7a45d8299b57"
 

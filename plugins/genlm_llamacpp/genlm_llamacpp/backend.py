@@ -145,7 +145,13 @@ class LlamaCppBackend(KVReuseBackend, BaseLogprobBackend):
         return self._run(contexts, reuse=self.kv.enabled)
 
     def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
-        return self._run(contexts, reuse=False)
+        """Each context alone in an emptied KV cache (see :meth:`_alone`): the reference
+        computation, the same bits whatever was cached before (the KV cache is dropped)."""
+        import numpy as np
+        import torch
+
+        self.kv.count(0, 0)
+        return torch.from_numpy(np.stack([self._alone(c, lambda logits: logits.copy()) for c in contexts]))
 
     def _forward_rows(self, contexts: list[tuple[int, ...]]) -> "list[torch.Tensor]":
         """Each row normalised straight from llama.cpp's output buffer into a tensor of
