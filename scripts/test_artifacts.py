@@ -78,6 +78,7 @@ SETS: dict[str, dict] = {
         # the suites that need only genlm-llamacpp (the others compare with transformers or
         # assume genlm-hf is installed too)
         "select": ["test_llamacpp_conformance.py", "test_llamacpp_import.py"],
+        "data": True,  # the conformance kit on the embedded SmolLM2 Q4_1 GGUF
     },
     "example": {
         "install": ["pip install genlm-core genlm-example"],
