@@ -1,8 +1,18 @@
 """genlm-core: a plugin-based backend for language-model probabilistic programs.
 
 Importing this package imports no engine (torch, transformers, vllm, mlx).
+
+The package, by audience (docs/architecture.md has the picture):
+
+* users: this module (``load``, ``list_backends``, ``load_trie``, ...), ``config``,
+  ``protocols``, ``token``, ``trie/``, ``bytes/``, ``models/`` and ``tools/`` (the
+  ``genlm`` command);
+* plugin authors: ``engine/`` (one import point: ``genlm_core.engine``) and
+  ``registry/`` (hooks, discovery, hardware probes); ``testing/`` is their test kit;
+* many programs on one engine: ``serve/`` (``genlm serve``).
 """
 
+from genlm_core import _moved_modules
 from genlm_core.api import (
     backend_config,
     explain_auto,
@@ -12,12 +22,14 @@ from genlm_core.api import (
     load_trie,
     resolve,
 )
-from genlm_core.batching import AutoBatcher, BatcherClosed
 from genlm_core.config import BackendConfig, ConfigError, GenlmConfig
-from genlm_core.hookspecs import hookimpl
+from genlm_core.engine.batching import AutoBatcher, BatcherClosed
 from genlm_core.protocols import ByteModel, Cache, LogprobBackend, Trie
 from genlm_core.registry import UnavailableImplementationError, UnknownImplementationError, get_registry
+from genlm_core.registry.hookspecs import hookimpl
 from genlm_core.token import Token
+
+_moved_modules.install()  # the module paths of genlm-core 0.1 keep working
 
 
 def _version() -> str:

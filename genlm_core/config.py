@@ -20,8 +20,8 @@ from typing import Any, ClassVar, Literal
 import annotated_types
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from genlm_core import model_folder
-from genlm_core.dtypes import DTYPES, normalize_dtype
+from genlm_core.engine import model_folder
+from genlm_core.engine.dtypes import DTYPES, normalize_dtype
 from genlm_core.errors import ConfigError
 
 __all__ = [
@@ -247,7 +247,7 @@ class BackendConfig(GenlmConfig):
 
     def model_needs(self) -> tuple[str, ...]:
         """What a local ``model`` folder must hold for this backend (keys of
-        :data:`genlm_core.model_folder.REQUIREMENTS`). Plugins override it."""
+        :data:`genlm_core.engine.model_folder.REQUIREMENTS`). Plugins override it."""
         return ("config", "tokenizer")
 
     def check_model(self) -> None:

@@ -22,8 +22,8 @@ __all__ = ["LogprobBackend", "LoraBackend", "Trie", "Cache", "ByteModel", "PROTO
 class LogprobBackend(Protocol):
     """A language model that returns full next-token log-probability vectors.
 
-    Everything callers use (the CLI, ``genlm_core.compare``, the byte model, SMC code)
-    is stated here; :class:`genlm_core.backend.BaseLogprobBackend` implements it once
+    Everything callers use (the CLI, ``genlm_core.tools.compare``, the byte model, SMC code)
+    is stated here; :class:`genlm_core.engine.backend.BaseLogprobBackend` implements it once
     for every engine plugin.
 
     Output contract: ``next_token_logprobs*`` return a normalised float32 torch
@@ -33,7 +33,7 @@ class LogprobBackend(Protocol):
 
     * ``vocab_size``: ``len(byte_vocab)``, the width of every row;
     * ``eos_token_ids``: the default EOS ids (``sample(eos_token_ids=None)``), by the
-      checkpoint policy of :mod:`genlm_core.checkpoint`;
+      checkpoint policy of :mod:`genlm_core.engine.checkpoint`;
     * ``max_context_length``: the longest context accepted (``None``: no known limit);
     * ``dtype``: what the engine computes in (``"float32"``, ``"float16"``,
       ``"bfloat16"``); ``device``: where (``"cpu"``, ``"cuda"``, ``"mps"``...);

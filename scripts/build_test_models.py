@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 try:
-    from genlm_core import embedded
+    from genlm_core import models
 except ImportError:  # run from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from genlm_core import embedded
+    from genlm_core import models
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     args = parser.parse_args(argv)
     try:
-        paths = embedded.prepare_models(args.which, progress=not args.quiet)
-    except (embedded.ModelUnavailableError, ValueError) as err:
+        paths = models.prepare_models(args.which, progress=not args.quiet)
+    except (models.ModelUnavailableError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     for name, path in paths.items():

@@ -18,7 +18,7 @@ echo "[test] ruff"
 mkdir -p build
 # GPU-only tests are deselected (not skipped) where the hardware probe finds no CUDA.
 nocuda=""
-if ! $PY -c "import sys; from genlm_core.hardware import probe; sys.exit(0 if probe().cuda else 1)"; then
+if ! $PY -c "import sys; from genlm_core.registry.hardware import probe; sys.exit(0 if probe().cuda else 1)"; then
   nocuda=" and not cuda"
 fi
 # Three processes, chosen by the markers the suites declare (genlm_core.testing.plugin):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import genlm_core
-from genlm_core.batching import AutoBatcher, BatcherClosed
+from genlm_core.engine.batching import AutoBatcher, BatcherClosed
 
 
 def square_batches(record: list[list[int]] | None = None, fail_on: set[int] | None = None):
@@ -304,7 +304,7 @@ async def test_tick_policy_keeps_pipelined_particles_in_full_batches():
 
 async def test_tick_policy_batches_sis_like_the_deadline():
     """SIS on the mock backend: each step's particles form one batch under both policies."""
-    from genlm_core.smc import run_sis
+    from genlm_core.tools.sis import run_sis
 
     sizes = {}
     for policy, timeout in (("deadline", 0.01), ("tick", 0.5)):

@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 
-from genlm_core.batching import AutoBatcher
+from genlm_core.engine.batching import AutoBatcher
 
 ROW = 50_000  # float32 values per result: 200 KB, the size of a real vocabulary row
 

@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genlm_core.batching import AutoBatcher, BatcherClosed
+from genlm_core.engine.batching import AutoBatcher, BatcherClosed
 
 
 def f(v: int) -> np.ndarray:

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genlm_core.caches import OutputCache, sizeof
-from genlm_core.prefix_cache import PrefixCache
+from genlm_core.engine.caches import OutputCache, sizeof
+from genlm_core.engine.prefix_cache import PrefixCache
 
 pytestmark = pytest.mark.numeric  # run again with the SIMD path capped (scripts/test.sh)
 

@@ -1,4 +1,4 @@
-"""genlm_core.checkpoint: the rules every engine reads a checkpoint by, on hand-written
+"""genlm_core.engine.checkpoint: the rules every engine reads a checkpoint by, on hand-written
 folders (the oracle is the rule stated in the module, applied by hand)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from genlm_core import checkpoint
+from genlm_core.engine import checkpoint
 
 
 def _folder(tmp_path: Path, config: dict | None = None, generation: dict | None = None) -> str:
@@ -62,9 +62,9 @@ def test_read_config_of_a_folder_and_of_a_file_in_it(tmp_path: Path) -> None:
 
 
 def test_model_none_is_the_embedded_smollm2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from genlm_core import embedded
+    from genlm_core import models
 
-    monkeypatch.setattr(embedded, "smollm2_path", lambda progress=True: tmp_path / "folder")
-    monkeypatch.setattr(embedded, "smollm2_gguf_path", lambda: tmp_path / "x.gguf")
+    monkeypatch.setattr(models, "smollm2_path", lambda progress=True: tmp_path / "folder")
+    monkeypatch.setattr(models, "smollm2_gguf_path", lambda: tmp_path / "x.gguf")
     assert checkpoint.default_model() == str(tmp_path / "folder")
     assert checkpoint.default_model(gguf=True) == str(tmp_path / "x.gguf")

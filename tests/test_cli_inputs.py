@@ -16,10 +16,10 @@ import annotated_types
 import pytest
 
 import genlm_core
-from genlm_core.cli import main
 from genlm_core.config import BackendConfig, ConfigError, GenlmConfig
-from genlm_core.model_folder import check_model_folder, looks_like_path
-from genlm_core.progress import summarise_repeats
+from genlm_core.engine.model_folder import check_model_folder, looks_like_path
+from genlm_core.engine.progress import summarise_repeats
+from genlm_core.tools.cli import main
 
 ENGINES = ("torch", "transformers", "vllm", "mlx", "mlx_lm")
 BACKENDS = ("hf", "vllm", "mlx", "mock", "auto")
@@ -104,7 +104,7 @@ def test_cli_missing_model_folder_is_one_clear_line(capsys):
 # ---------------------------------------------------------------------- config errors
 def _configs() -> list[type[GenlmConfig]]:
     from genlm_core.bytes import BeamParams
-    from genlm_core.caches import OutputCacheConfig
+    from genlm_core.engine.caches import OutputCacheConfig
 
     classes: list[type[GenlmConfig]] = [BeamParams, OutputCacheConfig, BackendConfig]
     for reg in genlm_core.get_registry().all("backend"):

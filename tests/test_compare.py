@@ -1,4 +1,4 @@
-"""`genlm compare` / genlm_core.compare: pairwise statistics and the exit status.
+"""`genlm compare` / genlm_core.tools.compare: pairwise statistics and the exit status.
 
 The statistics are checked against a hand computation; the end-to-end checks run
 hf and mlx (no vLLM here: see plugins/genlm_vllm/tests/test_vllm_compare.py) on the
@@ -14,8 +14,8 @@ import shutil
 import pytest
 import torch
 
-from genlm_core.cli import main
-from genlm_core.compare import DEFAULT_PROMPTS, compare_rows, read_prompts
+from genlm_core.tools.cli import main
+from genlm_core.tools.compare import DEFAULT_PROMPTS, compare_rows, read_prompts
 
 
 def test_pair_statistics_match_a_hand_computation() -> None:

@@ -1,4 +1,4 @@
-"""The shared meaning of ``dtype`` (genlm_core.dtypes), without any engine."""
+"""The shared meaning of ``dtype`` (genlm_core.engine.dtypes), without any engine."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import genlm_core
 from genlm_core.config import ConfigError
-from genlm_core.dtypes import UnsupportedDtypeError, checkpoint_dtype, resolve_dtype
+from genlm_core.engine.dtypes import UnsupportedDtypeError, checkpoint_dtype, resolve_dtype
 
 
 def _folder(tmp_path, config=None, tensor_dtype=None):
@@ -52,7 +52,7 @@ def test_mock_computes_in_float32_only() -> None:
 
 
 def test_doctor_and_backends_show_dtype(tmp_path, capsys) -> None:
-    from genlm_core.cli import main
+    from genlm_core.tools.cli import main
 
     folder = _folder(tmp_path / "m", {"torch_dtype": "bfloat16"})
     assert main(["doctor", "--json", "--model", str(folder)]) == 0

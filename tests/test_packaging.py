@@ -198,8 +198,8 @@ def test_doctor_lists_every_distribution_and_what_it_misses(tmp_path: Path, monk
     """A third-party plugin with a missing dependency and a missing extra (a fake
     ``.dist-info`` on ``sys.path``) is listed with both; ``genlm --version`` lists every
     distribution of this repository that is installed, at its pyproject's version."""
-    from genlm_core.cli import main
-    from genlm_core.distributions import genlm_distributions
+    from genlm_core.registry.distributions import genlm_distributions
+    from genlm_core.tools.cli import main
 
     info = tmp_path / "acme_lm-2.0.dist-info"
     info.mkdir()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from genlm_core.prefix_cache import PrefixCache
+from genlm_core.engine.prefix_cache import PrefixCache
 
 
 class Handle:

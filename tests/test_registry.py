@@ -27,7 +27,7 @@ def run_py(code: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return run_py(f"import sys; from genlm_core.cli import main; sys.exit(main({list(args)!r}))", **env)
+    return run_py(f"import sys; from genlm_core.tools.cli import main; sys.exit(main({list(args)!r}))", **env)
 
 
 def fresh_registry() -> Registry:
@@ -134,7 +134,7 @@ def test_import_and_listing_import_no_engine():
     code = (
         "import sys, json, genlm_core\n"
         "genlm_core.list_backends(); genlm_core.list_implementations()\n"
-        "from genlm_core.cli import main\n"
+        "from genlm_core.tools.cli import main\n"
         "import io, contextlib\n"
         "with contextlib.redirect_stdout(io.StringIO()): main(['backends']); main(['backends', '--json']); main(['doctor'])\n"
         f"print(json.dumps([m for m in {ENGINES!r} if m in sys.modules]))"
@@ -206,8 +206,8 @@ def test_doctor_sections_come_from_each_plugins_hook():
     fails gets a line saying so and hides no other plugin's section."""
     import types
 
-    from genlm_core import hardware, hookimpl
-    from genlm_core.registry import Registry
+    from genlm_core import hookimpl
+    from genlm_core.registry import Registry, hardware
 
     good = types.ModuleType("good_doctor")
     good.genlm_doctor = hookimpl(lambda hardware: {"title": "Good", "lines": [f"{hardware.cpu_count} CPUs"]})

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import genlm_core
-from genlm_core.batching import AutoBatcher, BatcherClosed
 from genlm_core.bytes.testing import TableBackend
-from genlm_core.caches import OutputCache, sizeof
+from genlm_core.engine.batching import AutoBatcher, BatcherClosed
+from genlm_core.engine.caches import OutputCache, sizeof
 
 
 def _mock(**options):

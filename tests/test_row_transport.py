@@ -8,7 +8,7 @@ import os
 import numpy as np
 import torch
 
-from genlm_core.row_transport import RowBuffer, forget, write_block, write_rows
+from genlm_core.engine.row_transport import RowBuffer, forget, write_block, write_rows
 
 
 def test_rows_through_the_buffer_and_bytes_when_it_cannot_be_used() -> None:
@@ -47,7 +47,7 @@ def test_buffers_of_dead_backends_are_swept_live_ones_kept() -> None:
     import fcntl
     import subprocess
 
-    from genlm_core.row_transport import SHM_DIR, sweep_stale_buffers
+    from genlm_core.engine.row_transport import SHM_DIR, sweep_stale_buffers
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that no longer runs
@@ -77,7 +77,7 @@ def test_a_block_goes_through_the_buffer_only_when_it_is_the_readers() -> None:
     """genlm serve's writer: one (n, width) block, bit-exact; nothing written (False)
     for a foreign nonce, a block larger than the buffer, a name outside /dev/shm's
     genlm files, or a buffer that is gone; no mapping is kept."""
-    from genlm_core import row_transport
+    from genlm_core.engine import row_transport
 
     rows = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
     buf = RowBuffer("unit-block", owner="remote")

@@ -1,8 +1,8 @@
 """The tiny test models are the same on every host: built from the text shipped in
-genlm-core (``genlm_core/data/tiny_corpus.txt``) with fixed seeds, so the digest of
+genlm-core (``genlm_core/models/data/tiny_corpus.txt``) with fixed seeds, so the digest of
 each built folder (weights, config, tokenizer files) is pinned here. A change of the
 corpus, the builder or a library that changes what is written fails this test; bump
-the builder's version in ``genlm_core.embedded`` and the digests together."""
+the builder's version in ``genlm_core.models`` and the digests together."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from genlm_core import embedded
+from genlm_core import models
 
 PINNED = {
     "llama": "1cc60222758a521ceadb61d954eaf197763f4fd59be5f112200bf91dbcc75108",
@@ -24,7 +24,7 @@ CORPUS_SHA256 = "b5e0c10d3e5f441540394aae75c234e8fa13ace1daeae54812cc7a45d8299b5
 def folder_digest(folder: Path) -> str:
     """sha256 over every file's relative name and sha256 (the build marker excluded)."""
     h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != embedded.MARKER):
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != models.MARKER):
         h.update(
             f"{path.relative_to(folder).as_posix()}\\0{hashlib.sha256(path.read_bytes()).hexdigest()}\\n".encode()
         )
@@ -32,10 +32,10 @@ def folder_digest(folder: Path) -> str:
 
 
 def test_corpus_ships_with_the_package() -> None:
-    assert embedded.TINY_CORPUS.is_file()
-    assert hashlib.sha256(embedded.TINY_CORPUS.read_bytes()).hexdigest() == CORPUS_SHA256
+    assert models.TINY_CORPUS.is_file()
+    assert hashlib.sha256(models.TINY_CORPUS.read_bytes()).hexdigest() == CORPUS_SHA256
 
 
 @pytest.mark.parametrize("arch", sorted(PINNED))
 def test_built_models_are_pinned(arch: str) -> None:
-    assert folder_digest(embedded.tiny_model_path(arch, progress=False)) == PINNED[arch]
+    assert folder_digest(models.tiny_model_path(arch, progress=False)) == PINNED[arch]

@@ -17,8 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from genlm_core.token import Token
-from genlm_core.vocab import (
+from genlm_core.engine.vocab import (
     GAP_BYTES,
     DecodedVocab,
     bytes_to_unicode,
@@ -26,6 +25,7 @@ from genlm_core.vocab import (
     decode_vocab,
     decode_vocab_info,
 )
+from genlm_core.token import Token
 
 try:  # run from the repository root (python -m pytest) or with tests/ on sys.path (pytest)
     from tests import tokenizers_fixtures as fx
@@ -589,7 +589,7 @@ def test_verification_refuses_an_unrecoverable_tokenizer(gpt2: Case) -> None:
 
 
 def test_verification_catches_a_misdetected_family(gpt2: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    import genlm_core.vocab as vocab_module
+    import genlm_core.engine.vocab as vocab_module
 
     monkeypatch.setattr(vocab_module, "_backend_family", lambda backend: vocab_module.SENTENCEPIECE)
     with pytest.raises(ValueError, match="exact bytes"):

@@ -28,7 +28,7 @@ from genlm_core.bytes.lookahead import Lookahead
 from genlm_core.bytes.masses import EOSMode, mass_trie_for, mode_of
 from genlm_core.bytes.params import BeamParams
 from genlm_core.bytes.state import LazyTrieState
-from genlm_core.progress import progress_bar
+from genlm_core.engine.progress import progress_bar
 
 __all__ = ["ByteBeamState", "BeamError", "EmptyBeamError", "TerminatedBeamError", "materialize_all"]
 

@@ -3,7 +3,7 @@
 :class:`MassTrie` wraps a core trie (``genlm_core.trie``). ``await masses(logprobs)``
 turns one next-token distribution into the probability mass under every trie node;
 concurrent calls (all candidates of a beam, all beams of a program) are merged into
-one ``batch_weight_sum`` through the core :class:`~genlm_core.batching.AutoBatcher`.
+one ``batch_weight_sum`` through the core :class:`~genlm_core.engine.batching.AutoBatcher`.
 
 The trie is always asked for ``WITHOUT_EOS`` masses (one batch shape for every
 state); the ``WITH_EOS`` view is derived exactly by moving the weight of the few
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from genlm_core.batching import AutoBatcher
+from genlm_core.engine.batching import AutoBatcher
 from genlm_core.trie.structure import EOS, EOSMode, coerce_mode
 
 __all__ = ["MassTrie", "Masses", "EOSMode", "mass_trie_for"]

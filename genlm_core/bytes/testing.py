@@ -1,6 +1,6 @@
 """Test helpers for byte-level models: a table-driven backend and brute-force oracles.
 
-:class:`TableBackend` is a real :class:`~genlm_core.backend.BaseLogprobBackend` (the
+:class:`TableBackend` is a real :class:`~genlm_core.engine.backend.BaseLogprobBackend` (the
 shared batcher, cache and validation) over a small byte vocabulary. Its next-token
 distribution is fixed per context: given explicitly in ``table`` or, otherwise,
 pseudo-random and seeded by the whole context.
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from genlm_core.backend import BaseLogprobBackend
 from genlm_core.config import BackendConfig
+from genlm_core.engine.backend import BaseLogprobBackend
 from genlm_core.token import Token
 
 __all__ = ["TableBackend", "BruteForce"]

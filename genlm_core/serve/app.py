@@ -45,7 +45,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from genlm_core.row_transport import write_block
+from genlm_core.engine.row_transport import write_block
 from genlm_core.serve import frame
 from genlm_core.serve.gather import Gatherer
 from genlm_core.serve.limits import ServeLimits, token_matches

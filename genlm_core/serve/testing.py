@@ -40,7 +40,17 @@ class ServerProcess:
     ) -> None:
         import json
 
-        cmd = [sys.executable, "-m", "genlm_core.cli", "serve", backend, "--host", host, "--port", str(port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "genlm_core.tools.cli",
+            "serve",
+            backend,
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
         if model is not None:
             cmd += ["--model", str(model)]
         for k, v in (opts or {}).items():

@@ -303,9 +303,9 @@ class LogprobBackendConformance:
         return model if model is not None and Path(model).is_dir() else None
 
     def test_checkpoint_policy(self, backend: Any) -> None:
-        """Default EOS ids, context limit and dtype follow :mod:`genlm_core.checkpoint`:
+        """Default EOS ids, context limit and dtype follow :mod:`genlm_core.engine.checkpoint`:
         the same folder gives the same answers on every engine."""
-        from genlm_core import checkpoint
+        from genlm_core.engine import checkpoint
 
         eos = backend.eos_token_ids
         assert eos == sorted(set(eos)) and all(0 <= e < backend.vocab_size for e in eos)

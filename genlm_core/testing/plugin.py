@@ -1,7 +1,7 @@
 """genlm-core's pytest plugin (entry point ``pytest11``, loaded wherever genlm-core
 is installed; ``-p genlm_core.testing.plugin`` loads it explicitly).
 
-Fixtures, all session-scoped and built on first use, offline (``genlm_core.embedded``):
+Fixtures, all session-scoped and built on first use, offline (``genlm_core.models``):
 
 * ``tiny_llama_path`` / ``tiny_gpt2_path``: folders of the tiny random Llama and GPT-2
   (float32 safetensors, byte-level BPE tokenizer trained on the text shipped with

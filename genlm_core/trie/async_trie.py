@@ -1,7 +1,7 @@
 """Asynchronous trie: concurrent ``await weight_sum(...)`` calls become one batch call.
 
 Requests are grouped by ``(operation, mode)``: each group has its own
-:class:`genlm_core.batching.AutoBatcher`, whose batch function stacks the weight
+:class:`genlm_core.engine.batching.AutoBatcher`, whose batch function stacks the weight
 vectors and calls ``batch_weight_sum`` / ``batch_weight_max`` of the wrapped trie in
 a worker thread. A failing batch call raises in every caller of that batch (and the
 batcher keeps serving); a request of the wrong shape fails alone, before batching,
@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-from genlm_core.batching import AutoBatcher
+from genlm_core.engine.batching import AutoBatcher
 from genlm_core.token import Token
 from genlm_core.trie.base import NonFiniteWeightsError
 from genlm_core.trie.structure import EOSMode, coerce_mode

@@ -11,12 +11,12 @@ import sys
 import numpy as np
 
 import genlm_core
-from genlm_core.distributions import NO_BACKEND_HINT
+from genlm_core.registry.distributions import NO_BACKEND_HINT
 
 
 def genlm(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "genlm_core.cli", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "genlm_core.tools.cli", *args], capture_output=True, text=True, timeout=300
     )
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from genlm_core.backend import BaseLogprobBackend
 from genlm_core.config import BackendConfig
+from genlm_core.engine.backend import BaseLogprobBackend
 from genlm_core.token import Token
 
 DEFAULT_TEXT = (

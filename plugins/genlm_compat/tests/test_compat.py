@@ -15,8 +15,8 @@ import torch
 import genlm_core
 from genlm_core.bytes import BeamParams as CoreBeamParams
 from genlm_core.bytes import ByteBeamState as CoreByteBeamState
+from genlm_core.engine.vocab import decode_vocab as core_decode_vocab
 from genlm_core.token import Token as CoreToken
-from genlm_core.vocab import decode_vocab as core_decode_vocab
 
 gb = pytest.importorskip("genlm.backend")
 gbytes = pytest.importorskip("genlm.bytes")

@@ -4,7 +4,7 @@ The base class provides validation, the AutoBatcher (which merges identical
 *whole* contexts: ``_forward`` gets distinct ones), the output cache, the
 sync/async/batch entry points and seeded sampling. This class adds the engine: one
 batched forward pass per batch in which every context resumes from the deepest KV
-state cached for one of its prefixes (:class:`genlm_core.kv_reuse.KVReuse`, LRU under
+state cached for one of its prefixes (:class:`genlm_core.engine.kv_reuse.KVReuse`, LRU under
 ``kv_cache_bytes``), so a particle that extends its context by one token costs one
 token of compute. The sync path goes through the same ``_forward``, so it uses the
 KV it finds too. The prefix cache holds KV only: next-token rows are cached once, in
@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from genlm_core import checkpoint
-from genlm_core.backend import BaseLogprobBackend
-from genlm_core.kv_reuse import KVReuse, KVReuseBackend
-from genlm_core.lora import LoraAdapters
+from genlm_core.engine import checkpoint
+from genlm_core.engine.backend import BaseLogprobBackend
+from genlm_core.engine.kv_reuse import KVReuse, KVReuseBackend
+from genlm_core.engine.lora import LoraAdapters
 from genlm_hf.config import HFConfig
 from genlm_hf.kv import Row, forward_rows, supports_kv_reuse
 from genlm_hf.loading import load_model_and_tokenizer, with_model
@@ -44,7 +44,7 @@ class HFBackend(KVReuseBackend, BaseLogprobBackend):
         self._device = model.device
         super().__init__(tokenizer, config)
         self.config: HFConfig = config
-        # the checkpoint policy (genlm_core.checkpoint): config.json, else the loaded config
+        # the checkpoint policy (genlm_core.engine.checkpoint): config.json, else the loaded config
         model_config = checkpoint.read_config(config.model) or model.config.to_dict()
         self.eos_token_ids = checkpoint.default_eos_ids(
             checkpoint.read_generation_config(config.model) or _generation_config(model),

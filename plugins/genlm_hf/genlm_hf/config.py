@@ -7,8 +7,8 @@ from typing import Any
 from pydantic import Field
 
 from genlm_core.config import BackendConfig
-from genlm_core.dtypes import DTYPES
-from genlm_core.kv_reuse import KVCacheOptions
+from genlm_core.engine.dtypes import DTYPES
+from genlm_core.engine.kv_reuse import KVCacheOptions
 
 __all__ = ["HFConfig", "DTYPES"]
 
@@ -18,8 +18,8 @@ class HFConfig(KVCacheOptions, BackendConfig):
 
     ``model`` is a hub id or a local folder, loaded with transformers'
     ``AutoModelForCausalLM.from_pretrained`` (no download happens for a local folder);
-    ``None`` is the embedded SmolLM2-135M-Instruct (:mod:`genlm_core.checkpoint`).
-    ``prefix_cache`` and ``kv_cache_bytes`` come from :class:`~genlm_core.kv_reuse.KVCacheOptions`.
+    ``None`` is the embedded SmolLM2-135M-Instruct (:mod:`genlm_core.engine.checkpoint`).
+    ``prefix_cache`` and ``kv_cache_bytes`` come from :class:`~genlm_core.engine.kv_reuse.KVCacheOptions`.
     """
 
     component = "hf"

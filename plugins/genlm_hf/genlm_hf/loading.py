@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from genlm_core import hardware
-from genlm_core.dtypes import DTYPES, UnsupportedDtypeError, normalize_dtype, resolve_dtype
-from genlm_core.progress import note
+from genlm_core.engine.dtypes import DTYPES, UnsupportedDtypeError, normalize_dtype, resolve_dtype
+from genlm_core.engine.progress import note
+from genlm_core.registry import hardware
 from genlm_hf.config import HFConfig
 
 __all__ = [
@@ -42,12 +42,12 @@ def check_config(config: HFConfig) -> None:
 
 def with_model(config: HFConfig) -> HFConfig:
     """``config`` with ``model=None`` replaced by the checkpoint policy's default model
-    (the embedded SmolLM2-135M-Instruct, :func:`genlm_core.checkpoint.default_model`)."""
+    (the embedded SmolLM2-135M-Instruct, :func:`genlm_core.engine.checkpoint.default_model`)."""
     if config.model is not None:
         return config
     if config.gguf_file is not None:
         raise ValueError("hf: gguf_file needs model= (the folder or hub id holding the file)")
-    from genlm_core import checkpoint
+    from genlm_core.engine import checkpoint
 
     return config.model_copy(update={"model": checkpoint.default_model()})
 
@@ -102,7 +102,7 @@ def load_model_and_tokenizer(config: HFConfig) -> tuple[Any, Any, str]:
     """``(model, tokenizer, device)`` through transformers' ``from_pretrained``.
 
     ``dtype="auto"`` is resolved to the checkpoint's dtype by
-    :func:`genlm_core.dtypes.resolve_dtype` (the meaning every backend shares) and
+    :func:`genlm_core.engine.dtypes.resolve_dtype` (the meaning every backend shares) and
     passed to transformers explicitly.
     """
     config = with_model(config)

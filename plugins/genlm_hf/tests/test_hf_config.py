@@ -52,9 +52,9 @@ def test_config_errors_are_clear() -> None:
 
 
 def test_model_none_is_the_checkpoint_policys_default(monkeypatch, tiny_llama_path) -> None:
-    """model=None loads what genlm_core.checkpoint.default_model names (the embedded
+    """model=None loads what genlm_core.engine.checkpoint.default_model names (the embedded
     SmolLM2 on every engine; a tiny folder stands in for it here)."""
-    from genlm_core import checkpoint
+    from genlm_core.engine import checkpoint
 
     monkeypatch.setattr(checkpoint, "default_model", lambda gguf=False: str(tiny_llama_path))
     llm = genlm_core.load("hf")
@@ -65,7 +65,7 @@ def test_model_none_is_the_checkpoint_policys_default(monkeypatch, tiny_llama_pa
 
 
 def test_bitsandbytes_without_cuda_fails_before_loading(monkeypatch, tiny_llama_path) -> None:
-    from genlm_core import hardware
+    from genlm_core.registry import hardware
 
     if hardware.probe().cuda:
         pytest.skip("this machine has CUDA")
@@ -93,7 +93,7 @@ def test_unavailable_device_is_a_value_error(tiny_llama_path) -> None:
 def test_model_facts(llama) -> None:
     llm = llama
     # 256 positions: a context holds at most 255 tokens, so the token it predicts has a
-    # position too (genlm_core.checkpoint's rule, the same on every engine)
+    # position too (genlm_core.engine.checkpoint's rule, the same on every engine)
     assert llm.model.config.max_position_embeddings == 256
     assert llm.max_context_length == 255
     assert len(llm.byte_vocab) == len(llm.tokenizer)

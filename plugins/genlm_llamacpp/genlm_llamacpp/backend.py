@@ -6,7 +6,7 @@ Importing this module does not import llama_cpp; creating a backend does.
   sequence of its own, its new tokens go into one ``llama_decode`` batch (split in
   ``n_batch``-token decodes when longer) and the logits of its last position are read.
 * KV prefix reuse: each computed context keeps its sequence, recorded in the core
-  :class:`~genlm_core.kv_reuse.KVReuse` (the payload names the sequence and how
+  :class:`~genlm_core.engine.kv_reuse.KVReuse` (the payload names the sequence and how
   many of its positions the context covers; its size is that token count, bounded by
   ``kv_cache_tokens``). A later context extends the sequence of its deepest cached
   proper prefix in place when that prefix is where the sequence ends (a particle's
@@ -18,7 +18,7 @@ Importing this module does not import llama_cpp; creating a backend does.
   does not read are evicted once, enough for the group; an entry's sequence is removed
   from llama.cpp (``seq_rm``) when no entry reads it any more.
 * The byte vocabulary comes from the GGUF's tokenizer (:mod:`genlm_llamacpp.tokenizer`).
-* The context limit and default EOS ids follow :mod:`genlm_core.checkpoint`: the GGUF's
+* The context limit and default EOS ids follow :mod:`genlm_core.engine.checkpoint`: the GGUF's
   training context minus one (lowered by ``n_ctx``/``kv_cells``), its
   ``tokenizer.ggml.eos_token_id``; ``model=None`` is the embedded SmolLM2 GGUF.
 """
@@ -30,11 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from genlm_core import checkpoint
-from genlm_core.backend import BaseLogprobBackend
 from genlm_core.config import ConfigError
-from genlm_core.kv_reuse import KVReuse, KVReuseBackend
-from genlm_core.progress import note
+from genlm_core.engine import checkpoint
+from genlm_core.engine.backend import BaseLogprobBackend
+from genlm_core.engine.kv_reuse import KVReuse, KVReuseBackend
+from genlm_core.engine.progress import note
 from genlm_llamacpp.config import LlamaCppConfig
 from genlm_llamacpp.kv_cells import CellLedger
 
@@ -393,7 +393,7 @@ def resolve_gguf(model: str | None, gguf_file: str | None) -> str:
     ``model`` may be the file, a folder holding it (``gguf_file`` names it when the
     folder holds several), or a hub id with ``gguf_file`` (downloaded by
     ``huggingface_hub``). ``None`` is the embedded SmolLM2-135M-Instruct Q4_1 GGUF (the
-    checkpoint policy's default model, :func:`genlm_core.checkpoint.default_model`).
+    checkpoint policy's default model, :func:`genlm_core.engine.checkpoint.default_model`).
     """
     if model is None:
         return checkpoint.default_model(gguf=True)

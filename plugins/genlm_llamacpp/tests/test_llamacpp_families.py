@@ -7,7 +7,7 @@
 * ``tiny-gpt2``: the GPT-2 architecture (LayerNorm, GELU, learned positions, tied
   head) with a byte-level BPE tokenizer.
 
-Oracles: :func:`genlm_core.vocab.decode_vocab` of the Hugging Face tokenizer (and, for
+Oracles: :func:`genlm_core.engine.vocab.decode_vocab` of the Hugging Face tokenizer (and, for
 sentencepiece, of sentencepiece's own processor), sentencepiece's ``encode``, and a
 plain transformers float32 forward pass on the folder each GGUF was written from.
 
@@ -92,7 +92,7 @@ def sp_processor(tiny_spm_path):
 def test_sentencepiece_vocabulary_equals_decode_vocab(spm_llm, tiny_spm_path, sp_processor):
     from transformers import AutoTokenizer
 
-    from genlm_core.vocab import decode_vocab, decode_vocab_info
+    from genlm_core.engine.vocab import decode_vocab, decode_vocab_info
 
     hf = AutoTokenizer.from_pretrained(str(tiny_spm_path))
     assert decode_vocab_info(hf).family == "sentencepiece"  # the case this test is for
@@ -164,7 +164,7 @@ def gpt2_llm(tiny_gpt2_gguf):
 def test_gpt2_vocabulary_and_encoding_equal_the_hf_tokenizer(gpt2_llm, tiny_gpt2_path):
     from transformers import AutoTokenizer
 
-    from genlm_core.vocab import decode_vocab, decode_vocab_info
+    from genlm_core.engine.vocab import decode_vocab, decode_vocab_info
 
     hf = AutoTokenizer.from_pretrained(str(tiny_gpt2_path))
     assert decode_vocab_info(hf).family == "byte_level"

@@ -48,7 +48,7 @@ def test_without_llama_cpp_listing_says_how_to_install():
                     raise ModuleNotFoundError(name)
                 return None
         sys.meta_path.insert(0, Hide())
-        from genlm_core.cli import main
+        from genlm_core.tools.cli import main
         main(["backends"])
         """
     )

@@ -44,7 +44,7 @@ def smol(smollm2_gguf):
 def test_vocabulary_equals_decode_vocab_of_the_hf_tokenizer(smol, smollm2_path):
     from transformers import AutoTokenizer
 
-    from genlm_core.vocab import decode_vocab
+    from genlm_core.engine.vocab import decode_vocab
 
     hf = AutoTokenizer.from_pretrained(str(smollm2_path))
     byte_vocab, _ = decode_vocab(hf)
@@ -86,7 +86,7 @@ def test_agreement_on_compare_contexts(smol, smollm2_path, oracle_factory):
     lengths up to 259 tokens, shared prefixes), through compare's own statistics.
     Measured (AMD EPYC, AVX2): max |delta logprob| 1.05, max KL 0.0078, mean KL 0.0027,
     top-1 agreeing on 8/8; the bounds are the module's (MAX_ABS, MAX_KL)."""
-    from genlm_core.compare import DEFAULT_PROMPTS, compare_rows, tokenize_prompts
+    from genlm_core.tools.compare import DEFAULT_PROMPTS, compare_rows, tokenize_prompts
 
     oracle = oracle_factory(smollm2_path)
     ctxs = tokenize_prompts(smol, DEFAULT_PROMPTS, smol.max_context_length)

@@ -6,12 +6,12 @@ Importing this module does not import mlx; creating a backend does.
   of ``prefill_step_size`` (:func:`genlm_mlx.engine.forward`). The shared base
   gives batching (AutoBatcher), the output cache, validation and the entry points.
 * KV prefix reuse: the KV state of every computed context is stored in the core
-  :class:`~genlm_core.kv_reuse.KVReuse` (one contiguous mlx array per prefix,
+  :class:`~genlm_core.engine.kv_reuse.KVReuse` (one contiguous mlx array per prefix,
   LRU-evicted under ``kv_cache_bytes``); a later context resumes from its deepest
   cached proper prefix. Models whose caches cannot be reused (recurrent or
   sliding-window layers) get a warning and no prefix caching.
 * The context limit, default EOS ids, dtype and ``model=None`` follow the checkpoint
-  policy of :mod:`genlm_core.checkpoint`.
+  policy of :mod:`genlm_core.engine.checkpoint`.
 * ``sample`` uses mlx-lm's ``generate_step`` and ``make_sampler``, seeded.
 """
 
@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from genlm_core import checkpoint
-from genlm_core.backend import BaseLogprobBackend
 from genlm_core.config import ConfigError
-from genlm_core.dtypes import resolve_dtype
-from genlm_core.kv_reuse import KVReuse, KVReuseBackend
-from genlm_core.progress import note
+from genlm_core.engine import checkpoint
+from genlm_core.engine.backend import BaseLogprobBackend
+from genlm_core.engine.dtypes import resolve_dtype
+from genlm_core.engine.kv_reuse import KVReuse, KVReuseBackend
+from genlm_core.engine.progress import note
 from genlm_mlx.config import MLXConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -89,7 +89,7 @@ class MLXBackend(KVReuseBackend, BaseLogprobBackend):
     @classmethod
     def from_config(cls, config: MLXConfig) -> "MLXBackend":  # type: ignore[override]
         """Load with mlx-lm after mapping transformers-5 config keys (:mod:`genlm_mlx.hf_config`)
-        and cast the weights to the resolved ``dtype`` (:mod:`genlm_core.dtypes`)."""
+        and cast the weights to the resolved ``dtype`` (:mod:`genlm_core.engine.dtypes`)."""
         config.check_model()  # before mlx_lm is imported
         from mlx_lm import load
 

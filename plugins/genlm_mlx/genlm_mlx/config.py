@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from genlm_core.config import BackendConfig
-from genlm_core.kv_reuse import KVCacheOptions
+from genlm_core.engine.kv_reuse import KVCacheOptions
 
 
 class MLXConfig(KVCacheOptions, BackendConfig):
@@ -13,8 +13,8 @@ class MLXConfig(KVCacheOptions, BackendConfig):
 
     ``model`` is anything ``mlx_lm.load`` accepts: a local folder (Hugging Face
     layout; GPT-2 needs ``n_ctx`` and the hub weight names) or a hub id; ``None`` is the
-    embedded SmolLM2-135M-Instruct (:mod:`genlm_core.checkpoint`). ``prefix_cache`` and
-    ``kv_cache_bytes`` come from :class:`~genlm_core.kv_reuse.KVCacheOptions`.
+    embedded SmolLM2-135M-Instruct (:mod:`genlm_core.engine.checkpoint`). ``prefix_cache`` and
+    ``kv_cache_bytes`` come from :class:`~genlm_core.engine.kv_reuse.KVCacheOptions`.
     """
 
     component = "mlx"

@@ -166,7 +166,7 @@ async def test_sampling_seeds_and_default_eos(llm):
 @pytest.mark.asyncio
 async def test_sampling_stops_at_the_context_limit(llm):
     limit = llm.max_context_length
-    assert limit == 255  # 256 positions: the predicted token needs one (genlm_core.checkpoint)
+    assert limit == 255  # 256 positions: the predicted token needs one (genlm_core.engine.checkpoint)
     out = await llm.sample([5] * (limit - 3), max_tokens=10, eos_token_ids=[], seed=0)
     assert len(out) == 3
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from genlm_core.backend import BaseLogprobBackend
+from genlm_core.engine.backend import BaseLogprobBackend
 from genlm_core.token import Token
 from genlm_mock.byte_tokenizer import ByteTokenizer
 from genlm_mock.config import MockConfig
@@ -28,7 +28,7 @@ class MockBackend(BaseLogprobBackend):
     def __init__(self, tokenizer: Any = None, config: MockConfig | None = None) -> None:
         config = config or MockConfig()
         if config.dtype not in ("auto", "float32"):
-            from genlm_core.dtypes import UnsupportedDtypeError
+            from genlm_core.engine.dtypes import UnsupportedDtypeError
 
             raise UnsupportedDtypeError("mock", config.dtype, "cpu", "the mock computes in float32 only")
         if tokenizer is None:

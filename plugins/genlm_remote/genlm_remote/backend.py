@@ -1,6 +1,6 @@
 """RemoteBackend: a LogprobBackend whose rows come from a ``genlm serve`` server.
 
-It is a :class:`~genlm_core.backend.BaseLogprobBackend` like every engine: the client's
+It is a :class:`~genlm_core.engine.backend.BaseLogprobBackend` like every engine: the client's
 own AutoBatcher gathers this process's concurrent requests into one HTTP request, its
 output cache answers repeated contexts locally, and ``_forward`` is the round trip.
 The server then batches the requests of every client together. The rows are the
@@ -8,7 +8,7 @@ served backend's bytes (float32, already normalised), so they are returned as th
 arrive: equal bit for bit to what the served backend returns in its own process.
 
 Transport (``transport`` option, see :class:`~genlm_remote.config.RemoteConfig`): rows
-through a ``/dev/shm`` buffer this client owns (:mod:`genlm_core.row_transport`) when
+through a ``/dev/shm`` buffer this client owns (:mod:`genlm_core.engine.row_transport`) when
 the server is on this host, else float32 rows in the reply frame
 (:mod:`genlm_core.serve.frame`). A server that cannot open the buffer answers with the
 frame, so a wrong guess costs nothing but the attempt.
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from genlm_core.backend import BaseLogprobBackend
-from genlm_core.memory import compact
+from genlm_core.engine.backend import BaseLogprobBackend
+from genlm_core.engine.memory import compact
 from genlm_core.serve import frame
 from genlm_core.serve.limits import is_loopback
 from genlm_core.token import Token
@@ -84,7 +84,7 @@ class RemoteBackend(BaseLogprobBackend):
         self._buffer: Any = None
         self._buffer_lock = threading.Lock()
         if self.transport == "shm":
-            from genlm_core.row_transport import sweep_stale_buffers
+            from genlm_core.engine.row_transport import sweep_stale_buffers
 
             sweep_stale_buffers()  # buffers of clients that died without close()
 
@@ -93,7 +93,7 @@ class RemoteBackend(BaseLogprobBackend):
         return cls(config)
 
     def _pick_transport(self, config: RemoteConfig) -> str:
-        from genlm_core.row_transport import shm_available
+        from genlm_core.engine.row_transport import shm_available
 
         wanted = "shm" if self.conn.shm_forced else config.transport
         if wanted == "frame" or not shm_available():
@@ -123,7 +123,7 @@ class RemoteBackend(BaseLogprobBackend):
 
     # ------------------------------------------------------------------ rows
     def _new_buffer(self) -> Any:
-        from genlm_core.row_transport import RowBuffer
+        from genlm_core.engine.row_transport import RowBuffer
 
         return RowBuffer(f"{id(self):x}-{next(_BUFFERS)}", owner="remote")
 

@@ -63,14 +63,24 @@ def _my_buffers() -> set[str]:
 def test_a_public_bind_without_a_token_refuses_to_start() -> None:
     """Checked before the model loads and before any socket is opened."""
     out = subprocess.run(
-        [sys.executable, "-m", "genlm_core.cli", "serve", "mock", "--host", "0.0.0.0", "--port", "0"],
+        [sys.executable, "-m", "genlm_core.tools.cli", "serve", "mock", "--host", "0.0.0.0", "--port", "0"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert out.returncode == 2 and "without a token" in out.stderr, out.stderr
     short = subprocess.run(
-        [sys.executable, "-m", "genlm_core.cli", "serve", "mock", "--host", "0.0.0.0", "--token", "short"],
+        [
+            sys.executable,
+            "-m",
+            "genlm_core.tools.cli",
+            "serve",
+            "mock",
+            "--host",
+            "0.0.0.0",
+            "--token",
+            "short",
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from genlm_core import checkpoint
 from genlm_core.backend import BaseLogprobBackend
 from genlm_core.batching import AutoBatcher
 from genlm_core.dtypes import UnsupportedDtypeError, resolve_dtype
 from genlm_core.lora import LoraAdapters
 from genlm_core.progress import note, summarise_repeats
+
+from genlm_core import checkpoint
 from genlm_vllm.config import VLLMConfig
 from genlm_vllm.main_guard import check_main_guard
 

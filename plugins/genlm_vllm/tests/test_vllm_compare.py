@@ -6,9 +6,9 @@ folder style."""
 from __future__ import annotations
 
 import pytest
+from genlm_core.compare import DEFAULT_PROMPTS, DEFAULT_TOLERANCE, compare_loaded
 
 import genlm_core
-from genlm_core.compare import DEFAULT_PROMPTS, DEFAULT_TOLERANCE, compare_loaded
 
 # starts and closes SmolLM2 engines of its own: a process of its own (scripts/test.sh)
 pytestmark = [pytest.mark.slow, pytest.mark.own_process]

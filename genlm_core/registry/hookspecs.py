@@ -61,7 +61,7 @@ class GenlmHookSpecs:
     def genlm_doctor(self, hardware: Any) -> dict[str, Any] | None:
         """This plugin's section of ``genlm doctor``, or None for none.
 
-        ``hardware`` is :func:`genlm_core.hardware.probe`'s result. Return
+        ``hardware`` is :func:`genlm_core.registry.hardware.probe`'s result. Return
         ``{"title": str, "lines": [str, ...], "data": {...}}``: the title and lines are
         printed, ``data`` (JSON-serialisable) appears under ``sections`` in
         ``genlm doctor --json``. Must import no engine (doctor runs without one).

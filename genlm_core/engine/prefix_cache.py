@@ -1,7 +1,7 @@
 """Prefix cache: a token trie holding engine KV state per prefix.
 
 Engine-agnostic: the KV payload is opaque; its size comes from a ``sizeof`` callable
-(default :func:`genlm_core.memory.sizeof`: the storage a payload keeps alive, so a
+(default :func:`genlm_core.engine.memory.sizeof`: the storage a payload keeps alive, so a
 payload that views a larger buffer is charged for the buffer). Node ``n`` at depth
 ``d`` stands for the prefix ``tokens[:d]``; its ``kv`` covers exactly those ``d``
 tokens.
@@ -11,7 +11,7 @@ KV payloads are evicted least-recently-used first when their total exceeds
 the trie's size follows what it holds.
 
 Next-token logprobs are not kept here: a backend caches them in its one
-:class:`~genlm_core.caches.OutputCache` (one logprob budget, ``cache_bytes``).
+:class:`~genlm_core.engine.caches.OutputCache` (one logprob budget, ``cache_bytes``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from genlm_core.memory import sizeof as default_sizeof
+from genlm_core.engine.memory import sizeof as default_sizeof
 
 __all__ = ["PrefixCache", "PrefixNode"]
 

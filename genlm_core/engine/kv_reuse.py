@@ -2,7 +2,7 @@
 
 An engine whose model call can resume from the KV state of a prefix (genlm-hf,
 genlm-mlx, genlm-llamacpp) keeps that state in a :class:`KVReuse`: a core
-:class:`~genlm_core.prefix_cache.PrefixCache` (LRU under a budget) plus the counters
+:class:`~genlm_core.engine.prefix_cache.PrefixCache` (LRU under a budget) plus the counters
 every such engine reports. The plugin keeps only its engine calls:
 
 .. code-block:: python
@@ -30,8 +30,8 @@ from typing import Any
 from pydantic import Field
 
 from genlm_core.config import GenlmConfig
-from genlm_core.memory import sizeof as default_sizeof
-from genlm_core.prefix_cache import PrefixCache
+from genlm_core.engine.memory import sizeof as default_sizeof
+from genlm_core.engine.prefix_cache import PrefixCache
 
 __all__ = ["KVCacheOptions", "KVReuse", "KVReuseBackend"]
 
@@ -126,7 +126,7 @@ class KVReuse:
 
 
 class KVReuseBackend:
-    """Backend mixin (before :class:`~genlm_core.backend.BaseLogprobBackend` in the bases)
+    """Backend mixin (before :class:`~genlm_core.engine.backend.BaseLogprobBackend` in the bases)
     for an engine that keeps a :class:`KVReuse` in ``self.kv``.
 
     Gives ``prefix_cache`` (``None`` when reuse is off), ``kv_reuse``, the counters,

@@ -54,7 +54,7 @@ async def byte_demo(
 
 async def sis_demo(llm: Any, prompt: str, particles: int, max_tokens: int, seed: int) -> str:
     """Autobatched SIS from ``prompt`` (progress bar on stderr); its report."""
-    from genlm_core.smc import run_sis
+    from genlm_core.tools.sis import run_sis
 
     result = await run_sis(
         llm, prompt, n_particles=particles, max_tokens=max_tokens, seed=seed, progress=True
@@ -73,8 +73,8 @@ async def _run(llm: Any, args: argparse.Namespace) -> None:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """The demo's options (``genlm demo`` and ``python -m genlm_core.demo``)."""
-    from genlm_core.cli_options import POSITIVE, SEED, add_model_arguments
+    """The demo's options (``genlm demo`` and ``python -m genlm_core.tools.demo``)."""
+    from genlm_core.tools.cli_options import POSITIVE, SEED, add_model_arguments
 
     add_model_arguments(ap)
     ap.add_argument("--prompt", default="Montreal is")
@@ -87,11 +87,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the model ``args`` name (default: the embedded SmolLM2) and run the demo."""
     import genlm_core
-    from genlm_core import embedded
-    from genlm_core.cli_options import parse_opts
+    from genlm_core import models
+    from genlm_core.tools.cli_options import parse_opts
 
     opts = parse_opts(args.opt)
-    model = args.model or str(embedded.smollm2_path(progress=True))
+    model = args.model or str(models.smollm2_path(progress=True))
     reg = genlm_core.resolve(args.backend)
     print(
         f"Backend: {reg.name} ({reg.distribution} {reg.version})"
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from genlm_core.progress import show_notes
+    from genlm_core.engine.progress import show_notes
 
     ap = argparse.ArgumentParser(prog="genlm demo", description=__doc__)
     add_arguments(ap)

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from genlm_core.hookspecs import hookimpl
+from genlm_core.registry.hookspecs import hookimpl
 
 
 @hookimpl
 def genlm_register_caches(register):
     register(
         "output",
-        "genlm_core.caches:OutputCache",
-        config="genlm_core.caches:OutputCacheConfig",
+        "genlm_core.engine.caches:OutputCache",
+        config="genlm_core.engine.caches:OutputCacheConfig",
         description="LRU of next-token results keyed by the whole context, bounded by entries and bytes",
     )
     register(
         "prefix",
-        "genlm_core.prefix_cache:PrefixCache",
+        "genlm_core.engine.prefix_cache:PrefixCache",
         description="token trie of opaque engine KV per prefix, LRU under a byte budget",
     )
 

@@ -1,198 +1,44 @@
-"""The registry: discovers plugins through entry points and resolves implementations.
+"""Plugin discovery and resolution: the process-wide :class:`Registry`.
 
 * Discovery: every entry point in the ``genlm_core`` group names a plugin module
-  implementing the hooks of :mod:`genlm_core.hookspecs`. Each plugin is loaded
+  implementing the hooks of :mod:`genlm_core.registry.hookspecs`. Each plugin is loaded
   and called on its own: a plugin that fails to import or to register is reported
   (a warning naming plugin, version and core version; status ``broken`` in
-  :func:`list_backends`) and the others keep working. ``GENLM_STRICT_PLUGINS=1``
-  makes such failures raise.
+  :func:`genlm_core.list_backends`) and the others keep working.
+  ``GENLM_STRICT_PLUGINS=1`` makes such failures raise.
 * ``GENLM_PLUGINS`` (comma-separated entry-point or distribution names) is an
   allow list; ``GENLM_DISABLE_PLUGINS`` a deny list.
-* Registrations are import strings (fsspec style): nothing heavy is imported until
-  an implementation is loaded. Availability is checked with
-  ``importlib.util.find_spec`` and the cheap probes of :mod:`genlm_core.hardware`.
+* Registrations (:mod:`genlm_core.registry.entries`) are import strings: nothing heavy
+  is imported until an implementation is loaded. Availability is checked with
+  ``importlib.util.find_spec`` and the cheap probes of :mod:`genlm_core.registry.hardware`.
 * Resolution by name, by alias, or by hardware (``"auto"``).
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 import importlib.metadata as md
-import importlib.util
 import os
 import threading
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
 
-from genlm_core import hardware
-from genlm_core.hookspecs import ENTRY_POINT_GROUP, HOOK_KINDS, PROJECT, GenlmHookSpecs
+from genlm_core.registry import hardware
+from genlm_core.registry.entries import (
+    FIRST_PARTY,
+    BrokenPlugin,
+    PluginError,
+    Registration,
+    UnavailableImplementationError,
+    UnknownImplementationError,
+    core_version,
+)
+from genlm_core.registry.hookspecs import ENTRY_POINT_GROUP, HOOK_KINDS, PROJECT, GenlmHookSpecs
 
-__all__ = [
-    "Registration",
-    "BrokenPlugin",
-    "Registry",
-    "get_registry",
-    "PluginError",
-    "UnknownImplementationError",
-    "UnavailableImplementationError",
-    "FIRST_PARTY",
-]
-
-#: First-party implementation names and the distribution that provides them.
-FIRST_PARTY: dict[str, str] = {
-    "hf": "genlm-hf",
-    "vllm": "genlm-vllm",
-    "mlx": "genlm-mlx",
-    "llamacpp": "genlm-llamacpp",
-    "mock": "genlm-mock",
-}
-
-
-class PluginError(RuntimeError):
-    """A plugin failed to load or register (raised only in strict mode)."""
-
-
-class UnknownImplementationError(ValueError):
-    """No implementation is registered under that name."""
-
-
-class UnavailableImplementationError(RuntimeError):
-    """The implementation is registered but cannot run here (engine or device missing)."""
-
-
-def _core_version() -> str:
-    try:
-        return md.version("genlm-core")
-    except md.PackageNotFoundError:
-        return "unknown"
-
-
-@dataclass
-class Registration:
-    """One registered implementation of a protocol kind."""
-
-    kind: str
-    name: str
-    target: str
-    config: Any = None
-    devices: tuple[str, ...] = ("cpu",)
-    priority: dict[str, int] = field(default_factory=dict)
-    aliases: tuple[str, ...] = ()
-    requires: tuple[str, ...] = ()
-    install: str | None = None
-    auto: bool = True
-    description: str = ""
-    #: model file suffixes only this kind of implementation reads (``(".gguf",)``):
-    #: ``load("auto", model="x.gguf")`` chooses among the implementations claiming them
-    model_suffixes: tuple[str, ...] = ()
-    plugin: str = ""
-    distribution: str = ""
-    version: str = ""
-
-    # ------------------------------------------------------------------ status
-    def missing_modules(self) -> list[str]:
-        missing = []
-        for mod in self.requires:
-            try:
-                if importlib.util.find_spec(mod) is None:
-                    missing.append(mod)
-            except (ImportError, ValueError):
-                missing.append(mod)
-        return missing
-
-    def supported_devices(self) -> list[str]:
-        present = hardware.probe().devices
-        return [d for d in present if d in self.devices]
-
-    def status(self) -> tuple[str, str]:
-        """``("available", "")`` or ``("unavailable", why)``."""
-        missing = self.missing_modules()
-        if missing:
-            hint = f"; install with `{self.install}`" if self.install else ""
-            return "unavailable", f"engine not installed: {', '.join(missing)}{hint}"
-        if not self.supported_devices():
-            return "unavailable", (
-                f"no supported device: needs {', '.join(self.devices)}, "
-                f"found {', '.join(hardware.probe().devices)}"
-            )
-        return "available", ""
-
-    def priority_on(self, device: str) -> int:
-        return int(self.priority.get(device, 0))
-
-    # ------------------------------------------------------------------ loading
-    def load_target(self) -> Any:
-        return _import_string(self.target, self)
-
-    def load_config_class(self) -> Any:
-        if self.config is None:
-            cls = self.load_target()
-            return getattr(cls, "config_class", None)
-        if isinstance(self.config, str):
-            return _import_string(self.config, self)
-        return self.config
-
-    def as_dict(self) -> dict[str, Any]:
-        status, reason = self.status()
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "aliases": list(self.aliases),
-            "distribution": self.distribution,
-            "version": self.version,
-            "plugin": self.plugin,
-            "target": self.target,
-            "devices": list(self.devices),
-            "priority": dict(self.priority),
-            "status": status,
-            "reason": reason,
-            "description": self.description,
-            "model_suffixes": list(self.model_suffixes),
-        }
-
-
-@dataclass
-class BrokenPlugin:
-    """A plugin that failed to import or to register."""
-
-    plugin: str
-    distribution: str
-    version: str
-    error: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.plugin,
-            "kind": "plugin",
-            "aliases": [],
-            "distribution": self.distribution,
-            "version": self.version,
-            "plugin": self.plugin,
-            "target": "",
-            "devices": [],
-            "priority": {},
-            "status": "broken",
-            "reason": self.error,
-            "description": "",
-        }
-
-
-def _import_string(target: str, reg: Registration | None = None) -> Any:
-    module, _, attr = target.partition(":")
-    try:
-        obj = importlib.import_module(module)
-        for part in attr.split(".") if attr else []:
-            obj = getattr(obj, part)
-        return obj
-    except ImportError as exc:
-        where = f" for {reg.kind} {reg.name!r}" if reg else ""
-        hint = f" Install it with `{reg.install}`." if reg and reg.install else ""
-        raise UnavailableImplementationError(f"Cannot import {target!r}{where}: {exc}.{hint}") from exc
+__all__ = ["Registry", "get_registry"]
 
 
 def _env_list(name: str) -> set[str] | None:
@@ -220,9 +66,9 @@ class Registry:
     # ------------------------------------------------------------------ discovery
     def discover(self) -> None:
         """Register the core's built-ins, then every entry-point plugin."""
-        from genlm_core import builtins
+        from genlm_core.registry import core_plugin
 
-        self._add_plugin(builtins, "core", "genlm-core", _core_version())
+        self._add_plugin(core_plugin, "core", "genlm-core", core_version())
         allow = _env_list("GENLM_PLUGINS")
         deny = _env_list("GENLM_DISABLE_PLUGINS") or set()
         eps = sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
@@ -286,7 +132,7 @@ class Registry:
     def _report_broken(self, plugin: str, dist: str, version: str, error: str) -> None:
         msg = (
             f"genlm-core plugin {plugin!r} ({dist} {version}) is broken and was skipped: {error} "
-            f"[genlm-core {_core_version()}]. Other backends keep working; set "
+            f"[genlm-core {core_version()}]. Other backends keep working; set "
             f"GENLM_STRICT_PLUGINS=1 to make this an error, or GENLM_DISABLE_PLUGINS={plugin} to hide it."
         )
         if _strict():

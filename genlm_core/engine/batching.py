@@ -40,7 +40,7 @@ Guarantees:
   shares its key) and never receives a result; its slot is not leaked;
 * every caller owns what it gets: when several callers share a key, the first gets
   the result and each further one a private copy (``copy_result``, default
-  :func:`genlm_core.memory.private_copy`: tensors cloned, arrays copied), so a
+  :func:`genlm_core.engine.memory.private_copy`: tensors cloned, arrays copied), so a
   caller that edits its result in place changes nobody else's;
 * :meth:`~AutoBatcher.close` and :meth:`~AutoBatcher.reset` fail every *queued*
   caller with :class:`BatcherClosed`; a batch already handed to ``batch_fn``
@@ -63,7 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from genlm_core.memory import private_copy
+from genlm_core.engine.memory import private_copy
 
 Req = TypeVar("Req")
 Res = TypeVar("Res")
@@ -173,7 +173,7 @@ class AutoBatcher(Generic[Req, Res]):
             safe for more).
         name: used in error messages and thread names.
         copy_result: makes the copy each further caller of a shared key gets (default
-            :func:`~genlm_core.memory.private_copy`); ``None`` shares one result object
+            :func:`~genlm_core.engine.memory.private_copy`); ``None`` shares one result object
             (for immutable results).
     """
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from genlm_core.progress import progress_bar
+from genlm_core.engine.progress import progress_bar
 
 __all__ = ["Particle", "SISResult", "make_masking_function", "run_sis"]
 

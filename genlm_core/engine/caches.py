@@ -1,7 +1,7 @@
 """Bounded output cache: LRU over whole contexts, bounded by entries and by bytes.
 
 The cache keeps a private, compact copy of every value it is given
-(:func:`genlm_core.memory.private_copy`), so its byte budget is what it really keeps
+(:func:`genlm_core.engine.memory.private_copy`), so its byte budget is what it really keeps
 alive (a row viewed out of a batch tensor would keep the whole batch) and nothing a
 producer or a caller does to its own tensor reaches the cache. :meth:`OutputCache.get`
 returns the cached object itself: read it, never modify it (the backend hands its
@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import Field
 
 from genlm_core.config import GenlmConfig
-from genlm_core.memory import compact, private_copy, sizeof
+from genlm_core.engine.memory import compact, private_copy, sizeof
 
 __all__ = ["OutputCache", "OutputCacheConfig", "sizeof"]
 

@@ -19,11 +19,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from genlm_core.batching import AutoBatcher
-from genlm_core.caches import OutputCache
 from genlm_core.config import BackendConfig
-from genlm_core.memory import compact
-from genlm_core.validation import validate_context
+from genlm_core.engine.batching import AutoBatcher
+from genlm_core.engine.caches import OutputCache
+from genlm_core.engine.memory import compact
+from genlm_core.engine.validation import validate_context
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -52,7 +52,7 @@ class BaseLogprobBackend:
         self.config = config if config is not None else self.config_class()
         self.tokenizer = tokenizer
         if byte_vocab is None:
-            from genlm_core.vocab import decode_vocab
+            from genlm_core.engine.vocab import decode_vocab
 
             byte_vocab, str_vocab = decode_vocab(tokenizer)
         if str_vocab is None:
@@ -60,8 +60,8 @@ class BaseLogprobBackend:
         self.byte_vocab = byte_vocab
         self.str_vocab = str_vocab
         self.vocab_size = len(byte_vocab)
-        if eos_token_ids is None:  # the checkpoint policy (genlm_core.checkpoint), read from its files
-            from genlm_core.checkpoint import checkpoint_eos_ids
+        if eos_token_ids is None:  # the checkpoint policy (genlm_core.engine.checkpoint), read from its files
+            from genlm_core.engine.checkpoint import checkpoint_eos_ids
 
             eos_token_ids = checkpoint_eos_ids(self.config.model, tokenizer, len(byte_vocab))
         self.eos_token_ids: list[int] = [int(e) for e in eos_token_ids]
@@ -131,7 +131,7 @@ class BaseLogprobBackend:
         """The dtype the engine computes in: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
 
         Read from the engine (a weight's dtype), not echoed from the config: with
-        ``dtype="auto"`` it is the checkpoint's dtype (see :mod:`genlm_core.dtypes`).
+        ``dtype="auto"`` it is the checkpoint's dtype (see :mod:`genlm_core.engine.dtypes`).
         Results are float32 whatever it is. Engines override; the base computes in float32.
         """
         return "float32"

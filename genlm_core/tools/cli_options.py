@@ -1,6 +1,6 @@
-"""Options the model commands share (``genlm`` and ``python -m genlm_core.demo``).
+"""Options the model commands share (``genlm`` and ``python -m genlm_core.tools.demo``).
 
-Kept apart from :mod:`genlm_core.cli` so the demo and the CLI both import it and
+Kept apart from :mod:`genlm_core.tools.cli` so the demo and the CLI both import it and
 not each other.
 """
 

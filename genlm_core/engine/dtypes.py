@@ -22,7 +22,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from genlm_core.model_folder import checkpoint_file
+from genlm_core.engine.model_folder import checkpoint_file
 
 __all__ = [
     "DTYPES",

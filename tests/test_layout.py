@@ -1,0 +1,130 @@
+"""The core's layout: grouped by audience, old module paths kept, modules short or explained.
+
+Oracles: the files on disk (what the package holds), a fresh interpreter (what an import
+really loads), and the module objects themselves (an old path must give the same object
+as the new one, not a copy).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import genlm_core
+from genlm_core._moved_modules import MOVED
+
+ROOT = Path(genlm_core.__file__).resolve().parent
+REPO = ROOT.parent
+
+#: the package's top level: what every user touches, nothing else
+TOP_LEVEL = {
+    "__init__.py",
+    "_moved_modules.py",
+    "api.py",
+    "config.py",
+    "errors.py",
+    "protocols.py",
+    "token.py",
+}
+#: one folder per audience (docs/architecture.md)
+PACKAGES = {"engine", "registry", "models", "tools", "trie", "bytes", "serve", "testing"}
+#: a module longer than this says at its top why it is one module
+MAX_LINES = 500
+REASON = "Kept in one module"
+
+
+def _code_files() -> list[Path]:
+    roots = [ROOT, *sorted((REPO / "plugins").glob("*/*")), REPO / "benchmarks"]
+    files = []
+    for root in roots:
+        if root.is_dir() and root.name != "tests":
+            files += [p for p in root.rglob("*.py") if "tests" not in p.relative_to(root).parts]
+    return files
+
+
+def test_the_top_level_holds_only_what_every_user_touches() -> None:
+    assert {p.name for p in ROOT.glob("*.py")} == TOP_LEVEL
+    packages = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert packages == PACKAGES
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_an_old_module_path_is_the_moved_module_itself(old: str) -> None:
+    new = importlib.import_module(MOVED[old])
+    assert importlib.import_module(old) is new
+    assert sys.modules[old] is new
+    assert new.__name__ == MOVED[old] and new.__spec__.name == MOVED[old]  # not renamed by the alias
+    parent, _, leaf = old.rpartition(".")
+    assert getattr(importlib.import_module(parent), leaf) is new  # `from genlm_core import cli`
+
+
+def test_old_paths_work_in_a_fresh_interpreter_without_importing_engines() -> None:
+    code = (
+        "import sys\n"
+        "from genlm_core.backend import BaseLogprobBackend\n"
+        "from genlm_core.embedded import smollm2_path\n"
+        "from genlm_core import hardware, smc\n"
+        "import genlm_core.engine.backend as new\n"
+        "assert BaseLogprobBackend is new.BaseLogprobBackend\n"
+        "assert smc.__name__ == 'genlm_core.tools.sis'\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'mlx') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_python_m_with_an_old_path_runs_the_moved_program() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "genlm_core.cli", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: genlm")
+
+
+def test_first_party_code_imports_no_old_path() -> None:
+    """The table is for users' code: ours imports the new paths."""
+    found = []
+    for path in _code_files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            found += [f"{path.relative_to(REPO)}: {n}" for n in names if n in MOVED]
+    assert found == []
+
+
+def test_engine_is_one_import_point_that_loads_on_use() -> None:
+    import genlm_core.engine as engine
+
+    for name, module in engine.EXPORTS.items():
+        assert getattr(engine, name) is getattr(importlib.import_module(module), name), name
+    assert set(engine.__all__) == set(engine.EXPORTS) <= set(dir(engine))
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        engine.nothing_here  # noqa: B018
+    loaded = {}
+    for target in ("genlm_core", "genlm_core.engine"):
+        code = f"import sys, {target}\nprint(sorted(m for m in sys.modules if m.startswith('genlm_core')))"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        loaded[target] = set(ast.literal_eval(out.stdout.strip()))
+    # the package adds only itself to what `import genlm_core` loads: its names load on use
+    assert loaded["genlm_core.engine"] - loaded["genlm_core"] <= {"genlm_core.engine"}
+    assert "genlm_core.engine.row_transport" not in loaded["genlm_core.engine"]  # imports torch
+
+
+def test_a_long_module_says_why_at_its_top() -> None:
+    long = []
+    for path in _code_files():
+        lines = path.read_text().count("\n")
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if lines > MAX_LINES and REASON not in doc:
+            long.append(f"{path.relative_to(REPO)} ({lines} lines)")
+    assert long == [], f"over {MAX_LINES} lines without '{REASON}: ...' in the docstring"
