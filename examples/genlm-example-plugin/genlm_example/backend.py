@@ -6,9 +6,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from genlm_core.config import BackendConfig
-from genlm_core.engine.backend import BaseLogprobBackend
-from genlm_core.token import Token
+from genlm_core.engine import BackendConfig, BaseLogprobBackend, Token
 
 DEFAULT_TEXT = (
     "The quick brown fox jumps over the lazy dog. Montreal is a city in Canada. "

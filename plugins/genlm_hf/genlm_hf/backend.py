@@ -20,10 +20,7 @@ from typing import Any
 
 import torch
 
-from genlm_core.engine import checkpoint
-from genlm_core.engine.backend import BaseLogprobBackend
-from genlm_core.engine.kv_reuse import KVReuse, KVReuseBackend
-from genlm_core.engine.lora import LoraAdapters
+from genlm_core.engine import BaseLogprobBackend, KVReuse, KVReuseBackend, LoraAdapters, checkpoint
 from genlm_hf.config import HFConfig
 from genlm_hf.kv import Row, forward_rows, supports_kv_reuse
 from genlm_hf.loading import load_model_and_tokenizer, with_model

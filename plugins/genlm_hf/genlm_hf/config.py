@@ -6,9 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from genlm_core.config import BackendConfig
-from genlm_core.engine.dtypes import DTYPES
-from genlm_core.engine.kv_reuse import KVCacheOptions
+from genlm_core.engine import DTYPES, BackendConfig, KVCacheOptions
 
 __all__ = ["HFConfig", "DTYPES"]
 

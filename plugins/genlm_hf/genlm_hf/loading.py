@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from genlm_core.engine.dtypes import DTYPES, UnsupportedDtypeError, normalize_dtype, resolve_dtype
-from genlm_core.engine.progress import note
+from genlm_core.engine import DTYPES, UnsupportedDtypeError, normalize_dtype, note, resolve_dtype
 from genlm_core.registry import hardware
 from genlm_hf.config import HFConfig
 

@@ -31,10 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from genlm_core.config import ConfigError
-from genlm_core.engine import checkpoint
-from genlm_core.engine.backend import BaseLogprobBackend
-from genlm_core.engine.kv_reuse import KVReuse, KVReuseBackend
-from genlm_core.engine.progress import note
+from genlm_core.engine import BaseLogprobBackend, KVReuse, KVReuseBackend, checkpoint, note
 from genlm_llamacpp.config import LlamaCppConfig
 from genlm_llamacpp.kv_cells import CellLedger
 

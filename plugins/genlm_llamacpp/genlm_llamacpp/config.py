@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from genlm_core.config import BackendConfig
+from genlm_core.engine import BackendConfig
 
 
 class LlamaCppConfig(BackendConfig):

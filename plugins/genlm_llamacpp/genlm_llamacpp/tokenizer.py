@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from genlm_core.token import Token
+from genlm_core.engine import Token
 
 if TYPE_CHECKING:  # pragma: no cover
     from genlm_llamacpp.engine import Engine

@@ -24,11 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genlm_core.config import ConfigError
-from genlm_core.engine import checkpoint
-from genlm_core.engine.backend import BaseLogprobBackend
-from genlm_core.engine.dtypes import resolve_dtype
-from genlm_core.engine.kv_reuse import KVReuse, KVReuseBackend
-from genlm_core.engine.progress import note
+from genlm_core.engine import BaseLogprobBackend, KVReuse, KVReuseBackend, checkpoint, note, resolve_dtype
 from genlm_mlx.config import MLXConfig
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from genlm_core.config import BackendConfig
-from genlm_core.engine.kv_reuse import KVCacheOptions
+from genlm_core.engine import BackendConfig, KVCacheOptions
 
 
 class MLXConfig(KVCacheOptions, BackendConfig):

@@ -8,8 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from genlm_core.engine.backend import BaseLogprobBackend
-from genlm_core.token import Token
+from genlm_core.engine import BaseLogprobBackend, Token
 from genlm_mock.byte_tokenizer import ByteTokenizer
 from genlm_mock.config import MockConfig
 

@@ -1,6 +1,6 @@
 from pydantic import Field
 
-from genlm_core.config import BackendConfig
+from genlm_core.engine import BackendConfig
 
 
 class MockConfig(BackendConfig):

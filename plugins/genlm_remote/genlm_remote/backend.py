@@ -26,11 +26,9 @@ from typing import Any
 
 import torch
 
-from genlm_core.engine.backend import BaseLogprobBackend
-from genlm_core.engine.memory import compact
+from genlm_core.engine import BaseLogprobBackend, Token, compact
 from genlm_core.serve import frame
 from genlm_core.serve.limits import is_loopback
-from genlm_core.token import Token
 from genlm_remote.config import RemoteConfig
 from genlm_remote.connection import Connection
 from genlm_remote.tokenizer import RemoteTokenizer

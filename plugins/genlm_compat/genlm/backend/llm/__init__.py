@@ -18,8 +18,8 @@ from genlm_hf.config import HFConfig
 from genlm_hf.loading import load_model_and_tokenizer
 from genlm_mock.backend import MockBackend
 
+from genlm_core.engine import DTYPES, normalize_dtype
 from genlm_core.engine.backend import BaseLogprobBackend as AsyncLM
-from genlm_core.engine.dtypes import DTYPES, normalize_dtype
 
 __all__ = ["AsyncLM", "AsyncMlxLM", "AsyncRemoteLM", "AsyncSGLTransformer", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM",
            "load_model_by_name"]  # fmt: skip

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from genlm_core.engine import Token
 from genlm_core.engine.vocab import decode_vocab as _core_decode_vocab
-from genlm_core.token import Token
 
 __all__ = ["Token", "decode_vocab"]
 
