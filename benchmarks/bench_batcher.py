@@ -23,10 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402
 
-from genlm_core.batching import AutoBatcher  # noqa: E402
+# genlm_core is imported where it is used: importing this module for its verdict (run_all
+# does) loads none of it
 
 
 async def overhead(batch: int, total: int, in_thread: bool) -> dict:
+    from genlm_core.batching import AutoBatcher
+
     b = AutoBatcher(lambda reqs: reqs, batch_size=batch, timeout=0.001, run_in_thread=in_thread)
     rounds = max(1, total // batch)
 
@@ -51,6 +54,8 @@ async def overhead(batch: int, total: int, in_thread: bool) -> dict:
 
 
 async def smc_policy(policy: str, timeout: float, particles: int, steps: int, seed: int) -> dict:
+    from genlm_core.batching import AutoBatcher
+
     def model(reqs):
         time.sleep(0.004 + 0.0002 * len(reqs))  # fixed + per-row cost
         return reqs
@@ -84,6 +89,8 @@ async def smc_policy(policy: str, timeout: float, particles: int, steps: int, se
 
 
 async def sequential(policy: str, timeout: float, calls: int) -> dict:
+    from genlm_core.batching import AutoBatcher
+
     def model(reqs):
         time.sleep(0.0001)  # a cheap model call, so the timer policy dominates
         return reqs

@@ -31,11 +31,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")
+if TYPE_CHECKING:
+    import numpy as np
 
-import numpy as np  # noqa: E402
+# numpy (and numba, torch) are imported where they are used, after main() has pinned the
+# threads: importing this module for its verdict (run_all does) neither loads them nor
+# pins the importing process (and the benchmarks it starts next) to one thread
+
+
+def pin_threads() -> None:
+    """One thread for BLAS, OpenMP and numba: before any of them is imported."""
+    for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(v, "1")
+
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -187,6 +197,8 @@ def run_anchors(py: Path, vocab: list[bytes], p: np.ndarray, P: np.ndarray, pref
 
 # ---------------------------------------------------------------------- our side
 def timeit(fn, k: int) -> tuple[float, float]:
+    import numpy as np
+
     ts = []
     for _ in range(k):
         t0 = time.perf_counter()
@@ -199,6 +211,8 @@ def measure(trie, x, X, lp, repeat: int, reuse_out: bool, lazy: bool = False):
     """(single, batch, weight_max) (median, min) seconds and the ``out=``-reused
     (single ms, batch per-row ms) or None. ``lazy``: ``weight_sum(..., lazy=True)``
     (block sums only; node masses read on access), no ``weight_max`` column."""
+    import numpy as np
+
     kw = {"lazy": True} if lazy else {}
     trie.weight_sum(x, **kw)
     trie.weight_max(x)  # warm (numba compile / cache load)
@@ -217,6 +231,7 @@ def measure(trie, x, X, lp, repeat: int, reuse_out: bool, lazy: bool = False):
 
 
 def bench_ours(vocab: list[bytes], p: np.ndarray, P: np.ndarray, repeat: int) -> tuple[dict, dict]:
+    import numpy as np
     import torch
 
     torch.set_num_threads(1)
@@ -279,6 +294,9 @@ def bench_ours(vocab: list[bytes], p: np.ndarray, P: np.ndarray, repeat: int) ->
 
 
 def main() -> None:
+    pin_threads()
+    import numpy as np
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vocab", nargs="+", default=["gpt2", "qwen"], choices=["gpt2", "qwen"])
     ap.add_argument("--repeat", type=int, default=30)
