@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import verdicts  # noqa: E402
 from common import write_results  # noqa: E402
 
 # genlm_core is imported where it is used: importing this module for its verdict (run_all
@@ -125,6 +126,18 @@ def main(argv: list[str] | None = None) -> None:
     write_results("batcher_overhead", rows)
     write_results("batcher_policy", pol)
     write_results("batcher_sequential", seq)
+
+
+# ---------------------------------------------------------------------- verdict
+def headline(result: dict) -> list[dict]:
+    """The summary's rows from ``batcher_overhead.json``: batch 64 on the worker thread."""
+    r = [x for x in result["rows"] if x["thread"] and x["batch_size"] == 64]
+    if not r:
+        return []
+    us = r[0]["us_per_request"]
+    return [
+        verdicts.row("batcher overhead, us/request (batch 64, worker thread)", us, target="< 20", met=us < 20)
+    ]
 
 
 if __name__ == "__main__":

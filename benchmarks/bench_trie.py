@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import verdicts
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -412,6 +414,70 @@ def markdown(report: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- verdict
+def headline(result: dict) -> list[dict]:
+    """The summary's rows from ``trie.json``: eager and lazy ``weight_sum`` against the
+    targets the run recorded (``TARGETS``), and against each anchor measured with it."""
+    rows = []
+    for vocab, d in result.get("vocabs", {}).items():
+        tg = result.get("targets", {}).get(vocab, {})
+        eager = d["ours"].get("genlm-core numba") or next(iter(d["ours"].values()))
+        variants = [("eager", eager)]
+        if "genlm-core numba lazy" in d["ours"]:
+            variants.append(("lazy=True", d["ours"]["genlm-core numba lazy"]))
+        for how, ours in variants:
+            single = ours["single_ms"]
+            rows.append(
+                verdicts.row(
+                    f"trie {vocab}: weight_sum one distribution ({how}), ms",
+                    single,
+                    target=f"<= {tg['single_ms']}" if "single_ms" in tg else "",
+                    met=single <= tg["single_ms"] if "single_ms" in tg else None,
+                )
+            )
+            if "batch32_per_ms" in tg:
+                b32 = ours["batch32_per_ms"]
+                rows.append(
+                    verdicts.row(
+                        f"trie {vocab}: per distribution in a batch of 32 ({how}), ms",
+                        b32,
+                        target=f"<= {tg['batch32_per_ms']}",
+                        met=b32 <= tg["batch32_per_ms"],
+                    )
+                )
+            for anchor, a in d.get("anchors", {}).items():
+                # targets at 151k: >= 20x the sequential anchor, >= 5x the sparse-matrix ones
+                want = 5 if ("Parallel" in anchor or "genlm-bytes" in anchor) else 20
+                judged = vocab == "qwen"
+                for label, key, mine in (
+                    ("one distribution", "single_ms", single),
+                    ("per distribution in a batch of 32", "batch32_per_ms", ours.get("batch32_per_ms")),
+                ):
+                    if not a.get(key) or not mine:
+                        continue
+                    ratio = a[key] / mine
+                    rows.append(
+                        verdicts.row(
+                            f"trie {vocab}: {label} ({how}) vs {anchor}, ms",
+                            mine,
+                            a[key],
+                            ratio,
+                            f">= {want}x" if judged else "",
+                            ratio >= want if judged else None,
+                        )
+                    )
+        if "build_s" in tg:
+            rows.append(
+                verdicts.row(
+                    f"trie {vocab}: build, s",
+                    eager["build_s"],
+                    target=f"<= {tg['build_s']}",
+                    met=eager["build_s"] <= tg["build_s"],
+                )
+            )
+    return rows
 
 
 if __name__ == "__main__":

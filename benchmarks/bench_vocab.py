@@ -23,6 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
+import verdicts  # noqa: E402
 from common import write_results  # noqa: E402
 
 # genlm_core and the tokenizer fixtures (they need pytest) are imported where they are
@@ -120,6 +121,15 @@ def main() -> None:
         f"\nQwen 151k: median {qwen_median:.3f} s wall, {qwen_cpu:.3f} s CPU (target < {TARGET_S} s): "
         f"{'OK' if qwen_median < TARGET_S else 'MISSED (wall; compare CPU time on a loaded machine)'}"
     )
+
+
+# ---------------------------------------------------------------------- verdict
+def headline(result: dict) -> list[dict]:
+    """The summary's row from ``vocab.json``: Qwen 151k's median wall time against the target."""
+    s = result.get("qwen_151k_median_s")
+    if s is None:
+        return []
+    return [verdicts.row("decode_vocab Qwen 151k, s", s, target=f"< {TARGET_S:g}", met=s < TARGET_S)]
 
 
 if __name__ == "__main__":
