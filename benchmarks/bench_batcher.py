@@ -21,12 +21,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import verdicts  # noqa: E402
 from common import write_results  # noqa: E402
 
-from genlm_core.batching import AutoBatcher  # noqa: E402
+# genlm_core is imported where it is used: importing this module for its verdict (run_all
+# does) loads none of it
 
 
 async def overhead(batch: int, total: int, in_thread: bool) -> dict:
+    from genlm_core.batching import AutoBatcher
+
     b = AutoBatcher(lambda reqs: reqs, batch_size=batch, timeout=0.001, run_in_thread=in_thread)
     rounds = max(1, total // batch)
 
@@ -51,6 +55,8 @@ async def overhead(batch: int, total: int, in_thread: bool) -> dict:
 
 
 async def smc_policy(policy: str, timeout: float, particles: int, steps: int, seed: int) -> dict:
+    from genlm_core.batching import AutoBatcher
+
     def model(reqs):
         time.sleep(0.004 + 0.0002 * len(reqs))  # fixed + per-row cost
         return reqs
@@ -84,6 +90,8 @@ async def smc_policy(policy: str, timeout: float, particles: int, steps: int, se
 
 
 async def sequential(policy: str, timeout: float, calls: int) -> dict:
+    from genlm_core.batching import AutoBatcher
+
     def model(reqs):
         time.sleep(0.0001)  # a cheap model call, so the timer policy dominates
         return reqs
@@ -118,6 +126,18 @@ def main(argv: list[str] | None = None) -> None:
     write_results("batcher_overhead", rows)
     write_results("batcher_policy", pol)
     write_results("batcher_sequential", seq)
+
+
+# ---------------------------------------------------------------------- verdict
+def headline(result: dict) -> list[dict]:
+    """The summary's rows from ``batcher_overhead.json``: batch 64 on the worker thread."""
+    r = [x for x in result["rows"] if x["thread"] and x["batch_size"] == 64]
+    if not r:
+        return []
+    us = r[0]["us_per_request"]
+    return [
+        verdicts.row("batcher overhead, us/request (batch 64, worker thread)", us, target="< 20", met=us < 20)
+    ]
 
 
 if __name__ == "__main__":

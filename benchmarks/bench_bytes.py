@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import verdicts
+
 HERE = Path(__file__).resolve().parent
 ANCHOR_VENV = HERE / ".anchor-venv-bytes"
 ANCHOR_PINS = ("torch==2.13.0", "genlm-bytes==0.2.0", "genlm-backend==0.3.1")
@@ -283,6 +285,46 @@ def write_report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         )
     (out_dir / "bytes.md").write_text(f"## bytes\n\n{note}\n{table}\n")
     print(f"\n## bytes\n\n{note}\n{table}\n\n(JSON: {out_dir / 'bytes.json'})")
+
+
+# ---------------------------------------------------------------------- verdict
+def headline(result: dict) -> list[dict]:
+    """The summary's rows from ``bytes.json``: speed against genlm-bytes per K, K=5's logZ
+    against genlm-bytes' (and against it with float64 trie sums), bits per byte."""
+    rows = []
+    for r in result["rows"]:
+        sp = r.get("speedup a/b")
+        rows.append(
+            verdicts.row(
+                f"byte beam K={r['K']}, bytes/s vs genlm-bytes",
+                r["(a) bytes/s"],
+                r.get("(b) bytes/s"),
+                sp,
+                ">= 5x",
+                None if sp is None else sp >= 5,
+            )
+        )
+        if r.get("|logZ a - b|") is not None and r["K"] == 5:
+            d = r["|logZ a - b|"]
+            rows.append(
+                verdicts.row(
+                    "byte beam K=5, abs(logZ - genlm-bytes logZ)", d, target="<= 1e-3", met=d <= 1e-3
+                )
+            )
+            d64 = result.get("abs_logZ_a_minus_b_float64_trie_K5")
+            if d64 is not None:
+                rows.append(
+                    verdicts.row(
+                        "byte beam K=5, same vs genlm-bytes with its trie sums in float64",
+                        d64,
+                        target="<= 1e-3",
+                        met=d64 <= 1e-3,
+                    )
+                )
+        rows.append(
+            verdicts.row(f"byte beam K={r['K']}, bits/byte", r["(a) bits/byte"], r.get("(b) bits/byte"))
+        )
+    return rows
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+import verdicts  # noqa: E402
 from bench_bytes import PARAGRAPH, WARMUP  # noqa: E402
 from bench_sis import PROMPT, timed_runs  # noqa: E402
 from common import write_results  # noqa: E402
@@ -438,6 +439,53 @@ def report(figures: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict
     }
     write_results("llamacpp", rows, extra)
     return {"rows": rows, **extra}
+
+
+# ---------------------------------------------------------------------- verdict
+def headline(result: dict) -> list[dict]:
+    """The summary's rows from ``llamacpp.json``: genlm-llamacpp against genlm-hf (anchor
+    column; Q4_1 SIS judged) and our layer against raw llama.cpp."""
+    rows = []
+    figs = result.get("figures", {})
+    tg = result.get("targets", {})
+    hf = figs.get("hf", {})
+    for engine in ("q4_1", "f16"):
+        fig = figs.get(engine)
+        if not fig:
+            continue
+        for workload, unit, label in (("sis", "calls_per_s", "calls/s"), ("beam", "bytes_per_s", "bytes/s")):
+            if workload not in fig:
+                continue
+            ours = fig[workload][unit]
+            base = hf.get(workload, {}).get(unit)
+            ratio = ours / base if base else None
+            judged = engine == "q4_1" and workload == "sis" and ratio is not None
+            want = tg.get("sis_q4_1_over_hf_min", 2.0)
+            rows.append(
+                verdicts.row(
+                    f"llamacpp {engine} {'SIS' if workload == 'sis' else 'byte beam K=5'}, {label} vs genlm-hf f32",
+                    ours,
+                    base,
+                    ratio,
+                    f">= {want}x" if judged else "",
+                    ratio >= want if judged else None,
+                )
+            )
+            layer = fig.get(f"{workload}_layer")
+            if layer:
+                most = tg.get("layer_over_raw_max", 1.2)
+                r = layer["ours_over_raw"]
+                rows.append(
+                    verdicts.row(
+                        f"llamacpp {engine} {workload}: our layer vs raw llama.cpp, s",
+                        layer["ours_s"],
+                        layer["raw_s"],
+                        r,
+                        f"<= {most}x",
+                        r <= most,
+                    )
+                )
+    return rows
 
 
 if __name__ == "__main__":

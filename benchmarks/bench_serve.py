@@ -45,6 +45,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import verdicts  # noqa: E402
 from common import write_results  # noqa: E402
 
 PROMPT = "Montreal is"
@@ -349,6 +350,38 @@ def main(argv: list[str] | None = None) -> int:
 
         args.model = str(embedded.smollm2_path(progress=True))
     return orchestrate(args)
+
+
+# ---------------------------------------------------------------------- verdict
+def headline(result: dict) -> list[dict]:
+    """The summary's rows from ``serve.json``: four SIS clients, one `genlm serve hf`
+    (b: shared memory) against a backend each (a)."""
+    f = result.get("figures", {})
+    a, b = result["rows"][0], result["rows"][1]
+    return [
+        verdicts.row(
+            "serve: 4 SIS clients, calls/s (b) one server over shm vs (a) own backend each",
+            b["calls_per_s"],
+            a["calls_per_s"],
+            f.get("b_over_a_calls_per_s"),
+            ">= 1.5",
+            f.get("b_over_a_calls_per_s", 0) >= 1.5,
+        ),
+        verdicts.row(
+            "serve: total RSS MB, (b) vs (a)",
+            b["total_rss_mb"],
+            a["total_rss_mb"],
+            f.get("b_over_a_memory"),
+            "<= 0.6",
+            f.get("b_over_a_memory", 9) <= 0.6,
+        ),
+        verdicts.row(
+            "serve: batch of 16, per-call time through the server (shm) / in process",
+            f.get("per_call_overhead_b_at_batch16"),
+            target="<= 1.2",
+            met=f.get("per_call_overhead_b_at_batch16", 9) <= 1.2,
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import verdicts
+
 HERE = Path(__file__).resolve().parent
 ANCHOR_VENV = HERE / ".anchor-venv-hf"
 ANCHOR_PINS = ("torch==2.13.0", "genlm-backend==0.3.1")
@@ -491,6 +493,38 @@ def markdown(record: dict[str, Any]) -> str:
             f"{100 * limit['fraction']:.0f}% of the measured matmul rate"
         )
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- verdict
+def headline(result: dict, backend: str = "hf") -> list[dict]:
+    """The summary's rows for one backend's record in ``sis.json`` (which merges them):
+    genlm-hf against genlm-backend and the uncached loop, any other backend against
+    genlm-hf's figure when the file has one."""
+    rec = result.get(backend)
+    if not rec:
+        return []
+    f = rec["figures"]
+    a = f["a"]["calls_per_s"]
+    if backend != "hf":
+        hf = result.get("hf", {}).get("figures", {}).get("a", {}).get("calls_per_s")
+        return [verdicts.row(f"SIS genlm-{backend}, calls/s (vs genlm-hf)", a, hf, a / hf if hf else None)]
+    rows = [verdicts.row(f"SIS genlm-hf, calls/s ({rec['workload']['particles']} particles)", a)]
+    if "b" in f:
+        r = a / f["b"]["calls_per_s"]
+        rows.append(
+            verdicts.row(
+                "SIS genlm-hf vs genlm-backend AsyncTransformer", a, f["b"]["calls_per_s"], r, ">= 3x", r >= 3
+            )
+        )
+    if "c" in f:
+        r = a / f["c"]["calls_per_s"]
+        rows.append(
+            verdicts.row("SIS genlm-hf vs uncached HF loop", a, f["c"]["calls_per_s"], r, ">= 9x", r >= 9)
+        )
+    lim = f["a"].get("compute_limit")
+    if lim:
+        rows.append(verdicts.row("SIS genlm-hf, fraction of measured matmul rate", lim["fraction"]))
+    return rows
 
 
 if __name__ == "__main__":

@@ -31,11 +31,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")
+import verdicts
 
-import numpy as np  # noqa: E402
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy (and numba, torch) are imported where they are used, after main() has pinned the
+# threads: importing this module for its verdict (run_all does) neither loads them nor
+# pins the importing process (and the benchmarks it starts next) to one thread
+
+
+def pin_threads() -> None:
+    """One thread for BLAS, OpenMP and numba: before any of them is imported."""
+    for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(v, "1")
+
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -187,6 +199,8 @@ def run_anchors(py: Path, vocab: list[bytes], p: np.ndarray, P: np.ndarray, pref
 
 # ---------------------------------------------------------------------- our side
 def timeit(fn, k: int) -> tuple[float, float]:
+    import numpy as np
+
     ts = []
     for _ in range(k):
         t0 = time.perf_counter()
@@ -199,6 +213,8 @@ def measure(trie, x, X, lp, repeat: int, reuse_out: bool, lazy: bool = False):
     """(single, batch, weight_max) (median, min) seconds and the ``out=``-reused
     (single ms, batch per-row ms) or None. ``lazy``: ``weight_sum(..., lazy=True)``
     (block sums only; node masses read on access), no ``weight_max`` column."""
+    import numpy as np
+
     kw = {"lazy": True} if lazy else {}
     trie.weight_sum(x, **kw)
     trie.weight_max(x)  # warm (numba compile / cache load)
@@ -217,6 +233,7 @@ def measure(trie, x, X, lp, repeat: int, reuse_out: bool, lazy: bool = False):
 
 
 def bench_ours(vocab: list[bytes], p: np.ndarray, P: np.ndarray, repeat: int) -> tuple[dict, dict]:
+    import numpy as np
     import torch
 
     torch.set_num_threads(1)
@@ -279,6 +296,9 @@ def bench_ours(vocab: list[bytes], p: np.ndarray, P: np.ndarray, repeat: int) ->
 
 
 def main() -> None:
+    pin_threads()
+    import numpy as np
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vocab", nargs="+", default=["gpt2", "qwen"], choices=["gpt2", "qwen"])
     ap.add_argument("--repeat", type=int, default=30)
@@ -394,6 +414,70 @@ def markdown(report: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- verdict
+def headline(result: dict) -> list[dict]:
+    """The summary's rows from ``trie.json``: eager and lazy ``weight_sum`` against the
+    targets the run recorded (``TARGETS``), and against each anchor measured with it."""
+    rows = []
+    for vocab, d in result.get("vocabs", {}).items():
+        tg = result.get("targets", {}).get(vocab, {})
+        eager = d["ours"].get("genlm-core numba") or next(iter(d["ours"].values()))
+        variants = [("eager", eager)]
+        if "genlm-core numba lazy" in d["ours"]:
+            variants.append(("lazy=True", d["ours"]["genlm-core numba lazy"]))
+        for how, ours in variants:
+            single = ours["single_ms"]
+            rows.append(
+                verdicts.row(
+                    f"trie {vocab}: weight_sum one distribution ({how}), ms",
+                    single,
+                    target=f"<= {tg['single_ms']}" if "single_ms" in tg else "",
+                    met=single <= tg["single_ms"] if "single_ms" in tg else None,
+                )
+            )
+            if "batch32_per_ms" in tg:
+                b32 = ours["batch32_per_ms"]
+                rows.append(
+                    verdicts.row(
+                        f"trie {vocab}: per distribution in a batch of 32 ({how}), ms",
+                        b32,
+                        target=f"<= {tg['batch32_per_ms']}",
+                        met=b32 <= tg["batch32_per_ms"],
+                    )
+                )
+            for anchor, a in d.get("anchors", {}).items():
+                # targets at 151k: >= 20x the sequential anchor, >= 5x the sparse-matrix ones
+                want = 5 if ("Parallel" in anchor or "genlm-bytes" in anchor) else 20
+                judged = vocab == "qwen"
+                for label, key, mine in (
+                    ("one distribution", "single_ms", single),
+                    ("per distribution in a batch of 32", "batch32_per_ms", ours.get("batch32_per_ms")),
+                ):
+                    if not a.get(key) or not mine:
+                        continue
+                    ratio = a[key] / mine
+                    rows.append(
+                        verdicts.row(
+                            f"trie {vocab}: {label} ({how}) vs {anchor}, ms",
+                            mine,
+                            a[key],
+                            ratio,
+                            f">= {want}x" if judged else "",
+                            ratio >= want if judged else None,
+                        )
+                    )
+        if "build_s" in tg:
+            rows.append(
+                verdicts.row(
+                    f"trie {vocab}: build, s",
+                    eager["build_s"],
+                    target=f"<= {tg['build_s']}",
+                    met=eager["build_s"] <= tg["build_s"],
+                )
+            )
+    return rows
 
 
 if __name__ == "__main__":

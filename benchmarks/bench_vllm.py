@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import verdicts  # noqa: E402
 from common import write_results  # noqa: E402
 
 
@@ -172,6 +173,28 @@ def main() -> None:
     }
     backend.close()
     write_results("vllm", rows, extra)
+
+
+# ---------------------------------------------------------------------- verdict
+def headline(result: dict) -> list[dict]:
+    """The summary's rows from ``vllm.json``: the worst ratios over its batches and lengths."""
+    ab = max(r["a_over_b"] for r in result["rows"])
+    ca = min(r["c_over_a"] for r in result["rows"])
+    tg = result.get("targets", {})
+    return [
+        verdicts.row(
+            "vLLM capture vs raw generate, worst (a)/(b)",
+            ab,
+            target="<= 1.2",
+            met=ab <= tg.get("a_over_b_max", 1.2),
+        ),
+        verdicts.row(
+            "vLLM logprobs dict vs capture, worst (c)/(a)",
+            ca,
+            target=">= 10",
+            met=ca >= tg.get("c_over_a_min", 10),
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Each benchmark runs in a subprocess of its own (vLLM and the numba trie kernels
 must not share a process; each engine gets a clean thread pool) and writes its
 JSON + Markdown into ``benchmarks/out/``. This script then writes
 ``summary.json`` and ``summary.md`` (headline figures with their targets and the
-anchors measured in the same run) and, with ``--plot``, one PNG figure.
+anchors measured in the same run) and, with ``--plot``, one PNG figure (plots.py).
+It only orchestrates: each benchmark judges its own JSON against its own targets
+(``headline(result)`` in its ``bench_*.py``, rows built with ``verdicts.row``).
 
 Sections (``--only`` picks some):
 
@@ -39,12 +41,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +57,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from common import OUT_DIR, machine, markdown_table  # noqa: E402
+from verdicts import COLUMNS, load  # noqa: E402
 
 SIS_PARTICLES = 16
 
@@ -118,7 +124,7 @@ NEEDS = {
     "llamacpp": "llamacpp",
     "serve": "hf",
 }
-# the JSON files each section writes into benchmarks/out
+# the JSON files each section writes into benchmarks/out; its verdict reads the first
 FILES = {
     "batcher": ["batcher_overhead", "batcher_policy", "batcher_sequential"],
     "vocab": ["vocab"],
@@ -131,6 +137,8 @@ FILES = {
     "llamacpp": ["llamacpp"],
     "serve": ["serve"],
 }
+# keyword arguments of a section's verdict: bench_sis judges one backend's record of sis.json
+VERDICT_ARGS = {"sis": {"backend": "hf"}, "sis-mlx": {"backend": "mlx"}, "sis-vllm": {"backend": "vllm"}}
 
 
 def log(msg: str) -> None:
@@ -163,400 +171,50 @@ def run_section(name: str, argv: list[str]) -> dict[str, Any]:
     return {"command": " ".join(["python", *[str(Path(argv[0]).name), *argv[1:]]]), "rc": rc, "seconds": dt}
 
 
-# ---------------------------------------------------------------------- headline figures
-def _load(name: str) -> Any:
-    p = OUT_DIR / f"{name}.json"
-    return json.loads(p.read_text()) if p.exists() else None
+# ---------------------------------------------------------------------- verdicts
+def verdict(section: str) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
+    """The ``headline`` of the benchmark script a section runs (importing one loads no engine)."""
+    module = importlib.import_module(Path(_sections(False)[section][0]).stem)
+    return functools.partial(module.headline, **VERDICT_ARGS.get(section, {}))
 
 
-def _row(metric: str, ours: Any, anchor: Any = None, ratio: Any = None, target: str = "", met: Any = None):
-    return {
-        "metric": metric,
-        "genlm-core": ours,
-        "anchor": anchor if anchor is not None else "",
-        "ratio": ratio if ratio is not None else "",
-        "target": target,
-        "met": "" if met is None else ("yes" if met else "NO"),
-    }
-
-
-def headline(sections: list[str]) -> list[dict[str, Any]]:
+def headline(sections: list[str], out_dir: Path | None = None) -> list[dict[str, Any]]:
+    """The chosen sections' verdicts on the JSON they wrote into ``out_dir``, in table order."""
+    out_dir = OUT_DIR if out_dir is None else out_dir
     rows: list[dict[str, Any]] = []
-    if "batcher" in sections and (b := _load("batcher_overhead")):
-        r = [x for x in b["rows"] if x["thread"] and x["batch_size"] == 64]
-        if r:
-            us = r[0]["us_per_request"]
-            rows.append(
-                _row("batcher overhead, us/request (batch 64, worker thread)", us, target="< 20", met=us < 20)
-            )
-    if "vocab" in sections and (v := _load("vocab")):
-        s = v.get("qwen_151k_median_s")
-        if s is not None:
-            rows.append(_row("decode_vocab Qwen 151k, s", s, target="< 1", met=s < 1))
-    if "trie" in sections and (t := _load("trie")):
-        for vocab, d in t.get("vocabs", {}).items():
-            tg = t.get("targets", {}).get(vocab, {})
-            eager = d["ours"].get("genlm-core numba") or next(iter(d["ours"].values()))
-            variants = [("eager", eager)]
-            if "genlm-core numba lazy" in d["ours"]:
-                variants.append(("lazy=True", d["ours"]["genlm-core numba lazy"]))
-            for how, ours in variants:
-                single = ours["single_ms"]
-                rows.append(
-                    _row(
-                        f"trie {vocab}: weight_sum one distribution ({how}), ms",
-                        single,
-                        target=f"<= {tg['single_ms']}" if "single_ms" in tg else "",
-                        met=single <= tg["single_ms"] if "single_ms" in tg else None,
-                    )
-                )
-                if "batch32_per_ms" in tg:
-                    b32 = ours["batch32_per_ms"]
-                    rows.append(
-                        _row(
-                            f"trie {vocab}: per distribution in a batch of 32 ({how}), ms",
-                            b32,
-                            target=f"<= {tg['batch32_per_ms']}",
-                            met=b32 <= tg["batch32_per_ms"],
-                        )
-                    )
-                for anchor, a in d.get("anchors", {}).items():
-                    # targets at 151k: >= 20x the sequential anchor, >= 5x the sparse-matrix ones
-                    want = 5 if ("Parallel" in anchor or "genlm-bytes" in anchor) else 20
-                    judged = vocab == "qwen"
-                    for label, key, mine in (
-                        ("one distribution", "single_ms", single),
-                        ("per distribution in a batch of 32", "batch32_per_ms", ours.get("batch32_per_ms")),
-                    ):
-                        if not a.get(key) or not mine:
-                            continue
-                        ratio = a[key] / mine
-                        rows.append(
-                            _row(
-                                f"trie {vocab}: {label} ({how}) vs {anchor}, ms",
-                                mine,
-                                a[key],
-                                ratio,
-                                f">= {want}x" if judged else "",
-                                ratio >= want if judged else None,
-                            )
-                        )
-            if "build_s" in tg:
-                rows.append(
-                    _row(
-                        f"trie {vocab}: build, s",
-                        eager["build_s"],
-                        target=f"<= {tg['build_s']}",
-                        met=eager["build_s"] <= tg["build_s"],
-                    )
-                )
-    sis = _load("sis") or {}
-    if "sis" in sections and (h := sis.get("hf")):
-        f = h["figures"]
-        a = f["a"]["calls_per_s"]
-        rows.append(_row(f"SIS genlm-hf, calls/s ({h['workload']['particles']} particles)", a))
-        if "b" in f:
-            r = a / f["b"]["calls_per_s"]
-            rows.append(
-                _row(
-                    "SIS genlm-hf vs genlm-backend AsyncTransformer",
-                    a,
-                    f["b"]["calls_per_s"],
-                    r,
-                    ">= 3x",
-                    r >= 3,
-                )
-            )
-        if "c" in f:
-            r = a / f["c"]["calls_per_s"]
-            rows.append(
-                _row("SIS genlm-hf vs uncached HF loop", a, f["c"]["calls_per_s"], r, ">= 9x", r >= 9)
-            )
-        lim = f["a"].get("compute_limit")
-        if lim:
-            rows.append(_row("SIS genlm-hf, fraction of measured matmul rate", lim["fraction"]))
-    for be in ("mlx", "vllm"):
-        if f"sis-{be}" in sections and (rec := sis.get(be)):
-            a = rec["figures"]["a"]["calls_per_s"]
-            hf = sis.get("hf", {}).get("figures", {}).get("a", {}).get("calls_per_s")
-            rows.append(_row(f"SIS genlm-{be}, calls/s (vs genlm-hf)", a, hf, a / hf if hf else None))
-    if "vllm" in sections and (v := _load("vllm")):
-        ab = max(r["a_over_b"] for r in v["rows"])
-        ca = min(r["c_over_a"] for r in v["rows"])
-        tg = v.get("targets", {})
-        rows.append(
-            _row(
-                "vLLM capture vs raw generate, worst (a)/(b)",
-                ab,
-                target="<= 1.2",
-                met=ab <= tg.get("a_over_b_max", 1.2),
-            )
-        )
-        rows.append(
-            _row(
-                "vLLM logprobs dict vs capture, worst (c)/(a)",
-                ca,
-                target=">= 10",
-                met=ca >= tg.get("c_over_a_min", 10),
-            )
-        )
-    if "bytes" in sections and (b := _load("bytes")):
-        for r in b["rows"]:
-            sp = r.get("speedup a/b")
-            rows.append(
-                _row(
-                    f"byte beam K={r['K']}, bytes/s vs genlm-bytes",
-                    r["(a) bytes/s"],
-                    r.get("(b) bytes/s"),
-                    sp,
-                    ">= 5x",
-                    None if sp is None else sp >= 5,
-                )
-            )
-            if r.get("|logZ a - b|") is not None and r["K"] == 5:
-                d = r["|logZ a - b|"]
-                rows.append(
-                    _row("byte beam K=5, abs(logZ - genlm-bytes logZ)", d, target="<= 1e-3", met=d <= 1e-3)
-                )
-                d64 = b.get("abs_logZ_a_minus_b_float64_trie_K5")
-                if d64 is not None:
-                    rows.append(
-                        _row(
-                            "byte beam K=5, same vs genlm-bytes with its trie sums in float64",
-                            d64,
-                            target="<= 1e-3",
-                            met=d64 <= 1e-3,
-                        )
-                    )
-            rows.append(_row(f"byte beam K={r['K']}, bits/byte", r["(a) bits/byte"], r.get("(b) bits/byte")))
-    if "llamacpp" in sections and (lc := _load("llamacpp")):
-        rows += _llamacpp_rows(lc)
-    if "serve" in sections and (sv := _load("serve")):
-        rows += _serve_rows(sv)
+    for name in _sections(False):
+        if name in sections and (result := load(FILES[name][0], out_dir)):
+            rows += verdict(name)(result)
     return rows
 
 
-def _serve_rows(sv: dict[str, Any]) -> list[dict[str, Any]]:
-    """Four SIS clients: one `genlm serve hf` (b: shared memory) against a backend each (a)."""
-    f = sv.get("figures", {})
-    a, b = sv["rows"][0], sv["rows"][1]
-    return [
-        _row(
-            "serve: 4 SIS clients, calls/s (b) one server over shm vs (a) own backend each",
-            b["calls_per_s"],
-            a["calls_per_s"],
-            f.get("b_over_a_calls_per_s"),
-            ">= 1.5",
-            f.get("b_over_a_calls_per_s", 0) >= 1.5,
+def write_summary(report: dict[str, Any], sections: list[str], out_dir: Path) -> list[str]:
+    """``summary.json`` (``report`` with the headline rows) and ``summary.md`` (those rows,
+    the section runs, then each section's own Markdown) into ``out_dir``; the Markdown lines."""
+    rows = headline(sections, out_dir)
+    report["headline"] = rows
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(report, indent=2))
+    md = [
+        "# genlm-core benchmark summary",
+        "",
+        f"Machine: {report['machine']}",
+        "",
+        markdown_table(rows, COLUMNS),
+        "",
+        "Sections: "
+        + ", ".join(
+            f"{k} ({v['seconds']:.0f} s, exit {v['rc']})" if "rc" in v else f"{k} ({v['skipped']})"
+            for k, v in report["sections"].items()
         ),
-        _row(
-            "serve: total RSS MB, (b) vs (a)",
-            b["total_rss_mb"],
-            a["total_rss_mb"],
-            f.get("b_over_a_memory"),
-            "<= 0.6",
-            f.get("b_over_a_memory", 9) <= 0.6,
-        ),
-        _row(
-            "serve: batch of 16, per-call time through the server (shm) / in process",
-            f.get("per_call_overhead_b_at_batch16"),
-            target="<= 1.2",
-            met=f.get("per_call_overhead_b_at_batch16", 9) <= 1.2,
-        ),
+        "",
     ]
-
-
-def _llamacpp_rows(lc: dict[str, Any]) -> list[dict[str, Any]]:
-    """genlm-llamacpp vs genlm-hf (anchor column) and our layer vs raw llama.cpp."""
-    rows = []
-    figs = lc.get("figures", {})
-    tg = lc.get("targets", {})
-    hf = figs.get("hf", {})
-    for engine in ("q4_1", "f16"):
-        fig = figs.get(engine)
-        if not fig:
-            continue
-        for workload, unit, label in (("sis", "calls_per_s", "calls/s"), ("beam", "bytes_per_s", "bytes/s")):
-            if workload not in fig:
-                continue
-            ours = fig[workload][unit]
-            base = hf.get(workload, {}).get(unit)
-            ratio = ours / base if base else None
-            judged = engine == "q4_1" and workload == "sis" and ratio is not None
-            want = tg.get("sis_q4_1_over_hf_min", 2.0)
-            rows.append(
-                _row(
-                    f"llamacpp {engine} {'SIS' if workload == 'sis' else 'byte beam K=5'}, {label} vs genlm-hf f32",
-                    ours,
-                    base,
-                    ratio,
-                    f">= {want}x" if judged else "",
-                    ratio >= want if judged else None,
-                )
-            )
-            layer = fig.get(f"{workload}_layer")
-            if layer:
-                most = tg.get("layer_over_raw_max", 1.2)
-                r = layer["ours_over_raw"]
-                rows.append(
-                    _row(
-                        f"llamacpp {engine} {workload}: our layer vs raw llama.cpp, s",
-                        layer["ours_s"],
-                        layer["raw_s"],
-                        r,
-                        f"<= {most}x",
-                        r <= most,
-                    )
-                )
-    return rows
-
-
-# ---------------------------------------------------------------------- plot
-def plot(path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install 'genlm-core[plot]'") from None
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5))
-    m = machine()
-    dates = sorted(
-        d["machine"]["date"]
-        for f in OUT_DIR.glob("*.json")
-        if f.name != "summary.json"
-        for d in [json.loads(f.read_text())]
-        if isinstance(d, dict) and isinstance(d.get("machine"), dict) and "date" in d["machine"]
-    )
-    when = f"{dates[0]} to {dates[-1][-9:]}" if dates else m["date"]
-    fig.suptitle(
-        f"genlm-core benchmarks - SmolLM2-135M float32, {m.get('cpu', '?')} x{m.get('cpus')} CPU, "
-        f"{when}\n(anchors: genlm-backend 0.3.1, genlm-bytes 0.2.0, same run)",
-        fontsize=11,
-    )
-
-    ax = axes[0][0]
-    sis = _load("sis") or {}
-    for be, rec in sis.items():
-        a = rec["figures"]["a"]
-        pts = {rec["workload"]["particles"]: a["calls_per_s"]}
-        for s in a.get("sweep", []):
-            pts[s["particles"]] = s["calls_per_s"]
-        xs = sorted(pts)
-        note = " (mlx[cpu] wheel: reference BLAS)" if be == "mlx" else ""
-        ax.plot(xs, [pts[x] for x in xs], "o-", label=f"genlm-core {be}{note}")
-        if "b" in rec["figures"]:
-            ax.plot(
-                [rec["workload"]["particles"]],
-                [rec["figures"]["b"]["calls_per_s"]],
-                "s",
-                color="gray",
-                ms=9,
-                label="genlm-backend AsyncTransformer (hf)",
-            )
-        if "c" in rec["figures"]:
-            ax.axhline(rec["figures"]["c"]["calls_per_s"], ls="--", color="gray", label="uncached HF loop")
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="particles (concurrent next-token requests)",
-        ylabel="next-token distributions per second",
-        title="SIS throughput vs particle count (higher is better)",
-    )
-    if sis:
-        ax.legend(fontsize=7, loc="upper left")
-    else:
-        ax.text(0.5, 0.5, "SIS section not run", ha="center", va="center", transform=ax.transAxes)
-    ax.grid(alpha=0.3, which="both")
-
-    ax = axes[0][1]
-    v = _load("vllm")
-    if v:
-        length = max(r["context_len"] for r in v["rows"])
-        rows = sorted((r for r in v["rows"] if r["context_len"] == length), key=lambda r: r["batch"])
-        xs = [r["batch"] for r in rows]
-        ax.plot(xs, [r["genlm_vllm_ms_per_req"] for r in rows], "o-", label="genlm-vllm (logits capture)")
-        ax.plot(xs, [r["raw_generate_ms_per_req"] for r in rows], "s--", label="raw vLLM generate, 1 token")
-        ax.plot(xs, [r["logprobs_dict_ms_per_req"] for r in rows], "^:", label="vLLM logprobs=vocab dict")
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel="batch size (requests per engine step)",
-            ylabel="ms per request",
-            title=f"vLLM full-vocab logprobs, {length}-token contexts\n(lower is better)",
-        )
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3, which="both")
-    else:
-        ax.set_axis_off()
-
-    ax = axes[1][0]
-    t = _load("trie")
-    if t:
-        labels, single, batch = [], [], []
-        for vocab, d in t["vocabs"].items():
-            for name, r in {**d["ours"], **d.get("anchors", {})}.items():
-                if "precise=False" in name or name == "genlm-core numpy":
-                    continue
-                labels.append(f"{vocab} | {name}")
-                single.append(r["single_ms"])
-                batch.append(r.get("batch32_per_ms") or float("nan"))
-        ys = range(len(labels))
-        ax.barh([y - 0.2 for y in ys], single, height=0.4, label="one distribution")
-        ax.barh([y + 0.2 for y in ys], batch, height=0.4, label="per distribution, batch of 32")
-        ax.set_yticks(list(ys), labels, fontsize=7)
-        ax.invert_yaxis()
-        ax.set(
-            xscale="log",
-            xlabel="ms (log scale; lower is better)",
-            title="Trie mass sums (weight_sum), 1 core: GPT-2 50k, Qwen 151k",
-        )
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3, axis="x", which="both")
-    else:
-        ax.set_axis_off()
-
-    ax = axes[1][1]
-    b = _load("bytes")
-    if b:
-        rows = b["rows"]
-        xs = range(len(rows))
-        ax.bar(
-            [x - 0.2 for x in xs], [r["(a) bytes/s"] for r in rows], width=0.4, label="genlm-core byte beam"
-        )
-        if any(r.get("(b) bytes/s") for r in rows):
-            ax.bar(
-                [x + 0.2 for x in xs],
-                [r.get("(b) bytes/s") or 0 for r in rows],
-                width=0.4,
-                label="genlm-bytes over genlm-backend",
-            )
-        ax.set_xticks(list(xs), [f"beam K={r['K']}" for r in rows])
-        ax.set(
-            yscale="log",
-            ylabel="bytes per second",
-            title=f"Byte-level LM on a {b.get('paragraph_bytes', '?')}-byte paragraph (higher is better)",
-        )
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3, axis="y", which="both")
-    else:
-        ax.set_axis_off()
-
-    from matplotlib.ticker import FuncFormatter
-
-    for ax in axes.flat:
-        for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
-            if scale == "log":
-                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-                # label the 2s and 5s between decades, so short log ranges still read
-                axis.set_minor_formatter(
-                    FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else "")
-                )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    log(f"plot: {path}")
+    for name in dict.fromkeys(f for s in sections for f in FILES[s]):
+        p = out_dir / f"{name}.md"
+        if p.exists():
+            md += [p.read_text(), ""]
+    (out_dir / "summary.md").write_text("\n".join(md))
+    return md
 
 
 # ---------------------------------------------------------------------- main
@@ -596,32 +254,13 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{name}: skipped ({report['sections'][name]['skipped']})")
                 continue
             report["sections"][name] = run_section(name, specs[name])
-    rows = headline(chosen)
-    report["headline"] = rows
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / "summary.json").write_text(json.dumps(report, indent=2))
-    md = [
-        "# genlm-core benchmark summary",
-        "",
-        f"Machine: {report['machine']}",
-        "",
-        markdown_table(rows, ["metric", "genlm-core", "anchor", "ratio", "target", "met"]),
-        "",
-        "Sections: "
-        + ", ".join(
-            f"{k} ({v['seconds']:.0f} s, exit {v['rc']})" if "rc" in v else f"{k} ({v['skipped']})"
-            for k, v in report["sections"].items()
-        ),
-        "",
-    ]
-    for name in dict.fromkeys(f for s in chosen for f in FILES[s]):
-        p = OUT_DIR / f"{name}.md"
-        if p.exists():
-            md += [p.read_text(), ""]
-    (OUT_DIR / "summary.md").write_text("\n".join(md))
+    md = write_summary(report, chosen, OUT_DIR)
     print("\n".join(md[:6]))
     if args.plot:
-        plot(args.plot)
+        from plots import plot
+
+        plot(args.plot, OUT_DIR)
+        log(f"plot: {args.plot}")
     if args.out_dir:
         args.out_dir.mkdir(parents=True, exist_ok=True)
         for s in chosen:

