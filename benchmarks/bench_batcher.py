@@ -29,7 +29,7 @@ from common import write_results  # noqa: E402
 
 
 async def overhead(batch: int, total: int, in_thread: bool) -> dict:
-    from genlm_core.batching import AutoBatcher
+    from genlm_core.engine.batching import AutoBatcher
 
     b = AutoBatcher(lambda reqs: reqs, batch_size=batch, timeout=0.001, run_in_thread=in_thread)
     rounds = max(1, total // batch)
@@ -55,7 +55,7 @@ async def overhead(batch: int, total: int, in_thread: bool) -> dict:
 
 
 async def smc_policy(policy: str, timeout: float, particles: int, steps: int, seed: int) -> dict:
-    from genlm_core.batching import AutoBatcher
+    from genlm_core.engine.batching import AutoBatcher
 
     def model(reqs):
         time.sleep(0.004 + 0.0002 * len(reqs))  # fixed + per-row cost
@@ -90,7 +90,7 @@ async def smc_policy(policy: str, timeout: float, particles: int, steps: int, se
 
 
 async def sequential(policy: str, timeout: float, calls: int) -> dict:
-    from genlm_core.batching import AutoBatcher
+    from genlm_core.engine.batching import AutoBatcher
 
     def model(reqs):
         time.sleep(0.0001)  # a cheap model call, so the timer policy dominates

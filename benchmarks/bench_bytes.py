@@ -49,9 +49,9 @@ WARMUP = "A short warm-up sentence about the weather."
 
 def model_path() -> Path:
     sys.path.insert(0, str(HERE.parent))
-    from genlm_core import embedded
+    from genlm_core import models
 
-    return embedded.smollm2_path(progress=False)
+    return models.smollm2_path(progress=False)
 
 
 # ---------------------------------------------------------------------- (a) genlm-core

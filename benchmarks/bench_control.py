@@ -70,9 +70,9 @@ def main() -> None:
     ap.add_argument("--workloads", default="regex,bytes")
     args = ap.parse_args()
     if args.model is None:
-        from genlm_core import embedded
+        from genlm_core import models
 
-        args.model = str(embedded.smollm2_path())
+        args.model = str(models.smollm2_path())
     stacks = {
         "genlm-core": sys.executable,
         "genlm-backend": str(

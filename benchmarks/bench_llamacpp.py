@@ -70,12 +70,12 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------------- engines
 def model_paths(engines: list[str]) -> dict[str, Path]:
-    from genlm_core import embedded
+    from genlm_core import models
 
-    paths = {"hf": embedded.smollm2_path(progress=False)}
+    paths = {"hf": models.smollm2_path(progress=False)}
     for name in ("q4_1", "q4_1_batched"):
         if name in engines:
-            paths[name] = embedded.smollm2_gguf_path()
+            paths[name] = models.smollm2_gguf_path()
     if "f16" in engines:
         from genlm_llamacpp.convert import smollm2_f16_gguf_path
 

@@ -1,6 +1,6 @@
 """One engine, many programs: four SIS programs with their own models vs one `genlm serve`.
 
-Four client processes each run the SIS workload (16 particles x 20 tokens, genlm_core.smc's
+Four client processes each run the SIS workload (16 particles x 20 tokens, genlm_core.tools.sis's
 ``run_sis``; SmolLM2-135M float32 on CPU by default), started together:
 
   (a) each process loads its own genlm-hf backend;
@@ -106,7 +106,7 @@ class TimedCalls:
 def client_main(args: argparse.Namespace) -> int:
     import torch
 
-    from genlm_core.smc import run_sis
+    from genlm_core.tools.sis import run_sis
 
     torch.set_num_threads(args.threads)
     llm = load_backend(args)
@@ -346,9 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         args.model = args.model or str(model_paths.tiny_llama())
         args.clients, args.particles, args.max_tokens, args.runs, args.repeat = 2, 4, 4, 1, 3
     if args.model is None:
-        from genlm_core import embedded
+        from genlm_core import models
 
-        args.model = str(embedded.smollm2_path(progress=True))
+        args.model = str(models.smollm2_path(progress=True))
     return orchestrate(args)
 
 

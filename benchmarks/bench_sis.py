@@ -235,7 +235,7 @@ def run_uncached(args: argparse.Namespace) -> dict[str, Any]:
 def byte_lengths(tokenizer: Any) -> list[int]:
     """Byte length of every token (genlm-core's vocabulary decoder when present)."""
     try:
-        from genlm_core.vocab import decode_vocab
+        from genlm_core.engine.vocab import decode_vocab
 
         return [len(t) for t in decode_vocab(tokenizer)[0]]
     except ImportError:  # the anchor venv
@@ -352,11 +352,11 @@ def matmul_rate(n: int = 1024, seconds: float = 1.0) -> float:
 
 # ---------------------------------------------------------------------- main
 def default_model(backend: str) -> Path:
-    from genlm_core import embedded
+    from genlm_core import models
 
     if backend in ("llamacpp", "llama.cpp", "gguf"):
-        return embedded.smollm2_gguf_path()  # the Q4_1 GGUF as shipped
-    return embedded.smollm2_path(progress=False)
+        return models.smollm2_gguf_path()  # the Q4_1 GGUF as shipped
+    return models.smollm2_path(progress=False)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -107,9 +107,9 @@ def model_for(vocab: int) -> str:
 def _synthetic_head(base: Path, vocab: int) -> Path:
     """``base`` with its (tied) embedding grown to ``vocab`` rows (new rows random,
     seeded), saved once under the model cache; the tokenizer files are ``base``'s."""
-    from genlm_core import embedded
+    from genlm_core import models
 
-    out = embedded.models_dir() / f"bench-{base.name}-head{vocab}"
+    out = models.models_dir() / f"bench-{base.name}-head{vocab}"
     if (out / "config.json").exists():
         return out
     import torch
@@ -276,7 +276,7 @@ def engine_part(
 def transport_part(batches: list[int], vocabs: list[int], repeat: int) -> list[dict[str, Any]]:
     import torch
 
-    from genlm_core.row_transport import RowBuffer, write_rows
+    from genlm_core.engine.row_transport import RowBuffer, write_rows
 
     rows = []
     for V in vocabs:

@@ -64,7 +64,7 @@ def _row(
 def _bench_tokenizer(
     name: str, tok: Any, repeat: int, *, verify: bool = True, note: str = ""
 ) -> dict[str, Any]:
-    from genlm_core.vocab import decode_vocab_info
+    from genlm_core.engine.vocab import decode_vocab_info
 
     info = decode_vocab_info(tok, verify=verify)
     times = _times(lambda: decode_vocab_info(tok, verify=verify), repeat)
@@ -72,7 +72,7 @@ def _bench_tokenizer(
 
 
 def _bench_ranks(name: str, path: Path, repeat: int) -> dict[str, Any]:
-    from genlm_core.vocab import decode_tiktoken_ranks
+    from genlm_core.engine.vocab import decode_tiktoken_ranks
     from tests import tokenizers_fixtures as fx
 
     ranks = fx.load_tiktoken_file(path)
