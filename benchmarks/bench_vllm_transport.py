@@ -1,4 +1,4 @@
-"""genlm-vllm transport benchmark: what rows from worker processes cost (issue 19, part 3).
+"""genlm-vllm transport benchmark: what rows from worker processes cost.
 
 Per engine step (one ``batch_next_token_logprobs_sync`` call: a batch of B distinct
 contexts of 16-48 tokens, prefix cache reset, output cache off, one prefill step), in
@@ -28,7 +28,7 @@ whole call), ``fetch_ms`` (the backend's row fetch inside it: the RPC to the wor
 the copy into shared memory or bytes, stacking; the transport), ``bytes`` moved
 between processes (``B x row width x 4``; 0 in process), ``x_inproc`` (``step_ms`` over
 the in-process one of the same model and batch), ``fetch_share`` (``fetch_ms`` over
-``step_ms``). Target (issue 19): multi-process capture <= 1.3x the in-process time per
+``step_ms``). Target: multi-process capture <= 1.3x the in-process time per
 step at batch 32 with the same threads.
 
 Reading it: ``mpcore`` is the like-for-like layout (the same single worker with the same

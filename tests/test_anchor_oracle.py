@@ -21,7 +21,7 @@ import pytest
 from model_paths import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
-# the bound: same model, float32, different batching/kernels (a few float32
+# the bound: same model, float32, different batching/kernels (a few float32
 # ulps of logits of size ~10, summed over a prefix of a dozen bytes)
 ATOL = 1e-4
 

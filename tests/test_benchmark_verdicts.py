@@ -1,4 +1,4 @@
-"""The benchmarks' verdicts (issue 26): each ``benchmarks/bench_*.py`` judges the JSON it
+"""The benchmarks' verdicts: each ``benchmarks/bench_*.py`` judges the JSON it
 writes (``headline(result)``), ``run_all.py`` only collects the rows, ``plots.py`` draws.
 
 Oracle: the committed ``benchmarks/results/summary.json`` / ``summary.md``. Their headline

@@ -51,7 +51,7 @@ PATHS = ["sync", "async", "batch_sync", "batch_async"]
 @pytest.mark.parametrize("first", PATHS)
 @pytest.mark.parametrize("second", PATHS)
 async def test_editing_a_returned_row_changes_no_later_result(first, second):
-    """The issue's repro: ``a = lp([1, 2]); a.zero_()`` made every later ``lp([1, 2])`` zero.
+    """The failure this guards against: ``a = lp([1, 2]); a.zero_()`` made every later ``lp([1, 2])`` zero.
 
     ``first`` fills the cache (miss), ``second`` reads it (hit); both rows are edited in
     place and a third call must still give the uncached forward pass, bit for bit.
@@ -113,7 +113,7 @@ def test_output_cache_keeps_private_compact_copies():
 
 
 async def test_output_cache_budget_counts_real_storage_after_batches_of_32():
-    """The issue's repro: rows from batches of 32, one kept per batch, held 16.5x the budget."""
+    """The failure this guards against: rows from batches of 32, one kept per batch, held 16.5x the budget."""
     V = _mock().vocab_size
     row = V * 4
     llm = _mock(batch_size=32, timeout=0.01, cache_bytes=4 * row)
@@ -176,7 +176,7 @@ async def test_close_from_another_thread_while_a_batch_runs():
 
 
 async def test_backend_close_mid_batch():
-    """The issue's repro on a backend: start 20 calls, ``llm.close()`` while a batch runs."""
+    """The same on a backend: start 20 calls, ``llm.close()`` while a batch runs."""
     reference = _mock()  # same distributions (seeded by the context), no delay
     truth = {i: reference.next_token_logprobs_uncached([i + 1]) for i in range(20)}
     llm = _mock(batch_size=8, timeout=0.0, work_s=0.05, cache_size=0)

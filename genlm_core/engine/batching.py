@@ -265,7 +265,7 @@ class AutoBatcher(Generic[Req, Res]):
 
         A batch already handed to ``batch_fn`` completes and its callers get its
         results. Never needed to recover from a failed batch (failures reach their
-        callers); kept for the seeds' ``reset_async_queries`` callers. Callable from
+        callers); kept for genlm-backend's ``reset_async_queries`` callers. Callable from
         any thread.
         """
         self._stop_all(f"{self.name}: the batcher was reset while this request was queued")

@@ -5,7 +5,7 @@ the GGUF was converted from), and the backend's own uncached path (a fresh KV
 sequence per context, nothing reused).
 
 Tolerances:
-* ``HF_ATOL = 1e-3`` (the issue's bound for f32 GGUFs): llama.cpp and torch compute
+* ``HF_ATOL = 1e-3`` (the bound for f32 GGUFs): llama.cpp and torch compute
   the same float32 network with other kernels (sum order, fused RMSNorm/RoPE/softmax,
   llama.cpp's expf approximations); measured differences are ~1e-6.
 * ``SELF_ATOL = 1e-5``: batched vs one-at-a-time vs uncached vs reused KV use the same

@@ -13,7 +13,7 @@ plain transformers float32 forward pass on the folder each GGUF was written from
 
 Tolerances:
 
-* ``HF_ATOL = 1e-3`` (the issue's bound for f32 GGUFs) for the sentencepiece Llama:
+* ``HF_ATOL = 1e-3`` (the bound for f32 GGUFs) for the sentencepiece Llama:
   the same float32 network through other kernels; measured <= 4e-5 at 200 tokens.
 * GPT-2: llama.cpp's CPU GELU is a table of f16 values indexed by the input rounded
   to f16 (``GGML_GELU_FP16`` in ggml-cpu ``vec.h``, fixed at compile time): every

@@ -68,7 +68,7 @@ def test_64_particles_64_tokens_compute_little_more_than_the_new_tokens(tiny_ggu
 
 
 def test_live_contexts_beyond_the_cells_are_planned_not_retried(tiny_gguf) -> None:
-    """16 particles growing to 90 tokens in 512 cells (the issue's n_ctx=512 case): the
+    """16 particles growing to 90 tokens in 512 cells (a small n_ctx=512 cache): the
     live contexts outgrow the cells; every batch is planned (one decode per n_batch
     tokens, no failed decode), and rows stay right."""
     llm = genlm_core.load(

@@ -82,7 +82,7 @@ def test_agreement_with_transformers_on_the_dequantised_folder(smol, smollm2_pat
 
 
 def test_agreement_on_compare_contexts(smol, smollm2_path, oracle_factory):
-    """The figures the issue asks for, on ``genlm compare``'s default prompts (mixed
+    """Agreement figures on ``genlm compare``'s default prompts (mixed
     lengths up to 259 tokens, shared prefixes), through compare's own statistics.
     Measured (AMD EPYC, AVX2): max |delta logprob| 1.05, max KL 0.0078, mean KL 0.0027,
     top-1 agreeing on 8/8; the bounds are the module's (MAX_ABS, MAX_KL)."""

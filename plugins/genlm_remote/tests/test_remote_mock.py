@@ -67,7 +67,7 @@ def test_rows_are_the_served_backends_bit_for_bit(server, oracle, transport) -> 
 
 
 def test_the_default_url_form_picks_shm_on_loopback(server) -> None:
-    """load("remote", url="http://127.0.0.1:PORT") as the issue writes it: same host, so
+    """load("remote", url="http://127.0.0.1:PORT") as a user writes it: same host, so
     rows come through /dev/shm; the buffer is gone once the client closes."""
     import os
 
