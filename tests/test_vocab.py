@@ -589,9 +589,10 @@ def test_verification_refuses_an_unrecoverable_tokenizer(gpt2: Case) -> None:
 
 
 def test_verification_catches_a_misdetected_family(gpt2: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    import genlm_core.engine.vocab as vocab_module
+    import genlm_core.engine.vocab.fast_tokenizers as fast_tokenizers
 
-    monkeypatch.setattr(vocab_module, "_backend_family", lambda backend: vocab_module.SENTENCEPIECE)
+    # patched where the fast-tokenizer reader looks it up
+    monkeypatch.setattr(fast_tokenizers, "_backend_family", lambda backend: fast_tokenizers.SENTENCEPIECE)
     with pytest.raises(ValueError, match="exact bytes"):
         decode_vocab(gpt2.tokenizer)
 

@@ -1,5 +1,14 @@
 """The one auto-batcher every backend (and the async trie) uses.
 
+Kept in one module: it is one class, :class:`AutoBatcher`, with its exception, its
+counters and two private helpers (a waiting request, the per-event-loop queue and
+worker state). Its public calls, its worker task, the tick-policy settling, the batch
+run and delivery, and reset/close all act on the same per-loop state and the same
+callers' futures, and the guarantees listed below (one result or one exception for
+every caller, a running batch always delivered, no caller left waiting when a worker,
+a loop or the batcher stops) hold only because of how these methods interleave on one
+event loop: they are checked by reading them together, not one file at a time.
+
 Callers ``await batcher.submit(request, key=...)``. Concurrent requests are gathered
 and handed, as a list, to a synchronous ``batch_fn`` that runs in a worker thread,
 so the event loop (and the particles' own CPU work) keeps running during the

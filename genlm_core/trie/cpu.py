@@ -1,5 +1,16 @@
 """CPU token-byte trie: node masses as range sums over the sorted vocabulary.
 
+Kept in one module: it is one class, :class:`TokenByteTrie`. Every method reads the
+same private arrays that ``__init__`` derives from the structure (the permutation,
+node ranges as lane offsets, block indices and EOS masks of the lazy layout, their
+int32 copies for numba) and shares one pool of prefix-sum buffers; each computation
+calls its numba kernel or its NumPy twin side by side, so the two paths can be seen to
+compute the same thing; and lazy results call back into it for the nodes they read.
+What could stand alone already does: the kernels in :mod:`genlm_core.trie._kernels`,
+the lazy result types and the NumPy prefix, block and read passes in
+:mod:`genlm_core.trie.node_masses`. Splitting the class (eager sums, lazy sums, max)
+would spread one set of private attributes over several files.
+
 Every internal node covers a contiguous range ``[start, end)`` of the tokens
 sorted by bytes (see :mod:`genlm_core.trie.structure`). ``weight_sum`` gathers the
 weights into that order and takes float64 prefix sums; a node is a difference of

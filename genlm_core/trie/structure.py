@@ -41,17 +41,25 @@ iteration shows only the real keys.
 
 The build is a single vectorised pass (sort, adjacent longest-common-prefix,
 range ends by binary lifting over a sparse table): no Python object per node.
+
+This module holds :class:`EOSMode` and :class:`TrieStructure` with its build (the
+sorted-vocabulary geometry: :func:`_adjacent_lcp`, :func:`_next_smaller`). How the
+vocabulary entries are read is in :mod:`genlm_core.trie.vocab_entries`; the mapping
+views (``children``, ``node2prefix``, ``word2leaf``, ``leaf2word``) are in
+:mod:`genlm_core.trie.lazy_views`. Their public names are importable from here too.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from genlm_core.token import Token
+from genlm_core.trie.lazy_views import NodeChildren, _Children, _Leaf2, _Node2Prefix, _Word2Leaf
+from genlm_core.trie.vocab_entries import _raw_bytes, _select_ids, to_tokens
 
 __all__ = [
     "EOS",
@@ -110,109 +118,6 @@ def coerce_mode(mode: Any) -> EOSMode:
             if key in (m.value, m.name.lower()):
                 return m
     raise ValueError(f"unknown EOS mode {mode!r}; use EOSMode.WITH_EOS or EOSMode.WITHOUT_EOS")
-
-
-def to_tokens(decode: Iterable[bytes | Token]) -> list[Token]:
-    """Turn a byte vocabulary into ``Token`` objects; plain ``bytes`` get their
-    position as id, ``Token`` entries keep theirs."""
-    out: list[Token] = []
-    for i, t in enumerate(decode):
-        if isinstance(t, Token):
-            out.append(t)
-        elif isinstance(t, (bytes, bytearray, memoryview)):
-            out.append(Token(i, bytes(t)))
-        else:
-            raise TypeError(f"vocabulary entry {i} is {type(t).__name__}, expected bytes or Token")
-    return out
-
-
-def _is_symbol(x: Any) -> bool:
-    """An object that iterates to itself alone (genlm-control's ``EndOfSequence``):
-    one trie edge labelled with the object."""
-    try:
-        it = list(iter(x)) if not isinstance(x, (str, bytes, bytearray, memoryview)) else None
-    except TypeError:
-        return False
-    return it is not None and len(it) == 1 and it[0] is x
-
-
-def _raw_bytes(decode: Iterable[Any]) -> tuple[list[bytes], list[Any], np.ndarray, dict[Any, int]]:
-    """Per position: the plain bytes (``b""`` for a symbol), the entry itself (plain
-    bytes become ``Token(position, bytes)`` on first read of ``decode``, so the list
-    holds ``None`` there), the token id (a ``Token``'s own id, a plain entry's
-    position, ``-1`` for a symbol),
-    and ``symbol -> position`` for entries that are one-edge symbols.
-
-    Entries: ``Token`` (any id; ids must be distinct), bytes-like, a sequence of
-    ints in ``0..255`` (taken as those bytes), or a symbol that iterates to itself."""
-    items = list(decode)
-    raw: list[bytes] = []
-    entries: list[Any] = []
-    idl: list[int] = []
-    symbols: dict[Any, int] = {}
-    for i, t in enumerate(items):
-        if isinstance(t, Token):
-            idl.append(t.token_id)
-            raw.append(bytes(t))
-            entries.append(t)
-            continue
-        entries.append(None)
-        idl.append(i)
-        if isinstance(t, (bytes, bytearray, memoryview)):
-            raw.append(bytes(t))
-        elif _is_symbol(t):
-            if t in symbols:
-                raise ValueError(f"vocabulary entry {i} ({t!r}) repeats entry {symbols[t]}")
-            symbols[t] = i
-            idl[i] = -1  # a symbol has no token id
-            raw.append(b"")
-            entries[i] = t
-        else:
-            try:
-                b = bytes(list(t))
-            except (TypeError, ValueError):
-                raise TypeError(
-                    f"vocabulary entry {i} is {type(t).__name__} ({t!r}): expected a Token, bytes, a "
-                    "sequence of byte values 0..255, or a symbol that iterates to itself"
-                ) from None
-            raw.append(b)
-    ids = np.array(idl, dtype=np.int64)
-    real = ids[ids >= 0]
-    if len(np.unique(real)) != len(real):
-        u, c = np.unique(real, return_counts=True)
-        raise ValueError(f"vocabulary token ids must be distinct; repeated: {u[c > 1][:5].tolist()}")
-    return raw, entries, ids, symbols
-
-
-def _select_ids(
-    spec: Iterable[Any], tokens: list[bytes], what: str, id2pos: Any, symbols: dict[Any, int]
-) -> np.ndarray:
-    """Positions named by ``spec``: a ``Token`` names its id, plain ``bytes`` every
-    entry with those bytes, a symbol itself. Unknown entries raise ``ValueError``."""
-    by_bytes: dict[bytes, list[int]] | None = None
-    ids: set[int] = set()
-    for s in spec:
-        if isinstance(s, Token):
-            pos = id2pos(s.token_id)
-            if pos is None or tokens[pos] != bytes(s):
-                raise ValueError(f"{what} token {s!r} not in vocabulary")
-            ids.add(pos)
-        elif isinstance(s, (bytes, bytearray, memoryview)):
-            if by_bytes is None:
-                by_bytes = {}
-                for i, t in enumerate(tokens):
-                    by_bytes.setdefault(t, []).append(i)
-                for i in symbols.values():  # a symbol's b"" placeholder is not bytes
-                    by_bytes[b""].remove(i)
-            found = by_bytes.get(bytes(s))
-            if not found:
-                raise ValueError(f"{what} token {bytes(s)!r} not in vocabulary")
-            ids.update(found)
-        elif _is_symbol(s) and s in symbols:
-            ids.add(symbols[s])
-        else:
-            raise TypeError(f"{what} tokens must be bytes, Token or a vocabulary symbol, got {s!r}")
-    return np.array(sorted(ids), dtype=np.int64)
 
 
 def _adjacent_lcp(raw: list[bytes], lengths: np.ndarray) -> np.ndarray:
@@ -274,164 +179,6 @@ def _next_smaller(vals: np.ndarray, pos: np.ndarray, thr: np.ndarray) -> np.ndar
         skip = ok & (tab[idx] >= thr)
         pos += np.where(skip, step, 0)
     return pos
-
-
-class NodeChildren(dict):
-    """Edges out of one node: key -> child. Keys: ``int`` bytes, ``(None, token_id)``
-    end-of-token edges, atomic ``bytes``, ``EOS``. ``None`` is also accepted by
-    ``get``/``[]``/``in`` (the lowest-id end-of-token leaf) without being iterated."""
-
-    __slots__ = ("eot",)
-
-    def __init__(self, items: list[tuple[Any, int]], eot: int | None) -> None:
-        super().__init__(items)
-        self.eot = eot
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        if key is None:
-            return self.eot if self.eot is not None else default
-        return super().get(key, default)
-
-    def __missing__(self, key: Any) -> int:
-        if key is None and self.eot is not None:
-            return self.eot
-        raise KeyError(key)
-
-    def __contains__(self, key: object) -> bool:
-        if key is None:
-            return self.eot is not None
-        return super().__contains__(key)
-
-    def eot_edges(self) -> list[tuple[int, int]]:
-        """``(leaf, position)`` of every end-of-token edge, ascending position."""
-        return [(v, k[1]) for k, v in self.items() if isinstance(k, tuple)]
-
-
-class _Children(Sequence):
-    """``children[node]`` -> ``dict`` of edge key -> child node (built on first access)."""
-
-    def __init__(self, s: "TrieStructure") -> None:
-        self._s = s
-        self._cache: list[dict | None] = [None] * s.num_nodes
-
-    def __len__(self) -> int:
-        return self._s.num_nodes
-
-    def __getitem__(self, node: Any) -> Any:
-        if isinstance(node, slice):
-            return [self[i] for i in range(*node.indices(len(self)))]
-        node = int(node)
-        if node < 0:
-            node += len(self)
-        d = self._cache[node]
-        if d is None:
-            d = self._s._make_children(node)
-            self._cache[node] = d
-        return d
-
-
-class _Node2Prefix(Sequence):
-    """``node2prefix[node]`` -> the bytes read from the root to ``node``."""
-
-    def __init__(self, s: "TrieStructure") -> None:
-        self._s = s
-
-    def __len__(self) -> int:
-        return self._s.num_nodes
-
-    def __getitem__(self, node: Any) -> Any:
-        if isinstance(node, slice):
-            return [self[i] for i in range(*node.indices(len(self)))]
-        return self._s.prefix(int(node))
-
-
-class _Word2Leaf(Mapping):
-    """Token (by id), ``(bytes, token_id)``, token id (``int``), plain bytes (lowest
-    position) or a symbol -> leaf node."""
-
-    def __init__(self, s: "TrieStructure") -> None:
-        self._s = s
-        self._by_bytes: dict[bytes, int] | None = None
-
-    def __len__(self) -> int:
-        return len(self._s._raw)
-
-    def __iter__(self) -> Iterator[Token]:
-        return iter(self._s.decode)
-
-    def __getitem__(self, key: Any) -> int:
-        s = self._s
-        if isinstance(key, tuple) and len(key) == 2:  # genlm-bytes' (bytes, token_id)
-            b, tid = key
-            if isinstance(tid, (int, np.integer)) and isinstance(b, (bytes, bytearray, memoryview)):
-                pos = s.position_of(tid)
-                if pos is not None and pos not in s._symbols.values() and s._raw[pos] == bytes(b):
-                    return s.n_internal + pos
-            raise KeyError(key)
-        if isinstance(key, Token):
-            pos = s.position_of(key.token_id)
-            if pos is not None and s._raw[pos] == bytes(key):
-                return s.n_internal + pos
-            raise KeyError(key)
-        if isinstance(key, (bytes, bytearray, memoryview)):
-            if self._by_bytes is None:
-                m: dict[bytes, int] = {}
-                sym = set(s._symbols.values())
-                for i, t in enumerate(s._raw):
-                    if i not in sym:
-                        m.setdefault(t, i)
-                self._by_bytes = m
-            return s.n_internal + self._by_bytes[bytes(key)]
-        if isinstance(key, (int, np.integer)):  # a token id
-            pos = s.position_of(key)
-            if pos is not None:
-                return s.n_internal + pos
-            raise KeyError(key)
-        try:
-            pos = s._symbols.get(key)
-        except TypeError:  # unhashable
-            pos = None
-        if pos is not None:
-            return s.n_internal + pos
-        raise KeyError(key)
-
-    def __contains__(self, key: object) -> bool:
-        try:
-            self[key]
-        except (KeyError, TypeError):
-            return False
-        return True
-
-
-class _Leaf2(Mapping):
-    """leaf node -> Token (``leaf2word``) or token id (``leaf2token_id``)."""
-
-    def __init__(self, s: "TrieStructure", ids: bool) -> None:
-        self._s = s
-        self._ids = ids
-
-    def __len__(self) -> int:
-        return len(self._s._raw)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self._s.n_internal, self._s.n_internal + len(self._s._raw)))
-
-    def __getitem__(self, leaf: Any) -> Any:
-        s = self._s
-        try:
-            tid = int(leaf) - s.n_internal
-        except (TypeError, ValueError):
-            raise KeyError(leaf) from None
-        if not 0 <= tid < len(s._raw):
-            raise KeyError(leaf)
-        return int(s.token_ids[tid]) if self._ids else s.decode[tid]
-
-    def __contains__(self, leaf: object) -> bool:
-        try:
-            self[leaf]
-        except KeyError:
-            return False
-        return True
 
 
 class TrieStructure:
