@@ -39,11 +39,16 @@ REASON = "Kept in one module"
 
 
 def _code_files() -> list[Path]:
+    """The first-party code: the core, the plugins' packages and the benchmarks (not
+    tests, and not what a run leaves there, such as a benchmark's own venv)."""
     roots = [ROOT, *sorted((REPO / "plugins").glob("*/*")), REPO / "benchmarks"]
     files = []
     for root in roots:
         if root.is_dir() and root.name != "tests":
-            files += [p for p in root.rglob("*.py") if "tests" not in p.relative_to(root).parts]
+            for path in root.rglob("*.py"):
+                parts = path.relative_to(root).parts
+                if "tests" not in parts and not any(p.startswith(".") or p == "site-packages" for p in parts):
+                    files.append(path)
     return files
 
 
