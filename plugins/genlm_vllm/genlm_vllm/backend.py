@@ -54,6 +54,7 @@ from genlm_vllm.lifecycle import (
     _shutdown,
     _Watchdog,
 )
+from genlm_vllm.lora import VLLMLora
 from genlm_vllm.sampling import VLLMSampling, _SampleRequest
 
 __all__ = [
@@ -66,7 +67,7 @@ __all__ = [
 ]
 
 
-class VLLMBackend(VLLMSampling, BaseLogprobBackend):
+class VLLMBackend(VLLMSampling, VLLMLora, BaseLogprobBackend):
     """LogprobBackend on a ``vllm.LLM`` engine (V1).
 
     Build it with ``genlm_core.load("vllm", model=...)``, ``VLLMBackend.from_name``
@@ -321,44 +322,6 @@ class VLLMBackend(VLLMSampling, BaseLogprobBackend):
     def _clear_engine_cache(self) -> None:
         with self.batcher.model_lock:
             self.llm.reset_prefix_cache()
-
-    # ------------------------------------------------------------------ LoRA
-    def load_lora(self, path: str, name: str = "default") -> None:
-        """Register the adapter folder ``path`` under ``name`` (needs ``enable_lora=True``);
-        the active adapter does not change (no result changes, no cache is dropped)."""
-        if not self.llm.llm_engine.vllm_config.lora_config:
-            raise ValueError("LoRA is disabled: build the backend with enable_lora=True")
-        from vllm.lora.request import LoRARequest
-
-        folder = self.adapters.check_new(path, name)
-        self._lora_requests[name] = LoRARequest(name, next(self._lora_ids), folder)
-        self.adapters.add(folder, name)
-
-    def add_new_lora(self, lora_path: str, lora_name: str = "default") -> None:
-        """genlm-backend's name of :meth:`load_lora`."""
-        self.load_lora(lora_path, lora_name)
-
-    def set_lora(self, name: str = "default") -> None:
-        """Use adapter ``name`` for every later call; drops the output cache (vLLM keys its
-        prefix cache by adapter: no KV to drop)."""
-        self.adapters.require(name)
-        with self.batcher.model_lock:
-            self._active_lora = self._lora_requests[name]
-            self.adapters.active = name
-            if self.output_cache is not None:
-                self.output_cache.clear()
-
-    def clear_lora(self) -> None:
-        """Back to the base model; drops the output cache."""
-        with self.batcher.model_lock:
-            self._active_lora = None
-            self.adapters.active = None
-            if self.output_cache is not None:
-                self.output_cache.clear()
-
-    @property
-    def active_lora(self) -> str | None:
-        return self.adapters.active
 
     # ------------------------------------------------------------------ shutdown
     def _close_engine(self) -> None:
