@@ -11,6 +11,19 @@ is always in request order.
 Sampling uses vLLM's own sampler (seeded per request, stop on token ids). Every
 engine call - logprob batches, sampling batches, LoRA switches, cache resets - runs
 under the batcher's ``model_lock``: the engine is not thread-safe.
+
+This module holds the class itself: its state, ``from_config``, the logprob path
+(capture and fetch), health, ``info`` and ``close``. The rest lives beside it:
+
+* :mod:`genlm_vllm.launch`: starting the engine (environment, ``vllm.LLM`` keyword
+  arguments, dtype and spawn-safety checks);
+* :mod:`genlm_vllm.sampling` and :mod:`genlm_vllm.lora`: the sampling and LoRA methods
+  (mixins of :class:`VLLMBackend`);
+* :mod:`genlm_vllm.lifecycle`: the engine's processes (watchdog,
+  :class:`EngineDiedError`, shared distributed state, shutdown).
+
+``INSTALL_HINT``, ``VLLMNotInstalledError``, ``EngineDiedError``, ``engine_kwargs``
+and ``check_dtype`` are re-exported here, where they were first defined.
 """
 
 from __future__ import annotations
