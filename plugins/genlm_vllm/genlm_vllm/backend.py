@@ -11,247 +11,76 @@ is always in request order.
 Sampling uses vLLM's own sampler (seeded per request, stop on token ids). Every
 engine call - logprob batches, sampling batches, LoRA switches, cache resets - runs
 under the batcher's ``model_lock``: the engine is not thread-safe.
+
+This module holds the class itself: its state, ``from_config``, the logprob path
+(capture and fetch), health, ``info`` and ``close``. The rest lives beside it:
+
+* :mod:`genlm_vllm.launch`: starting the engine (environment, ``vllm.LLM`` keyword
+  arguments, dtype and spawn-safety checks);
+* :mod:`genlm_vllm.sampling` and :mod:`genlm_vllm.lora`: the sampling and LoRA methods
+  (mixins of :class:`VLLMBackend`);
+* :mod:`genlm_vllm.lifecycle`: the engine's processes (watchdog,
+  :class:`EngineDiedError`, shared distributed state, shutdown).
+
+``INSTALL_HINT``, ``VLLMNotInstalledError``, ``EngineDiedError``, ``engine_kwargs``
+and ``check_dtype`` are re-exported here, where they were first defined.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import importlib.util
 import itertools
-import os
-import sys
 import time
-import weakref
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from genlm_core.backend import BaseLogprobBackend
 from genlm_core.batching import AutoBatcher
-from genlm_core.dtypes import UnsupportedDtypeError, resolve_dtype
+from genlm_core.dtypes import UnsupportedDtypeError
 from genlm_core.lora import LoraAdapters
 from genlm_core.progress import note, summarise_repeats
 
 from genlm_core import checkpoint
 from genlm_vllm.config import VLLMConfig
-from genlm_vllm.main_guard import check_main_guard
+from genlm_vllm.launch import (
+    INSTALL_HINT,
+    VLLMNotInstalledError,
+    _announce_start,
+    _check_spawn_safe,
+    _engine_device,
+    _engine_environment,
+    _prepare_environment,
+    _require_vllm,
+    _tolerate_llvmlite,
+    _weight_dtype,
+    check_dtype,
+    engine_kwargs,
+)
+from genlm_vllm.lifecycle import (
+    _LIVE_IN_PROCESS,
+    EngineDiedError,
+    _alive,
+    _engine_failed,
+    _engine_in_process,
+    _engine_processes,
+    _mapped,
+    _shutdown,
+    _Watchdog,
+)
+from genlm_vllm.lora import VLLMLora
+from genlm_vllm.sampling import VLLMSampling, _SampleRequest
 
-__all__ = ["VLLMBackend", "VLLMNotInstalledError", "EngineDiedError"]
-
-#: in-process engines alive in this process (they share vLLM's distributed state: the
-#: parallel groups of this process, which an engine core's shutdown would destroy)
-_LIVE_IN_PROCESS: "weakref.WeakSet[VLLMBackend]" = weakref.WeakSet()
-
-INSTALL_HINT = 'pip install "genlm-vllm[cuda]"  (CPU machines: pip install "genlm-vllm[cpu]")'
-
-
-class VLLMNotInstalledError(ImportError):
-    """vLLM is not importable here."""
-
-
-@dataclass(frozen=True)
-class _SampleRequest:
-    prompt: tuple[int, ...]
-    max_tokens: int
-    eos: tuple[int, ...]
-    temperature: float
-    seed: int | None
-
-
-def _require_vllm() -> None:
-    if importlib.util.find_spec("vllm") is None:
-        raise VLLMNotInstalledError(f"the 'vllm' backend needs vLLM: {INSTALL_HINT}")
-
-
-def _tolerate_llvmlite() -> None:
-    """Let vLLM start in a process that already loaded llvmlite (numba: the trie kernels).
-
-    At platform start vLLM 0.32 scans every module namespace and calls
-    ``vars(value).get(...)`` on each attribute that answers ``__dict__``. llvmlite's
-    ``ffi.lib`` wrapper answers every attribute lookup with a ctypes function wrapper,
-    ``__dict__`` included, so the scan raises ``'_lib_fn_wrapper' object has no
-    attribute 'get'`` and the engine never starts. Pre-seeding the wrapper's
-    function table with an empty ``__dict__`` makes ``vars(lib)`` an empty dict
-    (what a slotted object without one should give) and changes nothing else.
-    """
-    ffi = sys.modules.get("llvmlite.binding.ffi")
-    lib = getattr(ffi, "lib", None)
-    table = getattr(lib, "_fntab", None)
-    if isinstance(table, dict) and not isinstance(table.get("__dict__"), dict):
-        table["__dict__"] = {}
+__all__ = [
+    "INSTALL_HINT",
+    "EngineDiedError",
+    "VLLMBackend",
+    "VLLMNotInstalledError",
+    "check_dtype",
+    "engine_kwargs",
+]
 
 
-def _engine_device() -> str:
-    """``cuda`` or ``cpu`` as vLLM sees it, or a clear error when vLLM has no device."""
-    from vllm.platforms import current_platform
-
-    kind = getattr(current_platform, "device_type", "") or ""
-    if current_platform.is_cuda_alike():
-        return "cuda"
-    if current_platform.is_cpu():
-        return "cpu"
-    raise RuntimeError(
-        f"vLLM found no supported device (platform {type(current_platform).__name__!r}, "
-        f"device type {kind!r}); genlm-vllm supports CUDA GPUs and CPUs ({INSTALL_HINT})"
-    )
-
-
-def _prepare_environment(config: VLLMConfig, device: str) -> None:
-    # The in-process engine is the fast path: captured rows never cross a process.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if device == "cpu":
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
-
-
-def _cpu_binding(world_size: int) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``world_size`` CPU ranks: this process's cores
-    split into that many contiguous lists (vLLM's own ``auto`` needs one NUMA node per
-    rank and fails on single-node machines). With fewer cores than ranks each rank gets
-    one core, handed out round-robin, so some ranks share one (it runs, slowly: vLLM's
-    CPU all-reduce spin-waits, and a rank that waits holds the core its peer needs)."""
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = list(range(os.cpu_count() or 1))
-    if len(cores) < world_size:
-        return "|".join(str(cores[r % len(cores)]) for r in range(world_size))
-    per = len(cores) // world_size
-    lists = [cores[r * per : (r + 1) * per] for r in range(world_size)]
-    return "|".join(",".join(map(str, c)) for c in lists)
-
-
-@contextlib.contextmanager
-def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
-    """The environment one engine start needs, restored afterwards.
-
-    * vLLM caches its environment variables once an engine has started
-      (``vllm.envs.enable_envs_cache``); a later engine in the same process would see
-      the first one's values (e.g. ``VLLM_ENABLE_V1_MULTIPROCESSING``,
-      ``VLLM_CPU_OMP_THREADS_BIND``). The cache is dropped so this start reads
-      ``os.environ`` as it is now.
-    * CPU engines with several ranks bind each rank's OpenMP threads to its own cores:
-      when ``VLLM_CPU_OMP_THREADS_BIND`` is unset, the cores are split evenly
-      (:func:`_cpu_binding`; round-robin, one core each, when there are fewer cores
-      than ranks), only while the workers start.
-    """
-    import vllm.envs
-
-    vllm.envs.disable_envs_cache()
-    world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
-    added: list[str] = []
-    if device == "cpu" and world > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        binding = _cpu_binding(world)
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
-        added.append("VLLM_CPU_OMP_THREADS_BIND")
-        shared = len(set(binding.split("|"))) < world
-        note(
-            f"vllm: binding the {world} CPU ranks to cores {binding} (VLLM_CPU_OMP_THREADS_BIND)"
-            + ("; fewer cores than ranks: ranks share cores and every step is much slower" if shared else "")
-        )
-    try:
-        yield
-    finally:
-        for name in added:
-            os.environ.pop(name, None)
-
-
-def _check_spawn_safe(kwargs: dict[str, Any], device: str) -> None:
-    """Refuse, with the fix, a start that would spawn workers from an unguarded script.
-    vLLM spawns (rather than forks) on CPU always, and elsewhere when asked to or once
-    CUDA is initialised in this process."""
-    spawns = (
-        device == "cpu"
-        or os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn"
-        or (torch.cuda.is_available() and torch.cuda.is_initialized())
-    )
-    if not spawns:
-        return
-    world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
-    executor = kwargs.get("distributed_executor_backend")
-    if world > 1 and executor in (None, "mp"):
-        check_main_guard(f"tensor_parallel_size x pipeline_parallel_size = {world}")
-    elif os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1":
-        check_main_guard("VLLM_ENABLE_V1_MULTIPROCESSING=1 (the engine core runs in a process of its own)")
-
-
-def _announce_start(kwargs: dict[str, Any], device: str) -> None:
-    """Say what the engine start does, and on CPU how to make it faster."""
-    compiles = not kwargs.get("enforce_eager")
-    steps = "reading the weights" + (", compiling the model with torch.compile" if compiles else "")
-    note(f"vllm: starting the engine on {device} ({steps}, allocating the KV cache)")
-    if device == "cpu" and kwargs.get("enforce_eager") is None:
-        note(
-            "vllm: on CPU the engine compiles the model before its first batch, which can take "
-            "minutes; enforce_eager=True (CLI: --opt enforce_eager=true) skips the compilation "
-            "for a faster start and somewhat slower batches (enforce_eager=False keeps it and "
-            "silences this note)",
-            advice=True,
-        )
-
-
-def engine_kwargs(config: VLLMConfig, device: str) -> dict[str, Any]:
-    """The keyword arguments of ``vllm.LLM`` for ``config`` (engine_opts applied last)."""
-    from genlm_vllm.capture import CaptureLogitsProcessor
-
-    if config.model is None:
-        raise ValueError("internal: VLLMBackend.from_config resolves model=None first")
-    if "dtype" in config.engine_opts:
-        raise ValueError(
-            "engine_opts['dtype'] is not accepted: pass dtype= (the option every backend shares; "
-            "'auto' = the checkpoint's dtype, unlike vLLM's own 'auto', which downcasts float32)"
-        )
-    kw: dict[str, Any] = {
-        "model": config.model,
-        "tokenizer": config.tokenizer or config.model,
-        # our "auto" is the checkpoint's dtype, passed explicitly: vLLM's own "auto" runs a
-        # float32 checkpoint in bfloat16 on CPU (float16/bfloat16 on GPUs)
-        "dtype": resolve_dtype(config.dtype, config.model),
-        "enable_prefix_caching": config.enable_prefix_caching,
-        "seed": config.seed,
-    }
-    if device == "cuda":
-        kw["gpu_memory_utilization"] = config.gpu_memory_utilization
-    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "enforce_eager"):
-        value = getattr(config, name)
-        if value is not None:
-            kw[name] = value
-    if config.enable_lora:
-        kw.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=config.max_loras)
-    kw.update(config.engine_opts)
-    procs = list(kw.get("logits_processors") or [])
-    if CaptureLogitsProcessor not in procs:
-        procs.append(CaptureLogitsProcessor)
-    kw["logits_processors"] = procs
-    ext = kw.get("worker_extension_cls")
-    if ext and ext != "genlm_vllm.capture.CaptureWorkerExtension":
-        raise ValueError(
-            "engine_opts['worker_extension_cls'] is taken by genlm-vllm "
-            "(genlm_vllm.capture.CaptureWorkerExtension fetches the captured rows)"
-        )
-    kw["worker_extension_cls"] = "genlm_vllm.capture.CaptureWorkerExtension"
-    return kw
-
-
-def check_dtype(dtype: str, device: str) -> None:
-    """Refuse a dtype vLLM's platform does not support on ``device`` (vLLM would substitute)."""
-    from vllm.platforms import current_platform
-
-    if getattr(torch, dtype) not in current_platform.supported_dtypes:
-        supported = ", ".join(str(d).removeprefix("torch.") for d in current_platform.supported_dtypes)
-        raise UnsupportedDtypeError("vllm", dtype, device, f"vLLM supports {supported} there")
-
-
-def _weight_dtype(llm: Any) -> str:
-    """The dtype of the worker's model weights ("float32", ...), asked through the worker."""
-    try:
-        return str(llm.collective_rpc("genlm_weight_dtype")[0])
-    except Exception:  # noqa: BLE001 - an engine built without our worker extension
-        return str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
-
-
-class VLLMBackend(BaseLogprobBackend):
+class VLLMBackend(VLLMSampling, VLLMLora, BaseLogprobBackend):
     """LogprobBackend on a ``vllm.LLM`` engine (V1).
 
     Build it with ``genlm_core.load("vllm", model=...)``, ``VLLMBackend.from_name``
@@ -507,165 +336,6 @@ class VLLMBackend(BaseLogprobBackend):
         with self.batcher.model_lock:
             self.llm.reset_prefix_cache()
 
-    # ------------------------------------------------------------------ sampling
-    async def sample(
-        self,
-        prompt_token_ids: Sequence[int],
-        max_tokens: int,
-        eos_token_ids: Sequence[int] | None = None,
-        temperature: float = 1.0,
-        seed: int | None = None,
-    ) -> list[int]:
-        """Sample with vLLM's sampler; stops at (and drops) any token of ``eos_token_ids``.
-
-        Concurrent calls are batched into one ``LLM.generate``. ``eos_token_ids=None``
-        uses the tokenizer's EOS ids; ``[]`` never stops early. The model's own EOS
-        only stops generation when it is in that list (``ignore_eos=True``).
-        """
-        ctx = self.validate(prompt_token_ids)
-        max_tokens, temperature, eos = self._check_sample_args(max_tokens, temperature, eos_token_ids)
-        room = self._max_model_len - len(ctx)
-        max_tokens = min(max_tokens, room)
-        if max_tokens <= 0:
-            return []
-        req = _SampleRequest(
-            ctx, max_tokens, tuple(sorted(eos)), temperature, None if seed is None else int(seed)
-        )
-        return await self.sample_batcher.submit(req)
-
-    def sample_sync(
-        self,
-        prompt_token_ids: Sequence[int],
-        max_tokens: int,
-        eos_token_ids: Sequence[int] | None = None,
-        temperature: float = 1.0,
-        seed: int | None = None,
-    ) -> list[int]:
-        """Synchronous :meth:`sample` (one engine call, under the model lock)."""
-        ctx = self.validate(prompt_token_ids)
-        max_tokens, temperature, eos = self._check_sample_args(max_tokens, temperature, eos_token_ids)
-        max_tokens = min(max_tokens, self._max_model_len - len(ctx))
-        if max_tokens <= 0:
-            return []
-        req = _SampleRequest(ctx, max_tokens, tuple(sorted(eos)), temperature, seed)
-        return self.sample_batcher.run_sync([req])[0]
-
-    def _sample_batch_fn(self, requests: list[_SampleRequest]) -> list[list[int]]:
-        self._check_healthy()
-        results: list[list[int]] = []
-        try:
-            for group in self._sample_groups(requests):
-                results.extend(self._sample_group(group))
-        except BaseException as exc:
-            self._check_healthy(exc)
-            raise
-        return results
-
-    def _sample_groups(self, requests: list[_SampleRequest]) -> list[list[_SampleRequest]]:
-        """Split a sampling batch so no seeded prompt is prefilled in chunks on CPU.
-
-        vLLM 0.32's CPU runner rewinds the per-request generator of a partially
-        prefilled seeded request with ``Generator.set_offset``, which CPU generators do
-        not support (``RuntimeError: CPU Generator does not use offset``). Groups whose
-        prompts fit in one step's token budget are prefilled in one step; a longer
-        seeded prompt is first prefilled unseeded (filling the prefix cache) so the
-        seeded request only computes its last block.
-        """
-        if self._device != "cpu" or all(r.seed is None for r in requests):
-            return [requests]
-        budget = int(self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
-        groups: list[list[_SampleRequest]] = []
-        current: list[_SampleRequest] = []
-        used = 0
-        for r in requests:
-            if current and used + len(r.prompt) > budget:
-                groups.append(current)
-                current, used = [], 0
-            current.append(r)
-            used += len(r.prompt)
-        if current:
-            groups.append(current)
-        for group in groups:
-            if len(group) == 1 and group[0].seed is not None and len(group[0].prompt) > budget:
-                self._warm_prefix(group[0].prompt)
-        return groups
-
-    def _warm_prefix(self, prompt: tuple[int, ...]) -> None:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
-        self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(prompt))],
-            params,
-            use_tqdm=False,
-            lora_request=self._active_lora,
-        )
-
-    def _sample_group(self, requests: list[_SampleRequest]) -> list[list[int]]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = [
-            SamplingParams(
-                n=1,
-                max_tokens=r.max_tokens,
-                temperature=r.temperature,
-                seed=r.seed,
-                stop_token_ids=list(r.eos),
-                ignore_eos=True,  # only the caller's EOS ids stop generation
-                detokenize=False,
-            )
-            for r in requests
-        ]
-        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt)) for r in requests]
-        outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._active_lora)
-        results: list[list[int]] = []
-        for r, out in zip(requests, outs):
-            ids = [int(t) for t in out.outputs[0].token_ids]
-            if ids and ids[-1] in r.eos:
-                ids = ids[:-1]
-            results.append(ids)
-        return results
-
-    # ------------------------------------------------------------------ LoRA
-    def load_lora(self, path: str, name: str = "default") -> None:
-        """Register the adapter folder ``path`` under ``name`` (needs ``enable_lora=True``);
-        the active adapter does not change (no result changes, no cache is dropped)."""
-        if not self.llm.llm_engine.vllm_config.lora_config:
-            raise ValueError("LoRA is disabled: build the backend with enable_lora=True")
-        from vllm.lora.request import LoRARequest
-
-        folder = self.adapters.check_new(path, name)
-        self._lora_requests[name] = LoRARequest(name, next(self._lora_ids), folder)
-        self.adapters.add(folder, name)
-
-    def add_new_lora(self, lora_path: str, lora_name: str = "default") -> None:
-        """genlm-backend's name of :meth:`load_lora`."""
-        self.load_lora(lora_path, lora_name)
-
-    def set_lora(self, name: str = "default") -> None:
-        """Use adapter ``name`` for every later call; drops the output cache (vLLM keys its
-        prefix cache by adapter: no KV to drop)."""
-        self.adapters.require(name)
-        with self.batcher.model_lock:
-            self._active_lora = self._lora_requests[name]
-            self.adapters.active = name
-            if self.output_cache is not None:
-                self.output_cache.clear()
-
-    def clear_lora(self) -> None:
-        """Back to the base model; drops the output cache."""
-        with self.batcher.model_lock:
-            self._active_lora = None
-            self.adapters.active = None
-            if self.output_cache is not None:
-                self.output_cache.clear()
-
-    @property
-    def active_lora(self) -> str | None:
-        return self.adapters.active
-
     # ------------------------------------------------------------------ shutdown
     def _close_engine(self) -> None:
         self.sample_batcher.close()
@@ -712,181 +382,3 @@ class VLLMBackend(BaseLogprobBackend):
         out = super().stats()
         out["sample_batcher"] = self.sample_batcher.stats.as_dict()
         return out
-
-
-class EngineDiedError(RuntimeError):
-    """A process of the vLLM engine died: the backend cannot answer any more."""
-
-
-def _engine_failed(llm: Any) -> bool:
-    """Whether vLLM itself marked its engine (core or executor) failed."""
-    engine = getattr(llm, "llm_engine", None)
-    core = getattr(engine, "engine_core", None)
-    if core is None:
-        return False
-    if getattr(getattr(core, "resources", None), "engine_dead", False):
-        return True
-    executor = getattr(getattr(core, "engine_core", None), "model_executor", None)
-    return bool(getattr(executor, "is_failed", False))
-
-
-class _Watchdog:
-    """Watches the engine's worker processes on this machine; marks the backend dead
-    as soon as one exits, so queued callers fail at once instead of waiting on it."""
-
-    def __init__(self, backend: VLLMBackend, interval: float = 0.2) -> None:
-        import socket
-        import threading
-
-        host = socket.gethostname()
-        self._pids = [w["pid"] for w in backend.workers if w.get("host") == host and w.get("pid")]
-        self._backend = weakref.ref(backend)
-        self._stop = threading.Event()
-        self._interval = interval
-        self._thread = threading.Thread(target=self._run, name="genlm-vllm-watchdog", daemon=True)
-        if self._pids:
-            self._thread.start()
-
-    def _run(self) -> None:
-        import psutil
-
-        procs = []
-        for pid in self._pids:
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                procs.append(None)
-        while not self._stop.wait(self._interval):
-            backend = self._backend()
-            if backend is None or backend._closed:
-                return
-            for pid, proc in zip(self._pids, procs):
-                try:
-                    alive = proc is not None and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-                except psutil.Error:
-                    alive = False
-                if not alive:
-                    backend._mark_dead(f"vLLM worker process {pid} died")
-                    return
-            del backend
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-
-def _engine_processes(workers: list[dict[str, Any]]) -> list[Any]:
-    """The engine's processes on this machine (``psutil.Process``, which tells a reused
-    pid from the original): its workers, and their parent when that is not this
-    process (the engine core in a process of its own)."""
-    import socket
-
-    import psutil
-
-    host = socket.gethostname()
-    procs: dict[int, Any] = {}
-    for w in workers:
-        if w.get("host") != host or not w.get("pid"):
-            continue
-        try:
-            proc = psutil.Process(int(w["pid"]))
-            procs[proc.pid] = proc
-            parent = proc.parent()
-        except psutil.Error:
-            continue
-        if parent is not None and parent.pid not in (os.getpid(), 0, 1):
-            procs.setdefault(parent.pid, parent)
-    return list(procs.values())
-
-
-def _running(procs: list[Any]) -> list[Any]:
-    import psutil
-
-    out = []
-    for proc in procs:
-        try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                out.append(proc)
-        except psutil.Error:
-            continue
-    return out
-
-
-def _mapped(procs: list[Any]) -> set[str]:
-    """What those of ``procs`` that still run map in ``/dev/shm``."""
-    from genlm_vllm.transport import mapped_segments
-
-    return mapped_segments([p.pid for p in _running(procs)])
-
-
-def _alive(procs: list[Any]) -> bool:
-    return bool(_running(procs))
-
-
-def _engine_in_process(llm: Any) -> bool:
-    """Whether the engine core and its only worker run in this process."""
-    engine = llm.llm_engine
-    parallel = engine.vllm_config.parallel_config
-    inproc = type(engine.engine_core).__name__ == "InprocClient"
-    return inproc and parallel.world_size == 1 and parallel.distributed_executor_backend in (None, "uni")
-
-
-@contextlib.contextmanager
-def _keep_distributed_state() -> Iterator[None]:
-    """Skip the teardown of this process's parallel groups in an engine core's shutdown.
-
-    vLLM keeps its distributed state (``torch.distributed``'s default group, the TP/PP
-    groups) per process; every in-process engine (one worker here, world size 1) joins
-    the same groups, and ``EngineCore.shutdown`` destroys them
-    (``cleanup_dist_env_and_memory``) - also when the closing engine's own workers are
-    other processes (the ``mp`` executor), whose groups live there. The engines still
-    open in this process would then fail their next step (``pipeline model parallel
-    group is not initialized``). While one is open, the teardown is skipped (its memory
-    part, a garbage collection, is kept); the last engine to close does it.
-    """
-    try:
-        import vllm.v1.engine.core as core_module
-    except ImportError:  # pragma: no cover - another vLLM layout
-        yield
-        return
-    original = getattr(core_module, "cleanup_dist_env_and_memory", None)
-    if original is None:  # pragma: no cover
-        yield
-        return
-    core_module.cleanup_dist_env_and_memory = lambda *args, **kwargs: gc.collect()
-    try:
-        yield
-    finally:
-        core_module.cleanup_dist_env_and_memory = original
-
-
-def _core_shutdown_timeout() -> float:
-    """Seconds an engine core in its own process gets to stop (then it is killed).
-
-    vLLM's client gives it 5 s, and the core itself waits
-    ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` (5) for its workers, then 4 s after a
-    SIGTERM: on a loaded machine the client kills the core while it still waits, its
-    workers are killed in turn and their shared-memory segments (vLLM's CPU
-    communicator, its message queues) stay in ``/dev/shm``. Long enough for the
-    core's own sequence, plus a margin."""
-    import vllm.envs
-
-    return float(vllm.envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS) + 4.0 + 10.0
-
-
-def _shutdown(llm: Any, keep_distributed: bool = False) -> None:
-    """Stop the engine core (and its workers/processes) and free its memory;
-    ``keep_distributed``: leave this process's parallel groups to the engines still open."""
-    engine = getattr(llm, "llm_engine", None)
-    core = getattr(engine, "engine_core", None)
-    if core is not None:
-        with _keep_distributed_state() if keep_distributed else contextlib.nullcontext():
-            if type(core).__name__ == "InprocClient":
-                core.shutdown()
-            else:
-                core.shutdown(timeout=_core_shutdown_timeout())
-    del engine, core
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

@@ -7,7 +7,7 @@ import os
 
 
 def test_cpu_ranks_get_disjoint_core_lists(monkeypatch) -> None:
-    from genlm_vllm.backend import _cpu_binding
+    from genlm_vllm.launch import _cpu_binding
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5})
     assert _cpu_binding(2) == "0,1|2,3"  # 5 cores for 2 ranks: 2 each, one left over

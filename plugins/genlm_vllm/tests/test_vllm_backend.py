@@ -214,6 +214,7 @@ def test_clear_error_without_vllm_or_device(monkeypatch) -> None:
 
     import vllm.platforms
     from genlm_vllm import backend as vb
+    from genlm_vllm import launch
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
@@ -236,4 +237,4 @@ def test_clear_error_without_vllm_or_device(monkeypatch) -> None:
 
     monkeypatch.setattr(vllm.platforms, "current_platform", NoDevice())
     with pytest.raises(RuntimeError, match="no supported device"):
-        vb._engine_device()
+        launch._engine_device()

