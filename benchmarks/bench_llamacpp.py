@@ -12,7 +12,7 @@ Engines (SmolLM2-135M-Instruct, CPU, ``--threads`` threads each):
 
 Workloads:
 
-  sis     ``bench_sis.sis``: 16 particles extend "Montreal is" by up to 20 tokens
+  sis     ``sis_workload.sis``: 16 particles extend "Montreal is" by up to 20 tokens
           (``--quick``: 8), one ``next_token_logprobs`` call per particle step; the
           prompt ids and EOS id are the Hugging Face tokenizer's for every engine.
           Figure: calls/s (median of ``--repeats`` runs from clean caches).
@@ -56,8 +56,9 @@ sys.path.insert(0, str(HERE.parent))
 
 import verdicts  # noqa: E402
 from bench_bytes import PARAGRAPH, WARMUP  # noqa: E402
-from bench_sis import PROMPT, timed_runs  # noqa: E402
+from bench_sis import PROMPT  # noqa: E402
 from common import write_results  # noqa: E402
+from sis_workload import timed_runs  # noqa: E402
 
 ENGINES = ("hf", "q4_1", "q4_1_batched", "f16")
 WORKLOADS = ("sis", "beam")

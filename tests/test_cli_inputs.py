@@ -299,7 +299,7 @@ def test_repeated_engine_log_lines_are_summarised_once(caplog):
 
 def test_vllm_start_says_what_it_does_and_how_to_start_faster_on_cpu(caplog):
     pytest.importorskip("torch")
-    from genlm_vllm.backend import _announce_start
+    from genlm_vllm.launch import _announce_start
 
     with caplog.at_level(logging.INFO, logger="genlm"):
         _announce_start({}, "cpu")

@@ -34,13 +34,16 @@ import time
 from typing import Any
 
 import torch
-from genlm_core.backend import BaseLogprobBackend
-from genlm_core.batching import AutoBatcher
-from genlm_core.dtypes import UnsupportedDtypeError
-from genlm_core.lora import LoraAdapters
-from genlm_core.progress import note, summarise_repeats
 
-from genlm_core import checkpoint
+from genlm_core.engine import (
+    AutoBatcher,
+    BaseLogprobBackend,
+    LoraAdapters,
+    UnsupportedDtypeError,
+    checkpoint,
+    note,
+    summarise_repeats,
+)
 from genlm_vllm.config import VLLMConfig
 from genlm_vllm.launch import (
     INSTALL_HINT,
@@ -99,7 +102,7 @@ class VLLMBackend(VLLMSampling, VLLMLora, BaseLogprobBackend):
         self._device = device or _engine_device()
         model_config = llm.llm_engine.model_config
         self._max_model_len = int(model_config.max_model_len)
-        # the checkpoint policy (genlm_core.checkpoint), lowered by max_model_len: vLLM
+        # the checkpoint policy (genlm_core.engine.checkpoint), lowered by max_model_len: vLLM
         # needs a position for the one token it generates (prompt < max_model_len)
         hf_config = getattr(model_config, "hf_config", None)
         self._max_context = checkpoint.engine_context_limit(
@@ -125,7 +128,7 @@ class VLLMBackend(VLLMSampling, VLLMLora, BaseLogprobBackend):
         self._engine_procs: list[Any] = []  # its processes here (psutil: workers, a separate core)
         self._engine_segments: set[str] = set()  # what they map in /dev/shm
         if not self.in_process:
-            from genlm_core.row_transport import RowBuffer, shm_available, sweep_stale_buffers
+            from genlm_core.engine.row_transport import RowBuffer, shm_available, sweep_stale_buffers
 
             self.workers = [w for w in llm.collective_rpc("genlm_worker_info") if w]
             if llm.llm_engine.vllm_config.parallel_config.pipeline_parallel_size > 1:
@@ -156,7 +159,7 @@ class VLLMBackend(VLLMSampling, VLLMLora, BaseLogprobBackend):
     @classmethod
     def from_config(cls, config: VLLMConfig) -> "VLLMBackend":
         config.check_model()
-        if config.model is None:  # the checkpoint policy: the embedded SmolLM2 (genlm_core.checkpoint)
+        if config.model is None:  # the checkpoint policy: the embedded SmolLM2 (genlm_core.engine.checkpoint)
             config = config.model_copy(update={"model": checkpoint.default_model()})
         _require_vllm()
         _tolerate_llvmlite()
@@ -249,7 +252,7 @@ class VLLMBackend(VLLMSampling, VLLMLora, BaseLogprobBackend):
     def _fetch(self, tags: list[str]) -> tuple[torch.Tensor, list[int]]:
         """The captured rows in request order, and the indices that have none."""
         if self.in_process:  # a plain call: the worker's own tensors, stacked (one copy)
-            from genlm_core.row_transport import stack_rows
+            from genlm_core.engine.row_transport import stack_rows
 
             rows = self.llm.collective_rpc("genlm_pop_captured", args=(tags,))[0]
             missing = [i for i, r in enumerate(rows) if r is None]

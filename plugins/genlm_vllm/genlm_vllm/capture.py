@@ -175,7 +175,7 @@ class CaptureWorkerExtension:
         """For workers in other processes: the replying rank hands its rows back through
         the backend's shared-memory buffer (bytes where it cannot open it, see
         :mod:`genlm_vllm.transport`); every other rank drops its copies and answers None."""
-        from genlm_core.row_transport import write_rows
+        from genlm_core.engine.row_transport import write_rows
 
         rows = pop_captured(list(tags))
         if not is_reply_rank():
@@ -183,7 +183,7 @@ class CaptureWorkerExtension:
         return write_rows(rows, buffer)
 
     def genlm_forget_buffer(self, name: str) -> None:
-        from genlm_core.row_transport import forget
+        from genlm_core.engine.row_transport import forget
 
         forget(name)
 

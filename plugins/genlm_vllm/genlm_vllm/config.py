@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from genlm_core.model_folder import as_model_argument, check_model_folder
 from pydantic import Field, field_validator
 
-from genlm_core.config import BackendConfig
+from genlm_core.engine import BackendConfig, as_model_argument, check_model_folder
 
 __all__ = ["VLLMConfig"]
 

@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 
-from genlm_core.dtypes import UnsupportedDtypeError, resolve_dtype
-from genlm_core.progress import note
+from genlm_core.engine import UnsupportedDtypeError, note, resolve_dtype
 from genlm_vllm.config import VLLMConfig
 from genlm_vllm.main_guard import check_main_guard
 

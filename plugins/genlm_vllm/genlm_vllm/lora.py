@@ -4,7 +4,7 @@
 :class:`VLLMLora` is a mixin of the backend implementing
 :class:`~genlm_core.protocols.LoraBackend` (``load_lora``, ``set_lora``, ``clear_lora``,
 ``active_lora``; genlm-backend's ``add_new_lora``). The bookkeeping is the core's
-:class:`~genlm_core.lora.LoraAdapters`; each adapter becomes a ``vllm.lora.request.LoRARequest``
+:class:`~genlm_core.engine.lora.LoraAdapters`; each adapter becomes a ``vllm.lora.request.LoRARequest``
 that every later engine call passes (``_active_lora``). Switching runs under the model
 lock; vLLM keys its prefix cache by adapter, so only the output cache is dropped.
 """
@@ -21,7 +21,7 @@ class VLLMLora:
 
     # set by VLLMBackend.__init__ and BaseLogprobBackend.__init__
     llm: Any
-    adapters: Any  # genlm_core.lora.LoraAdapters
+    adapters: Any  # genlm_core.engine.lora.LoraAdapters
     batcher: Any
     output_cache: Any
     _lora_ids: Any  # itertools.count

@@ -7,7 +7,7 @@ Three ways, picked per worker and per batch:
 * **shared memory** (worker processes on this machine): the backend owns a
   ``/dev/shm`` row buffer and the replying worker copies its rows straight into it.
   The implementation is the core's, shared with ``genlm serve``
-  (:mod:`genlm_core.row_transport`, re-exported here).
+  (:mod:`genlm_core.engine.row_transport`, re-exported here).
 * **bytes** (a worker that cannot open the backend's buffer): float32 bytes inside
   the RPC reply.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-from genlm_core.row_transport import (
+from genlm_core.engine.row_transport import (
     HEADER,
     SHM_DIR,
     RowBuffer,

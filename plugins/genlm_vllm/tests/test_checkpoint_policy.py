@@ -1,10 +1,10 @@
-"""One checkpoint, the same answers on every engine (genlm_core.checkpoint's policy).
+"""One checkpoint, the same answers on every engine (genlm_core.engine.checkpoint's policy).
 
 The tiny Llama folder and the SmolLM2 folder are loaded on genlm-hf, genlm-vllm (the
 session's engines), genlm-mlx and genlm-llamacpp (the GGUF the folder is converted
 from, or converted from the folder): each reports the same default EOS ids and the
 same context limit. Independent oracle: the values read by hand from the folder's
-generation_config.json / config.json (not through genlm_core.checkpoint).
+generation_config.json / config.json (not through genlm_core.engine.checkpoint).
 
 The vLLM engines here are started with ``max_model_len`` (256 for the tiny Llama, 512
 for SmolLM2): an engine option may lower the limit, so vLLM's is
@@ -52,7 +52,7 @@ def test_tiny_llama_same_eos_and_context_limit_on_every_engine(tiny_path: str, t
 
 
 def test_smollm2_same_eos_and_context_limit_on_every_engine(smol_path: str, smol_backend) -> None:
-    from genlm_core import embedded
+    from genlm_core import models
 
     eos, limit = _by_hand(smol_path)
     assert limit == 8191
@@ -60,7 +60,7 @@ def test_smollm2_same_eos_and_context_limit_on_every_engine(smol_path: str, smol
         "hf": _facts("hf", smol_path),
         "mlx": _facts("mlx", smol_path),
         # the Q4_1 GGUF the folder is converted from; n_ctx: room for the whole limit
-        "llamacpp": _facts("llamacpp", str(embedded.smollm2_gguf_path()), n_ctx=limit + 1),
+        "llamacpp": _facts("llamacpp", str(models.smollm2_gguf_path()), n_ctx=limit + 1),
     }
     for engine, got in facts.items():
         assert got == (eos, limit), (engine, got, (eos, limit))

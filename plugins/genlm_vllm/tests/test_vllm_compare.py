@@ -1,4 +1,4 @@
-"""hf, vllm and mlx agree on SmolLM2-135M in float32 (genlm_core.compare), on both
+"""hf, vllm and mlx agree on SmolLM2-135M in float32 (genlm_core.tools.compare), on both
 folder styles: our converted folder (top-level rope_theta) and a transformers-5
 save_pretrained copy (rope_theta only under rope_parameters). One vLLM engine per
 folder style."""
@@ -6,9 +6,9 @@ folder style."""
 from __future__ import annotations
 
 import pytest
-from genlm_core.compare import DEFAULT_PROMPTS, DEFAULT_TOLERANCE, compare_loaded
 
 import genlm_core
+from genlm_core.tools.compare import DEFAULT_PROMPTS, DEFAULT_TOLERANCE, compare_loaded
 
 # starts and closes SmolLM2 engines of its own: a process of its own (scripts/test.sh)
 pytestmark = [pytest.mark.slow, pytest.mark.own_process]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from genlm_core.dtypes import UnsupportedDtypeError
 
 import genlm_core
+from genlm_core.engine.dtypes import UnsupportedDtypeError
 
 # starts and closes in-process engines of its own: a process of its own (scripts/test.sh)
 pytestmark = pytest.mark.own_process

@@ -1,0 +1,108 @@
+"""The SIS benchmark's workload: genlm-backend's README program, timed.
+
+Kept apart from ``bench_sis.py`` so that every process that runs it imports the same
+code: genlm-core's backends in this venv, and genlm-backend 0.3.1 in the anchor venv
+(``bench_sis.py --anchor-worker``), which has no genlm-core. torch is imported inside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+
+def log(msg: str) -> None:
+    print(f"[bench_sis {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+NextLogprobs = Callable[[list[int]], Awaitable[Any]]
+
+
+# ---------------------------------------------------------------------- workload
+async def sis(
+    next_logprobs: NextLogprobs,
+    token_lengths: Sequence[int],
+    eos_id: int,
+    prompt_ids: list[int],
+    *,
+    n_particles: int = 16,
+    max_tokens: int = 20,
+    max_token_length: int = 10,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The README's autobatched SIS. Returns the particles and the number of calls."""
+    import torch
+
+    valid = torch.tensor(
+        [i == eos_id or n <= max_token_length for i, n in enumerate(token_lengths)], dtype=torch.float
+    ).log()
+    eos_only = torch.nn.functional.one_hot(torch.tensor(eos_id), len(token_lengths)).float().log()
+    gen = torch.Generator().manual_seed(seed)
+    particles = [{"context": [], "log_weight": 0.0, "active": True} for _ in range(n_particles)]
+    calls = 0
+
+    async def extend(p: dict[str, Any]) -> None:
+        nonlocal calls
+        calls += 1
+        logps = await next_logprobs(prompt_ids + p["context"])
+        mask = eos_only if len(p["context"]) >= max_tokens else valid
+        masked = logps.float().cpu() + mask
+        log_z = masked.logsumexp(dim=-1)
+        p["log_weight"] += float(log_z)
+        tok = int(torch.multinomial((masked - log_z).exp(), 1, generator=gen).item())
+        if tok == eos_id:
+            p["active"] = False
+        else:
+            p["context"].append(tok)
+
+    while any(p["active"] for p in particles):
+        await asyncio.gather(*[extend(p) for p in particles if p["active"]])
+    return {"particles": particles, "calls": calls}
+
+
+async def timed_runs(
+    make_next: Callable[[], NextLogprobs],
+    token_lengths: Sequence[int],
+    eos_id: int,
+    prompt_ids: list[int],
+    args: argparse.Namespace,
+    reset: Callable[[], None] = lambda: None,
+    tokens: Callable[[], int] = lambda: 0,
+) -> dict[str, Any]:
+    """A short warm-up, then ``args.repeats`` timed runs from clean caches (median reported)."""
+    reset()
+    await sis(make_next(), token_lengths, eos_id, prompt_ids, n_particles=2, max_tokens=2, seed=args.seed + 1)
+    walls, calls, texts, ran = [], 0, [], 0
+    for _ in range(args.repeats):
+        reset()
+        next_lp = make_next()
+        before = tokens()
+        t0 = time.perf_counter()
+        res = await sis(
+            next_lp,
+            token_lengths,
+            eos_id,
+            prompt_ids,
+            n_particles=args.particles,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+        )
+        walls.append(time.perf_counter() - t0)
+        log(f"  run: {res['calls']} calls in {walls[-1]:.2f} s")
+        ran = tokens() - before
+        calls = res["calls"]
+        texts = [p["context"] for p in res["particles"]]
+    wall = statistics.median(walls)
+    return {
+        "calls": calls,
+        "wall_s": wall,
+        "calls_per_s": calls / wall,
+        "walls": walls,
+        "contexts": texts,
+        "tokens_computed_per_run": ran,
+    }
