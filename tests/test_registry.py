@@ -182,7 +182,7 @@ def test_doctor_lists_the_engines_the_installed_backends_declare():
 
     declared = {m for reg in get_registry().all("backend") for m in reg.requires} - {"numpy"}
     engines = json.loads(run_cli("doctor", "--json").stdout)["engines"]
-    assert set(engines) == declared | {"torch"}
+    assert set(engines) == declared
     providers = md.packages_distributions()
     for mod, version in engines.items():
         if importlib.util.find_spec(mod) is None:

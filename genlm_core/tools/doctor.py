@@ -17,13 +17,11 @@ __all__ = ["auto_dtype", "cmd_doctor", "dtype_options", "engine_modules", "engin
 
 
 def engine_modules() -> list[str]:
-    """The engine modules the registered backends declare (their ``requires``), plus
-    torch, which every first-party backend computes rows with: the core names no engine."""
+    """The engine modules the registered backends declare (their ``requires``; numpy is
+    genlm-core's own dependency, not an engine): the core names no engine."""
     from genlm_core.registry import get_registry
 
-    mods = {"torch"}
-    for reg in get_registry().all("backend"):
-        mods.update(reg.requires)
+    mods = {m for reg in get_registry().all("backend") for m in reg.requires}
     return sorted(mods - {"numpy"})
 
 
