@@ -294,7 +294,9 @@ class LlamaCppBackend(KVReuseBackend, BaseLogprobBackend):
         plan: list[tuple[int, _KV]] = []
         claimed: set[int] = set()
         for depth, src in found:
-            if src is not None and id(src.kv) in in_place and id(src.kv) not in claimed:
+            # in place: the context continues where the sequence ends (a shorter prefix read
+            # from the same sequence is copied, like any other)
+            if src is not None and src.kv.length == depth and id(src.kv) not in claimed:
                 claimed.add(id(src.kv))
                 plan.append((depth, src.kv))
                 continue

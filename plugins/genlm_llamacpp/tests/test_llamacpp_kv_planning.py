@@ -90,3 +90,26 @@ def test_live_contexts_beyond_the_cells_are_planned_not_retried(tiny_gguf) -> No
             assert torch.allclose(row, llm.next_token_logprobs_uncached(p), atol=1e-5, rtol=0)
     finally:
         llm.close()
+
+
+def test_a_shorter_prefix_of_an_extended_sequence_is_copied_not_extended(tiny_gguf) -> None:
+    """A sequence extended in place keeps serving its shorter prefix. When one batch holds
+    a context continuing that shorter prefix and one continuing the sequence's end, only
+    the second may extend the sequence in place; the first copies the prefix (extending
+    the sequence at the shorter position would ask llama.cpp to decode position 4 of a
+    sequence that holds 0..7, which it refuses). Rows equal the uncached path."""
+    llm = genlm_core.load("llamacpp", model=str(tiny_gguf), kv_cache_type="f32", n_threads=2, cache_size=0)
+    try:
+        prompt = [5, 17, 29, 41, 53, 65, 77, 89]
+        llm.next_token_logprobs_sync(prompt[:4])  # a sequence holding 4 positions
+        llm.next_token_logprobs_sync(prompt)  # the same sequence extended in place to 8
+        computed = llm.stats()["engine"]["tokens_computed"]
+        short, long = prompt[:4] + [101], prompt + [102]
+        rows = llm.batch_next_token_logprobs_sync([short, long])
+        assert llm.stats()["engine"]["tokens_computed"] - computed == 2  # both reused their prefix
+        for ctx, row in zip((short, long), rows):
+            # same float32 weights and KV entries; only llama.cpp's batch shapes differ (~1e-5,
+            # the conformance kit's bound for this GGUF)
+            assert torch.allclose(row, llm.next_token_logprobs_uncached(ctx), atol=1e-5, rtol=0)
+    finally:
+        llm.close()
