@@ -66,10 +66,10 @@ def _max_diff(rows: torch.Tensor, refs: list[torch.Tensor]) -> float:
     return max(float((row - ref).abs().max()) for row, ref in zip(rows, refs))
 
 
-def _close_rows(rows: torch.Tensor, refs: list[torch.Tensor]) -> bool:
+def _close_rows(rows: torch.Tensor, refs: list[torch.Tensor], atol: float = 1e-5) -> bool:
     """Reused KV vs a fresh sequence: same weights and f32 KV entries, only the order
     of float32 sums moves with the batch shape (``SELF_ATOL`` of the backend tests)."""
-    return _max_diff(rows, refs) < 1e-5
+    return _max_diff(rows, refs) < atol
 
 
 # ---------------------------------------------------------------- sentencepiece Llama
@@ -202,4 +202,8 @@ def test_gpt2_logprobs_agree_with_transformers(gpt2_llm, tiny_gpt2_path, oracle_
     singles = torch.stack([gpt2_llm.next_token_logprobs_sync(c) for c in ext])
     assert gpt2_llm.stats()["engine"]["tokens_computed"] - before == len(ext)
     assert _max_diff(singles, [plain.logprobs(c) for c in ext]) < GPT2_PLAIN_ATOL
-    assert _close_rows(singles, [gpt2_llm.next_token_logprobs_uncached(c) for c in ext])
+    # The f16 GELU table turns the ~1e-7 float32 difference between the two paths into a
+    # whole f16 step (2^-11 relative) of every activation whose input it moves across an
+    # f16 rounding boundary: bounded by what rounding all of them moves (GPT2_PLAIN_ATOL);
+    # measured 1e-4 on an AMD EPYC (Zen 2, AVX2), 1e-6 elsewhere.
+    assert _close_rows(singles, [gpt2_llm.next_token_logprobs_uncached(c) for c in ext], GPT2_PLAIN_ATOL)
