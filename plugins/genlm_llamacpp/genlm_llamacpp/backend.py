@@ -116,6 +116,7 @@ class LlamaCppBackend(KVReuseBackend, BaseLogprobBackend):
             kv_cache_type=config.kv_cache_type,
             dtype=config.dtype,
             flash_attn=config.flash_attn,
+            extra_buffers=config.cpu_extra_buffers,
         )
         return cls(engine, config)
 
@@ -383,6 +384,8 @@ class LlamaCppBackend(KVReuseBackend, BaseLogprobBackend):
             "n_seq_max": self.engine.n_seq_max,
             "weights_type": self.engine.weights_type,
             "kv_cache_type": self.engine.kv_cache_type,
+            "cpu_extra_buffers": self.engine.extra_buffers,
+            "system_info": self.engine.system_info,
         }
 
 

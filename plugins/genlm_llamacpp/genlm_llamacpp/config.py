@@ -71,14 +71,23 @@ class LlamaCppConfig(BackendConfig):
             "rounds to f16; llama.cpp's choice otherwise)"
         ),
     )
-    batch_invariant: bool | None = Field(
+    batch_invariant: bool = Field(
+        False,
+        description=(
+            "compute every context alone from position 0 in an emptied KV cache, so its row is the "
+            "same bits whatever shares its batch or was computed before; costs batching and prefix "
+            "reuse (SIS on SmolLM2 Q4_1: ~10x fewer calls/s, see benchmarks/results/llamacpp.md). "
+            "Off: batches and prefix reuse; on quantised GGUFs a row then moves with its batch-mates "
+            "(the kernels re-quantise activations to 8 bits, turning llama.cpp's float32 rounding "
+            "differences into up to ~1 on tail logprobs; F16 ~0.03, F32 ~1e-5; docs/numerics.md)"
+        ),
+    )
+    cpu_extra_buffers: bool | None = Field(
         None,
         description=(
-            "compute every context alone in an emptied KV cache, so its row never depends on which "
-            "contexts share its batch or were computed before (no batching, no prefix reuse). "
-            "None: on for quantised GGUFs, whose kernels re-quantise activations to 8 bits and turn "
-            "llama.cpp's float32 rounding differences (from where a context's cells lie in the "
-            "shared KV cache) into differences up to ~1 on tail logprobs; off for F32/F16/BF16 GGUFs"
+            "let llama.cpp put weights into its extra CPU buffer types (AMX, REPACK: "
+            "use_extra_bufts). None: off where llama.cpp's system info reports AMX_INT8 = 1 (its AMX "
+            "matmul crashes on Q4_0/Q4_1 weights on some Xeons), on elsewhere"
         ),
     )
     kv_cache_tokens: int | None = Field(

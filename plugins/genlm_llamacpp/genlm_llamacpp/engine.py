@@ -11,13 +11,14 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import llama_cpp as L
 import numpy as np
 
-__all__ = ["Engine", "NoKVSpace", "Row", "kv_type_for"]
+__all__ = ["Engine", "NoKVSpace", "Row", "amx_buffer_in", "kv_type_for", "use_extra_buffers"]
 
 _backend_ready = False
 
@@ -30,6 +31,25 @@ def kv_type_for(dtype: str, weights_type: str) -> str:
     if dtype == "auto":  # the checkpoint's own precision
         return {"F32": "f32", "BF16": "bf16"}.get(weights_type, "f16")
     return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[dtype]
+
+
+def amx_buffer_in(system_info: str) -> bool:
+    """Whether a llama.cpp build with this system info (``llama_print_system_info()``)
+    puts quantised weights into its AMX buffer: it was compiled for AMX (``AMX_INT8 = 1``).
+
+    That buffer's matmul crashes or computes garbage on Q4_0/Q4_1 weights on some AMX
+    CPUs (segfault in ``ggml_backend_amx_mul_mat`` at the first decode of a Q4_1 GGUF on
+    a Sapphire-Rapids-class Xeon; llama.cpp issue #20824, PR #16315)."""
+    return re.search(r"\bAMX_INT8\s*=\s*1\b", system_info) is not None
+
+
+def use_extra_buffers(setting: bool | None, system_info: str) -> bool:
+    """``use_extra_bufts`` for the model: the config's choice, else off exactly where the
+    build has the AMX buffer (the extra buffer types are AMX and CPU_REPACK; llama.cpp
+    cannot drop one alone, and REPACK has no x86 kernel for Q4_1 or F16/F32 weights)."""
+    if setting is not None:
+        return setting
+    return not amx_buffer_in(system_info)
 
 
 class NoKVSpace(RuntimeError):
@@ -56,21 +76,27 @@ class Engine:
         n_ctx: int | None,
         n_seq_max: int,
         kv_cells: int | None = None,
-        batch_invariant: bool | None = None,
+        batch_invariant: bool = False,
         n_batch: int,
         n_threads: int | None,
         n_gpu_layers: int,
         kv_cache_type: str | None = None,
         dtype: str = "auto",
         flash_attn: bool | None = None,
+        extra_buffers: bool | None = None,
     ) -> None:
         global _backend_ready
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its load chatter
         if not _backend_ready:
             L.llama_backend_init()
             _backend_ready = True
+        #: llama.cpp's build and CPU features ("CPU : SSE3 = 1 | ... | AMX_INT8 = 1 | ...")
+        self.system_info = L.llama_print_system_info().decode(errors="replace").strip()
+        #: weights may go to llama.cpp's extra CPU buffer types (AMX, REPACK)
+        self.extra_buffers = use_extra_buffers(extra_buffers, self.system_info)
         mparams = L.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
+        mparams.use_extra_bufts = self.extra_buffers
         self.model = L.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
             raise ValueError(f"llamacpp: llama.cpp could not load the GGUF file {path!r}")
@@ -88,8 +114,8 @@ class Engine:
         self.n_ctx_train = int(L.llama_model_n_ctx_train(self.model))
         if n_ctx is None:
             n_ctx = min(self.n_ctx_train, 4096) if self.n_ctx_train > 0 else 4096
-        #: every context computed alone (LlamaCppConfig.batch_invariant); None: when quantised
-        self.batch_invariant = self.quantized if batch_invariant is None else batch_invariant
+        #: every context computed alone (LlamaCppConfig.batch_invariant)
+        self.batch_invariant = batch_invariant
         if kv_cells is None:  # alone: one context at a time; else room for the particles in flight
             kv_cells = n_ctx if self.batch_invariant else max(n_ctx, n_seq_max * 64)
         threads = n_threads or os.cpu_count() or 1

@@ -61,8 +61,8 @@ class TestLlamaCppConformanceNoPrefixCache(LogprobBackendConformance):
 
 
 class TestLlamaCppConformanceQuantised(LogprobBackendConformance):
-    """The embedded SmolLM2 Q4_1 GGUF with its defaults: every context computed alone in an
-    emptied KV cache (``batch_invariant``), so every comparison of the kit is exact."""
+    """The embedded SmolLM2 Q4_1 GGUF with ``batch_invariant=True``: every context computed
+    alone in an emptied KV cache, so every comparison of the kit is exact."""
 
     atol = 0.0
     n_contexts = 4
@@ -70,6 +70,6 @@ class TestLlamaCppConformanceQuantised(LogprobBackendConformance):
 
     @pytest.fixture(scope="class")
     def backend(self, smollm2_gguf):
-        llm = genlm_core.load("llamacpp", model=str(smollm2_gguf), n_threads=2)
+        llm = genlm_core.load("llamacpp", model=str(smollm2_gguf), n_threads=2, batch_invariant=True)
         yield llm
         llm.close()

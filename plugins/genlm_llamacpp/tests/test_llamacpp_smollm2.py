@@ -106,14 +106,16 @@ def test_agreement_on_compare_contexts(smol, smollm2_path, oracle_factory):
 
 
 @pytest.mark.asyncio
-async def test_particles_extend_cached_prompt_when_batch_invariance_is_off(smollm2_gguf):
-    """``batch_invariant=False``: the fast path (batches, prefix reuse) on a quantised GGUF.
-    Rows then depend on the batch at the level of 8-bit activation steps (module docstring
-    of genlm_llamacpp.backend): bounded here by the same figures as the engine comparison."""
+async def test_particles_extend_cached_prompt_by_default(smollm2_gguf):
+    """The default path on a quantised GGUF batches and reuses prefixes: eight particles
+    extending a cached prompt compute one token each. Rows then depend on the batch at the
+    level of 8-bit activation steps (``LlamaCppConfig.batch_invariant``): bounded here by the
+    same figures as the engine comparison."""
     import asyncio
 
-    llm = genlm_core.load("llamacpp", model=str(smollm2_gguf), n_threads=2, batch_invariant=False)
+    llm = genlm_core.load("llamacpp", model=str(smollm2_gguf), n_threads=2)
     try:
+        assert not llm.batch_invariant and llm.kv_reuse
         prompt = llm.tokenizer.encode("Montreal is", add_special_tokens=False)
         first = llm.next_token_logprobs_sync(prompt)
         nxt = torch.topk(first, 8).indices.tolist()
@@ -141,13 +143,15 @@ BATCH_PROMPTS = [
 
 
 @pytest.mark.parametrize("dtype", ["auto", "float32", "float16", "bfloat16"])
-def test_quantised_rows_do_not_depend_on_the_batch(smollm2_gguf, dtype):
-    """On the Q4_1 GGUF a row is the same bit for bit whether its context runs alone,
-    in a batch of eight, after other contexts or as a particle's extension (before,
-    dtype="float32" moved "def fibonacci(n):" by 0.68 when batched)."""
+def test_batch_invariant_rows_do_not_depend_on_the_batch(smollm2_gguf, dtype):
+    """``batch_invariant=True`` on the Q4_1 GGUF: a row is the same bit for bit whether
+    its context runs alone, in a batch of eight, after other contexts or as a particle's
+    extension (batched, dtype="float32" moves "def fibonacci(n):" by 0.68)."""
     import asyncio
 
-    llm = genlm_core.load("llamacpp", model=str(smollm2_gguf), n_threads=2, dtype=dtype, cache_size=0)
+    llm = genlm_core.load(
+        "llamacpp", model=str(smollm2_gguf), n_threads=2, dtype=dtype, cache_size=0, batch_invariant=True
+    )
     try:
         assert llm.batch_invariant and llm.weights_type == "Q4_1"
         ids = [llm.tokenizer.encode(p) for p in BATCH_PROMPTS]
