@@ -21,20 +21,26 @@ nocuda=""
 if ! $PY -c "import sys; from genlm_core.registry.hardware import probe; sys.exit(0 if probe().cuda else 1)"; then
   nocuda=" and not cuda"
 fi
-# Three processes, chosen by the markers the suites declare (genlm_core.testing.plugin):
+# Four processes, chosen by the markers the suites declare (genlm_core.testing.plugin):
 # - vllm_engine: suites on the session-wide in-process vLLM engines, first and apart:
 #   those engines live for the whole session (engine core, KV cache, threads) and would
 #   otherwise sit beside every other suite on our 2 cores;
 # - own_process: suites that start and close in-process engines of their own: closing
 #   one tears down vLLM's process-global distributed state, which a session-wide engine
 #   still uses (see genlm_vllm's README);
+# - native_engine: suites on native code compiled for this host (llama.cpp), through
+#   scripts/pytest_isolated.py: a segfault there is that suite's failure in its junit
+#   file (with the CPU flags and llama.cpp's system info), and the others still report;
 # - everything else.
 set +e
 $PY -m pytest -q -rs --junitxml=build/junit-vllm.xml -m "vllm_engine and not own_process$nocuda" "$@"
 rc1=$?
 $PY -m pytest -q -rs --junitxml=build/junit-vllm-own.xml -m "own_process$nocuda" "$@"
 rc1=$(( rc1 | $? ))
-$PY -m pytest -q -rs --junitxml=build/junit.xml -m "not vllm_engine and not own_process$nocuda" "$@"
+$PY scripts/pytest_isolated.py --junit build/junit-native.xml --suite native_engine -- \
+  -q -rs -m "native_engine and not vllm_engine and not own_process$nocuda" "$@"
+rc1=$(( rc1 | $? ))
+$PY -m pytest -q -rs --junitxml=build/junit.xml -m "not vllm_engine and not own_process and not native_engine$nocuda" "$@"
 rc2=$?
 # The numeric suites once more on another SIMD path (scripts/isa_env.sh: AVX2 on an
 # AVX-512 host, SSE4 otherwise): float32 sums round differently per instruction set,
@@ -43,9 +49,10 @@ rc2=$?
 (
   eval "$(bash scripts/isa_env.sh other)"
   echo "[test] numeric suites again with the SIMD path capped at $GENLM_TEST_ISA"
-  $PY -m pytest -q -rs --junitxml=build/junit-isa.xml -m "numeric and not own_process$nocuda" "$@"
+  $PY -m pytest -q -rs --junitxml=build/junit-isa.xml -m "numeric and not own_process and not native_engine$nocuda" "$@"
 )
 rc3=$?
 set -e
-$PY scripts/check_junit.py build/junit-vllm.xml build/junit-vllm-own.xml build/junit.xml build/junit-isa.xml || exit 1
+$PY scripts/check_junit.py build/junit-vllm.xml build/junit-vllm-own.xml build/junit-native.xml build/junit.xml \
+  build/junit-isa.xml || exit 1
 [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ]

@@ -14,7 +14,9 @@ Fixtures, all session-scoped and built on first use, offline (``genlm_core.model
 Markers: ``slow``, ``cuda`` (deselected without a GPU), and those that say how a
 suite must be run (``scripts/test.sh`` selects by them): ``vllm_engine`` (uses the
 session-wide in-process vLLM engines: run with the other such suites, in their own
-process), ``own_process`` (starts and closes engines of its own: run alone) and
+process), ``own_process`` (starts and closes engines of its own: run alone),
+``native_engine`` (native code that can crash the interpreter: run in a process of its
+own whose crash becomes the suite's failure, ``scripts/pytest_isolated.py``) and
 ``numeric`` (run again with the SIMD path capped). :func:`mark_directory` marks a
 whole test folder from its conftest.
 
@@ -34,6 +36,10 @@ MARKERS = {
     "vllm_engine": "uses the session-wide in-process vLLM engines: run in a process with the other such suites",
     "own_process": "starts and closes in-process engines of its own: run in a process of its own",
     "numeric": "float32 numeric suite: run a second time with the SIMD path capped (scripts/isa_env.sh)",
+    "native_engine": (
+        "the engine is native code compiled for this host that can kill the interpreter (llama.cpp): "
+        "run in a process of its own, whose crash is reported as this suite's failure"
+    ),
 }
 
 

@@ -10,6 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from genlm_core.testing.plugin import mark_directory
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """llama.cpp is compiled for this host's CPU: a crash in it (a segfault in a kernel)
+    must end this suite only, so scripts/test.sh runs it in a process of its own."""
+    mark_directory(items, __file__, pytest.mark.native_engine)
+
 
 @pytest.fixture(scope="session")
 def tiny_gguf() -> Path:
