@@ -70,7 +70,18 @@ def crash_junit(path: Path, suite: str, rc: int, tail: list[str]) -> None:
     """A junit file holding one failed test case: the suite's process and how it ended."""
     message = f"the {suite} suite's pytest process ended abnormally: {ending(rc)}"
     details = "\n".join(
-        [message, "", "== host CPU", cpu_description(), "", "== engines", engine_info(), "", "== output tail", *tail]
+        [
+            message,
+            "",
+            "== host CPU",
+            cpu_description(),
+            "",
+            "== engines",
+            engine_info(),
+            "",
+            "== output tail",
+            *tail,
+        ]
     )
     suites = ET.Element("testsuites")
     ts = ET.SubElement(suites, "testsuite", name=suite, tests="1", failures="1", errors="0", skipped="0")
@@ -92,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     args.junit.unlink(missing_ok=True)
     cmd = [sys.executable, "-X", "faulthandler", "-m", "pytest", f"--junitxml={args.junit}", *pytest_args]
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stdout.write(line)
