@@ -75,6 +75,7 @@ async def run_ours(path: Path, ks: list[int], threads: int) -> dict[str, Any]:
         beam = await ByteBeamState.initial(llm, BeamParams(K=k, eos_tokens=(), initial_context=(bos,)))
         calls0 = llm.batcher.stats.batches
         rows0 = llm.batcher.stats.computed
+        tokens0 = llm.stats()["engine"]["tokens_computed"]
         t0 = time.perf_counter()
         after = await beam.prefill(data)
         dt = time.perf_counter() - t0
@@ -85,6 +86,7 @@ async def run_ours(path: Path, ks: list[int], threads: int) -> dict[str, Any]:
             "bits_per_byte": -after.logZ / (len(data) * math.log(2)),
             "model_batches": llm.batcher.stats.batches - calls0,
             "contexts_scored": llm.batcher.stats.computed - rows0,
+            "tokens_computed": llm.stats()["engine"]["tokens_computed"] - tokens0,
             "load_avg_1m": os.getloadavg()[0],
         }
         print(f"(a) K={k}: {out['runs'][str(k)]}", flush=True)
@@ -288,6 +290,19 @@ def write_report(figures: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------- verdict
+def smoke(result: dict) -> list[str]:
+    """Counters that show a path of genlm-hf's beam was lost (never timings): each scored
+    context computes about one new token (prefix KV reuse), contexts share forward passes."""
+    problems = []
+    for k, run in result["figures"]["a"]["runs"].items():
+        rows, batches, tokens = run["contexts_scored"], run["model_batches"], run.get("tokens_computed")
+        if int(k) > 1 and batches * 2 > rows:
+            problems.append(f"bytes K={k}: {rows} contexts in {batches} forward passes (batching lost)")
+        if tokens is None or tokens > 1.5 * rows + 64:
+            problems.append(f"bytes K={k}: {tokens} tokens computed for {rows} contexts (prefix reuse lost)")
+    return problems
+
+
 def headline(result: dict) -> list[dict]:
     """The summary's rows from ``bytes.json``: speed against genlm-bytes per K, K=5's logZ
     against genlm-bytes' (and against it with float64 trie sums), bits per byte."""

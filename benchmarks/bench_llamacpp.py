@@ -192,11 +192,15 @@ def run_sis(llm: Any, rec: Recorder, prompt_ids: list[int], eos: int, args: argp
         "walls": res["walls"],
         "tokens_computed_per_run": res["tokens_computed_per_run"],
         "forward_passes": len(rec.steps),
+        "prompt_tokens": len(prompt_ids),
     }
 
 
 def run_beam(llm: Any, rec: Recorder, data: bytes, bos: int) -> dict:
     from genlm_core.bytes import BeamParams, ByteBeamState
+
+    def tokens() -> int:
+        return int(llm.stats().get("engine", {}).get("tokens_computed", 0))
 
     async def go() -> dict:
         params = BeamParams(K=5, eos_tokens=(), initial_context=(bos,))
@@ -206,11 +210,13 @@ def run_beam(llm: Any, rec: Recorder, data: bytes, bos: int) -> dict:
         llm.clear_cache()
         rec.start()
         beam = await ByteBeamState.initial(llm, params)
+        before = tokens()
         t0 = time.perf_counter()
         after = await beam.prefill(data)
         dt = time.perf_counter() - t0
         rec.stop()
         return {
+            "tokens_computed": tokens() - before,
             "bytes": len(data),
             "seconds": dt,
             "bytes_per_s": len(data) / dt,
@@ -445,6 +451,46 @@ def report(figures: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict
 
 
 # ---------------------------------------------------------------------- verdict
+def smoke(result: dict) -> list[str]:
+    """Counters that show a path was lost (never timings). Batched engines (hf, q4_1, f16):
+    SIS particles share forward passes and compute one new token per call; the beam's
+    contexts share forward passes and reuse prefixes. q4_1_invariant: every context is
+    computed alone from position 0 (its whole length, no reuse)."""
+    problems = []
+    for engine, fig in result.get("figures", {}).items():
+        sis, beam = fig.get("sis"), fig.get("beam")
+        invariant = engine == "q4_1_invariant"
+        if sis:
+            calls, tokens, passes = sis["calls"], sis["tokens_computed_per_run"], sis["forward_passes"]
+            if invariant:
+                if tokens < calls * sis.get("prompt_tokens", 1):
+                    problems.append(
+                        f"llamacpp {engine} sis: {tokens} tokens for {calls} calls (not computed alone)"
+                    )
+            else:
+                if tokens > calls + sis.get("prompt_tokens", 0):
+                    problems.append(
+                        f"llamacpp {engine} sis: {tokens} tokens for {calls} calls (prefix reuse lost)"
+                    )
+                if passes * 4 > calls:
+                    problems.append(
+                        f"llamacpp {engine} sis: {calls} calls in {passes} passes (batching lost)"
+                    )
+        if beam and not invariant:
+            rows, passes, tokens = (
+                beam["contexts_scored"],
+                beam["forward_passes"],
+                beam.get("tokens_computed"),
+            )
+            if passes * 2 > rows:
+                problems.append(f"llamacpp {engine} beam: {rows} contexts in {passes} passes (batching lost)")
+            if tokens is None or tokens > 1.5 * rows + 64:
+                problems.append(
+                    f"llamacpp {engine} beam: {tokens} tokens for {rows} contexts (prefix reuse lost)"
+                )
+    return problems
+
+
 def headline(result: dict) -> list[dict]:
     """The summary's rows from ``llamacpp.json``: genlm-llamacpp against genlm-hf (anchor
     column; Q4_1 SIS judged) and our layer against raw llama.cpp."""

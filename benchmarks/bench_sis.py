@@ -404,6 +404,26 @@ def markdown(record: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------- verdict
+def smoke(result: dict, backend: str = "hf") -> list[str]:
+    """Counters that show a path was lost (never timings): particles share forward passes
+    (batching) and a particle's step computes its new token only (prefix KV reuse)."""
+    rec = result.get(backend)
+    if not rec:
+        return [f"sis: no record for backend {backend!r}"]
+    a = rec["figures"]["a"]
+    calls, tokens = a["calls"], a["tokens_computed_per_run"]
+    problems = []
+    new = calls + len(a["prompt_ids"])  # at most: the prompt once, then one token per call
+    # KV reuse of genlm's own (hf, mlx, llama.cpp); vLLM's prefix cache reads whole blocks,
+    # longer than the quick run's contexts, so its counter is not judged here
+    if (a.get("engine") or {}).get("kv_reuse") and tokens > new:
+        problems.append(f"sis-{backend}: {tokens} tokens computed for {calls} calls (prefix reuse lost)")
+    batcher = a.get("batcher") or {}
+    if (batcher.get("mean_batch_size") or 0) < rec["workload"]["particles"] / 4:
+        problems.append(f"sis-{backend}: mean batch {batcher.get('mean_batch_size')} (batching lost)")
+    return problems
+
+
 def headline(result: dict, backend: str = "hf") -> list[dict]:
     """The summary's rows for one backend's record in ``sis.json`` (which merges them):
     genlm-hf against genlm-backend and the uncached loop, any other backend against

@@ -26,7 +26,11 @@ Sections (``--only`` picks some):
 
 Anchors (genlm-backend 0.3.1, genlm-bytes 0.2.0) are installed from PyPI into
 ``benchmarks/.anchor-venv*`` the first time (a few minutes). ``--quick`` skips the
-anchors and shortens every workload (a smoke run, not figures to report).
+anchors and shortens every workload (a smoke run, not figures to report). ``--smoke``
+(what CI runs) is ``--quick`` on every section, with every backend required, and then
+each benchmark's ``smoke(result)`` checks: deterministic counters (forward passes per
+SIS run, tokens computed against the tokens that are new, contexts per forward pass)
+that show a path was lost. It fails on any exception or failed check, never on a timing.
 
 Run on a quiet machine: another job on the other core made figures 5x wrong here.
 
@@ -35,6 +39,7 @@ Usage::
     .venv/bin/python benchmarks/run_all.py --plot benchmarks/out/bench.png
     .venv/bin/python benchmarks/run_all.py --only trie bytes
     .venv/bin/python benchmarks/run_all.py --quick --plot /tmp/smoke.png
+    .venv/bin/python benchmarks/run_all.py --smoke --out-dir build/bench-smoke
     .venv/bin/python benchmarks/run_all.py --out-dir benchmarks/results --plot benchmarks/results/bench.png
 """
 
@@ -109,7 +114,7 @@ def _sections(quick: bool) -> dict[str, list[str]]:
             *(["--batches", "1", "8", "--lengths", "8", "--repeat", "3", "--dict-repeat", "1"] if q else []),
         ],
         "bytes": ["bench_bytes.py", *(["--no-anchor", "--k", "1"] if q else [])],
-        "llamacpp": ["bench_llamacpp.py", *(["--quick"] if q else [])],
+        "llamacpp": ["bench_llamacpp.py", *(["--quick", "--no-raw"] if q else [])],
         "serve": ["bench_serve.py", *(["--quick"] if q else [])],
     }
 
@@ -178,6 +183,22 @@ def verdict(section: str) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
     return functools.partial(module.headline, **VERDICT_ARGS.get(section, {}))
 
 
+def smoke_problems(sections: list[str], out_dir: Path) -> dict[str, list[str]]:
+    """Each section's ``smoke(result)`` on the JSON it wrote (sections whose benchmark
+    has no counters to check map to an empty list); a missing JSON is a problem."""
+    found: dict[str, list[str]] = {}
+    for name in sections:
+        module = importlib.import_module(Path(_sections(False)[name][0]).stem)
+        result = load(FILES[name][0], out_dir)
+        if not result:
+            found[name] = [f"{name}: wrote no {FILES[name][0]}.json"]
+        elif hasattr(module, "smoke"):
+            found[name] = module.smoke(result, **VERDICT_ARGS.get(name, {}))
+        else:
+            found[name] = []
+    return found
+
+
 def headline(sections: list[str], out_dir: Path | None = None) -> list[dict[str, Any]]:
     """The chosen sections' verdicts on the JSON they wrote into ``out_dir``, in table order."""
     out_dir = OUT_DIR if out_dir is None else out_dir
@@ -223,12 +244,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", choices=all_sections, default=None, help="sections to run")
     ap.add_argument("--quick", action="store_true", help="smoke run: no anchors, short workloads")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="--quick on every section, every backend required, then the counter checks (CI)",
+    )
     ap.add_argument("--plot", type=Path, default=None, help="write a PNG figure (needs matplotlib)")
     ap.add_argument(
         "--out-dir", type=Path, default=None, help="also copy results here (e.g. benchmarks/results)"
     )
     ap.add_argument("--no-run", action="store_true", help="only summarise/plot what benchmarks/out holds")
     args = ap.parse_args(argv)
+    args.quick = args.quick or args.smoke
 
     chosen = args.only or all_sections
     specs = _sections(args.quick)
@@ -245,9 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_run:
         if "sis" in chosen and (OUT_DIR / "sis.json").exists():
             (OUT_DIR / "sis.json").unlink()  # sis.json merges per backend: a full run starts clean
+        if args.smoke:  # judge only what this run writes
+            for name in chosen:
+                for f in FILES[name]:
+                    (OUT_DIR / f"{f}.json").unlink(missing_ok=True)
         for name in chosen:
             need = NEEDS.get(name)
-            if need and status.get(need) != "available":
+            if need and status.get(need) != "available" and not args.smoke:
                 report["sections"][name] = {
                     "skipped": f"backend {need!r} is {status.get(need, 'not registered')}"
                 }
@@ -275,6 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     failed = [k for k, v in report["sections"].items() if v.get("rc")]
     if failed:
         log(f"failed sections: {', '.join(failed)}")
+    if args.smoke:
+        problems = smoke_problems(chosen, OUT_DIR)
+        for name, found in problems.items():
+            log(f"smoke {name}: {'; '.join(found) if found else 'counters as expected'}")
+        if any(problems.values()):
+            return 1
     return 1 if failed else 0
 
 

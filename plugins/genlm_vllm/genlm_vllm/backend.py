@@ -142,6 +142,11 @@ class VLLMBackend(VLLMSampling, VLLMLora, BaseLogprobBackend):
             # executor's lock, the CPU communicator): removed at close() if left over
             self._engine_segments = _mapped(self._engine_procs)
         self._counter = itertools.count()
+        #: engine steps and prompt tokens computed / read from vLLM's prefix cache
+        #: (``RequestOutput.num_cached_tokens``), as ``stats()["engine"]`` reports them
+        self._forward_calls = 0
+        self._tokens_computed = 0
+        self._tokens_reused = 0
         self._lora_ids = itertools.count(1)
         self.adapters = LoraAdapters()
         self._lora_requests: dict[str, Any] = {}
@@ -235,12 +240,13 @@ class VLLMBackend(VLLMSampling, VLLMLora, BaseLogprobBackend):
         prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
         self._check_healthy()
         try:
-            self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._active_lora)
+            results = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._active_lora)
             out, missing = self._fetch(tags)
         except BaseException as exc:
             self._check_healthy(exc)
             self._discard(tags)
             raise
+        self._count(contexts, results)
         if missing:
             raise RuntimeError(
                 f"vllm: no logits were captured for {len(missing)} of {len(contexts)} requests; "
@@ -248,6 +254,12 @@ class VLLMBackend(VLLMSampling, VLLMLora, BaseLogprobBackend):
                 "worker extension?"
             )
         return out
+
+    def _count(self, contexts: list[tuple[int, ...]], results: Any) -> None:
+        reused = sum(int(getattr(r, "num_cached_tokens", None) or 0) for r in results or ())
+        self._forward_calls += 1
+        self._tokens_reused += reused
+        self._tokens_computed += sum(len(c) for c in contexts) - reused
 
     def _fetch(self, tags: list[str]) -> tuple[torch.Tensor, list[int]]:
         """The captured rows in request order, and the indices that have none."""
@@ -384,4 +396,10 @@ class VLLMBackend(VLLMSampling, VLLMLora, BaseLogprobBackend):
     def stats(self) -> dict[str, Any]:
         out = super().stats()
         out["sample_batcher"] = self.sample_batcher.stats.as_dict()
+        out["engine"] = {
+            "forward_calls": self._forward_calls,
+            "tokens_computed": self._tokens_computed,
+            "tokens_reused": self._tokens_reused,
+            "prefix_caching": self.config.enable_prefix_caching,
+        }
         return out

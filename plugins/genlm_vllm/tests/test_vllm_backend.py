@@ -238,3 +238,21 @@ def test_clear_error_without_vllm_or_device(monkeypatch) -> None:
     monkeypatch.setattr(vllm.platforms, "current_platform", NoDevice())
     with pytest.raises(RuntimeError, match="no supported device"):
         launch._engine_device()
+
+
+def test_engine_stats_count_prefix_cache_hits(tiny_backend) -> None:
+    """``stats()["engine"]`` counts the prompt tokens vLLM read from its prefix cache
+    (whole 32-token blocks: ``RequestOutput.num_cached_tokens``) and those it computed, so
+    a lost prefix cache shows in the counters (the benchmark smoke reads them)."""
+    ctx = _ids(tiny_backend, 70, 3)
+    tiny_backend.next_token_logprobs_sync(ctx)
+    before = dict(tiny_backend.stats()["engine"])
+    tiny_backend.next_token_logprobs_sync(ctx + [5])
+    after = tiny_backend.stats()["engine"]
+    assert after["forward_calls"] - before["forward_calls"] == 1
+    assert after["tokens_reused"] - before["tokens_reused"] == 64  # the two full blocks of ctx
+    assert after["tokens_computed"] - before["tokens_computed"] == 71 - 64
+    tiny_backend.next_token_logprobs_uncached(ctx + [6])  # reads no block
+    last = tiny_backend.stats()["engine"]
+    assert last["tokens_reused"] == after["tokens_reused"]
+    assert last["tokens_computed"] - after["tokens_computed"] == 71
