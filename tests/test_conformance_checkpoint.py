@@ -67,7 +67,7 @@ def test_a_backend_without_checkpoint_is_checked_too(mock_backend, request, monk
     """The mock reads no model (its registration says so): the policy's no-file answer
     applies, the tokenizer's EOS id and no limit from a checkpoint."""
     source = find_checkpoint(mock_backend)
-    assert source.kind == "none" and "reads no model" in source.why
+    assert source.kind == "none" and "loads no model" in source.why
     Kit().test_checkpoint_policy(mock_backend, request)
     monkeypatch.setattr(mock_backend, "eos_token_ids", [0])  # not the tokenizer's EOS id
     assert mock_backend.tokenizer.eos_token_id != 0
@@ -81,3 +81,20 @@ def test_an_undeclared_backend_without_model_fails_with_what_to_declare(
     monkeypatch.setattr(get_registry().get("backend", "mock"), "model_formats", None)
     with pytest.raises(AssertionError, match="declare model_formats"):
         Kit().test_checkpoint_policy(mock_backend, request)
+
+
+def test_a_mock_lent_a_tokenizer_follows_the_folders_eos_ids(tiny_llama_path, request) -> None:
+    """A folder lends the mock its tokenizer only: the EOS ids come from the folder's files
+    (as the policy reads them), the mock has no positions and computes in float32."""
+    from genlm_core.engine import checkpoint
+
+    llm = genlm_core.load("mock", model=str(tiny_llama_path))
+    try:
+        source = find_checkpoint(llm)
+        assert source.kind == "none" and source.path == str(tiny_llama_path)
+        assert llm.eos_token_ids == checkpoint.checkpoint_eos_ids(
+            tiny_llama_path, llm.tokenizer, llm.vocab_size
+        )
+        Kit().test_checkpoint_policy(llm, request)
+    finally:
+        llm.close()

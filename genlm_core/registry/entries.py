@@ -75,7 +75,7 @@ class Registration:
     auto: bool = True
     description: str = ""
     #: the model formats it reads (:mod:`genlm_core.registry.model_formats`): ``("gguf",)``,
-    #: ``("hf-folder", "hub-id")``; ``()``: none, it has no checkpoint; ``None``: not declared
+    #: ``("hf-folder", "hub-id")``; ``()``: it loads no model (no checkpoint); ``None``: not declared
     #: (a candidate for every model). ``load("auto", model=...)`` skips those that cannot read it
     model_formats: tuple[str, ...] | None = None
     plugin: str = ""

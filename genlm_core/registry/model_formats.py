@@ -2,19 +2,19 @@
 that reads it.
 
 A backend declares the formats it reads in its registration
-(``register(..., model_formats=["hf-folder", "hub-id"])``); ``[]`` declares that it reads
-no model at all (a table, a mock: it has no checkpoint). A registration that declares
-nothing (``None``, third-party plugins written before the declaration existed) stays a
-candidate for every model. The formats:
+(``register(..., model_formats=["hf-folder", "hub-id"])``); ``[]`` declares that it
+loads no model from a checkpoint (a table; a mock, which a folder may lend a
+tokenizer). A registration that declares nothing (``None``, third-party plugins written
+before the declaration existed) stays a candidate for every model. The formats:
 
-============  ==========================================================================
+=============  =========================================================================
 ``hf-folder``  a local folder holding a transformers checkpoint (``config.json``); an
                existing folder with neither ``config.json`` nor a ``.gguf`` file counts
                as one too, so the folder checks say what it lacks
 ``hub-id``     a Hugging Face hub id (``"gpt2"``, ``"org/name"``) that is not a local path
 ``gguf``       a ``.gguf`` file, or a local folder holding one
 other          a local file is named by its suffix: ``safetensors``, ``bin``, ...
-============  ==========================================================================
+=============  =========================================================================
 
 Deciding reads the file system only (no engine import, no file is opened).
 """

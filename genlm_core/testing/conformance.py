@@ -308,10 +308,11 @@ class LogprobBackendConformance:
         read from the checkpoint's own files: a model folder's ``config.json`` and
         ``generation_config.json``, a GGUF file's metadata (read by the core,
         :mod:`genlm_core.engine.gguf_metadata`, not by the engine). A backend that declares it
-        reads no model (``model_formats=[]``: a table, a mock) has no checkpoint files, and
-        the policy's answer for that case is checked: the tokenizer's EOS id, no limit from a
-        checkpoint. Which of the three was checked is recorded in the report (junit property
-        ``checkpoint``)."""
+        loads no model (``model_formats=[]``: a table, a mock) has no positions and no
+        weights, and the policy's answer for that case is checked: the EOS ids of the
+        tokenizer (or of the folder lending it one), no limit from a checkpoint, float32.
+        Which checkpoint each class was checked against is listed at the end of the run
+        (section "checkpoint policy" of the kit's pytest plugin)."""
         from genlm_core.engine import checkpoint
 
         eos = backend.eos_token_ids
@@ -320,40 +321,38 @@ class LogprobBackendConformance:
         assert limit is None or (isinstance(limit, int) and limit >= 1)
         source = self.checkpoint_source(backend)
         request.config.stash.setdefault(CHECKED_CHECKPOINTS, []).append((request.node.nodeid, source))
-        generation: dict[str, Any] = {}
-        if source.kind == "folder":
-            config = checkpoint.read_config(source.path)
-            generation = checkpoint.read_generation_config(source.path)
-        elif source.kind == "gguf":
+        if source.kind == "gguf":
             from genlm_core.engine.gguf_metadata import read_gguf_metadata
 
-            config = read_gguf_metadata(source.path).checkpoint_config()
+            config, generation = read_gguf_metadata(source.path).checkpoint_config(), {}
         else:
-            config = {}
+            config = checkpoint.read_config(source.path)
+            generation = checkpoint.read_generation_config(source.path)
         expected_eos = checkpoint.default_eos_ids(
             generation, config, getattr(backend.tokenizer, "eos_token_id", None), backend.vocab_size
         )
         assert eos == expected_eos, (eos, expected_eos, source)
-        expected_limit = checkpoint.context_limit(config)
-        # an engine option may lower the limit (vLLM max_model_len, llama.cpp n_ctx), never raise it
+        # no model loaded: no positions; otherwise an engine option may lower the limit (vLLM
+        # max_model_len, llama.cpp n_ctx), never raise it
+        expected_limit = None if source.kind == "none" else checkpoint.context_limit(config)
         assert limit == expected_limit or (
             limit is not None and (expected_limit is None or limit < expected_limit)
         ), (limit, expected_limit, source)
         if source.requested_dtype == "auto":
-            # a GGUF's dtype is its weights' (none for quantised ones); with no checkpoint: float32
-            want = (
-                config.get("dtype")
-                if source.kind == "gguf"
-                else checkpoint.resolve_dtype("auto", source.path)
-            )
+            # a GGUF's dtype is its weights' (none for quantised ones); no model loaded: float32
+            if source.kind == "gguf":
+                want = config.get("dtype")
+            else:
+                want = checkpoint.resolve_dtype("auto", source.path if source.kind == "folder" else None)
             assert want is None or backend.dtype == want, (backend.dtype, want, source)
 
 
 @dataclass(frozen=True)
 class CheckpointSource:
     """The checkpoint a backend was loaded from: ``kind`` ``"folder"`` (a model folder or
-    a hub id), ``"gguf"`` (a GGUF file) or ``"none"`` (it reads no model); ``why``: how
-    that was found; ``requested_dtype``: the ``dtype`` option it was loaded with."""
+    a hub id), ``"gguf"`` (a GGUF file) or ``"none"`` (it loads no model; ``path`` is the
+    folder lending it a tokenizer, if any); ``why``: how that was found;
+    ``requested_dtype``: the ``dtype`` option it was loaded with."""
 
     kind: Literal["folder", "gguf", "none"]
     path: str | None
@@ -390,9 +389,9 @@ def find_checkpoint(backend: Any) -> CheckpointSource:
         formats = get_registry().get("backend", name).model_formats
     except UnknownImplementationError:
         formats = None
-    if formats is not None and not formats:
+    if formats is not None and not formats:  # a folder given may still lend it a tokenizer
         return CheckpointSource(
-            "none", None, f"{name} declares it reads no model (model_formats=[]), {via}", requested
+            "none", model, f"{name} declares it loads no model (model_formats=[]), {via}", requested
         )
     reads_gguf = formats is not None and "gguf" in formats
     if model is None:
