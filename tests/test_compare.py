@@ -95,6 +95,7 @@ def test_bad_arguments_are_one_line_errors(capsys) -> None:
 PROMPTS = ["The", "The capital of France is", "The capital of France is Paris. The capital of Italy is"]
 
 
+@pytest.mark.numeric
 def test_paths_compare_one_backend_with_itself_and_the_rows_are_the_backends(
     tiny_llama_path, tmp_path
 ) -> None:
