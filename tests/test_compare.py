@@ -90,3 +90,84 @@ def test_bad_arguments_are_one_line_errors(capsys) -> None:
     assert "at least two" in capsys.readouterr().err
     assert main(["compare", "--backends", "mock,hf", "--opt", "vllm:x=1"]) == 2
     assert "not in --backends" in capsys.readouterr().err
+
+
+PROMPTS = ["The", "The capital of France is", "The capital of France is Paris. The capital of Italy is"]
+
+
+@pytest.mark.numeric
+def test_paths_compare_one_backend_with_itself_and_the_rows_are_the_backends(
+    tiny_llama_path, tmp_path
+) -> None:
+    """`--paths`: each path's rows are what the backend's own calls give (recomputed here
+    on a backend of its own: CPU kernels are deterministic for the same shapes, so equal
+    calls give equal bits and the statistics must match exactly). In float32 the paths
+    agree to reduction order: 1e-5, as the conformance kit's tolerance for the tiny models."""
+    import genlm_core
+    from genlm_core.tools.compare import PATHS, compare_paths, compare_rows, tokenize_prompts
+
+    result = compare_paths("hf", model=str(tiny_llama_path), prompts=PROMPTS, options={"device": "cpu"})
+    assert list(result.backends) == [f"hf:{p}" for p in PATHS]
+    assert all(b["dtype"] == "float32" for b in result.backends.values())  # compare's default
+    assert result.ok(1e-5), result.table()
+    reused = {name: b["tokens_reused"] for name, b in result.backends.items()}
+    assert reused["hf:alone"] == reused["hf:batched"] == 0 and reused["hf:extended"] > 0, reused
+
+    llm = genlm_core.load("hf", model=str(tiny_llama_path), dtype="float32", device="cpu")
+    try:
+        contexts = tokenize_prompts(llm, PROMPTS)
+        alone = torch.stack([llm.next_token_logprobs_uncached(c) for c in contexts])
+        llm.clear_cache()
+        batched = llm.batch_next_token_logprobs_sync(contexts)
+        extended = []
+        for c in contexts:
+            llm.clear_cache()
+            if len(c) > 1:
+                llm.next_token_logprobs_sync(c[: len(c) // 2])
+            extended.append(llm.next_token_logprobs_sync(c))
+    finally:
+        llm.close()
+    want = compare_rows({"alone": alone, "batched": batched, "extended": torch.stack(extended)})
+    got = result.pairs
+    assert [(p.max_abs, p.top_k_max_abs, p.max_kl) for p in got] == [
+        (p.max_abs, p.top_k_max_abs, p.max_kl) for p in want
+    ]
+    assert result.contexts == contexts
+
+
+def test_top_k_difference_is_over_the_first_rows_most_likely_tokens() -> None:
+    a = torch.tensor([[0.6, 0.3, 0.05, 0.05]]).log()
+    b = torch.tensor([[0.55, 0.3, 0.1, 0.05]]).log()
+    (pair,) = compare_rows({"a": a, "b": b}, top_k=2)
+    assert pair.top_k == 2
+    assert pair.top_k_max_abs == pytest.approx(math.log(0.6 / 0.55), abs=1e-6)  # tokens 0 and 1 only
+    assert pair.max_abs == pytest.approx(math.log(0.1 / 0.05), abs=1e-6)  # token 2, outside the top 2
+
+
+def test_paths_cli_bfloat16_and_float32_default(tiny_llama_path, capsys) -> None:
+    """bfloat16 through the CLI (what the numerics docs show on SmolLM2), and float32
+    stays what the CPU computes in by default: `load` without dtype on a float32
+    checkpoint, and `genlm compare` without --dtype."""
+    import genlm_core
+
+    llm = genlm_core.load("hf", model=str(tiny_llama_path), device="cpu")
+    try:
+        assert llm.dtype == "float32"
+    finally:
+        llm.close()
+    args = ["compare", "--backends", "hf", "--model", str(tiny_llama_path), "--opt", "device=cpu"]
+    assert main([*args, "--paths", "alone,batched", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [b["dtype"] for b in report["backends"].values()] == ["float32", "float32"]
+    code = main(
+        [*args, "--paths", "alone,batched,extended", "--dtype", "bfloat16", "--json", "--tolerance", "10"]
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and {b["dtype"] for b in report["backends"].values()} == {"bfloat16"}
+    assert [(p["a"], p["b"]) for p in report["pairs"]] == [
+        ("hf:alone", "hf:batched"), ("hf:alone", "hf:extended"), ("hf:batched", "hf:extended"),
+    ]  # fmt: skip
+    assert main([*args, "--paths", "alone"]) == 2
+    assert "at least two of alone, batched, extended" in capsys.readouterr().err
+    assert main(["compare", "--backends", "hf,mlx", "--paths", "alone,batched"]) == 2
+    assert "one backend with itself" in capsys.readouterr().err

@@ -17,6 +17,7 @@ The modules, one mechanism each, shared by every backend:
 ``memory``         what a value keeps alive, private copies for callers
 ``checkpoint``     one checkpoint policy: context limit, EOS ids, ``model=None``
 ``model_folder``   local folders vs hub ids, checked before any engine loads
+``gguf_metadata``  the key/value header of a GGUF file (context length, EOS id, dtype)
 ``dtypes``         one meaning of ``dtype`` on every engine
 ``vocab``          exact byte vocabularies of tokenizers
 ``lora``           the bookkeeping of LoRA adapters
@@ -77,6 +78,8 @@ EXPORTS: dict[str, str] = {
     "checkpoint_dtype": "genlm_core.engine.dtypes",
     "normalize_dtype": "genlm_core.engine.dtypes",
     "resolve_dtype": "genlm_core.engine.dtypes",
+    "GGUFMetadata": "genlm_core.engine.gguf_metadata",
+    "read_gguf_metadata": "genlm_core.engine.gguf_metadata",
     # vocabularies, adapters, progress, transport
     "DecodedVocab": "genlm_core.engine.vocab",
     "decode_vocab": "genlm_core.engine.vocab",
@@ -128,6 +131,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never run
         normalize_dtype,
         resolve_dtype,
     )
+    from genlm_core.engine.gguf_metadata import GGUFMetadata, read_gguf_metadata
     from genlm_core.engine.kv_reuse import KVCacheOptions, KVReuse, KVReuseBackend
     from genlm_core.engine.lora import LoraAdapters
     from genlm_core.engine.memory import compact, private_copy, sizeof

@@ -37,6 +37,7 @@ from genlm_core.registry.entries import (
     core_version,
 )
 from genlm_core.registry.hookspecs import ENTRY_POINT_GROUP, HOOK_KINDS, PROJECT, GenlmHookSpecs
+from genlm_core.registry.model_formats import describe, install_hint, model_formats
 
 __all__ = ["Registry", "get_registry"]
 
@@ -153,11 +154,16 @@ class Registry:
             install: str | None = None,
             auto: bool = True,
             description: str = "",
-            model_suffixes: list[str] | tuple[str, ...] = (),
+            model_formats: list[str] | tuple[str, ...] | None = None,
         ) -> None:
             if not isinstance(target, str) or ":" not in target:
                 raise ValueError(
                     f"register({name!r}, {target!r}): target must be an import string 'module:attr'"
+                )
+            if isinstance(model_formats, str):
+                raise ValueError(
+                    f"register({name!r}, ...): model_formats must be a list of format names, "
+                    f"e.g. [{model_formats!r}], not a string"
                 )
             if isinstance(priority, int):
                 priority = {d: priority for d in devices}
@@ -173,7 +179,7 @@ class Registry:
                 install=install,
                 auto=auto,
                 description=description,
-                model_suffixes=tuple(s.lower() for s in model_suffixes),
+                model_formats=None if model_formats is None else tuple(f.lower() for f in model_formats),
                 plugin=plugin,
                 distribution=dist,
                 version=version,
@@ -230,22 +236,31 @@ class Registry:
     ) -> tuple[Registration, str, list[dict[str, Any]]]:
         """Pick the best available implementation for this machine (and ``model``).
 
-        Devices are tried best first (CUDA, Apple silicon, CPU); on the first device
-        some available implementation supports, the highest priority wins (ties go
-        to the name, for a stable choice). A ``model`` whose file suffix some
-        implementations claim (``model_suffixes``, e.g. ``.gguf``) is chosen among
-        those only. Returns the choice, its device and the candidates considered
-        (for ``genlm doctor``). ``devices`` replaces this machine's device list (best
-        first), e.g. ``["cpu"]`` for the best implementation on the CPU.
+        Implementations that cannot read ``model`` (their declared ``model_formats``, see
+        :mod:`~genlm_core.registry.model_formats`: an HF folder, a hub id, a GGUF file) are
+        skipped. Devices are tried best first (CUDA, Apple silicon, CPU); on the first
+        device some available implementation supports, the highest priority wins (ties
+        go to the name, for a stable choice). Returns the choice, its device and the
+        candidates considered (for ``genlm doctor``; a skipped one has status
+        ``"skipped"``). ``devices`` replaces this machine's device list (best first),
+        e.g. ``["cpu"]`` for the best implementation on the CPU.
         """
         considered: list[dict[str, Any]] = []
-        regs = [r for r in self._by_kind[kind].values() if r.auto]
-        suffix = (
-            os.path.splitext(os.fspath(model))[1].lower() if isinstance(model, (str, os.PathLike)) else ""
-        )
-        claiming = [r for r in regs if suffix and suffix in r.model_suffixes]
-        if claiming:
-            regs = claiming
+        every = [r for r in self._by_kind[kind].values() if r.auto]
+        formats = model_formats(model) if kind == "backend" else None
+        regs = [r for r in every if r.reads(formats)]
+        for reg in every:
+            if not reg.reads(formats):
+                considered.append(
+                    {
+                        "device": None,
+                        "name": reg.name,
+                        "priority": None,
+                        "status": "skipped",
+                        "reason": f"reads {', '.join(reg.model_formats or ()) or 'no model'}, "
+                        f"not {' or '.join(describe(f) for f in sorted(formats or ()))}",
+                    }
+                )
         for device in devices if devices is not None else hardware.probe().devices:
             ranked = []
             for reg in regs:
@@ -266,10 +281,12 @@ class Registry:
             if ranked:
                 ranked.sort(key=lambda x: (-x[0], x[1]))
                 return ranked[0][2], device, considered
-        if claiming:
+        if formats is not None and every and not regs:
+            raise UnavailableImplementationError(_nothing_reads(kind, model, formats, every))
+        if formats is not None and regs:
             raise UnavailableImplementationError(
-                f"No {kind} that reads {suffix} models can run here: "
-                + "; ".join(f"{r.name}: {r.status()[1]}" for r in claiming)
+                f"No {kind} that reads {' or '.join(describe(f) for f in sorted(formats))} can run here: "
+                + "; ".join(f"{r.name}: {r.status()[1] or 'no supported device'}" for r in regs)
             )
         if devices is not None:
             raise UnavailableImplementationError(
@@ -280,6 +297,24 @@ class Registry:
             f"No {kind} can run on this machine (devices: {', '.join(hardware.probe().devices)}). "
             "Install one, e.g. `pip install genlm-hf`; `genlm backends` shows why each is unavailable."
         )
+
+
+def _nothing_reads(kind: str, model: Any, formats: frozenset[str], installed: list[Registration]) -> str:
+    """The error for a model that no installed implementation reads: what to install for
+    it, and what the installed ones read instead."""
+    what = " or ".join(describe(f) for f in sorted(formats))
+    hints = sorted({h for f in formats if (h := install_hint(f))})
+    fix = [f"install a backend that reads it (`{' or '.join(hints)}`)"] if hints else []
+    readable = sorted({f for r in installed for f in (r.model_formats or ())})
+    if readable:
+        fix.append(f"give {' or '.join(describe(f) for f in readable)}, which the installed backends read")
+    names = ", ".join(
+        f"{r.name} ({', '.join(r.model_formats) if r.model_formats else 'no model'})" for r in installed
+    )
+    return (
+        f"load(model={os.fspath(model)!r}): that is {what}, and no installed {kind} reads it "
+        f"(installed: {names or 'none'}). Fix: {'; or '.join(fix) or 'install a backend that reads it'}."
+    )
 
 
 _registry: Registry | None = None

@@ -74,9 +74,10 @@ class Registration:
     install: str | None = None
     auto: bool = True
     description: str = ""
-    #: model file suffixes only this kind of implementation reads (``(".gguf",)``):
-    #: ``load("auto", model="x.gguf")`` chooses among the implementations claiming them
-    model_suffixes: tuple[str, ...] = ()
+    #: the model formats it reads (:mod:`genlm_core.registry.model_formats`): ``("gguf",)``,
+    #: ``("hf-folder", "hub-id")``; ``()``: it loads no model (no checkpoint); ``None``: not declared
+    #: (a candidate for every model). ``load("auto", model=...)`` skips those that cannot read it
+    model_formats: tuple[str, ...] | None = None
     plugin: str = ""
     distribution: str = ""
     version: str = ""
@@ -109,6 +110,13 @@ class Registration:
             )
         return "available", ""
 
+    def reads(self, formats: frozenset[str] | None) -> bool:
+        """Whether it can read a model in one of ``formats`` (``None``: no model given, each
+        backend's default). An undeclared registration is assumed to read anything."""
+        if formats is None or self.model_formats is None:
+            return True
+        return bool(formats.intersection(self.model_formats))
+
     def priority_on(self, device: str) -> int:
         return int(self.priority.get(device, 0))
 
@@ -139,7 +147,7 @@ class Registration:
             "status": status,
             "reason": reason,
             "description": self.description,
-            "model_suffixes": list(self.model_suffixes),
+            "model_formats": None if self.model_formats is None else list(self.model_formats),
         }
 
 

@@ -27,11 +27,15 @@ import math
 import random
 import time
 import weakref
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import pytest
 
-__all__ = ["LogprobBackendConformance"]
+__all__ = ["CheckpointSource", "LogprobBackendConformance", "find_checkpoint"]
+
+#: (test id, checkpoint source) of every checkpoint-policy check run, for the run's summary
+CHECKED_CHECKPOINTS: pytest.StashKey[list[tuple[str, CheckpointSource]]] = pytest.StashKey()
 
 
 class LogprobBackendConformance:
@@ -294,38 +298,120 @@ class LogprobBackendConformance:
         assert callable(backend.close)
 
     # ------------------------------------------------------------------ checkpoint policy
-    def checkpoint_folder(self, backend: Any) -> Any:
-        """The model folder the backend was loaded from (its files give the policy's
-        expected values), or None (a GGUF file, a hub id): override where needed."""
-        from pathlib import Path
+    def checkpoint_source(self, backend: Any) -> CheckpointSource:
+        """Where the backend's checkpoint is: :func:`find_checkpoint` (override for a
+        backend whose checkpoint it cannot find)."""
+        return find_checkpoint(backend)
 
-        model = getattr(getattr(backend, "config", None), "model", None)
-        return model if model is not None and Path(model).is_dir() else None
-
-    def test_checkpoint_policy(self, backend: Any) -> None:
-        """Default EOS ids, context limit and dtype follow :mod:`genlm_core.engine.checkpoint`:
-        the same folder gives the same answers on every engine."""
+    def test_checkpoint_policy(self, backend: Any, request: Any) -> None:
+        """Default EOS ids, context limit and dtype follow :mod:`genlm_core.engine.checkpoint`,
+        read from the checkpoint's own files: a model folder's ``config.json`` and
+        ``generation_config.json``, a GGUF file's metadata (read by the core,
+        :mod:`genlm_core.engine.gguf_metadata`, not by the engine). A backend that declares it
+        loads no model (``model_formats=[]``: a table, a mock) has no positions and no
+        weights, and the policy's answer for that case is checked: the EOS ids of the
+        tokenizer (or of the folder lending it one), no limit from a checkpoint, float32.
+        Which checkpoint each class was checked against is listed at the end of the run
+        (section "checkpoint policy" of the kit's pytest plugin)."""
         from genlm_core.engine import checkpoint
 
         eos = backend.eos_token_ids
         assert eos == sorted(set(eos)) and all(0 <= e < backend.vocab_size for e in eos)
         limit = backend.max_context_length
         assert limit is None or (isinstance(limit, int) and limit >= 1)
-        folder = self.checkpoint_folder(backend)
-        if folder is None:
-            return
-        config = checkpoint.read_config(folder)
+        source = self.checkpoint_source(backend)
+        request.config.stash.setdefault(CHECKED_CHECKPOINTS, []).append((request.node.nodeid, source))
+        if source.kind == "gguf":
+            from genlm_core.engine.gguf_metadata import read_gguf_metadata
+
+            config, generation = read_gguf_metadata(source.path).checkpoint_config(), {}
+        else:
+            config = checkpoint.read_config(source.path)
+            generation = checkpoint.read_generation_config(source.path)
         expected_eos = checkpoint.default_eos_ids(
-            checkpoint.read_generation_config(folder),
-            config,
-            getattr(backend.tokenizer, "eos_token_id", None),
-            backend.vocab_size,
+            generation, config, getattr(backend.tokenizer, "eos_token_id", None), backend.vocab_size
         )
-        assert eos == expected_eos, (eos, expected_eos)
-        expected_limit = checkpoint.context_limit(config)
-        # an engine option may lower the limit (vLLM max_model_len, llama.cpp n_ctx), never raise it
+        assert eos == expected_eos, (eos, expected_eos, source)
+        # no model loaded: no positions; otherwise an engine option may lower the limit (vLLM
+        # max_model_len, llama.cpp n_ctx), never raise it
+        expected_limit = None if source.kind == "none" else checkpoint.context_limit(config)
         assert limit == expected_limit or (
-            limit is not None and expected_limit is not None and limit < expected_limit
-        ), (limit, expected_limit)
-        if getattr(backend.config, "dtype", None) == "auto":
-            assert backend.dtype == checkpoint.resolve_dtype("auto", folder)
+            limit is not None and (expected_limit is None or limit < expected_limit)
+        ), (limit, expected_limit, source)
+        if source.requested_dtype == "auto":
+            # a GGUF's dtype is its weights' (none for quantised ones); no model loaded: float32
+            if source.kind == "gguf":
+                want = config.get("dtype")
+            else:
+                want = checkpoint.resolve_dtype("auto", source.path if source.kind == "folder" else None)
+            assert want is None or backend.dtype == want, (backend.dtype, want, source)
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    """The checkpoint a backend was loaded from: ``kind`` ``"folder"`` (a model folder or
+    a hub id), ``"gguf"`` (a GGUF file) or ``"none"`` (it loads no model; ``path`` is the
+    folder lending it a tokenizer, if any); ``why``: how that was found;
+    ``requested_dtype``: the ``dtype`` option it was loaded with."""
+
+    kind: Literal["folder", "gguf", "none"]
+    path: str | None
+    why: str
+    requested_dtype: str | None = None
+
+
+def find_checkpoint(backend: Any) -> CheckpointSource:
+    """The checkpoint of ``backend``, from its registration and config.
+
+    The backend's registration says what it reads (``model_formats``); its config names
+    the model (``model``, with ``gguf_file`` where the backend has one). A client of
+    ``genlm serve`` (``info()["server"]``) is judged by the served backend and model,
+    which must be on this machine. ``model=None`` is the embedded default model
+    (:func:`genlm_core.engine.checkpoint.default_model`): its folder, or its GGUF for a
+    backend that reads GGUF files and not folders. Raises ``AssertionError`` saying what
+    to declare when the backend's checkpoint cannot be told.
+    """
+    from pathlib import Path
+
+    from genlm_core.engine import checkpoint
+    from genlm_core.registry import UnknownImplementationError, get_registry
+
+    config = getattr(backend, "config", None)
+    served = backend.info().get("server")
+    if isinstance(served, dict) and served.get("backend"):
+        name, model, gguf_file = str(served["backend"]), served.get("model") or None, None
+        requested, via = None, f"served by {served['backend']} at {backend.info().get('url', '?')}"
+    else:
+        name = str(getattr(backend, "backend_name", type(backend).__name__))
+        model, gguf_file = getattr(config, "model", None), getattr(config, "gguf_file", None)
+        requested, via = getattr(config, "dtype", None), f"{name}'s config"
+    try:
+        formats = get_registry().get("backend", name).model_formats
+    except UnknownImplementationError:
+        formats = None
+    if formats is not None and not formats:  # a folder given may still lend it a tokenizer
+        return CheckpointSource(
+            "none", model, f"{name} declares it loads no model (model_formats=[]), {via}", requested
+        )
+    reads_gguf = formats is not None and "gguf" in formats
+    if model is None:
+        if formats is None:
+            raise AssertionError(
+                f"backend {name!r} was loaded with model=None and its registration does not declare "
+                "model_formats: the kit cannot tell which checkpoint it read. Declare model_formats in "
+                "register(...) ([] for a backend that reads no model), or override checkpoint_source()"
+            )
+        gguf = reads_gguf and "hf-folder" not in formats
+        kind: Literal["folder", "gguf"] = "gguf" if gguf else "folder"
+        return CheckpointSource(kind, checkpoint.default_model(gguf=gguf), f"model=None: the default model, {via}", requested)  # fmt: skip
+    path = Path(model) / gguf_file if gguf_file else Path(model)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return CheckpointSource("gguf", str(path), f"a GGUF file, {via}", requested)
+    if path.is_dir() and not (path / "config.json").is_file() and reads_gguf:
+        ggufs = sorted(p for p in path.iterdir() if p.suffix.lower() == ".gguf")
+        if len(ggufs) != 1:
+            raise AssertionError(f"{path} holds {len(ggufs)} GGUF files: override checkpoint_source()")
+        return CheckpointSource("gguf", str(ggufs[0]), f"the GGUF file of its folder, {via}", requested)
+    if path.is_dir() or not checkpoint.looks_like_path(str(model)):
+        return CheckpointSource("folder", str(model), f"a model folder or hub id, {via}", requested)
+    raise AssertionError(f"{name}: its model {model!r} is not on this machine: override checkpoint_source()")

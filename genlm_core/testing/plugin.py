@@ -48,6 +48,20 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
 
 
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Which checkpoint each conformance class's policy check read: a model folder, a GGUF
+    file, or none (a backend that declares it reads no model)."""
+    from genlm_core.testing.conformance import CHECKED_CHECKPOINTS
+
+    checked = config.stash.get(CHECKED_CHECKPOINTS, [])
+    if not checked:
+        return
+    terminalreporter.section("checkpoint policy (genlm_core.testing)")
+    lines = (f"{nodeid.rsplit('::', 1)[0]}: {s.kind} {s.path or '-'} ({s.why})" for nodeid, s in checked)
+    for line in dict.fromkeys(lines):
+        terminalreporter.write_line(line)
+
+
 def mark_directory(items: list[pytest.Item], conftest: str, *marks: pytest.MarkDecorator) -> None:
     """Add ``marks`` to every collected test under the folder of ``conftest`` (a
     conftest's ``pytest_collection_modifyitems`` passes ``__file__``): how a whole test

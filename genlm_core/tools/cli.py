@@ -179,7 +179,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Same contexts through several backends; exit 1 when a pair differs beyond --tolerance."""
     from genlm_core.tools import compare
 
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    default = "auto" if args.paths else "hf,vllm,mlx"
+    backends = [b.strip() for b in (args.backends or default).split(",") if b.strip()]
     shared: dict[str, Any] = {}
     per_backend: dict[str, dict[str, Any]] = {}
     for key, value in parse_opts(args.opt).items():
@@ -191,6 +192,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     prompts = compare.read_prompts(args.prompts) if args.prompts else compare.DEFAULT_PROMPTS
     if args.tolerance < 0:
         raise ValueError(f"--tolerance must be >= 0, got {args.tolerance}")
+    if args.paths:
+        if len(backends) != 1 or per_backend:
+            raise ValueError(
+                f"--paths compares one backend with itself: give one --backends name, not {backends}"
+            )
+        model = _default_model(args.model)
+        from genlm_core.api import resolve
+
+        name = resolve(backends[0], model=model).name  # "auto" and aliases: the backend's own name
+        result = compare.compare_paths(
+            name, args.paths.split(","), model=model, prompts=prompts, dtype=args.dtype, options=shared
+        )
+        print(result.to_json(args.tolerance) if args.json else result.table(args.tolerance))
+        return 0 if result.ok(args.tolerance) else 1
     result = compare.compare_backends(
         backends,
         model=_default_model(args.model),
@@ -314,7 +329,19 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sub.add_parser(
         "compare", help="run the same contexts through several backends and compare distributions"
     )
-    cp.add_argument("--backends", default="hf,vllm,mlx", help="comma-separated backend names")
+    cp.add_argument(
+        "--backends",
+        default=None,
+        help="comma-separated backend names (default hf,vllm,mlx; with --paths: auto)",
+    )
+    cp.add_argument(
+        "--paths",
+        default=None,
+        metavar="P1,P2,...",
+        help="compare ONE backend with itself, computing each context along these paths: alone (a pass "
+        "of its own), batched (one batch with the others), extended (after its first half, extending "
+        "that prefix's cached KV); e.g. --paths alone,batched,extended --dtype bfloat16",
+    )
     cp.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M)")
     cp.add_argument("--prompts", default=None, metavar="FILE", help="one prompt per line (or a JSON list)")
     cp.add_argument("--dtype", default="float32", help="dtype on every backend (default float32)")

@@ -8,6 +8,14 @@ differ most. :func:`compare_backends` loads backends by name (one at a time);
 :func:`compare_loaded` takes backends already loaded (tests, benchmarks);
 :func:`compare_rows` compares rows already computed.
 
+:func:`compare_paths` (``genlm compare --paths``) compares one backend with itself: the
+same contexts computed alone, in one batch, and by extending a cached prefix's KV
+(:data:`PATHS`). In float32 these differ by reduction order only (~1e-5); in 16-bit
+dtypes a row depends on its batch-mates and on the KV it extends (docs/numerics.md).
+Besides the largest difference over the whole vocabulary, each pair reports it over
+the ``top_k`` most likely tokens of its first member, where a program's mass is
+(16-bit tail logprobs move most).
+
 Contexts come from prompts tokenized once (by the first backend's tokenizer), so
 every backend sees the same token ids. The default prompts mix lengths, share
 prefixes (which exercises prefix caches) and include a long context.
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,10 +37,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DEFAULT_PROMPTS",
     "DEFAULT_TOLERANCE",
+    "PATHS",
     "CompareResult",
     "PairStats",
     "compare_backends",
     "compare_loaded",
+    "compare_paths",
     "compare_rows",
     "read_prompts",
     "tokenize_prompts",
@@ -50,6 +61,16 @@ _LONG = (
     "downtown towers that stop below the height of the mountain. In winter, much of the "
     "city moves underground, where kilometres of tunnels link shops, offices and stations. "
 )
+
+#: the tokens whose logprobs ``top_k_max_abs`` compares (the most likely of a pair's first row)
+TOP_K = 50
+
+#: how one backend can compute a context's row (``genlm compare --paths``)
+PATHS: dict[str, str] = {
+    "alone": "each context in a forward pass of its own, no cache read (next_token_logprobs_uncached)",
+    "batched": "every context in one batch, caches cleared first (batch_next_token_logprobs_sync)",
+    "extended": "each context after its first half, so the engine extends that prefix's cached KV",
+}
 
 #: mixed lengths, shared prefixes, digits and punctuation, one long context
 DEFAULT_PROMPTS: tuple[str, ...] = (
@@ -77,6 +98,9 @@ class PairStats:
     n_contexts: int
     worst_context: int  # index of the context with the largest |Δ logprob|
     per_context_max_abs: list[float] = field(default_factory=list)
+    #: largest |Δ logprob| over the ``top_k`` most likely tokens of ``a``'s row, every context
+    top_k_max_abs: float = math.nan
+    top_k: int = TOP_K
 
     def ok(self, tolerance: float) -> bool:
         return self.max_abs <= tolerance
@@ -116,10 +140,12 @@ class CompareResult:
             + ", ".join(
                 f"{n}: {b['dtype']} on {b['device']}"
                 + (f" ({b['weights']} weights)" if "weights" in b else "")
+                + (f" ({b['tokens_reused']} tokens from cached KV)" if "tokens_reused" in b else "")
                 for n, b in self.backends.items()
             )
         ]
-        cols = ("pair", "max |Δ logprob|", "max KL", "mean KL", "top-1 agree", "worst context")
+        k = self.pairs[0].top_k if self.pairs else TOP_K
+        cols = ("pair", "max |Δ logprob|", f"top-{k}", "max KL", "mean KL", "top-1 agree", "worst context")
         rows = []
         for p in self.pairs:
             text = self.texts[p.worst_context]
@@ -128,6 +154,7 @@ class CompareResult:
                 (
                     f"{p.a} vs {p.b}",
                     f"{p.max_abs:.3g}" + ("" if tolerance is None or p.ok(tolerance) else "  FAIL"),
+                    f"{p.top_k_max_abs:.3g}",
                     f"{p.max_kl:.3g}",
                     f"{p.mean_kl:.3g}",
                     f"{p.top1_agree}/{p.n_contexts}",
@@ -144,7 +171,7 @@ class CompareResult:
         return "\n".join(lines)
 
 
-def compare_rows(rows: Mapping[str, "torch.Tensor"]) -> list[PairStats]:
+def compare_rows(rows: Mapping[str, "torch.Tensor"], top_k: int = TOP_K) -> list[PairStats]:
     """Pairwise statistics of ``{name: (contexts, vocab) logprobs}`` (same contexts, same order)."""
     import torch
 
@@ -159,6 +186,7 @@ def compare_rows(rows: Mapping[str, "torch.Tensor"]) -> list[PairStats]:
         both_inf = torch.isneginf(la) & torch.isneginf(lb)
         diff = torch.where(both_inf, torch.zeros_like(la), (la - lb).abs())
         per_ctx = diff.amax(dim=1)
+        top = la.topk(min(top_k, la.shape[1]), dim=1).indices
         pa = la.exp()
         kl = torch.where(pa > 0, pa * (la - lb), torch.zeros_like(la)).sum(dim=1).clamp_min(0)
         out.append(
@@ -172,6 +200,8 @@ def compare_rows(rows: Mapping[str, "torch.Tensor"]) -> list[PairStats]:
                 n_contexts=int(la.shape[0]),
                 worst_context=int(per_ctx.argmax()),
                 per_context_max_abs=[float(x) for x in per_ctx],
+                top_k_max_abs=float(diff.gather(1, top).max()) if la.numel() else 0.0,
+                top_k=top_k,
             )
         )
     return out
@@ -292,4 +322,67 @@ def compare_backends(
         finally:
             llm.close()
     assert contexts is not None
+    return CompareResult(backends=described, contexts=contexts, texts=list(prompts), pairs=compare_rows(rows))
+
+
+def _reused(llm: Any) -> int | None:
+    """Tokens the engine took from cached KV so far (engines that count them)."""
+    value = llm.stats().get("engine", {}).get("tokens_reused")
+    return int(value) if isinstance(value, int) else None
+
+
+def _run_path(llm: Any, contexts: Sequence[Sequence[int]], path: str) -> "torch.Tensor":
+    """Every context's row computed along ``path`` (:data:`PATHS`)."""
+    import torch
+
+    llm.clear_cache()
+    if path == "batched":
+        return llm.batch_next_token_logprobs_sync([list(c) for c in contexts]).detach().cpu()
+    out = []
+    for ctx in contexts:
+        llm.clear_cache()
+        if path == "alone":
+            uncached = getattr(llm, "next_token_logprobs_uncached", None)
+            row = uncached(list(ctx)) if uncached is not None else llm.next_token_logprobs_sync(list(ctx))
+        else:  # extended: a context of one token has no prefix to extend and is computed alone
+            if len(ctx) > 1:
+                llm.next_token_logprobs_sync(list(ctx[: len(ctx) // 2]))
+            row = llm.next_token_logprobs_sync(list(ctx))
+        out.append(row.detach().cpu())
+    llm.clear_cache()
+    return torch.stack(out)
+
+
+def compare_paths(
+    backend: str,
+    paths: Sequence[str] = tuple(PATHS),
+    model: str | None = None,
+    prompts: Sequence[str] = DEFAULT_PROMPTS,
+    dtype: str = "float32",
+    options: Mapping[str, Any] | None = None,
+) -> CompareResult:
+    """One backend against itself: the same contexts along each of ``paths`` (:data:`PATHS`),
+    compared pairwise (labels ``backend:path``). Whether a row depends on its batch-mates
+    (``alone`` vs ``batched``) or on the cached KV it extends (``alone`` vs ``extended``)."""
+    import genlm_core
+
+    paths = list(dict.fromkeys(paths))
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown or len(paths) < 2:
+        raise ValueError(
+            f"compare: --paths takes at least two of {', '.join(PATHS)}, got {', '.join(paths) or 'none'}"
+        )
+    llm = genlm_core.load(backend, **{"dtype": dtype, "model": model, **(options or {})})
+    try:
+        contexts = tokenize_prompts(llm, prompts, llm.max_context_length)
+        rows: dict[str, Any] = {}
+        described: dict[str, dict[str, Any]] = {}
+        for p in paths:
+            before = _reused(llm)
+            rows[f"{backend}:{p}"] = _run_path(llm, contexts, p)
+            described[f"{backend}:{p}"] = {**_describe(llm), "path": PATHS[p]}
+            if before is not None:  # whether "extended" really extended cached KV
+                described[f"{backend}:{p}"]["tokens_reused"] = _reused(llm) - before
+    finally:
+        llm.close()
     return CompareResult(backends=described, contexts=contexts, texts=list(prompts), pairs=compare_rows(rows))

@@ -13,4 +13,5 @@ def genlm_register_backends(register):
         requires=["torch"],
         install="pip install genlm-example",
         description="add-one smoothed byte bigram model trained on a text",
+        model_formats=[],  # trained on a text, not loaded from a checkpoint
     )

@@ -20,4 +20,6 @@ def genlm_register_backends(register: Callable[..., Any]) -> None:
         requires=["torch", "transformers"],
         install="pip install genlm-hf",
         description="Hugging Face transformers: auto-batching, KV prefix reuse, LoRA adapters",
+        # a GGUF only inside a folder or hub repo named with gguf_file= (dequantised): not "gguf"
+        model_formats=["hf-folder", "hub-id"],
     )

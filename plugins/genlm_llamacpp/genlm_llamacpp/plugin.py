@@ -15,12 +15,12 @@ def genlm_register_backends(register: Callable[..., Any]) -> None:
         "genlm_llamacpp.backend:LlamaCppBackend",
         config="genlm_llamacpp.config:LlamaCppConfig",
         devices=["cpu"],
-        # below transformers (50) for hub ids and folders; a .gguf file is chosen among
-        # the backends claiming the suffix, so load("auto", model="x.gguf") picks this one
+        # below transformers (50), which wins a folder holding both config.json and a .gguf;
+        # only GGUF readers compete for a .gguf file (model_formats)
         priority={"cpu": 20},
         aliases=["llama.cpp", "gguf"],
         requires=["llama_cpp"],
         install="pip install genlm-llamacpp",
         description="llama.cpp (GGUF files): batched logprobs, one KV sequence per context, prefix reuse",
-        model_suffixes=[".gguf"],
+        model_formats=["gguf"],  # a .gguf file or a folder holding one (a hub id needs gguf_file=)
     )

@@ -34,7 +34,7 @@ def test_plugin_and_listing_import_no_llama_cpp():
     reg = data["row"]
     assert reg["status"] == "available"
     assert reg["aliases"] == ["llama.cpp", "gguf"]
-    assert reg["model_suffixes"] == [".gguf"]
+    assert reg["model_formats"] == ["gguf"]
     assert reg["distribution"] == "genlm-llamacpp"
 
 

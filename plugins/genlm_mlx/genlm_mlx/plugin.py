@@ -19,4 +19,5 @@ def genlm_register_backends(register: Callable[..., Any]) -> None:
         requires=["mlx", "mlx_lm"],
         install="pip install genlm-mlx",
         description="MLX (mlx-lm): batched logprobs with KV prefix reuse; Apple silicon GPU or CPU",
+        model_formats=["hf-folder", "hub-id"],  # what mlx_lm.load reads
     )

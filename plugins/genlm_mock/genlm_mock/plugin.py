@@ -14,4 +14,5 @@ def genlm_register_backends(register):
         requires=["torch", "numpy"],
         install="pip install genlm-mock",
         description="deterministic pseudo-random logprobs seeded by the context",
+        model_formats=[],  # loads no model (a folder given lends it only a tokenizer)
     )

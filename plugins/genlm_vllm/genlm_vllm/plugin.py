@@ -15,6 +15,7 @@ def genlm_register_backends(register):
         requires=["vllm"],
         install='pip install "genlm-vllm[cuda]"  (CPU machines: pip install "genlm-vllm[cpu]")',
         description="vLLM V1 engine: batched full next-token logprobs via a logits processor",
+        model_formats=["hf-folder", "hub-id"],
     )
 
 
