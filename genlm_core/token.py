@@ -40,8 +40,11 @@ class Token(bytes):
             value = byte_string
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError(f"Token byte_string must be bytes-like, got {type(value).__name__}")
+        if isinstance(token_id, bool) or not hasattr(token_id, "__index__"):
+            # int("1") or int(1.5) would hide a caller's bug behind a wrong id
+            raise TypeError(f"Token token_id must be an int, got {type(token_id).__name__} {token_id!r}")
         self = super().__new__(cls, value)
-        self.token_id = int(token_id)
+        self.token_id = token_id.__index__()
         return self
 
     #: ``Token.as_bytes(x)``: plain ``bytes`` of a Token or bytes; ``tok.as_bytes()`` too.

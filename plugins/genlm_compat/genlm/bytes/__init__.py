@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from genlm.backend._guard import warn_if_real
-from genlm.backend._surface import module_getattr
+from genlm.bytes.trie import AsyncTokenByteTrie, TokenByteTrie
+from genlm.bytes.util import Chart, LazyByteProbs
 
 from genlm_core.bytes import (
     EOS,
@@ -16,11 +18,8 @@ from genlm_core.bytes import (
 )
 from genlm_core.bytes import BeamParams as _CoreBeamParams
 from genlm_core.bytes import ByteBeamState as _CoreByteBeamState
-from genlm_core.trie.async_trie import AsyncTokenByteTrie as AsyncTokenByteTrie
-from genlm_core.trie.cpu import TokenByteTrie
 
 warn_if_real("genlm-bytes", "genlm.bytes")
-__getattr__, _ = module_getattr(__name__)  # Chart
 
 __all__ = [
     "EOS",
@@ -35,14 +34,16 @@ __all__ = [
     "TrieMode",
 ]
 
-_POSITIONAL = ("K", "prune_threshold", "verbose", "eos_tokens", "heal", "heal_max_backoff", "heal_max_splits")
+_POSITIONAL = ("K", "prune_threshold", "verbose", "eos_byte_strings", "heal", "heal_max_backoff",
+               "heal_max_splits", "eos_tokens")  # fmt: skip
 
 
 class BeamParams(_CoreBeamParams):
-    """genlm-bytes' ``BeamParams(K, prune_threshold=0.0, verbose=False, eos_tokens=None,
-    heal=True, heal_max_backoff=None, heal_max_splits=None)``, positional as there.
-    ``eos_tokens`` (alias ``eos_byte_strings``) keeps genlm-bytes' meaning: ``None``
-    means no EOS tokens (genlm-core's own ``BeamParams`` takes the backend's then)."""
+    """genlm-bytes' ``BeamParams(K, prune_threshold=0.0, verbose=False, eos_byte_strings=None,
+    heal=True, heal_max_backoff=None, heal_max_splits=None, eos_tokens=None)``, positional
+    as there (``eos_tokens``: the deprecated alias). ``None`` means no EOS tokens
+    (genlm-core's own ``BeamParams`` takes the backend's then); a lone str or bytes is
+    one token, never split into characters."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if len(args) > len(_POSITIONAL):
@@ -55,25 +56,65 @@ class BeamParams(_CoreBeamParams):
             kwargs[name] = value
         if "K" not in kwargs:
             raise TypeError("BeamParams missing required argument: 'K'")
-        if "eos_tokens" in kwargs and "eos_byte_strings" in kwargs:
-            raise TypeError("BeamParams: give eos_tokens or eos_byte_strings, not both")
-        eos = kwargs.pop("eos_tokens", kwargs.pop("eos_byte_strings", None))
-        # a lone str or bytes is one token (as in genlm-core), never split into characters
+        eos = kwargs.pop("eos_byte_strings", None)
+        old = kwargs.pop("eos_tokens", None)
+        if old is not None:
+            if eos is not None:
+                raise TypeError("Cannot specify both 'eos_byte_strings' and the deprecated 'eos_tokens'.")
+            warnings.warn(
+                "'eos_tokens' is deprecated, use 'eos_byte_strings' instead.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            eos = old
         super().__init__(eos_tokens=() if eos is None else eos, **kwargs)
 
     @property
-    def eos_byte_strings(self) -> tuple[bytes, ...]:
-        return self.eos_tokens or ()
+    def eos_byte_strings(self) -> set[bytes]:  # type: ignore[override]
+        """The EOS tokens' byte strings (a set, as in genlm-bytes)."""
+        return set(self.eos_tokens or ())
+
+
+#: genlm-bytes' ``trie_opts`` (``TokenByteTrie`` keywords) and what each becomes here
+_TRIE_OPTS = ("device", "max_batch_size", "eot_sentinel", "atomic_byte_strings", "eos_byte_strings")
 
 
 class ByteBeamState(_CoreByteBeamState):
-    """genlm-core's byte beam; ``initial(llm, params, trie_opts=None)`` as in genlm-bytes."""
+    """genlm-core's byte beam with genlm-bytes' ``initial(llm, params, trie_opts=None)``;
+    ``logp_next()`` gives a :class:`~genlm.bytes.util.LazyByteProbs`."""
 
     @classmethod
     async def initial(cls, llm: Any, params: Any, trie_opts: dict | None = None) -> Any:  # type: ignore[override]
-        if trie_opts:
+        """``trie_opts`` are genlm-bytes' ``TokenByteTrie`` keywords: ``device="cuda"``
+        runs the beam's trie on genlm-core's torch trie; ``max_batch_size`` and
+        ``eot_sentinel`` change nothing the beam shows (genlm-core sizes its own
+        batches); ``eos_byte_strings`` is overridden by ``params``, as in genlm-bytes;
+        ``atomic_byte_strings`` raises (genlm-core's beam has no atomic tokens)."""
+        opts = dict(trie_opts or {})
+        unknown = sorted(set(opts) - set(_TRIE_OPTS))
+        if unknown:
+            raise TypeError(f"TokenByteTrie.__init__() got an unexpected keyword argument {unknown[0]!r}")
+        if opts.get("atomic_byte_strings"):
             raise ValueError(
-                f"trie_opts={trie_opts!r}: genlm-core picks the trie by name, "
-                "use BeamParams(..., trie='numpy' or 'torch') instead"
+                "trie_opts atomic_byte_strings: genlm-core's byte beam reads every token byte by byte; "
+                "remove the option"
             )
+        device = opts.get("device")
+        if device not in (None, "cpu", "cuda"):
+            raise ValueError(f"Invalid device: {device}. Must be 'cpu', 'cuda' or None")
+        size = opts.get("max_batch_size", 64)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"trie_opts max_batch_size must be an int >= 1, got {size!r}")
+        if device == "cuda" and params.trie is None:
+            params = type(params)(**{**params.model_dump(exclude_unset=True), "trie": "torch"})
         return await super().initial(llm, params)
+
+    def _new(self, states: Any) -> "ByteBeamState":
+        return type(self)(states, self.params, self.mode)
+
+    def with_mode(self, mode: Any) -> "ByteBeamState":
+        beam = super().with_mode(mode)
+        return type(self)(beam.states, beam.params, beam.mode)
+
+    async def logp_next(self) -> LazyByteProbs:  # type: ignore[override]
+        return LazyByteProbs((await super().logp_next()).ps)

@@ -13,12 +13,14 @@ import os
 from typing import Any
 
 from genlm.backend._surface import placeholder
+from genlm.backend.cache import TokenTrie
+from genlm.backend.llm.calls import UNKNOWN_ADAPTER, ReferenceCalls
 from genlm_hf.backend import HFBackend
 from genlm_hf.config import HFConfig
 from genlm_hf.loading import load_model_and_tokenizer
 from genlm_mock.backend import MockBackend
 
-from genlm_core.engine import DTYPES, normalize_dtype
+from genlm_core.engine import DTYPES, checkpoint, normalize_dtype
 from genlm_core.engine.backend import BaseLogprobBackend as AsyncLM
 
 __all__ = ["AsyncLM", "AsyncMlxLM", "AsyncRemoteLM", "AsyncSGLTransformer", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM",
@@ -36,38 +38,11 @@ def _dtype(value: Any) -> str:
     return name
 
 
-class _LoraName:
-    """genlm-backend's ``lora_name=`` request argument (genlm-control passes it, None
-    by default). genlm-core selects adapters per backend (``set_lora``), so a named
-    adapter must be the active one."""
-
-    def _lora(self, lora_name: str | None) -> None:
-        if lora_name is not None and getattr(self, "active_lora", None) != lora_name:
-            raise ValueError(
-                f"lora_name={lora_name!r} is not the active adapter ({getattr(self, 'active_lora', None)!r}); "
-                f"genlm-core selects adapters per backend: call llm.set_lora({lora_name!r}) first"
-            )
-
-    async def next_token_logprobs(self, token_ids: Any, lora_name: str | None = None) -> Any:
-        self._lora(lora_name)
-        return await super().next_token_logprobs(token_ids)  # type: ignore[misc]
-
-    def next_token_logprobs_sync(self, token_ids: Any, lora_name: str | None = None) -> Any:
-        self._lora(lora_name)
-        return super().next_token_logprobs_sync(token_ids)  # type: ignore[misc]
-
-    async def batch_next_token_logprobs(self, token_ids_list: Any, lora_name: str | None = None) -> Any:
-        self._lora(lora_name)
-        return await super().batch_next_token_logprobs(token_ids_list)  # type: ignore[misc]
-
-    def batch_next_token_logprobs_sync(self, token_ids_list: Any, lora_name: str | None = None) -> Any:
-        self._lora(lora_name)
-        return super().batch_next_token_logprobs_sync(token_ids_list)  # type: ignore[misc]
-
-
-class AsyncTransformer(_LoraName, HFBackend):
+class AsyncTransformer(ReferenceCalls, HFBackend):
     """genlm-hf's backend: ``AsyncTransformer(hf_model, hf_tokenizer, batch_size=, timeout=)``.
-    ``None`` keeps genlm-core's defaults (see docs/migration.md)."""
+    ``None`` keeps genlm-core's defaults (see docs/migration.md). A context may fill the
+    model's whole window (``n_positions`` tokens: scoring the next token needs no
+    position of its own), as in genlm-backend."""
 
     def __init__(
         self, hf_model: Any, hf_tokenizer: Any, batch_size: int | None = None, timeout: float | None = None,
@@ -78,6 +53,44 @@ class AsyncTransformer(_LoraName, HFBackend):
             given = {"batch_size": batch_size, "timeout": timeout}
             config = HFConfig.build("hf", **{k: v for k, v in given.items() if v is not None}, **options)
         super().__init__(hf_model, hf_tokenizer, config)
+        self._window = checkpoint.positions(checkpoint.read_config(config.model) or hf_model.config.to_dict())
+
+    @property
+    def max_context_length(self) -> int | None:
+        return self._window if self._window is not None else super().max_context_length
+
+    def cache_kv(self, prompt_tokens: Any, lora_name: str | None = None) -> None:
+        self._turns.use_sync(self, lora_name)
+        super().cache_kv(prompt_tokens)
+
+    def walk_cache(self, token_ids: Any, lora_name: str | None = None) -> tuple[TokenTrie, int, Any, int]:
+        """genlm-backend's cache walk over genlm-core's caches: ``(node, matched, past, base)``:
+        ``node.logprobs`` is the cached next-token row of the longest cached prefix
+        (``matched`` tokens; genlm-core caches whole contexts, not every prefix of
+        them), ``past`` the KV state genlm-hf keeps for the longest proper prefix
+        (``base`` tokens) or None."""
+        self._turns.use_sync(self, lora_name)
+        ids = tuple(token_ids)
+        node, matched = TokenTrie(), 0
+        cache = self.output_cache
+        for k in range(len(ids), 0, -1) if cache is not None else ():
+            row = cache.get(ids[:k]) if ids[:k] in cache else None  # `in` counts no miss
+            if row is not None:
+                node, matched = TokenTrie(row.clone()), k
+                break
+        prefixes = self.prefix_cache
+        base, past = prefixes.deepest_kv(ids, max_depth=len(ids) - 1) if prefixes and ids else (0, None)
+        return node, matched, past, base
+
+    def remove_lora(self, lora_name: str) -> None:
+        """Unload adapter ``lora_name``; the base model runs if it was the active one."""
+        if lora_name not in self.loras:
+            raise ValueError(UNKNOWN_ADAPTER.format(lora_name))
+        if self.active_lora == lora_name:
+            HFBackend.clear_lora(self)
+        with self.batcher.model_lock:
+            self.model.delete_adapter(lora_name)
+            del self.adapters.paths[lora_name]
 
     @classmethod
     def from_name(  # type: ignore[override]
@@ -100,7 +113,7 @@ class AsyncTransformer(_LoraName, HFBackend):
         return cls(model, tokenizer, config=config)
 
 
-class MockAsyncLM(_LoraName, MockBackend):
+class MockAsyncLM(ReferenceCalls, MockBackend):
     """genlm-core's mock backend over a tokenizer's vocabulary (fixed pseudo-random
     distributions per context)."""
 
@@ -138,7 +151,7 @@ def _engine(name: str, module: str, attr: str, dist: str) -> type:
     def from_name(cls: type, model_name: str, **kwargs: Any) -> Any:  # None: the option's default
         return base.from_name.__func__(cls, model_name, **{k: v for k, v in kwargs.items() if v is not None})
 
-    return type(name, (_LoraName, base), {"__module__": __name__, "from_name": classmethod(from_name)})
+    return type(name, (ReferenceCalls, base), {"__module__": __name__, "from_name": classmethod(from_name)})
 
 
 #: AsyncVirtualLM: vLLM (``from_name(model_name, engine_opts=None, **kwargs)``: genlm-vllm options);
