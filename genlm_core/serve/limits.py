@@ -28,7 +28,7 @@ class ServeLimits(BaseModel):
         None, ge=1, description="longest context accepted (None: the model's own limit)"
     )
     max_request_tokens: int = Field(
-        131072,
+        65536,
         ge=1,
         description=(
             "most tokens in one request: the sum of its contexts' lengths (a sampling request: its "

@@ -390,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument(
         "--max-request-tokens",
         type=POSITIVE,
-        default=131072,
+        default=65536,
         help="most tokens in one request (its contexts' lengths summed); more get HTTP 413",
     )
     sv.add_argument("--max-concurrent-requests", type=POSITIVE, default=64, help="more get HTTP 503")
