@@ -21,6 +21,21 @@ M: the weights in memory, R: an engine process's runtime (torch, transformers,
 allocator), C: a client's footprint (torch + genlm-core, no engine). (b)/(a) tends to
 1/N as M grows; the JSON holds the measured M, R and C of this run.
 
+Where the cycle goes, for (b) and (c) (``accounting`` in the JSON, the second table):
+a client's step is one round trip (its particles' calls batched into one request) plus
+its own work. Every round trip is cut at the client's stamps and the server's (the ROWS
+frame carries them; one monotonic clock on one host,
+``genlm_core.serve.phases.round_trip_phases``): client encode, request transport,
+read (body and decoding), held (by the gatherer), queued, computing (the forward
+passes), delivered, encoding, response transport, client decode; what is left of the
+client's span is its own time (masking, sampling, its batcher). They are summed per
+step and set against the measured cycle (the client's span / its round trips): the
+``accounted`` column is their ratio. From the server's ``/v1/stats`` before and after a
+layout: rows per forward pass (histogram) and the forward passes' share of the span.
+The parts tile each client's span; ``accounted`` sets them against the cycle the
+throughput figure sees (the layout's span over a client's steps), which also holds the
+clients' staggered starts and ends.
+
 Results: ``benchmarks/out/serve.json`` and ``serve.md``. Run on a quiet machine.
 
 Usage::
@@ -33,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -46,7 +62,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import verdicts  # noqa: E402
-from common import write_results  # noqa: E402
+from common import OUT_DIR, markdown_table, write_results  # noqa: E402
 
 PROMPT = "Montreal is"
 
@@ -92,15 +108,27 @@ class TimedCalls:
     def __init__(self, llm: Any) -> None:
         self.llm = llm
         self.latencies: list[float] = []
+        self.intervals: list[tuple[float, float]] = []  # monotonic (entry, exit) of each call
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.llm, name)
 
     async def next_token_logprobs(self, ids: Any) -> Any:
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         out = await self.llm.next_token_logprobs(ids)
-        self.latencies.append(time.perf_counter() - t0)
+        t1 = time.monotonic()
+        self.latencies.append(t1 - t0)
+        self.intervals.append((t0, t1))
         return out
+
+    def waiting_s(self) -> float:
+        """Seconds during which some call was waiting for its row (the union of the calls)."""
+        total, end = 0.0, float("-inf")
+        for a, b in sorted(self.intervals):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        return total
 
 
 def client_main(args: argparse.Namespace) -> int:
@@ -112,6 +140,8 @@ def client_main(args: argparse.Namespace) -> int:
     llm = load_backend(args)
     asyncio.run(run_sis(llm, PROMPT, n_particles=2, max_tokens=2, seed=args.seed + 50))  # warm-up
     llm.clear_cache()
+    if args.mode != "local":
+        llm.reset_timing()  # the warm-up's round trips are not the layout's
     print("READY", flush=True)
     sys.stdin.readline()  # the orchestrator starts every client at once
     timed = TimedCalls(llm)
@@ -125,8 +155,9 @@ def client_main(args: argparse.Namespace) -> int:
         llm.clear_cache()
     end = time.time()
     out = {"start": start, "end": end, "calls": calls, "latencies": timed.latencies, "rss": rss_bytes()}
+    out["waiting_s"] = timed.waiting_s()
     if args.mode != "local":
-        out["transport"] = llm.stats()["transport"]
+        out["transport"] = llm.stats()["transport"]  # with the round trips' phases ("timing")
     print("RESULT " + json.dumps(out), flush=True)
     llm.close()
     return 0
@@ -137,12 +168,111 @@ def clear_server(url: str) -> None:
     """The server's caches dropped, so a layout gets no row computed for an earlier one."""
     import urllib.request
 
-    req = urllib.request.Request(url + "/v1/clear_cache", data=b"{}", method="POST")
+    req = urllib.request.Request(
+        url + "/v1/clear_cache", data=b"{}", method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=600) as r:
         r.read()
 
 
-def run_clients(args: argparse.Namespace, mode: str, url: str = "", seed0: int = 0) -> list[dict[str, Any]]:
+def server_stats(url: str) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/v1/stats", timeout=600) as r:
+        return json.loads(r.read())
+
+
+def _bucket_counts(hist: dict[str, Any]) -> dict[str, int]:
+    """Per-bucket counts (``le`` -> observations in that bucket) of a cumulative histogram."""
+    out, below = {}, 0
+    for le, total in hist["buckets"].items():
+        out[le] = total - below
+        below = total
+    return out
+
+
+def accounting(
+    results: list[dict[str, Any]], before: dict[str, Any], after: dict[str, Any]
+) -> dict[str, Any]:
+    """Where a layout's cycle went (see the module docstring): per step, in ms."""
+    trips = sum(r["transport"]["timing"]["round_trips"] for r in results)
+    phases: dict[str, float] = {}
+    for r in results:
+        for phase, seconds in r["transport"]["timing"]["seconds"].items():
+            phases[phase] = phases.get(phase, 0.0) + seconds
+    spans = sum(r["end"] - r["start"] for r in results)
+    waiting = sum(r["waiting_s"] for r in results)
+    span = max(r["end"] for r in results) - min(r["start"] for r in results)
+    out: dict[str, Any] = {"round_trips": trips}
+    # the cycle throughput sees: the layout's span over one client's steps
+    out["cycle_ms"] = 1e3 * span * len(results) / trips
+    per_step = {phase: 1e3 * seconds / trips for phase, seconds in phases.items()}
+    # the client's own time: no call waiting (its program: masking, sampling, weights) ...
+    per_step["client_program"] = 1e3 * (spans - waiting) / trips
+    # ... and calls waiting while no round trip runs (its batcher gathering, rows delivered)
+    per_step["client_batcher"] = 1e3 * (waiting - sum(phases.values())) / trips
+    out["per_step_ms"] = per_step
+    # the parts tile each client's own span; against the layout's cycle they fall short by
+    # the clients' staggered starts and ends
+    out["accounted"] = sum(per_step.values()) / out["cycle_ms"]
+    fb, fa = before["forward"], after["forward"]
+    passes = fa["passes"] - fb["passes"]
+    rows_b, rows_a = _bucket_counts(fb["rows_per_pass"]), _bucket_counts(fa["rows_per_pass"])
+    out["server"] = {
+        "forward_passes": passes,
+        "rows_per_pass_mean": (fa["rows_per_pass"]["sum"] - fb["rows_per_pass"]["sum"]) / max(1, passes),
+        "rows_per_pass_histogram": {
+            le: rows_a[le] - rows_b.get(le, 0) for le in rows_a if rows_a[le] - rows_b.get(le, 0)
+        },
+        "forward_share": (fa["busy_s"] - fb["busy_s"]) / span,
+        "forward_ms_per_pass": 1e3 * (fa["busy_s"] - fb["busy_s"]) / max(1, passes),
+    }
+    return out
+
+
+ACCOUNTING_COLS = [
+    "layout",
+    "cycle_ms",
+    "client_program",
+    "client_batcher",
+    "client_encode",
+    "request_transport",
+    "read",
+    "held",
+    "queued",
+    "computing",
+    "delivered",
+    "encoding",
+    "response_transport",
+    "client_decode",
+    "accounted",
+    "rows_per_pass",
+    "forward_share",
+]
+
+
+def accounting_rows(layouts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One table row per layout: the cycle and its parts (ms per step), the share of the
+    cycle they account for, rows per pass, forward share."""
+    rows = []
+    for name, acc in layouts.items():
+        row = {
+            "layout": name,
+            "cycle_ms": acc["cycle_ms"],
+            **acc["per_step_ms"],
+            "accounted": acc["accounted"],
+        }
+        row["rows_per_pass"] = acc["server"]["rows_per_pass_mean"]
+        row["forward_share"] = acc["server"]["forward_share"]
+        rows.append(row)
+    return rows
+
+
+def run_clients(
+    args: argparse.Namespace, mode: str, url: str = "", seed0: int = 0, before_go: Any = None
+) -> list[dict[str, Any]]:
+    """Start the clients, wait until each is warm, call ``before_go()`` (the server's
+    counters before the layout), start them together, collect their results."""
     if url:
         clear_server(url)
     cmd = [sys.executable, __file__, "--client", "--mode", mode, "--model", args.model, "--url", url]
@@ -174,6 +304,8 @@ def run_clients(args: argparse.Namespace, mode: str, url: str = "", seed0: int =
             line = p.stdout.readline()
             if line.strip() != "READY":
                 raise RuntimeError(f"a {mode} client did not get ready: {line!r}")
+        if before_go is not None:
+            before_go()
         for p in procs:
             p.stdin.write("GO\n")
             p.stdin.flush()
@@ -267,12 +399,16 @@ def orchestrate(args: argparse.Namespace) -> int:
         # the server's first batches of each shape are slow (allocator, KV buffers): measured
         # 1.9 s per call in the first round after start against 30-70 ms in the next ones
         run_clients(args, "frame", srv.url, seed0=10_000)
+        accounts = {}
         for mode, name in (
             ("shm", "(b) one server, shared memory"),
             ("frame", "(c) one server, network frame"),
         ):
             log(name)
-            res = run_clients(args, mode, srv.url)
+            before: list[dict[str, Any]] = []
+            take = functools.partial(lambda into, url: into.append(server_stats(url)), before, srv.url)
+            res = run_clients(args, mode, srv.url, before_go=take)
+            accounts[name] = accounting(res, before[0], server_stats(srv.url))
             rows.append(summarise(name, res, tree_rss(srv.proc.pid)))
         server_rss = tree_rss(srv.proc.pid)
         overhead = per_call_overhead(args, srv.url)
@@ -291,10 +427,11 @@ def orchestrate(args: argparse.Namespace) -> int:
             "own_backend_process_mb": a["client_rss_mb"] / args.clients,
         },
     }
+    table = accounting_rows(accounts)
     write_results(
         "serve",
         rows,
-        {"config": vars(args), "figures": figures, "batch16": overhead},
+        {"config": vars(args), "figures": figures, "batch16": overhead, "accounting": accounts},
         cols=[
             "layout",
             "calls_per_s",
@@ -303,6 +440,15 @@ def orchestrate(args: argparse.Namespace) -> int:
             "total_rss_mb",
             "bytes_received_per_row",
         ],
+    )
+    md = OUT_DIR / "serve.md"
+    md.write_text(
+        md.read_text()
+        + "\n### Where a step goes, (b) and (c): ms per step and client\n\n"
+        + markdown_table(table, ACCOUNTING_COLS)
+        + "\n\nrows per pass: "
+        + "; ".join(f"{k}: {v['server']['rows_per_pass_histogram']}" for k, v in accounts.items())
+        + "\n"
     )
     print(json.dumps(figures, indent=2))
     return 0

@@ -270,6 +270,11 @@ class RemoteBackend(BaseLogprobBackend):
         throw away."""
         self.conn.post_json("/v1/clear_cache", {})
 
+    def reset_timing(self) -> None:
+        """Start the round trips' timing (``stats()["transport"]["timing"]``) afresh."""
+        self.round_trips = 0
+        self.timing = dict.fromkeys(ROUND_TRIP, 0.0)
+
     def server_stats(self) -> dict[str, Any]:
         """The server's /v1/stats (queue depth, batch sizes, cache hit rates)."""
         return self.conn.get_json("/v1/stats")
