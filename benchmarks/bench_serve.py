@@ -28,9 +28,9 @@ frame carries them; one monotonic clock on one host,
 ``genlm_core.serve.phases.round_trip_phases``): client encode, request transport,
 read (body and decoding), held (by the gatherer), queued, computing (the forward
 passes), delivered, encoding, response transport, client decode; what is left of the
-client's span is its own time (masking, sampling, its batcher). They are summed per
-step and set against the measured cycle (the client's span / its round trips): the
-``accounted`` column is their ratio. From the server's ``/v1/stats`` before and after a
+client's span between its round trips is its own time (``client``: its program's
+masking and sampling, its batcher, its particles resuming). From the server's
+``/v1/stats`` before and after a
 layout: rows per forward pass (histogram) and the forward passes' share of the span.
 The parts tile each client's span; ``accounted`` sets them against the cycle the
 throughput figure sees (the layout's span over a client's steps), which also holds the
@@ -108,27 +108,15 @@ class TimedCalls:
     def __init__(self, llm: Any) -> None:
         self.llm = llm
         self.latencies: list[float] = []
-        self.intervals: list[tuple[float, float]] = []  # monotonic (entry, exit) of each call
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.llm, name)
 
     async def next_token_logprobs(self, ids: Any) -> Any:
-        t0 = time.monotonic()
+        t0 = time.perf_counter()
         out = await self.llm.next_token_logprobs(ids)
-        t1 = time.monotonic()
-        self.latencies.append(t1 - t0)
-        self.intervals.append((t0, t1))
+        self.latencies.append(time.perf_counter() - t0)
         return out
-
-    def waiting_s(self) -> float:
-        """Seconds during which some call was waiting for its row (the union of the calls)."""
-        total, end = 0.0, float("-inf")
-        for a, b in sorted(self.intervals):
-            if b > end:
-                total += b - max(a, end)
-                end = b
-        return total
 
 
 def client_main(args: argparse.Namespace) -> int:
@@ -155,7 +143,6 @@ def client_main(args: argparse.Namespace) -> int:
         llm.clear_cache()
     end = time.time()
     out = {"start": start, "end": end, "calls": calls, "latencies": timed.latencies, "rss": rss_bytes()}
-    out["waiting_s"] = timed.waiting_s()
     if args.mode != "local":
         out["transport"] = llm.stats()["transport"]  # with the round trips' phases ("timing")
     print("RESULT " + json.dumps(out), flush=True)
@@ -201,16 +188,14 @@ def accounting(
         for phase, seconds in r["transport"]["timing"]["seconds"].items():
             phases[phase] = phases.get(phase, 0.0) + seconds
     spans = sum(r["end"] - r["start"] for r in results)
-    waiting = sum(r["waiting_s"] for r in results)
     span = max(r["end"] for r in results) - min(r["start"] for r in results)
     out: dict[str, Any] = {"round_trips": trips}
     # the cycle throughput sees: the layout's span over one client's steps
     out["cycle_ms"] = 1e3 * span * len(results) / trips
     per_step = {phase: 1e3 * seconds / trips for phase, seconds in phases.items()}
-    # the client's own time: no call waiting (its program: masking, sampling, weights) ...
-    per_step["client_program"] = 1e3 * (spans - waiting) / trips
-    # ... and calls waiting while no round trip runs (its batcher gathering, rows delivered)
-    per_step["client_batcher"] = 1e3 * (waiting - sum(phases.values())) / trips
+    # the client's own time between its round trips: its program (masking, sampling: most
+    # of it torch.multinomial over the vocabulary), its batcher, its particles resuming
+    per_step["client"] = 1e3 * (spans - sum(phases.values())) / trips
     out["per_step_ms"] = per_step
     # the parts tile each client's own span; against the layout's cycle they fall short by
     # the clients' staggered starts and ends
@@ -233,8 +218,7 @@ def accounting(
 ACCOUNTING_COLS = [
     "layout",
     "cycle_ms",
-    "client_program",
-    "client_batcher",
+    "client",
     "client_encode",
     "request_transport",
     "read",
