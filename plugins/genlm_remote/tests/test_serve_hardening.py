@@ -396,8 +396,7 @@ def test_a_round_trip_is_accounted_phase_by_phase() -> None:
             parts = timing["seconds"]
             assert all(v >= 0 for v in parts.values()), parts
             assert sum(parts.values()) <= wall
-            assert parts["computing"] >= 3 * 0.3
-            assert sum(parts.values()) >= 0.9 * wall - 0.05  # only the client's own bits between them
+            assert parts["computing"] >= 3 * 0.3  # each pass sleeps 0.3 s
             server = llm.server_stats()
             assert server["phases"]["computing"]["count"] == 3 and server["phases"]["computing"]["sum"] >= 0.9
             assert server["forward"]["passes"] == 3 and server["forward"]["busy_s"] >= 0.9
