@@ -95,12 +95,17 @@ class SegmentServer:
     """The server's side: a Unix socket that hands out segments, and the writer.
 
     ``width``: floats per row; ``max_rows``: rows of the largest segment (the server's
-    batch limit); ``max_segments``: segments alive at once over all clients."""
+    batch limit); ``max_segments``: segments alive at once over all clients;
+    ``max_bytes``: their sizes summed (a segment's pages are memory once rows are
+    written into them, until its client lets it go)."""
 
-    def __init__(self, width: int, max_rows: int, max_segments: int, token: str | None) -> None:
+    def __init__(
+        self, width: int, max_rows: int, max_segments: int, token: str | None, max_bytes: int = 2 << 30
+    ) -> None:
         self.width = width
         self.max_rows = max_rows
         self.max_segments = max_segments
+        self.max_bytes = max_bytes
         self.token = token
         self.address: str | None = None  # "@name": an abstract Unix socket
         self.segments: dict[str, _Segment] = {}
@@ -168,8 +173,8 @@ class SegmentServer:
             finally:
                 os.close(ro_fd)
             self.segments[segment.handle] = segment
-            while await loop.sock_recv(conn, 64):  # the client holds the connection while it lives
-                pass
+            # the client holds the connection while it uses the segment; it sends nothing more
+            await loop.sock_recv(conn, 1)
         except (OSError, asyncio.CancelledError):
             pass
         finally:
@@ -201,6 +206,9 @@ class SegmentServer:
             return self._refuse("rows")
         if len(self.segments) >= self.max_segments:
             return self._refuse("server_limit")
+        size = HEADER + min(rows, self.max_rows) * self.width * 4
+        if sum(HEADER + s.rows * s.width * 4 for s in self.segments.values()) + size > self.max_bytes:
+            return self._refuse("server_bytes")
         if sum(1 for s in self.segments.values() if s.pid == pid) >= PER_PROCESS:
             return self._refuse("process_limit")
         return None

@@ -134,7 +134,7 @@ class RemoteBackend(BaseLogprobBackend):
         try:
             self._segments[address] = shm.ClientSegment.request(
                 address,
-                self._max_batch,
+                min(self._max_batch, self.config.batch_size),  # the most rows one round trip carries
                 self.vocab_size,
                 self.conn.token,
                 int(pid) if isinstance(pid, (int, str)) and str(pid).isdigit() else None,
