@@ -21,6 +21,21 @@ M: the weights in memory, R: an engine process's runtime (torch, transformers,
 allocator), C: a client's footprint (torch + genlm-core, no engine). (b)/(a) tends to
 1/N as M grows; the JSON holds the measured M, R and C of this run.
 
+Where the cycle goes, for (b) and (c) (``accounting`` in the JSON, the second table):
+a client's step is one round trip (its particles' calls batched into one request) plus
+its own work. Every round trip is cut at the client's stamps and the server's (the ROWS
+frame carries them; one monotonic clock on one host,
+``genlm_core.serve.phases.round_trip_phases``): client encode, request transport,
+read (body and decoding), held (by the gatherer), queued, computing (the forward
+passes), delivered, encoding, response transport, client decode; what is left of the
+client's span between its round trips is its own time (``client``: its program's
+masking and sampling, its batcher, its particles resuming). From the server's
+``/v1/stats`` before and after a
+layout: rows per forward pass (histogram) and the forward passes' share of the span.
+The parts tile each client's span; ``accounted`` sets them against the cycle the
+throughput figure sees (the layout's span over a client's steps), which also holds the
+clients' staggered starts and ends.
+
 Results: ``benchmarks/out/serve.json`` and ``serve.md``. Run on a quiet machine.
 
 Usage::
@@ -33,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -46,7 +62,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import verdicts  # noqa: E402
-from common import write_results  # noqa: E402
+from common import OUT_DIR, markdown_table, write_results  # noqa: E402
+from serve_accounting import ACCOUNTING_COLS, accounting, accounting_rows  # noqa: E402
 
 PROMPT = "Montreal is"
 
@@ -112,6 +129,8 @@ def client_main(args: argparse.Namespace) -> int:
     llm = load_backend(args)
     asyncio.run(run_sis(llm, PROMPT, n_particles=2, max_tokens=2, seed=args.seed + 50))  # warm-up
     llm.clear_cache()
+    if args.mode != "local":
+        llm.reset_timing()  # the warm-up's round trips are not the layout's
     print("READY", flush=True)
     sys.stdin.readline()  # the orchestrator starts every client at once
     timed = TimedCalls(llm)
@@ -126,7 +145,7 @@ def client_main(args: argparse.Namespace) -> int:
     end = time.time()
     out = {"start": start, "end": end, "calls": calls, "latencies": timed.latencies, "rss": rss_bytes()}
     if args.mode != "local":
-        out["transport"] = llm.stats()["transport"]
+        out["transport"] = llm.stats()["transport"]  # with the round trips' phases ("timing")
     print("RESULT " + json.dumps(out), flush=True)
     llm.close()
     return 0
@@ -137,12 +156,25 @@ def clear_server(url: str) -> None:
     """The server's caches dropped, so a layout gets no row computed for an earlier one."""
     import urllib.request
 
-    req = urllib.request.Request(url + "/v1/clear_cache", data=b"{}", method="POST")
+    req = urllib.request.Request(
+        url + "/v1/clear_cache", data=b"{}", method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=600) as r:
         r.read()
 
 
-def run_clients(args: argparse.Namespace, mode: str, url: str = "", seed0: int = 0) -> list[dict[str, Any]]:
+def server_stats(url: str) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/v1/stats", timeout=600) as r:
+        return json.loads(r.read())
+
+
+def run_clients(
+    args: argparse.Namespace, mode: str, url: str = "", seed0: int = 0, before_go: Any = None
+) -> list[dict[str, Any]]:
+    """Start the clients, wait until each is warm, call ``before_go()`` (the server's
+    counters before the layout), start them together, collect their results."""
     if url:
         clear_server(url)
     cmd = [sys.executable, __file__, "--client", "--mode", mode, "--model", args.model, "--url", url]
@@ -174,6 +206,8 @@ def run_clients(args: argparse.Namespace, mode: str, url: str = "", seed0: int =
             line = p.stdout.readline()
             if line.strip() != "READY":
                 raise RuntimeError(f"a {mode} client did not get ready: {line!r}")
+        if before_go is not None:
+            before_go()
         for p in procs:
             p.stdin.write("GO\n")
             p.stdin.flush()
@@ -267,12 +301,16 @@ def orchestrate(args: argparse.Namespace) -> int:
         # the server's first batches of each shape are slow (allocator, KV buffers): measured
         # 1.9 s per call in the first round after start against 30-70 ms in the next ones
         run_clients(args, "frame", srv.url, seed0=10_000)
+        accounts = {}
         for mode, name in (
             ("shm", "(b) one server, shared memory"),
             ("frame", "(c) one server, network frame"),
         ):
             log(name)
-            res = run_clients(args, mode, srv.url)
+            before: list[dict[str, Any]] = []
+            take = functools.partial(lambda into, url: into.append(server_stats(url)), before, srv.url)
+            res = run_clients(args, mode, srv.url, before_go=take)
+            accounts[name] = accounting(res, before[0], server_stats(srv.url))
             rows.append(summarise(name, res, tree_rss(srv.proc.pid)))
         server_rss = tree_rss(srv.proc.pid)
         overhead = per_call_overhead(args, srv.url)
@@ -291,10 +329,11 @@ def orchestrate(args: argparse.Namespace) -> int:
             "own_backend_process_mb": a["client_rss_mb"] / args.clients,
         },
     }
+    table = accounting_rows(accounts)
     write_results(
         "serve",
         rows,
-        {"config": vars(args), "figures": figures, "batch16": overhead},
+        {"config": vars(args), "figures": figures, "batch16": overhead, "accounting": accounts},
         cols=[
             "layout",
             "calls_per_s",
@@ -303,6 +342,15 @@ def orchestrate(args: argparse.Namespace) -> int:
             "total_rss_mb",
             "bytes_received_per_row",
         ],
+    )
+    md = OUT_DIR / "serve.md"
+    md.write_text(
+        md.read_text()
+        + "\n### Where a step goes, (b) and (c): ms per step and client\n\n"
+        + markdown_table(table, ACCOUNTING_COLS)
+        + "\n\nrows per pass: "
+        + "; ".join(f"{k}: {v['server']['rows_per_pass_histogram']}" for k, v in accounts.items())
+        + "\n"
     )
     print(json.dumps(figures, indent=2))
     return 0

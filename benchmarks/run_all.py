@@ -22,7 +22,8 @@ Sections (``--only`` picks some):
   llamacpp  genlm-llamacpp (SmolLM2 Q4_1 and f16 GGUFs) vs genlm-hf float32 on SIS and
             the byte beam K=5, and our layer vs raw llama.cpp replaying the same batches
   serve     four SIS client processes: a backend each vs one `genlm serve hf` (shared
-            memory, network frame): calls/s, per-call latency, total RSS
+            memory, network frame): calls/s, per-call latency, total RSS, where a step goes
+  hf-step   the hf backend's SIS-like step vs the raw transformers forward, 16 and 64 rows
 
 Anchors (genlm-backend 0.3.1, genlm-bytes 0.2.0) are installed from PyPI into
 ``benchmarks/.anchor-venv*`` the first time (a few minutes). ``--quick`` skips the
@@ -116,6 +117,7 @@ def _sections(quick: bool) -> dict[str, list[str]]:
         "bytes": ["bench_bytes.py", *(["--no-anchor", "--k", "1"] if q else [])],
         "llamacpp": ["bench_llamacpp.py", *(["--quick", "--no-raw"] if q else [])],
         "serve": ["bench_serve.py", *(["--quick"] if q else [])],
+        "hf-step": ["bench_hf_step.py", *(["--quick"] if q else [])],
     }
 
 
@@ -128,6 +130,7 @@ NEEDS = {
     "bytes": "hf",
     "llamacpp": "llamacpp",
     "serve": "hf",
+    "hf-step": "hf",
 }
 # the JSON files each section writes into benchmarks/out; its verdict reads the first
 FILES = {
@@ -141,6 +144,7 @@ FILES = {
     "bytes": ["bytes"],
     "llamacpp": ["llamacpp"],
     "serve": ["serve"],
+    "hf-step": ["hf_step"],
 }
 # keyword arguments of a section's verdict: bench_sis judges one backend's record of sis.json
 VERDICT_ARGS = {"sis": {"backend": "hf"}, "sis-mlx": {"backend": "mlx"}, "sis-vllm": {"backend": "vllm"}}

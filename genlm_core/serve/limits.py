@@ -1,14 +1,20 @@
-"""What a server accepts: limits per request, the token, where it may bind."""
+"""What a server accepts: limits per request and per client, the token, where it may bind."""
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import os
 import socket
+import stat
+import sys
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ServeLimits", "check_bind", "is_loopback", "token_matches"]
+__all__ = ["TOKEN_ENV", "ServeLimits", "check_bind", "is_loopback", "read_token", "token_matches"]
+
+#: the environment variable a server reads its token from (a command line is visible in `ps`)
+TOKEN_ENV = "GENLM_SERVE_TOKEN"
 
 
 class ServeLimits(BaseModel):
@@ -21,8 +27,40 @@ class ServeLimits(BaseModel):
     max_context_length: int | None = Field(
         None, ge=1, description="longest context accepted (None: the model's own limit)"
     )
+    max_request_tokens: int = Field(
+        65536,
+        ge=1,
+        description=(
+            "most tokens in one request: the sum of its contexts' lengths (a sampling request: its "
+            "prompts plus max_tokens per prompt); more get HTTP 413"
+        ),
+    )
+    max_text_bytes: int = Field(
+        1 << 20, ge=1, description="longest text /v1/tokenize accepts (UTF-8 bytes); more get HTTP 413"
+    )
     max_concurrent_requests: int = Field(
-        64, ge=1, description="requests served at once, over all clients; more get HTTP 503"
+        64,
+        ge=1,
+        description=(
+            "requests computed at once, over all clients; more get HTTP 503. A request counts once "
+            "its body is read"
+        ),
+    )
+    max_requests_per_client: int = Field(
+        128,
+        ge=1,
+        description=(
+            "requests of one peer address being read or computed at once; more get HTTP 503 "
+            "(every local client shares the loopback address)"
+        ),
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="seconds a request's whole body may take to arrive; slower ones get HTTP 408"
+    )
+    max_shm_segments: int = Field(
+        64,
+        ge=0,
+        description="shared-memory row segments handed to same-host clients (0: none, rows in frames)",
     )
     max_sample_tokens: int = Field(4096, ge=1, description="largest max_tokens of a sampling request")
     gather_s: float = Field(
@@ -57,7 +95,7 @@ def check_bind(host: str, token: str | None) -> None:
     if not is_loopback(host) and not token:
         raise ValueError(
             f"refusing to bind {host!r} without a token: anyone who can reach it could use the model. "
-            "Pass --token (or GENLM_SERVE_TOKEN), or bind 127.0.0.1"
+            f"Set {TOKEN_ENV} (or --token-file FILE), or bind 127.0.0.1"
         )
     if token is not None and len(token) < 16:
         raise ValueError(
@@ -65,9 +103,44 @@ def check_bind(host: str, token: str | None) -> None:
         )
 
 
+def read_token(cli_token: str | None, token_file: str | None) -> str | None:
+    """The server's token: ``--token-file`` (a file only its owner may read), else
+    ``$GENLM_SERVE_TOKEN``, else ``--token`` (with a warning: a command line is visible to
+    every local user in ``ps``). ``None``: no token."""
+    given = [name for name, v in (("--token", cli_token), ("--token-file", token_file)) if v]
+    if len(given) > 1:
+        raise ValueError("give the token once: --token-file FILE or GENLM_SERVE_TOKEN (not also --token)")
+    if token_file is not None:
+        try:
+            st = os.stat(token_file)
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read --token-file {token_file!r}: {exc.strerror or exc}") from None
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ValueError(
+                f"--token-file {token_file!r} is readable by other users (mode {stat.filemode(st.st_mode)}): "
+                f"chmod 600 {token_file}"
+            )
+        if not token:
+            raise ValueError(f"--token-file {token_file!r} is empty")
+        return token
+    if cli_token:
+        print(
+            "genlm serve: warning: --token is visible to every user of this machine (ps, /proc); "
+            f"set {TOKEN_ENV} or use --token-file instead",
+            file=sys.stderr,
+        )
+        return cli_token
+    return os.environ.get(TOKEN_ENV) or None
+
+
 def token_matches(expected: str | None, authorization: str | None) -> bool:
-    """``Authorization: Bearer <token>`` against ``expected``, in constant time."""
+    """``Authorization: Bearer <token>`` (the scheme in any case) against ``expected``,
+    in constant time. A header without the ``Bearer`` scheme never matches."""
     if expected is None:
         return True
-    given = (authorization or "").removeprefix("Bearer ").strip()
-    return hmac.compare_digest(given.encode(), expected.encode())
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode(), expected.encode())

@@ -7,8 +7,9 @@ client's requests spread over the replicas (each ROWS reply names the replica th
 computed it: ``RemoteBackend.stats()["transport"]["replicas"]``). The client is the
 ordinary remote backend pointed at the proxy: ``load("remote", url=proxy_url)``.
 
-Replicas on the client's host still answer through its ``/dev/shm`` buffer (the
-writer is the replica process); replicas on other nodes answer with the frame.
+Replicas on the client's host answer through a shared-memory segment of their own
+(:mod:`genlm_core.serve.shm`: a client gets one from each replica that answers it);
+replicas on other nodes answer with the frame.
 Requires ``ray[serve]``; imports nothing of Ray until called.
 """
 
@@ -28,13 +29,20 @@ def replica_class() -> Any:
     @serve.ingress()
     class GenlmReplica:
         def __init__(
-            self, backend: str, load_options: dict[str, Any], limits: dict, token: str | None
+            self,
+            backend: str,
+            load_options: dict[str, Any],
+            limits: dict,
+            token: str | None,
+            host: str = "127.0.0.1",
         ) -> None:
             import genlm_core
             from genlm_core.serve.app import build_app
 
             self.llm = genlm_core.load(backend, **load_options)
-            self.genlm_app = build_app(self.llm, ServeLimits(**limits), token)  # ("app" is Ray's)
+            # ("app" is Ray's); the Host names: those of the proxy clients connect to; replies
+            # as bytes: a replica pickles every response message on its way to the proxy
+            self.genlm_app = build_app(self.llm, ServeLimits(**limits), token, host=host, reply_bytes=True)
 
         def __serve_build_asgi_app__(self) -> Any:
             return self.genlm_app
@@ -76,7 +84,9 @@ def deploy(
         ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
         max_ongoing_requests=limits.max_concurrent_requests,
     )
-    serve.run(deployment.bind(backend, load_options, limits.model_dump(), token), name=name, route_prefix="/")
+    serve.run(
+        deployment.bind(backend, load_options, limits.model_dump(), token, host), name=name, route_prefix="/"
+    )
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}"
 

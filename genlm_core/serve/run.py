@@ -67,8 +67,11 @@ def serve(
     limits: ServeLimits | None = None,
     on_ready: Callable[[str], None] | None = None,
     log_level: str = "warning",
+    allow_hosts: tuple[str, ...] = (),
 ) -> None:
-    """Serve ``backend`` until interrupted; the backend is closed on the way out."""
+    """Serve ``backend`` until interrupted; the backend is closed on the way out.
+    ``allow_hosts``: further names clients may reach it by (the ``Host`` check,
+    :mod:`genlm_core.serve.security`)."""
     import uvicorn
 
     from genlm_core.serve.app import build_app
@@ -78,7 +81,7 @@ def serve(
     sock = bind_socket(host, port)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{sock.getsockname()[1]}"
-    app = build_app(backend, limits, token)
+    app = build_app(backend, limits, token, host=host, allow_hosts=allow_hosts)
     config = uvicorn.Config(
         app,
         loop="asyncio",  # the batcher's tick policy reads CPython's ready queue

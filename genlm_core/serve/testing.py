@@ -1,6 +1,10 @@
-"""Start ``genlm serve`` as a subprocess for tests and benchmarks: a free loopback port,
+"""Servers for tests and benchmarks.
+
+:class:`ServerProcess` starts ``genlm serve`` as a subprocess: a free loopback port,
 readiness from the server's own ready line, bounded waits, and a stop that always ends
-the process (SIGTERM, then SIGKILL after a grace period)."""
+the process (SIGTERM, then SIGKILL after a grace period). :class:`InProcessServer`
+serves an application (:func:`genlm_core.serve.app.build_app`) from a thread of this
+process, for tests that reach into its backend (a forward pass held on an event)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from typing import Any
 
 from genlm_core.serve.run import READY_PREFIX
 
-__all__ = ["ServerProcess"]
+__all__ = ["InProcessServer", "ServerProcess"]
 
 
 class ServerProcess:
@@ -134,3 +138,48 @@ class ServerProcess:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class InProcessServer:
+    """``with InProcessServer(build_app(llm)) as srv: ... srv.url``: uvicorn on a free
+    loopback port in a daemon thread; every wait bounded by ``timeout``."""
+
+    def __init__(self, app: Any, timeout: float = 120.0) -> None:
+        self.app = app
+        self.timeout = timeout
+        self.url = ""
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "InProcessServer":
+        import asyncio
+
+        import uvicorn
+
+        from genlm_core.serve.run import _server_class, bind_socket
+
+        sock = bind_socket("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        config = uvicorn.Config(self.app, loop="asyncio", lifespan="on", log_level="warning")
+        self._server = server = _server_class()(config)
+
+        def run() -> None:
+            try:
+                asyncio.run(server.serve(sockets=[sock]))
+            finally:
+                sock.close()
+
+        self._thread = threading.Thread(target=run, name="genlm-serve-test", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self.timeout
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the in-process server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(self.timeout)

@@ -239,16 +239,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Host one backend for many client processes (genlm_core.serve; the client is load("remote"))."""
     import genlm_core
-    from genlm_core.serve.limits import ServeLimits, check_bind
+    from genlm_core.serve.limits import ServeLimits, check_bind, read_token
     from genlm_core.serve.run import serve
 
-    token = args.token or os.environ.get("GENLM_SERVE_TOKEN") or None
+    token = read_token(args.token, args.token_file)
     check_bind(args.host, token)  # before the (possibly long) model load
     limits = ServeLimits(
         max_body_bytes=args.max_body_bytes,
         max_batch=args.max_batch,
         max_context_length=args.max_context_length,
+        max_request_tokens=args.max_request_tokens,
         max_concurrent_requests=args.max_concurrent_requests,
+        max_requests_per_client=args.max_requests_per_client,
+        body_timeout_s=args.body_timeout_s,
         graceful_shutdown_s=args.graceful_shutdown_s,
         gather_s=args.gather_ms / 1000,
     )
@@ -263,7 +266,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"loading backend {args.backend} ({args.model or 'its default model'}) ...", file=sys.stderr)
     llm = genlm_core.load(args.backend, **opts)
     print(f"loaded: backend {llm.backend_name} on {llm.device}, dtype {llm.dtype}", file=sys.stderr)
-    serve(llm, host=args.host, port=args.port, token=token, limits=limits, log_level=args.log_level)
+    serve(
+        llm,
+        host=args.host,
+        port=args.port,
+        token=token,
+        limits=limits,
+        log_level=args.log_level,
+        allow_hosts=tuple(args.allow_host or ()),
+    )
     return 0
 
 
@@ -366,19 +377,59 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     be.set_defaults(func=cmd_bench)
 
-    sv = sub.add_parser("serve", help="host one backend for many client processes (load('remote', url=...))")
+    sv = sub.add_parser(
+        "serve",
+        help="host one backend for many client processes (load('remote', url=...))",
+        description=(
+            "Host one backend for many client processes. The token clients must send "
+            "(Authorization: Bearer TOKEN) comes from $GENLM_SERVE_TOKEN or --token-file; "
+            "a bind other than loopback needs one. docs/scale-out.md: running it safely."
+        ),
+    )
     sv.add_argument("backend", help="backend name (genlm backends), e.g. hf, mock, vllm, llamacpp")
     sv.add_argument("--model", default=None, help="hub id, local folder or file (default: the backend's own)")
     sv.add_argument("--opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs --token)")
     sv.add_argument("--port", type=int_option(0, 65535), default=8765, help="0 picks a free port")
-    sv.add_argument("--token", default=None, help="bearer token clients must send (or GENLM_SERVE_TOKEN)")
+    sv.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="file holding the bearer token clients must send (mode 600); or set GENLM_SERVE_TOKEN",
+    )
+    sv.add_argument(
+        "--token",
+        default=None,
+        help="the token on the command line: visible to every local user in ps (a warning); "
+        "prefer GENLM_SERVE_TOKEN or --token-file",
+    )
+    sv.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="a further Host name clients reach the server by (besides 127.0.0.1, localhost, [::1], --host)",
+    )
     sv.add_argument("--max-batch", type=POSITIVE, default=256, help="most contexts in one request")
     sv.add_argument(
         "--max-body-bytes", type=int_option(1024), default=16 * 2**20, help="largest request body"
     )
     sv.add_argument("--max-context-length", type=POSITIVE, default=None, help="longest context accepted")
+    sv.add_argument(
+        "--max-request-tokens",
+        type=POSITIVE,
+        default=65536,
+        help="most tokens in one request (its contexts' lengths summed); more get HTTP 413",
+    )
     sv.add_argument("--max-concurrent-requests", type=POSITIVE, default=64, help="more get HTTP 503")
+    sv.add_argument(
+        "--max-requests-per-client",
+        type=POSITIVE,
+        default=128,
+        help="requests of one peer address being read or computed at once; more get HTTP 503",
+    )
+    sv.add_argument(
+        "--body-timeout-s", type=float, default=30.0, help="a request body slower than this gets HTTP 408"
+    )
     sv.add_argument("--graceful-shutdown-s", type=float, default=30.0, help="in-flight grace on shutdown")
     sv.add_argument(
         "--gather-ms",

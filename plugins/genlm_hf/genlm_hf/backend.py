@@ -22,7 +22,7 @@ import torch
 
 from genlm_core.engine import BaseLogprobBackend, KVReuse, KVReuseBackend, LoraAdapters, checkpoint
 from genlm_hf.config import HFConfig
-from genlm_hf.kv import Row, forward_rows, supports_kv_reuse
+from genlm_hf.kv import Row, Workspace, forward_rows, supports_kv_reuse
 from genlm_hf.loading import load_model_and_tokenizer, with_model
 
 __all__ = ["HFBackend"]
@@ -57,6 +57,7 @@ class HFBackend(KVReuseBackend, BaseLogprobBackend):
         pad = getattr(tokenizer, "pad_token_id", None)
         self._pad_id = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
         self.adapters = LoraAdapters()
+        self._workspace = Workspace()  # the batch KV buffer's memory, kept between passes
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -104,11 +105,22 @@ class HFBackend(KVReuseBackend, BaseLogprobBackend):
                 want_kv=self.kv.enabled,
                 logits_to_keep=self._logits_to_keep,
                 pad_id=self._pad_id,
+                workspace=self._workspace,
             )
         self.kv.count(sum(len(r.ctx) - r.depth for r in rows), sum(r.depth for r in rows))
         for row, kv in zip(rows, kvs or []):
             self.kv.store(row.ctx, kv)
         return logits
+
+    def _forward_rows(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        """Each row normalised straight into a tensor of its own: the base normalises the
+        batch and then copies every row out (``compact``), one more pass over the rows.
+        The same float32 ``log_softmax`` of each row's first ``vocab_size`` logits (the
+        kernel normalises a row alike alone or in a batch)."""
+        logits = self._forward(contexts)
+        if logits.shape[-1] < self.vocab_size:
+            self._finalize(logits)  # raises the base's error: fewer scores than tokens
+        return [torch.log_softmax(row[: self.vocab_size].to(torch.float32), dim=-1) for row in logits]
 
     def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         """One full forward pass per context, no padding, no cache: the reference."""
@@ -170,8 +182,13 @@ class HFBackend(KVReuseBackend, BaseLogprobBackend):
     def _engine_stats(self) -> dict[str, Any]:
         return {"active_lora": self.active_lora}
 
+    def _clear_engine_cache(self) -> None:
+        self.kv.clear()
+        self._workspace.clear()
+
     def _close_engine(self) -> None:
         self.kv.clear()
+        self._workspace.clear()
         self.model = None
         gc.collect()
         if torch.cuda.is_available():

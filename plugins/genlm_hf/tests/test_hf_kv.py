@@ -187,6 +187,27 @@ def test_kv_payloads_own_exactly_their_bytes(llama) -> None:
     assert total == llm.prefix_cache.kv_bytes
 
 
+def test_a_stored_kv_is_never_the_reused_batch_buffer(llama) -> None:
+    """The batch KV buffer's memory is reused from pass to pass: a row's stored KV must
+    be a copy, also where its slice of the buffer is the whole buffer (one row, no
+    padding), else the next pass would overwrite it. Oracle: the KV as first stored."""
+    llm = llama
+    llm.clear_cache()
+    llm.next_token_logprobs_sync([11, 12, 13])  # one row: its slice is the whole buffer
+    depth, first = llm.prefix_cache.deepest_kv((11, 12, 13))
+    assert depth == 3
+    kept = first.clone()
+    block = llm._workspace._block
+    assert block is not None  # the buffer's memory was kept for the next pass
+    start = block.untyped_storage().data_ptr()
+    assert not start <= first.data_ptr() < start + block.untyped_storage().nbytes()
+    llm.next_token_logprobs_sync([21, 22, 23])  # same shape: the same memory again
+    assert llm._workspace._block is block
+    assert torch.equal(llm.prefix_cache.deepest_kv((11, 12, 13))[1], kept)
+    row = llm.next_token_logprobs_sync([11, 12, 13, 14])  # resumes from the kept KV
+    assert max_diff(row, reference(llm, [[11, 12, 13, 14]])[0]) <= ATOL
+
+
 def test_padded_batch_of_lengths_without_reuse(tiny_llama_path: str) -> None:
     llm = load_hf(tiny_llama_path, prefix_cache=False, cache_size=0)
     try:

@@ -8,18 +8,23 @@ served backend's bytes (float32, already normalised), so they are returned as th
 arrive: equal bit for bit to what the served backend returns in its own process.
 
 Transport (``transport`` option, see :class:`~genlm_remote.config.RemoteConfig`): rows
-through a ``/dev/shm`` buffer this client owns (:mod:`genlm_core.engine.row_transport`) when
-the server is on this host, else float32 rows in the reply frame
-(:mod:`genlm_core.serve.frame`). A server that cannot open the buffer answers with the
-frame, so a wrong guess costs nothing but the attempt.
+through a shared-memory segment the server created and handed to this client over its
+Unix socket (:mod:`genlm_core.serve.shm`) when the server is on this host, else float32
+rows in the reply frame (:mod:`genlm_core.serve.frame`). Where no segment can be had
+(another host or container, a server without the socket) the server answers with the
+frame, so a wrong guess costs nothing but the attempt. Behind several replicas (Ray
+Serve) the client gets a segment from each replica that answers it.
+
+Every round trip is timed at its boundaries on both sides
+(:func:`genlm_core.serve.phases.round_trip_phases`): ``stats()["transport"]["timing"]``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -27,15 +32,14 @@ from typing import Any
 import torch
 
 from genlm_core.engine import BaseLogprobBackend, Token, compact
-from genlm_core.serve import frame
+from genlm_core.serve import frame, shm
 from genlm_core.serve.limits import is_loopback
+from genlm_core.serve.phases import ROUND_TRIP, round_trip_phases
 from genlm_remote.config import RemoteConfig
 from genlm_remote.connection import Connection
 from genlm_remote.tokenizer import RemoteTokenizer
 
 __all__ = ["RemoteBackend"]
-
-_BUFFERS = itertools.count()
 
 
 class RemoteBackend(BaseLogprobBackend):
@@ -79,22 +83,21 @@ class RemoteBackend(BaseLogprobBackend):
         self.transport = self._pick_transport(config)
         self.transport_counts = {"shm": 0, "frame": 0}
         self.replica_counts: Counter[str] = Counter()  # which server process answered
-        self._buffer: Any = None
-        self._buffer_lock = threading.Lock()
+        self._segments: dict[str, shm.ClientSegment] = {}  # server socket -> its segment for us
+        self._segment_lock = threading.Lock()  # a segment holds one request's rows at a time
+        self.shm_problem: str | None = None  # why the last segment could not be had
+        self.round_trips = 0
+        self.timing = dict.fromkeys(ROUND_TRIP, 0.0)
         if self.transport == "shm":
-            from genlm_core.engine.row_transport import sweep_stale_buffers
-
-            sweep_stale_buffers()  # buffers of clients that died without close()
+            self._get_segment(info.get("shm_socket"), info.get("pid"))
 
     @classmethod
     def from_config(cls, config: RemoteConfig) -> "RemoteBackend":
         return cls(config)
 
     def _pick_transport(self, config: RemoteConfig) -> str:
-        from genlm_core.engine.row_transport import shm_available
-
         wanted = "shm" if self.conn.shm_forced else config.transport
-        if wanted == "frame" or not shm_available():
+        if wanted == "frame" or not shm.available():
             return "frame"
         if wanted == "shm":
             return "shm"
@@ -120,40 +123,61 @@ class RemoteBackend(BaseLogprobBackend):
             return False
 
     # ------------------------------------------------------------------ rows
-    def _new_buffer(self) -> Any:
-        from genlm_core.engine.row_transport import RowBuffer
+    def _get_segment(self, address: Any, pid: Any) -> None:
+        """Ask the server process at ``address`` for a segment (at most one per server
+        process, at most ``frame.MAX_HANDLES``); where none can be had, rows keep coming in
+        frames and :attr:`shm_problem` says why."""
+        if not isinstance(address, str) or address in self._segments:
+            return
+        if len(self._segments) >= frame.MAX_HANDLES:
+            return
+        try:
+            self._segments[address] = shm.ClientSegment.request(
+                address,
+                min(self._max_batch, self.config.batch_size),  # the most rows one round trip carries
+                self.vocab_size,
+                self.conn.token,
+                int(pid) if isinstance(pid, (int, str)) and str(pid).isdigit() else None,
+                timeout=self.conn.connect_timeout_s,
+            )
+        except (OSError, ValueError, KeyError) as exc:
+            self.shm_problem = f"{type(exc).__name__}: {exc}"
 
-        return RowBuffer(f"{id(self):x}-{next(_BUFFERS)}", owner="remote")
+    def _drop_segments(self) -> None:
+        segments, self._segments = list(self._segments.values()), {}
+        for seg in segments:
+            seg.close()
 
     def _round_trip(self, contexts: list[tuple[int, ...]], uncached: bool) -> torch.Tensor:
-        width = self.vocab_size
         if self.transport != "shm":
-            reply = frame.decode_rows(
-                self.conn.request(
-                    "POST",
-                    "/v1/logprobs",
-                    frame.encode_contexts(contexts, uncached=uncached),
-                    frame.MEDIA_TYPE,
-                ),
-                max_width=width,
-            )
-            return self._check(reply, contexts, None)
-        with self._buffer_lock:
-            if self._buffer is None:
-                self._buffer = self._new_buffer()
-            buf = self._buffer
-            buf.ensure(len(contexts) * width * 4)
-            body = frame.encode_contexts(contexts, uncached=uncached, shm=buf.describe())
+            return self._exchange(contexts, uncached, [])
+        with self._segment_lock:
             try:
-                data = self.conn.request("POST", "/v1/logprobs", body, frame.MEDIA_TYPE)
+                return self._exchange(contexts, uncached, [s.handle for s in self._segments.values()])
             except (OSError, TimeoutError):
-                # the server may still write this request's rows later: never reuse the buffer
-                buf.close()
-                self._buffer = None
+                # the server may still write this request's rows later: never reuse its segments
+                self._drop_segments()
                 raise
-            return self._check(frame.decode_rows(data, max_width=width), contexts, buf)
 
-    def _check(self, reply: frame.RowsReply, contexts: list[tuple[int, ...]], buf: Any) -> torch.Tensor:
+    def _exchange(self, contexts: list[tuple[int, ...]], uncached: bool, handles: list[str]) -> torch.Tensor:
+        start = time.monotonic()
+        body = frame.encode_contexts(contexts, uncached=uncached, shm=handles)
+        sent = time.monotonic()
+        data = self.conn.request("POST", "/v1/logprobs", body, frame.MEDIA_TYPE)
+        received = time.monotonic()
+        reply = frame.decode_rows(data, max_width=self.vocab_size)
+        rows = self._check(reply, contexts)
+        for phase, seconds in round_trip_phases(
+            start, sent, received, time.monotonic(), reply.stamps
+        ).items():
+            self.timing[phase] += seconds
+        self.round_trips += 1
+        if self.transport == "shm" and reply.transport == "frame" and reply.shm_socket:
+            pid = (reply.replica or "").rpartition(":")[2]
+            self._get_segment(reply.shm_socket, pid)  # a replica not met before: its own segment
+        return rows
+
+    def _check(self, reply: frame.RowsReply, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         if reply.n != len(contexts) or reply.width != self.vocab_size:
             raise RuntimeError(
                 f"the server answered {reply.n} rows of {reply.width}, asked {len(contexts)} of {self.vocab_size}"
@@ -161,9 +185,10 @@ class RemoteBackend(BaseLogprobBackend):
         self.transport_counts[reply.transport] += 1
         self.replica_counts[reply.replica or "?"] += 1
         if reply.transport == "shm":
-            if buf is None:
-                raise RuntimeError("the server wrote rows into shared memory this client did not offer")
-            return buf.rows(reply.n, reply.width)
+            seg = next((s for s in self._segments.values() if s.handle == reply.segment), None)
+            if seg is None:
+                raise RuntimeError("the server wrote rows into a segment this client does not hold")
+            return torch.from_numpy(seg.read(reply.n))
         assert reply.rows is not None
         return torch.from_numpy(reply.rows)
 
@@ -245,6 +270,11 @@ class RemoteBackend(BaseLogprobBackend):
         throw away."""
         self.conn.post_json("/v1/clear_cache", {})
 
+    def reset_timing(self) -> None:
+        """Start the round trips' timing (``stats()["transport"]["timing"]``) afresh."""
+        self.round_trips = 0
+        self.timing = dict.fromkeys(ROUND_TRIP, 0.0)
+
     def server_stats(self) -> dict[str, Any]:
         """The server's /v1/stats (queue depth, batch sizes, cache hit rates)."""
         return self.conn.get_json("/v1/stats")
@@ -257,6 +287,8 @@ class RemoteBackend(BaseLogprobBackend):
             "replicas": dict(self.replica_counts),
             "bytes_sent": self.conn.bytes_sent,
             "bytes_received": self.conn.bytes_received,
+            "segments": len(self._segments),
+            "timing": {"round_trips": self.round_trips, "seconds": dict(self.timing)},
         }
         return out
 
@@ -265,21 +297,13 @@ class RemoteBackend(BaseLogprobBackend):
         out.update(
             url=self.conn.url,
             transport=self.transport,
+            shm_segments=len(self._segments),
+            shm_problem=self.shm_problem,
             server={k: self.server_info.get(k) for k in ("backend", "model", "dtype", "host", "pid")},
         )
         return out
 
     def _close_engine(self) -> None:
-        with self._buffer_lock:
-            if self._buffer is not None:
-                self._buffer.close()
-                self._buffer = None
+        with self._segment_lock:
+            self._drop_segments()
         self.conn.close()
-
-    def __del__(self) -> None:  # best effort: a client dropped without close() unlinks its buffer
-        buf = getattr(self, "_buffer", None)
-        if buf is not None:
-            try:
-                buf.close()
-            except Exception:  # noqa: BLE001
-                pass

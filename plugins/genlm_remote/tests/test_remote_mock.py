@@ -66,18 +66,30 @@ def test_rows_are_the_served_backends_bit_for_bit(server, oracle, transport) -> 
         llm.close()
 
 
-def test_the_default_url_form_picks_shm_on_loopback(server) -> None:
+def test_the_default_url_form_picks_shm_on_loopback(server, oracle) -> None:
     """load("remote", url="http://127.0.0.1:PORT") as a user writes it: same host, so
-    rows come through /dev/shm; the buffer is gone once the client closes."""
+    rows come through a segment the server handed this client; nothing is created in
+    /dev/shm, and the server drops the segment once the client closes."""
     import os
+    import time
 
     llm = genlm_core.load("remote", url=server.url)
-    assert llm.transport == "shm"
-    llm.next_token_logprobs_sync([1, 2])
-    path = llm._buffer.path
-    assert os.path.exists(path)
-    llm.close()
-    assert not os.path.exists(path)
+    probe = genlm_core.load("remote", url=server.url, transport="frame")
+    try:
+        assert llm.transport == "shm" and llm.info()["shm_segments"] == 1, llm.info()
+        assert torch.equal(llm.next_token_logprobs_sync([1, 2]), oracle.next_token_logprobs_sync([1, 2]))
+        assert llm.stats()["transport"]["replies"] == {"shm": 1, "frame": 0}
+        held = probe.server_stats()["shm"]["segments"]
+        assert held >= 1
+        assert [n for n in os.listdir("/dev/shm") if n.startswith(f"genlm-remote-{os.getpid()}-")] == []
+        llm.close()
+        deadline = time.monotonic() + 60  # the server notices the closed socket on its loop
+        while probe.server_stats()["shm"]["segments"] != held - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert probe.server_stats()["shm"]["segments"] == held - 1
+    finally:
+        llm.close()
+        probe.close()
 
 
 def test_sampling_is_the_served_backends(server, oracle) -> None:

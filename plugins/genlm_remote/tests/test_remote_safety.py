@@ -43,7 +43,9 @@ def _post(
 ) -> tuple[int, bytes]:
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = {"Content-Type": frame.MEDIA_TYPE}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     try:
         conn.request("POST", path, body=body, headers=headers)
         resp = conn.getresponse()
@@ -54,10 +56,6 @@ def _post(
 
 def _check_rows(llm, oracle) -> None:
     assert torch.equal(llm.batch_next_token_logprobs_sync(CTXS), oracle.batch_next_token_logprobs_sync(CTXS))
-
-
-def _my_buffers() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(f"genlm-remote-{os.getpid()}-")}
 
 
 def test_a_public_bind_without_a_token_refuses_to_start() -> None:
@@ -162,18 +160,20 @@ def test_misbehaving_clients_do_not_disturb_others(oracle) -> None:
                 status, body = _post(srv.url, "/v1/logprobs", bad)
                 assert status == 400 and json.loads(body)["error"], body
             # disconnects mid-batch: request sent, socket closed before the answer
+            head = (
+                f"POST /v1/logprobs HTTP/1.1\r\nHost: {parts.hostname}:{parts.port}\r\n"
+                f"Content-Type: {frame.MEDIA_TYPE}\r\nContent-Length: %d\r\n\r\n"
+            ).encode()
             for _ in range(5):
                 s = socket.create_connection((parts.hostname, parts.port), timeout=30)
                 body = frame.encode_contexts([[7, i] for i in range(32)])
-                s.sendall(
-                    b"POST /v1/logprobs HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-                )
+                s.sendall(head % len(body) + body)
                 s.close()
             # never reads: 30 pipelined requests of 64 rows (~120 KB each), answers never read
             lazy = socket.create_connection((parts.hostname, parts.port), timeout=30)
             lazy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             big = frame.encode_contexts([[8, i] for i in range(64)])
-            request = b"POST /v1/logprobs HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(big) + big
+            request = head % len(big) + big
             try:
                 lazy.sendall(request * 30)
             except OSError:
@@ -193,25 +193,26 @@ def test_misbehaving_clients_do_not_disturb_others(oracle) -> None:
 
 def test_server_restart_fails_calls_fast_then_recovers(oracle) -> None:
     """A call while the server is down is a ConnectionError (not a hang); once a server is
-    back on the same address the same client works again, with a fresh shm buffer."""
+    back on the same address the same client works again (through frames: the segment of
+    the server that went away went with it)."""
     srv = ServerProcess("mock").start()
     port = urllib.parse.urlsplit(srv.url).port
     llm = genlm_core.load("remote", url=srv.url, cache_size=0, request_timeout_s=60)
     try:
         _check_rows(llm, oracle)
-        assert llm.transport == "shm" and len(_my_buffers()) == 1
+        assert llm.transport == "shm" and llm.stats()["transport"]["segments"] == 1
         assert srv.stop() == 0  # graceful: exit status 0
         start = time.monotonic()
         with pytest.raises(ConnectionError):
             llm.next_token_logprobs_sync([4, 2])
         assert time.monotonic() - start < 60
+        assert llm.stats()["transport"]["segments"] == 0  # dropped with the failed call
         srv = ServerProcess("mock", port=port).start()
         _check_rows(llm, oracle)
-        assert llm.stats()["transport"]["replies"]["shm"] >= 2
+        assert llm.stats()["transport"]["replies"]["shm"] >= 1
     finally:
         llm.close()
         srv.stop()
-    assert _my_buffers() == set()  # the buffer dropped after the failure and the new one: unlinked
 
 
 def test_graceful_shutdown_answers_in_flight_requests(oracle) -> None:
@@ -232,28 +233,39 @@ def test_graceful_shutdown_answers_in_flight_requests(oracle) -> None:
         srv.stop()
 
 
-def test_a_killed_clients_buffer_is_swept_by_the_next_client(oracle) -> None:
+def test_a_killed_client_leaves_nothing_behind(oracle) -> None:
+    """A client killed with SIGKILL runs no close(): the kernel closes its segment socket,
+    the server drops the segment (its memory freed), nothing was ever created in
+    /dev/shm, and the next client is served through a segment of its own."""
     with ServerProcess("mock") as srv:
         code = (
             "import genlm_core, sys\n"
             f"llm = genlm_core.load('remote', url={srv.url!r})\n"
             "llm.next_token_logprobs_sync([1, 2])\n"
-            "print(llm._buffer.name, flush=True)\n"
+            "print(llm.stats()['transport']['replies']['shm'], flush=True)\n"
             "sys.stdin.read()\n"
         )
         child = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
+        probe = genlm_core.load("remote", url=srv.url, transport="frame")
         try:
-            name = child.stdout.readline().strip()
-            assert name.startswith(f"genlm-remote-{child.pid}-") and os.path.exists("/dev/shm/" + name)
+            assert child.stdout.readline().strip() == "1"
+            assert probe.server_stats()["shm"]["segments"] == 1
         finally:
             child.kill()
             child.wait(timeout=60)
-        assert os.path.exists("/dev/shm/" + name)  # SIGKILL: no close() ran
-        llm = genlm_core.load("remote", url=srv.url)  # sweeps stale buffers on start
         try:
-            assert not os.path.exists("/dev/shm/" + name)
-            _check_rows(llm, oracle)
+            deadline = time.monotonic() + 60
+            while probe.server_stats()["shm"]["segments"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert probe.server_stats()["shm"]["segments"] == 0
+            assert [n for n in os.listdir("/dev/shm") if str(child.pid) in n] == []
+            llm = genlm_core.load("remote", url=srv.url)
+            try:
+                _check_rows(llm, oracle)
+                assert llm.stats()["transport"]["replies"]["shm"] == 1
+            finally:
+                llm.close()
         finally:
-            llm.close()
+            probe.close()

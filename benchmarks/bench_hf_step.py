@@ -1,0 +1,210 @@
+"""The hf backend's own step against the raw transformers forward, in one run.
+
+An SIS-like step: ``B`` rows, each a context of ``--past`` tokens whose KV is cached and
+one new token. Three ways to get the ``B`` next-token rows, timed in turns (round robin,
+so drift on a shared machine hits all three alike):
+
+  raw      transformers alone: the model on the ``B`` new tokens with the batch's past
+           in a ``DynamicCache`` (cropped back to the past after each step), the LM head
+           on the last position, ``log_softmax`` in float32 of the first ``vocab`` logits
+           (the least work that gives the same rows);
+  step     the hf backend as SIS runs it: ``B`` concurrent ``next_token_logprobs`` calls
+           (its batcher, KV lookup and assembly, the forward, each row's KV stored, the
+           rows normalised and put in its output cache, every caller its own row);
+  batch    ``batch_next_token_logprobs_sync`` of the ``B`` contexts (the rows stacked).
+
+Each new step asks new tokens, so no output cache answers; the backend's KV reuse finds
+every past. Reported per ``B``: the median wall time and the median CPU time of the
+process (all threads: the work done, much less disturbed by other jobs than the wall
+time), the backend's time in its model call (forward hooks) and the ratios to raw. The
+rows of ``raw`` and ``step`` are compared once (float32, ``atol`` 1e-4: the batch runs
+with an attention mask and padding-free KV slots; the same sums, another order).
+
+Results: ``benchmarks/out/hf_step.json`` and ``hf_step.md``. Run on a quiet machine.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_hf_step.py                 # SmolLM2-135M, 16 and 64 rows
+    .venv/bin/python benchmarks/bench_hf_step.py --quick         # tiny model, smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import verdicts  # noqa: E402
+from common import write_results  # noqa: E402
+
+TARGET = 1.1
+
+
+def log(msg: str) -> None:
+    print(f"[bench_hf_step {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
+    import torch
+    from transformers import DynamicCache
+
+    import genlm_core
+
+    llm = genlm_core.load("hf", model=args.model, dtype="float32", device="cpu", batch_size=max(64, rows))
+    model, vocab = llm.model, llm.vocab_size
+    gen = torch.Generator().manual_seed(rows)
+    pasts = [
+        tuple(torch.randint(100, vocab - 100, (args.past,), generator=gen).tolist()) for _ in range(rows)
+    ]
+    llm.batch_next_token_logprobs_sync(pasts)  # the pasts' KV, in the backend's cache
+    with torch.inference_mode():
+        cache: DynamicCache = model(input_ids=torch.tensor(pasts), use_cache=True).past_key_values
+
+    def raw(tok: int) -> Any:
+        with torch.inference_mode():
+            cache.crop(args.past)
+            out = model(
+                input_ids=torch.full((rows, 1), tok), past_key_values=cache, use_cache=True, logits_to_keep=1
+            )
+            return torch.log_softmax(out.logits[:, -1, :vocab].to(torch.float32), dim=-1)
+
+    async def step_async(ctxs: list[tuple[int, ...]]) -> list[Any]:
+        return await asyncio.gather(*(llm.next_token_logprobs(c) for c in ctxs))
+
+    loop = asyncio.new_event_loop()  # one loop for every step, as a program keeps its own
+
+    def step(tok: int) -> Any:
+        return loop.run_until_complete(step_async([p + (tok,) for p in pasts]))
+
+    def batch(tok: int) -> Any:
+        return llm.batch_next_token_logprobs_sync([p + (tok,) for p in pasts])
+
+    want = raw(vocab - 1)
+    got = torch.stack(step(vocab - 1))
+    max_diff = float((want - got).abs().max())
+    if max_diff > 1e-4:
+        raise RuntimeError(f"the backend's rows differ from transformers' by {max_diff} (> 1e-4)")
+    in_model: list[float] = []
+    timing = [False]
+
+    def pre(*_: Any) -> None:
+        if timing[0]:
+            in_model.append(-time.perf_counter())
+
+    def post(*_: Any) -> None:
+        if timing[0]:
+            in_model[-1] += time.perf_counter()
+
+    hooks = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
+    ways = {"raw": raw, "step": step, "batch": batch}
+    wall: dict[str, list[float]] = {w: [] for w in ways}
+    cpu: dict[str, list[float]] = {w: [] for w in ways}
+    model_s: list[float] = []
+    tok = 1000
+    for rep in range(args.warmup + args.repeat):
+        for name, fn in ways.items():
+            tok += 1
+            timing[0] = name == "step"
+            in_model.clear()
+            c0, w0 = time.process_time(), time.perf_counter()
+            fn(tok)
+            w1, c1 = time.perf_counter(), time.process_time()
+            if rep >= args.warmup:
+                wall[name].append(w1 - w0)
+                cpu[name].append(c1 - c0)
+                if name == "step":
+                    model_s.append(sum(in_model))
+    timing[0] = False
+    for h in hooks:
+        h.remove()
+    llm.close()
+    pending = asyncio.all_tasks(loop)  # the batcher's worker, told to stop by close()
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.close()
+    out: dict[str, Any] = {"rows": rows, "past": args.past, "max_abs_diff": max_diff}
+    for name in ways:
+        out[f"{name}_ms"] = 1e3 * statistics.median(wall[name])
+        out[f"{name}_cpu_ms"] = 1e3 * statistics.median(cpu[name])
+    out["step_model_ms"] = 1e3 * statistics.median(model_s)
+    out["step_outside_model_ms"] = out["step_ms"] - out["step_model_ms"]
+    for name in ("step", "batch"):
+        out[f"{name}_over_raw"] = out[f"{name}_ms"] / out["raw_ms"]
+        out[f"{name}_over_raw_cpu"] = out[f"{name}_cpu_ms"] / out["raw_cpu_ms"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M (float32)")
+    ap.add_argument("--rows", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--past", type=int, default=20, help="cached tokens before each row's new one")
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
+    ap.add_argument("--quick", action="store_true", help="tiny model, 4 and 16 rows, 4 repeats")
+    args = ap.parse_args(argv)
+    if args.quick:
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        import model_paths
+
+        args.model = args.model or str(model_paths.tiny_llama())
+        args.rows, args.repeat, args.warmup = [4, 16], 4, 1
+    if args.model is None:
+        from genlm_core import models
+
+        args.model = str(models.smollm2_path(progress=True))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    results = []
+    for rows in args.rows:
+        log(f"{rows} rows of {args.past} + 1 tokens ({args.model}, {args.threads} threads)")
+        results.append(measure(args, rows))
+    write_results(
+        "hf_step",
+        results,
+        {"config": vars(args), "target": f"step / raw <= {TARGET}"},
+        cols=[
+            "rows",
+            "raw_ms",
+            "step_ms",
+            "batch_ms",
+            "step_over_raw",
+            "batch_over_raw",
+            "step_over_raw_cpu",
+            "step_model_ms",
+            "step_outside_model_ms",
+        ],
+    )
+    return 0
+
+
+def headline(result: dict) -> list[dict]:
+    """The summary's rows from ``hf_step.json``: the backend's step over raw transformers."""
+    out = []
+    for r in result["rows"]:
+        out.append(
+            verdicts.row(
+                f"hf step, {r['rows']} rows of {r['past']}+1 tokens: wall ms, backend vs raw transformers",
+                r["step_ms"],
+                r["raw_ms"],
+                r["step_over_raw"],
+                f"<= {TARGET}",
+                r["step_over_raw"] <= TARGET,
+            )
+        )
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

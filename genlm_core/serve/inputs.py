@@ -1,0 +1,137 @@
+"""Reading what a request sends and checking it, before it counts as in flight.
+
+A body must arrive whole within ``body_timeout_s`` (HTTP 408, the connection closed) and
+stay under ``max_body_bytes`` (413). JSON bodies are parsed strictly (no ``NaN`` /
+``Infinity``, bounded nesting) into pydantic models whose errors name the field; every
+size limit is checked before any work: token budgets (``max_request_tokens``), batch
+sizes, text lengths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from genlm_core.serve.limits import ServeLimits
+
+__all__ = [
+    "DetokenizeRequest",
+    "HTTPError",
+    "SampleRequest",
+    "TokenizeRequest",
+    "parse_json",
+    "read_body",
+    "token_budget",
+]
+
+_INT64 = 2**63
+
+
+class HTTPError(Exception):
+    """An answer with a status other than 200 (``headers``: extra response headers)."""
+
+    def __init__(self, status: int, message: str, kind: str = "error", headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+        self.headers = headers or {}
+
+
+async def read_body(request: Any, limits: ServeLimits) -> bytes:
+    """The whole body, within ``limits.body_timeout_s`` and ``limits.max_body_bytes``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+        raise HTTPError(
+            413, f"request body of {declared} bytes is above the server's limit of {limits.max_body_bytes}"
+        )
+    chunks, total = [], 0
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            async for chunk in request.stream():
+                total += len(chunk)
+                if total > limits.max_body_bytes:
+                    raise HTTPError(
+                        413, f"request body is above the server's limit of {limits.max_body_bytes} bytes"
+                    )
+                chunks.append(chunk)
+    except TimeoutError:
+        raise HTTPError(
+            408,
+            f"the request body did not arrive within {limits.body_timeout_s:g} s (got {total} bytes); "
+            "send it whole, or start the server with a longer --body-timeout-s",
+            "RequestTimeout",
+            {"connection": "close"},
+        ) from None
+    return b"".join(chunks)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """A JSON object, or a ``ValueError`` saying what is wrong with it."""
+    try:
+        data = json.loads(body, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("request body is not JSON the server accepts: nested too deeply") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"request body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError("request body must be a JSON object")
+    return data
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], what: str) -> Any:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"field {'.'.join(str(p) for p in e['loc']) or '(body)'!r}: {e['msg']}" for e in exc.errors()
+            )
+            raise ValueError(f"{what} request: {problems}") from None
+
+
+class SampleRequest(_Strict):
+    prompts: list[list[int]]
+    max_tokens: int = Field(ge=0)
+    eos_token_ids: list[int] | None = None
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=-_INT64, lt=_INT64)
+    batch: bool = True
+
+    @model_validator(mode="after")
+    def _seeds_fit(self) -> "SampleRequest":
+        if self.seed is not None and self.seed + max(0, len(self.prompts) - 1) >= _INT64:
+            raise ValueError(
+                f"field 'seed': prompt i samples with seed + i, which must stay below 2**63 "
+                f"(seed {self.seed}, {len(self.prompts)} prompts)"
+            )
+        return self
+
+
+class TokenizeRequest(_Strict):
+    text: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(_Strict):
+    ids: list[int]
+    skip_special_tokens: bool = False
+
+
+def token_budget(tokens: int, limits: ServeLimits, what: str) -> None:
+    """A request of ``tokens`` tokens within ``max_request_tokens``, or HTTP 413."""
+    if tokens > limits.max_request_tokens:
+        raise HTTPError(
+            413,
+            f"{what} of {tokens} tokens is above the server's limit of {limits.max_request_tokens} tokens "
+            "per request (--max-request-tokens); split it into several requests",
+            "TooManyTokens",
+        )

@@ -1,0 +1,129 @@
+"""genlm serve's pieces without a server: the token's scheme and sources, the Host names,
+the strict JSON and request models, the phase stamps that tile a round trip, and the
+histograms /metrics renders. Oracles: hand-written expectations."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from genlm_core.serve.inputs import SampleRequest, parse_json
+from genlm_core.serve.limits import TOKEN_ENV, read_token, token_matches
+from genlm_core.serve.phases import ROUND_TRIP, ForwardClock, Histogram, RequestClock, round_trip_phases
+from genlm_core.serve.security import RequestGuard, _host_of, allowed_host_names
+
+TOKEN = "0123456789abcdef-token"
+
+
+def test_the_bearer_scheme_in_any_case_and_nothing_else() -> None:
+    assert token_matches(None, None)  # no token set: everything passes
+    for header in (f"Bearer {TOKEN}", f"bearer {TOKEN}", f"BEARER  {TOKEN} "):
+        assert token_matches(TOKEN, header), header
+    for header in (TOKEN, f"Token {TOKEN}", f"Bearer{TOKEN}", f"Bearer {TOKEN}x", "", None):
+        assert not token_matches(TOKEN, header), header
+
+
+def test_the_token_sources(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    assert read_token(None, None) == TOKEN
+    monkeypatch.delenv(TOKEN_ENV)
+    assert read_token(None, None) is None
+    f = tmp_path / "t"
+    f.write_text(TOKEN + "\n")
+    os.chmod(f, 0o600)
+    assert read_token(None, str(f)) == TOKEN
+    os.chmod(f, 0o640)
+    with pytest.raises(ValueError, match="chmod 600"):
+        read_token(None, str(f))
+    with pytest.raises(ValueError, match="give the token once"):
+        read_token(TOKEN, str(f))
+    assert read_token(TOKEN, None) == TOKEN
+    assert "visible to every user" in capsys.readouterr().err
+
+
+def test_host_names() -> None:
+    assert _host_of("[::1]:8765") == "::1" and _host_of("Example.COM.:80") == "example.com"
+    assert _host_of("127.0.0.1") == "127.0.0.1" and _host_of("localhost:1") == "localhost"
+    hosts = allowed_host_names("127.0.0.1", ["box.internal"])
+    assert {"127.0.0.1", "localhost", "::1", "box.internal"} <= hosts and "attacker.example" not in hosts
+    guard = RequestGuard(None, hosts=hosts, any_ip=False, token=None, media_types={"/p": "application/json"})
+
+    def scope(**headers: str) -> dict:
+        raw = [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
+        return {"type": "http", "method": "POST", "path": "/p", "headers": raw}
+
+    assert guard.problem(scope(host="localhost:9", content_type="application/json")) is None
+    assert guard.problem(scope(host="rebind.example:9", content_type="application/json"))[0] == 403
+    assert guard.problem(scope(host="10.1.2.3", content_type="application/json"))[0] == 403
+    assert guard.problem(scope(host="localhost", content_type="text/plain"))[0] == 415
+    own = scope(host="localhost:9", origin="http://localhost:9", content_type="application/json")
+    assert guard.problem(own) is None
+    other_port = scope(host="localhost:9", origin="http://localhost:3000", content_type="application/json")
+    assert guard.problem(other_port)[0] == 403
+    wild = RequestGuard(None, hosts=hosts, any_ip=True, token=None, media_types={})
+    assert wild.problem(scope(host="10.1.2.3")) is None and wild.problem(scope(host="x.example"))[0] == 403
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"[" * 100000, "nested too deeply"),
+        (b'{"a": NaN}', "NaN"),
+        (b"[1]", "JSON object"),
+        (b"\xff", "not JSON"),
+    ],
+)
+def test_strict_json(body, needle) -> None:
+    with pytest.raises(ValueError, match=needle):
+        parse_json(body)
+
+
+def test_a_sample_request_names_every_bad_field() -> None:
+    with pytest.raises(ValueError) as err:
+        SampleRequest.parse(
+            {"prompts": [[1, True]], "max_tokens": -1, "temperature": 1e999, "x": 0}, "sample"
+        )
+    for field in ("'prompts.0.1'", "'max_tokens'", "'temperature'", "'x'"):
+        assert field in str(err.value)
+    ok = SampleRequest.parse({"prompts": [[1]], "max_tokens": 2, "temperature": 0, "seed": -5}, "sample")
+    assert ok.temperature == 0.0 and ok.seed == -5 and ok.batch
+
+
+def test_the_phases_tile_a_round_trip() -> None:
+    stamps = {"entry": 1.5, "decoded": 1.6, "released": 1.9, "first_start": 2.0, "last_end": 3.0,
+              "rows": 3.1, "encoded": 3.3}  # fmt: skip
+    parts = round_trip_phases(1.0, 1.2, 3.7, 4.0, stamps)
+    assert list(parts) == list(ROUND_TRIP)
+    assert sum(parts.values()) == pytest.approx(3.0, abs=1e-12)  # done - start
+    assert parts["request_transport"] == pytest.approx(0.3) and parts["computing"] == pytest.approx(1.0)
+    assert parts["response_transport"] == pytest.approx(0.4) and parts["held"] == pytest.approx(0.3)
+    # another host's clock (the entry outside the round trip) or no stamps: all transport
+    for bad in ({**stamps, "entry": 99.0}, None, {"entry": 1.5}):
+        parts = round_trip_phases(1.0, 1.2, 3.7, 4.0, bad)
+        assert parts["request_transport"] == pytest.approx(2.5) and parts["computing"] == 0.0
+
+
+def test_a_request_owns_the_passes_between_its_release_and_its_rows() -> None:
+    clock = ForwardClock()
+    clock.record(0.5, 1.5, 8)  # started before the request was released: someone else's
+    clock.record(2.0, 3.0, 16)
+    clock.record(3.0, 3.5, 4)
+    req = RequestClock()
+    req.released, req.rows = 1.0, 3.6
+    req.attribute(clock)
+    assert (req.first_start, req.last_end) == (2.0, 3.5)
+    cached = RequestClock()
+    cached.released, cached.rows = 4.0, 4.1
+    cached.attribute(clock)  # no pass of its own: every row from a cache
+    assert cached.phases()["computing"] == 0.0 and cached.phases()["queued"] == 0.0
+    assert clock.stats()["passes"] == 3 and clock.busy_s == pytest.approx(2.5)
+    assert clock.rows.as_dict()["buckets"]["8"] == 2 and clock.rows.count == 3 and clock.rows.sum == 28
+
+
+def test_a_histogram_is_cumulative_with_an_infinite_bucket() -> None:
+    h = Histogram([1, 10])
+    for v in (0.5, 1, 5, 50):
+        h.observe(v)
+    assert h.cumulative() == [(1, 2), (10, 3), (float("inf"), 4)]
+    assert h.as_dict()["buckets"] == {"1": 2, "10": 3, "+Inf": 4} and h.sum == 56.5
