@@ -401,6 +401,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ---------------------------------------------------------------------- verdict
+def smoke(result: dict) -> list[str]:
+    """Counters that show a path was lost (never timings): (b)'s rows arrive through shared
+    memory (bytes per row far below (c)'s frame, which carries every float32 row), and the
+    server's passes hold several rows (its batcher, the gatherer)."""
+    rows = {r["layout"][:3]: r for r in result.get("rows", [])}
+    problems = []
+    b, c = rows.get("(b)", {}), rows.get("(c)", {})
+    if not b.get("bytes_received_per_row", 1) * 10 < c.get("bytes_received_per_row", 0):
+        problems.append(
+            f"serve: (b) received {b.get('bytes_received_per_row')} bytes per row against (c)'s "
+            f"{c.get('bytes_received_per_row')} (shared memory not used)"
+        )
+    for name, acc in result.get("accounting", {}).items():
+        if acc["server"]["rows_per_pass_mean"] < 2:
+            problems.append(
+                f"serve {name}: {acc['server']['rows_per_pass_mean']:.1f} rows per pass (batching lost)"
+            )
+    return problems
+
+
 def headline(result: dict) -> list[dict]:
     """The summary's rows from ``serve.json``: four SIS clients, one `genlm serve hf`
     (b: shared memory) against a backend each (a)."""
