@@ -62,12 +62,13 @@ from genlm_vllm.launch import (
 from genlm_vllm.lifecycle import (
     _LIVE_IN_PROCESS,
     EngineDiedError,
-    _alive,
+    _core_shutdown_timeout,
     _engine_failed,
     _engine_in_process,
     _engine_processes,
     _mapped,
     _shutdown,
+    _stop,
     _Watchdog,
 )
 from genlm_vllm.lora import VLLMLora
@@ -374,7 +375,7 @@ class VLLMBackend(VLLMSampling, VLLMLora, BaseLogprobBackend):
         """Unlink what the engine's processes on this machine left in ``/dev/shm`` (vLLM's
         message queues, the executor's lock, CPU-communicator segments: what a killed
         worker never removes; see :func:`genlm_vllm.transport.remove_engine_segments`).
-        They are gone by now: the executor's shutdown waits for them (or kills them)."""
+        The executor's shutdown waits for them; survivors get a grace period, then a signal."""
         import socket
 
         from genlm_vllm.transport import remove_engine_segments
@@ -385,8 +386,8 @@ class VLLMBackend(VLLMSampling, VLLMLora, BaseLogprobBackend):
         )
         if not idents and not self._engine_segments:
             return
-        if _alive(self._engine_procs):
-            note("vllm: the engine's processes are still running; their shared memory is left to them")
+        if _stop(self._engine_procs, grace=_core_shutdown_timeout()):
+            note("vllm: the engine's processes outlived SIGKILL; their shared memory is left to them")
             return
         gc.collect()  # a collected message queue unlinks its own segment
         removed = remove_engine_segments(self._engine_segments, idents)

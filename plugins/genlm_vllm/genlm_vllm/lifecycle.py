@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import time
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -143,6 +144,31 @@ def _mapped(procs: list[Any]) -> set[str]:
 
 def _alive(procs: list[Any]) -> bool:
     return bool(_running(procs))
+
+
+def _stop(procs: list[Any], grace: float) -> list[Any]:
+    """Let ``procs`` end within ``grace`` seconds, then terminate and at last kill those
+    that outlast it; the ones still running after that. An engine whose executor shut
+    down after losing a worker leaves the surviving workers exiting on their own time
+    (seen: still running when close() returned on a loaded 2-core machine); the engine
+    is closed, so nothing they do is wanted, and their shared memory can go only once
+    they are gone."""
+    import psutil
+
+    deadline = time.monotonic() + grace
+    while _running(procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for signal_them in ("terminate", "kill"):
+        left = _running(procs)
+        if not left:
+            return []
+        for proc in left:
+            with contextlib.suppress(psutil.Error):
+                getattr(proc, signal_them)()
+        deadline = time.monotonic() + 5.0
+        while _running(left) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return _running(procs)
 
 
 def _engine_in_process(llm: Any) -> bool:
