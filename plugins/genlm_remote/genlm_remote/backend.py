@@ -1,11 +1,12 @@
 """RemoteBackend: a LogprobBackend whose rows come from a ``genlm serve`` server.
 
-It is a :class:`~genlm_core.engine.backend.BaseLogprobBackend` like every engine: the client's
-own AutoBatcher gathers this process's concurrent requests into one HTTP request, its
-output cache answers repeated contexts locally, and ``_forward`` is the round trip.
-The server then batches the requests of every client together. The rows are the
-served backend's bytes (float32, already normalised), so they are returned as they
-arrive: equal bit for bit to what the served backend returns in its own process.
+Its engine, :class:`RemoteEngine`, is a client: the backend's own AutoBatcher gathers
+this process's concurrent requests into one HTTP request, its output cache answers
+repeated contexts locally, and ``forward`` is the round trip. The server then batches
+the requests of every client together. The rows are the served backend's bytes
+(float32, already normalised: ``returns = "logprobs"``), so they are returned as they
+arrive: equal bit for bit to what the served backend returns in its own process. The
+served backend's facts (EOS ids, context limit, dtype) are the engine's.
 
 Transport (``transport`` option, see :class:`~genlm_remote.config.RemoteConfig`): rows
 through a ``/dev/shm`` buffer this client owns (:mod:`genlm_core.engine.row_transport`) when
@@ -16,31 +17,33 @@ frame, so a wrong guess costs nothing but the attempt.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import socket
 import threading
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from genlm_core.engine import BaseLogprobBackend, Token, compact
+from genlm_core.engine import BaseLogprobBackend, Checkpoint, Engine, SampleRequest, Token
 from genlm_core.serve import frame
 from genlm_core.serve.limits import is_loopback
 from genlm_remote.config import RemoteConfig
 from genlm_remote.connection import Connection
 from genlm_remote.tokenizer import RemoteTokenizer
 
-__all__ = ["RemoteBackend"]
+__all__ = ["RemoteBackend", "RemoteEngine"]
 
 _BUFFERS = itertools.count()
 
 
-class RemoteBackend(BaseLogprobBackend):
+class RemoteEngine(Engine):
+    """A ``genlm serve`` server's backend, through HTTP (and ``/dev/shm`` on this host)."""
+
     config_class = RemoteConfig
-    backend_name = "remote"
+    supports = frozenset({"sample"})
+    returns = "logprobs"
+    forward_in_thread = True  # a network wait: keep the event loop running
 
     def __init__(self, config: RemoteConfig) -> None:
         self.conn = Connection(config.url, config.token, config.request_timeout_s, config.connect_timeout_s)
@@ -67,14 +70,14 @@ class RemoteBackend(BaseLogprobBackend):
             raise RuntimeError(
                 f"the server sent {len(byte_vocab)} tokens, its info says {info['vocab_size']}"
             )
-        tokenizer = RemoteTokenizer(self.conn, info["tokenizer"], str_vocab)
-        super().__init__(
-            tokenizer,
-            config,
-            byte_vocab=[Token(i, b) for i, b in enumerate(byte_vocab)],
-            str_vocab=str_vocab,
-            eos_token_ids=info["eos_token_ids"],
-        )
+        self.tokenizer = RemoteTokenizer(self.conn, info["tokenizer"], str_vocab)
+        self.byte_vocab = [Token(i, b) for i, b in enumerate(byte_vocab)]
+        self.str_vocab = str_vocab
+        self.vocab_size = len(byte_vocab)
+        self.eos_token_ids = info["eos_token_ids"]
+        self.max_context_length = info.get("max_context_length")
+        self.dtype = str(info["dtype"])
+        self.closed = False
         self._max_batch = int(info["limits"]["max_batch"])
         self.transport = self._pick_transport(config)
         self.transport_counts = {"shm": 0, "frame": 0}
@@ -87,7 +90,7 @@ class RemoteBackend(BaseLogprobBackend):
             sweep_stale_buffers()  # buffers of clients that died without close()
 
     @classmethod
-    def from_config(cls, config: RemoteConfig) -> "RemoteBackend":
+    def load(cls, checkpoint: Checkpoint, config: RemoteConfig) -> "RemoteEngine":  # type: ignore[override]
         return cls(config)
 
     def _pick_transport(self, config: RemoteConfig) -> str:
@@ -103,16 +106,8 @@ class RemoteBackend(BaseLogprobBackend):
 
     # ------------------------------------------------------------------ properties
     @property
-    def max_context_length(self) -> int | None:
-        return self.server_info.get("max_context_length")
-
-    @property
-    def dtype(self) -> str:
-        return str(self.server_info["dtype"])
-
-    @property
     def healthy(self) -> bool:
-        if self._closed:
+        if self.closed:
             return False
         try:
             return bool(self.conn.get_json("/v1/health").get("healthy"))
@@ -174,69 +169,28 @@ class RemoteBackend(BaseLogprobBackend):
         parts = [self._round_trip(contexts[i : i + step], uncached) for i in range(0, len(contexts), step)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+    def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         return self._rows(contexts)
 
-    def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+    def forward_uncached(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         return self._rows(contexts, uncached=True)
 
-    def _finalize(self, out: Any) -> torch.Tensor:
-        # the server's rows are already the backend's normalised float32 rows: a second
-        # log_softmax would move their last bits
-        return out
-
-    def _forward_rows(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
-        rows = self._rows(contexts)
-        return [compact(r) for r in rows.unbind(0)]
-
-    def _forward_in_thread(self) -> bool:
-        return True  # a network wait: keep the event loop running
-
     # ------------------------------------------------------------------ sampling
-    async def sample(
-        self,
-        prompt_token_ids: Sequence[int],
-        max_tokens: int,
-        eos_token_ids: Sequence[int] | None = None,
-        temperature: float = 1.0,
-        seed: int | None = None,
-    ) -> list[int]:
-        """The served backend's own ``sample`` (its sampler, its seeds), on the server."""
-        prompt = list(self.validate(prompt_token_ids))
-        self._check_sample_args(max_tokens, temperature, eos_token_ids)
-        return (await self._sample([prompt], max_tokens, eos_token_ids, temperature, seed, batch=False))[0]
-
-    async def batch_sample(
-        self,
-        prompt_token_ids_list: Sequence[Sequence[int]],
-        max_tokens: int,
-        eos_token_ids: Sequence[int] | None = None,
-        temperature: float = 1.0,
-        seed: int | None = None,
-    ) -> list[list[int]]:
-        prompts = [list(self.validate(p)) for p in prompt_token_ids_list]
-        self._check_sample_args(max_tokens, temperature, eos_token_ids)
-        return await self._sample(prompts, max_tokens, eos_token_ids, temperature, seed, batch=True)
-
-    async def _sample(
-        self,
-        prompts: list[list[int]],
-        max_tokens: int,
-        eos_token_ids: Sequence[int] | None,
-        temperature: float,
-        seed: int | None,
-        batch: bool,
-    ) -> list[list[int]]:
-        payload = {
-            "prompts": prompts,
-            "max_tokens": max_tokens,
-            "eos_token_ids": None if eos_token_ids is None else [int(e) for e in eos_token_ids],
-            "temperature": float(temperature),
-            "seed": None if seed is None else int(seed),
-            "batch": batch,
-        }
-        reply = await asyncio.to_thread(self.conn.post_json, "/v1/sample", payload)
-        return [list(s) for s in reply["samples"]]
+    def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
+        """The served backend's own ``sample`` (its sampler, its seeds), on the server: one
+        request each (the core checked, clamped and batched them)."""
+        out = []
+        for r in requests:
+            payload = {
+                "prompts": [list(r.prompt)],
+                "max_tokens": r.max_tokens,
+                "eos_token_ids": sorted(r.eos),
+                "temperature": r.temperature,
+                "seed": r.seed,
+                "batch": False,
+            }
+            out.append([int(t) for t in self.conn.post_json("/v1/sample", payload)["samples"][0]])
+        return out
 
     # ------------------------------------------------------------------ state
     def clear_server_cache(self) -> None:
@@ -249,27 +203,24 @@ class RemoteBackend(BaseLogprobBackend):
         """The server's /v1/stats (queue depth, batch sizes, cache hit rates)."""
         return self.conn.get_json("/v1/stats")
 
-    def stats(self) -> dict[str, Any]:
-        out = super().stats()
-        out["transport"] = {
+    def transport_stats(self) -> dict[str, Any]:
+        return {
             "kind": self.transport,
             "replies": dict(self.transport_counts),
             "replicas": dict(self.replica_counts),
             "bytes_sent": self.conn.bytes_sent,
             "bytes_received": self.conn.bytes_received,
         }
-        return out
 
     def info(self) -> dict[str, Any]:
-        out = super().info()
-        out.update(
-            url=self.conn.url,
-            transport=self.transport,
-            server={k: self.server_info.get(k) for k in ("backend", "model", "dtype", "host", "pid")},
-        )
-        return out
+        return {
+            "url": self.conn.url,
+            "transport": self.transport,
+            "server": {k: self.server_info.get(k) for k in ("backend", "model", "dtype", "host", "pid")},
+        }
 
-    def _close_engine(self) -> None:
+    def close(self) -> None:
+        self.closed = True
         with self._buffer_lock:
             if self._buffer is not None:
                 self._buffer.close()
@@ -283,3 +234,37 @@ class RemoteBackend(BaseLogprobBackend):
                 buf.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+class RemoteBackend(BaseLogprobBackend):
+    """The core's backend holding a :class:`RemoteEngine`: ``clear_cache()`` is this
+    client's own output cache; the server's are :meth:`clear_server_cache`'s."""
+
+    config_class = RemoteConfig
+    backend_name = "remote"
+    engine_class = RemoteEngine
+    engine: RemoteEngine
+
+    @property
+    def transport(self) -> str:
+        """``"shm"`` (rows through this client's ``/dev/shm`` buffer) or ``"frame"``."""
+        return self.engine.transport
+
+    @property
+    def server_info(self) -> dict[str, Any]:
+        return self.engine.server_info
+
+    def clear_server_cache(self) -> None:
+        """Drop the *server's* output and KV caches (every client's). ``clear_cache()``
+        clears only this client's own output cache: another program's work is not ours to
+        throw away."""
+        self.engine.clear_server_cache()
+
+    def server_stats(self) -> dict[str, Any]:
+        """The server's /v1/stats (queue depth, batch sizes, cache hit rates)."""
+        return self.engine.server_stats()
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["transport"] = self.engine.transport_stats()
+        return out

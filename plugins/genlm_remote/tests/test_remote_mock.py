@@ -74,7 +74,7 @@ def test_the_default_url_form_picks_shm_on_loopback(server) -> None:
     llm = genlm_core.load("remote", url=server.url)
     assert llm.transport == "shm"
     llm.next_token_logprobs_sync([1, 2])
-    path = llm._buffer.path
+    path = llm.engine._buffer.path
     assert os.path.exists(path)
     llm.close()
     assert not os.path.exists(path)

@@ -238,7 +238,7 @@ def test_a_killed_clients_buffer_is_swept_by_the_next_client(oracle) -> None:
             "import genlm_core, sys\n"
             f"llm = genlm_core.load('remote', url={srv.url!r})\n"
             "llm.next_token_logprobs_sync([1, 2])\n"
-            "print(llm._buffer.name, flush=True)\n"
+            "print(llm.engine._buffer.name, flush=True)\n"
             "sys.stdin.read()\n"
         )
         child = subprocess.Popen(
