@@ -20,8 +20,8 @@ container's ``/dev/shm``, would not carry it). Buffers are named
 ``genlm-<owner>-<pid>-<id>`` and their owner holds a lock on the file while it lives:
 :func:`sweep_stale_buffers` removes those of readers that died without ``close()``.
 
-(Moved from ``genlm_vllm.transport``, which re-exports it, with vLLM's own engine
-segment cleanup beside it.)
+Used by ``genlm serve`` and genlm-remote, and by genlm-vllm's worker processes
+(whose own segment cleanup is :mod:`genlm_vllm.transport`).
 """
 
 from __future__ import annotations
