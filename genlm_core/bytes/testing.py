@@ -118,14 +118,6 @@ class TableBackend(BaseLogprobBackend):
         engine = TableEngine(vocab, eos_token_ids, table, bos, scale, seed, default)
         super().__init__(engine, BackendConfig(timeout=timeout))
 
-    @property
-    def forward_rows(self) -> int:
-        """Contexts the engine computed."""
-        return self.engine.forward_rows
-
-    def logits_for(self, ctx: tuple[int, ...]) -> np.ndarray:
-        return self.engine.logits_for(ctx)
-
 
 class BruteForce:
     """Exact byte-level probabilities of a token LM by enumerating tokenizations.

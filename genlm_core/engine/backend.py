@@ -70,6 +70,8 @@ class BaseLogprobBackend:
         *,
         name: str | None = None,
     ) -> None:
+        """Hold ``engine`` (loaded from ``checkpoint``; None: what the engine itself loaded,
+        :attr:`Engine.model_config`, for an engine built by hand)."""
         check_engine(engine)
         if name is not None:
             self.backend_name = name  # type: ignore[misc]
@@ -172,6 +174,20 @@ class BaseLogprobBackend:
         return cls.from_config(config)
 
     # ------------------------------------------------------------------ what the engine says
+    def __getattr__(self, name: str) -> Any:
+        """The engine's own public attributes (``llm.weights_type``, ``llm.in_process``...)
+        are the backend's too: only what the backend does not define is looked up there."""
+        engine = self.__dict__.get("engine")
+        if engine is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        try:
+            return getattr(engine, name)
+        except AttributeError:
+            raise AttributeError(
+                f"{type(self).__name__!r} object and its engine {type(engine).__name__!r} have no "
+                f"attribute {name!r}"
+            ) from None
+
     @property
     def max_context_length(self) -> int | None:
         """Longest context accepted: the smaller of the checkpoint's limit and the engine's

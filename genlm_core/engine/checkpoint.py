@@ -226,11 +226,13 @@ class Checkpoint:
         self, model_config: Mapping[str, Any] | None, generation_config: Mapping[str, Any] | None
     ) -> "Checkpoint":
         """This checkpoint with what its engine loaded in place of files that were not on
-        this machine before loading (a hub id the engine fetched, a model built in memory)."""
-        if self.kind in ("none", "served"):
+        this machine before loading (a hub id the engine fetched, a model built in memory:
+        an engine built by hand and held without a checkpoint has its model's)."""
+        if self.kind == "served" or (self.kind == "none" and not model_config):
             return self
         return dataclasses.replace(
             self,
+            kind="folder" if self.kind == "none" else self.kind,
             config=self.config or dict(model_config or {}),
             generation_config=self.generation_config or dict(generation_config or {}),
         )
@@ -278,10 +280,14 @@ def read_checkpoint(
     files = read_config(model)
     if requested == "auto":  # the checkpoint's own dtype, from the config.json just read
         folder = checkpoint_file(model, "config.json")
-        dtype = declared_dtype(files, folder.parent if folder else None, f"the checkpoint {model}") or "float32"
+        dtype = (
+            declared_dtype(files, folder.parent if folder else None, f"the checkpoint {model}") or "float32"
+        )
     else:
         dtype = resolve_dtype(requested, None)
-    return Checkpoint("folder", model, model, files, read_generation_config(model), dtype, requested, tokenizer)
+    return Checkpoint(
+        "folder", model, model, files, read_generation_config(model), dtype, requested, tokenizer
+    )
 
 
 def resolve_gguf(model: str, gguf_file: str | None, name: str = "backend") -> str:

@@ -96,7 +96,9 @@ def checkpoint_dtype(model: str | Path | None) -> str | None:
     return declared_dtype(data if isinstance(data, dict) else {}, config_path.parent, str(model))
 
 
-def declared_dtype(config: Mapping[str, Any], folder: Path | None, where: str = "the checkpoint") -> str | None:
+def declared_dtype(
+    config: Mapping[str, Any], folder: Path | None, where: str = "the checkpoint"
+) -> str | None:
     """The dtype a ``config.json`` mapping declares: ``dtype``, then ``torch_dtype``, at
     the top level or in ``text_config``; without one, the dtype of the floating tensors
     of the first safetensors file in ``folder``. Raises ``ValueError`` for a declared

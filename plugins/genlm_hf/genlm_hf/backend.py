@@ -116,7 +116,8 @@ class HFEngine(Engine):
 
 class HFBackend(BaseLogprobBackend):
     """Hugging Face transformers LogprobBackend with KV prefix reuse and LoRA adapters
-    (a :class:`~genlm_core.protocols.LoraBackend`)."""
+    (a :class:`~genlm_core.protocols.LoraBackend`). Around a model and tokenizer loaded by
+    hand: ``HFBackend(HFEngine(model, tokenizer, config), config)``."""
 
     config_class = HFConfig
     backend_name = "hf"
@@ -135,18 +136,6 @@ class HFBackend(BaseLogprobBackend):
             backend.load_lora(config.lora_path, config.lora_name)
             backend.set_lora(config.lora_name)
         return backend  # type: ignore[return-value]
-
-    @classmethod
-    def from_model(cls, model: Any, tokenizer: Any, config: HFConfig | None = None) -> "HFBackend":
-        """Around a transformers model and tokenizer you loaded yourself (its checkpoint:
-        ``config.model``'s files, else the model's own config; its dtype: the model's)."""
-        config = config if config is not None else HFConfig()
-        return cls(HFEngine(model, tokenizer, config), config, Checkpoint.of_files(config.model))
-
-    @property
-    def model(self) -> Any:
-        """The transformers model."""
-        return self.engine.model
 
     # ------------------------------------------------------------------ LoRA (peft)
     @property

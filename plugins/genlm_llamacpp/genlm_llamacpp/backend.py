@@ -18,14 +18,3 @@ class LlamaCppBackend(BaseLogprobBackend):
     config_class = LlamaCppConfig
     backend_name = "llamacpp"
     engine_class = LlamaCppEngine
-    engine: LlamaCppEngine
-
-    @property
-    def weights_type(self) -> str:
-        """The GGUF's weight type as llama.cpp names it: ``"F32"``, ``"F16"``, ``"Q4_1"``..."""
-        return self.engine.weights_type
-
-    @property
-    def batch_invariant(self) -> bool:
-        """Whether every context is computed alone (``LlamaCppConfig.batch_invariant``)."""
-        return self.engine.batch_invariant

@@ -177,19 +177,29 @@ class RemoteEngine(Engine):
 
     # ------------------------------------------------------------------ sampling
     def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
-        """The served backend's own ``sample`` (its sampler, its seeds), on the server: one
-        request each (the core checked, clamped and batched them)."""
-        out = []
-        for r in requests:
+        """The served backend's own ``sample`` (its sampler, its seeds), on the server. Runs
+        of requests that its ``batch_sample`` answers alike (the same arguments, seeds
+        ``s, s + 1, ...`` or none) go in one request."""
+        out: list[list[int]] = []
+        start = 0
+        while start < len(requests):
+            first, end = requests[start], start + 1
+            while (
+                end < len(requests)
+                and end - start < self._max_batch
+                and _continues(first, requests[end], end - start)
+            ):
+                end += 1
             payload = {
-                "prompts": [list(r.prompt)],
-                "max_tokens": r.max_tokens,
-                "eos_token_ids": sorted(r.eos),
-                "temperature": r.temperature,
-                "seed": r.seed,
-                "batch": False,
+                "prompts": [list(r.prompt) for r in requests[start:end]],
+                "max_tokens": first.max_tokens,
+                "eos_token_ids": sorted(first.eos),
+                "temperature": first.temperature,
+                "seed": first.seed,
+                "batch": True,
             }
-            out.append([int(t) for t in self.conn.post_json("/v1/sample", payload)["samples"][0]])
+            out += [[int(t) for t in s] for s in self.conn.post_json("/v1/sample", payload)["samples"]]
+            start = end
         return out
 
     # ------------------------------------------------------------------ state
@@ -236,33 +246,26 @@ class RemoteEngine(Engine):
                 pass
 
 
+def _continues(first: SampleRequest, other: SampleRequest, i: int) -> bool:
+    """Whether ``other`` is what the server's ``batch_sample`` draws as prompt ``i`` of
+    a batch that starts with ``first``."""
+    same = (other.max_tokens, other.eos, other.temperature) == (
+        first.max_tokens,
+        first.eos,
+        first.temperature,
+    )
+    seeds = other.seed is None if first.seed is None else other.seed == first.seed + i
+    return same and seeds
+
+
 class RemoteBackend(BaseLogprobBackend):
     """The core's backend holding a :class:`RemoteEngine`: ``clear_cache()`` is this
-    client's own output cache; the server's are :meth:`clear_server_cache`'s."""
+    client's own output cache; ``clear_server_cache()`` the server's (every client's)."""
 
     config_class = RemoteConfig
     backend_name = "remote"
     engine_class = RemoteEngine
     engine: RemoteEngine
-
-    @property
-    def transport(self) -> str:
-        """``"shm"`` (rows through this client's ``/dev/shm`` buffer) or ``"frame"``."""
-        return self.engine.transport
-
-    @property
-    def server_info(self) -> dict[str, Any]:
-        return self.engine.server_info
-
-    def clear_server_cache(self) -> None:
-        """Drop the *server's* output and KV caches (every client's). ``clear_cache()``
-        clears only this client's own output cache: another program's work is not ours to
-        throw away."""
-        self.engine.clear_server_cache()
-
-    def server_stats(self) -> dict[str, Any]:
-        """The server's /v1/stats (queue depth, batch sizes, cache hit rates)."""
-        return self.engine.server_stats()
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()

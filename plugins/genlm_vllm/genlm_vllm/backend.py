@@ -1,8 +1,8 @@
 """VLLMBackend: genlm-core's backend holding a :class:`~genlm_vllm.engine.VLLMEngine`.
 
-The engine is the vLLM part (logits capture, vLLM's sampler, its processes); this
-class adds LoRA adapters (a :class:`~genlm_core.protocols.LoraBackend`) and the
-engine's process facts. ``EngineDiedError``, ``VLLMNotInstalledError``,
+The engine is the vLLM part (logits capture, vLLM's sampler, its processes, read
+through the backend: ``llm.in_process``, ``llm.workers``); this class adds LoRA
+adapters (a :class:`~genlm_core.protocols.LoraBackend`). ``EngineDiedError``, ``VLLMNotInstalledError``,
 ``INSTALL_HINT``, ``engine_kwargs`` and ``check_dtype`` are importable from here too.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from genlm_core.engine import BaseLogprobBackend, Checkpoint, LoraAdapters
+from genlm_core.engine import BaseLogprobBackend, LoraAdapters
 from genlm_vllm.config import VLLMConfig
 from genlm_vllm.engine import VLLMEngine
 from genlm_vllm.launch import INSTALL_HINT, VLLMNotInstalledError, check_dtype, engine_kwargs
@@ -29,8 +29,8 @@ __all__ = [
 class VLLMBackend(BaseLogprobBackend):
     """LogprobBackend on a ``vllm.LLM`` engine (V1).
 
-    Build it with ``genlm_core.load("vllm", model=...)``, ``VLLMBackend.from_name``
-    or ``VLLMBackend.from_llm(llm_engine, config)`` around an ``LLM`` you made yourself
+    Build it with ``genlm_core.load("vllm", model=...)``, ``VLLMBackend.from_name`` or
+    ``VLLMBackend(VLLMEngine(llm, config), config)`` around an ``LLM`` you made yourself
     with :func:`engine_kwargs` (it must carry the capture processor and worker extension).
     """
 
@@ -43,35 +43,6 @@ class VLLMBackend(BaseLogprobBackend):
         super().__init__(*args, **kwargs)
         self.adapters = LoraAdapters()
         self._lora_requests: dict[str, Any] = {}
-
-    @classmethod
-    def from_llm(
-        cls, llm: Any, config: VLLMConfig | None = None, *, device: str | None = None
-    ) -> "VLLMBackend":
-        """Around a ``vllm.LLM`` you started yourself (its checkpoint: ``config.model``'s files,
-        else the engine's model config; its dtype the engine's)."""
-        config = config or VLLMConfig()
-        return cls(VLLMEngine(llm, config, device=device), config, Checkpoint.of_files(config.model))
-
-    # ------------------------------------------------------------------ the engine's processes
-    @property
-    def llm(self) -> Any:
-        """The ``vllm.LLM`` (None once closed)."""
-        return self.engine.llm
-
-    @property
-    def in_process(self) -> bool:
-        """Whether the engine core and its only worker run in this process."""
-        return self.engine.in_process
-
-    @property
-    def workers(self) -> list[dict[str, Any]]:
-        return self.engine.workers
-
-    @property
-    def transport_counts(self) -> dict[str, int]:
-        """Batches whose rows came back through /dev/shm and as bytes (worker processes)."""
-        return self.engine.transport_counts
 
     # ------------------------------------------------------------------ LoRA
     def load_lora(self, path: str, name: str = "default") -> None:
