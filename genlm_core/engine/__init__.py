@@ -12,9 +12,11 @@ The modules, one mechanism each, shared by every backend:
 ``contract``       :class:`Engine`: what a plugin writes; :class:`SampleRequest`
 ``backend``        :class:`BaseLogprobBackend`: holds an engine; validation, batching,
                    caching, normalisation, sampling, the context limit, EOS ids, dtype
+``sampling``       tokens drawn from the rows, for an engine without a sampler
 ``batching``       :class:`AutoBatcher`: concurrent calls become one batch
 ``validation``     token-id contexts checked before they join a batch
-``caches``         :class:`OutputCache`: next-token rows by whole context, LRU, bounded
+``caches``         :class:`OutputCache`: next-token rows by whole context, LRU, bounded;
+                   a backend's output cache resolved by name
 ``prefix_cache``   :class:`PrefixCache`: opaque engine KV per token prefix
 ``kv_reuse``       :class:`KVReuse` and its options: automatic KV prefix reuse
 ``memory``         what a value keeps alive, private copies for callers

@@ -317,8 +317,9 @@ class VLLMEngine(Engine):
     def _remove_worker_segments(self) -> None:
         """Unlink what the engine's processes on this machine left in ``/dev/shm`` (vLLM's
         message queues, the executor's lock, CPU-communicator segments: what a killed
-        worker never removes; see :func:`genlm_vllm.transport.remove_engine_segments`).
-        They are gone by now: the executor's shutdown waits for them (or kills them)."""
+        worker never removes; see :func:`genlm_vllm.transport.remove_engine_segments`), once
+        they are gone: the executor's shutdown waits for them (or kills them), from a thread
+        of its own when it saw a worker die."""
         import socket
 
         from genlm_vllm.transport import remove_engine_segments
@@ -329,7 +330,7 @@ class VLLMEngine(Engine):
         )
         if not idents and not self._engine_segments:
             return
-        if lifecycle.alive(self._engine_procs):
+        if lifecycle.alive(self._engine_procs, within=lifecycle.core_shutdown_timeout()):
             note("vllm: the engine's processes are still running; their shared memory is left to them")
             return
         gc.collect()  # a collected message queue unlinks its own segment

@@ -31,6 +31,7 @@ __all__ = [
     "Watched",
     "Watchdog",
     "alive",
+    "core_shutdown_timeout",
     "engine_failed",
     "engine_in_process",
     "engine_processes",
@@ -159,7 +160,14 @@ def mapped(procs: list[Any]) -> set[str]:
     return mapped_segments([p.pid for p in running(procs)])
 
 
-def alive(procs: list[Any]) -> bool:
+def alive(procs: list[Any], within: float = 0.0) -> bool:
+    """Whether any of ``procs`` still runs ``within`` seconds from now (it may be on its way
+    out: after a worker died, vLLM's executor stops the others from a thread of its own)."""
+    import time
+
+    deadline = time.monotonic() + within
+    while running(procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
     return bool(running(procs))
 
 
