@@ -21,7 +21,7 @@ Workloads:
           prefill, initial context [BOS]); ``--quick``: its first 80 bytes. Figure: bytes/s.
 
 Our layer against raw llama.cpp (per GGUF and workload): the forward passes the
-workload made (the contexts of each ``_forward_rows`` call) are replayed through the
+workload made (the contexts of each ``engine.forward`` call) are replayed through the
 backend's async API (``asyncio.gather`` of ``next_token_logprobs``: batcher, output
 cache, prefix-cache bookkeeping, batch building, logits copy, log-softmax) from clean
 caches, one step per forward pass, while the engine's llama.cpp calls are recorded

@@ -177,9 +177,9 @@ def _engine_child(
         return {"layout": layout, "vocab": vocab, "refused": message[:400]}
     start_s = time.perf_counter() - t0
     if spec.get("bytes"):
-        llm._buffer = None  # what a worker on another node does: bytes in the RPC reply
+        llm.engine._buffer = None  # what a worker on another node does: bytes in the RPC reply
     fetch_s: list[float] = []
-    real_fetch = llm._fetch
+    real_fetch = llm.engine.fetch
 
     def timed_fetch(tags: list[str]) -> Any:
         t = time.perf_counter()
@@ -188,7 +188,7 @@ def _engine_child(
         finally:
             fetch_s.append(time.perf_counter() - t)
 
-    llm._fetch = timed_fetch
+    llm.engine.fetch = timed_fetch
     rng = random.Random(0)
     V = len(llm.byte_vocab)
     info = llm.info()
@@ -210,7 +210,7 @@ def _engine_child(
                 "batch": b,
                 "step_ms": 1000 * statistics.median(steps[1:]),
                 "fetch_ms": 1000 * statistics.median(fetches[1:]),
-                "bytes": 0 if llm.in_process else b * llm._row_width * 4,
+                "bytes": 0 if llm.in_process else b * llm.engine._row_width * 4,
             }
         )
     out = {
@@ -218,7 +218,7 @@ def _engine_child(
         "vocab": vocab,
         "rows": rows,
         "start_s": start_s,
-        "row_width": llm._row_width,
+        "row_width": llm.engine._row_width,
         "cores": cores,
         "world_size": info.get("world_size"),
         "engine_core": info.get("engine_core"),

@@ -18,7 +18,7 @@ def log(msg: str) -> None:
 
 
 class Recorder:
-    """Records the forward passes of a backend (the contexts of each ``_forward_rows``
+    """Records the forward passes of a backend (the contexts of each ``engine.forward``
     call) and, for llamacpp, every llama.cpp call its engine makes, grouped by pass."""
 
     def __init__(self, llm: Any) -> None:
@@ -27,7 +27,7 @@ class Recorder:
         self.ops: list[list[tuple[Any, ...]]] = []
         self.recording = False
         self.passes = 0  # forward passes, recorded or not
-        forward = llm._forward_rows  # what the batcher's batch function calls
+        forward = llm.engine.forward  # what the batcher's batch function calls
 
         def recorded_forward(contexts: list[tuple[int, ...]]) -> Any:
             self.passes += 1
@@ -36,19 +36,19 @@ class Recorder:
                 self.ops.append([])
             return forward(contexts)
 
-        llm._forward_rows = recorded_forward
-        engine = getattr(llm, "engine", None)
-        if engine is not None and hasattr(engine, "decode"):
-            self._wrap_engine(engine)
+        llm.engine.forward = recorded_forward
+        context = getattr(llm.engine, "context", None)  # llama.cpp's (genlm_llamacpp.llama_context)
+        if context is not None and hasattr(context, "decode"):
+            self._wrap_context(context)
 
     def _op(self, op: tuple[Any, ...]) -> None:
         if self.recording and self.ops:
             self.ops[-1].append(op)
 
-    def _wrap_engine(self, engine: Any) -> None:
+    def _wrap_context(self, context: Any) -> None:
         import numpy as np
 
-        decode, seq_copy, seq_remove = engine.decode, engine.seq_copy, engine.seq_remove
+        decode, seq_copy, seq_remove = context.decode, context.seq_copy, context.seq_remove
 
         def rec_decode(rows: Any) -> Any:
             if not self.recording:
@@ -76,7 +76,7 @@ class Recorder:
             self._op(("rm", seq))
             seq_remove(seq)
 
-        engine.decode, engine.seq_copy, engine.seq_remove = rec_decode, rec_copy, rec_remove
+        context.decode, context.seq_copy, context.seq_remove = rec_decode, rec_copy, rec_remove
 
     def start(self) -> None:
         self.steps.clear()
@@ -178,7 +178,7 @@ def layer_vs_raw(
     ops = [list(o) for o in rec.ops]  # what our layer asked llama.cpp to do
     # the same llama.cpp context (and batch buffer), driven without our layer; each
     # replay starts from an empty KV cache, ours from clean caches (clear_cache)
-    eng = llm.engine
+    eng = llm.engine.context  # the llama.cpp context (genlm_llamacpp.llama_context)
     raw_replay = RawReplay(eng.ctx, eng.batch, eng.n_batch)
     raw = raw_replay.run(ops)
     for _ in range(replays - 1):

@@ -19,6 +19,7 @@ from genlm_core.api import (
     list_backends,
     list_implementations,
     load,
+    load_byte_model,
     load_trie,
     resolve,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "list_backends",
     "list_implementations",
     "load",
+    "load_byte_model",
     "load_trie",
     "resolve",
 ]

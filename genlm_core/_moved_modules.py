@@ -1,14 +1,15 @@
-"""Module paths from before the core was grouped by audience keep working.
+"""Deprecated module paths (genlm-core 0.1's top-level ``genlm_core.backend``,
+``genlm_core.embedded``, ...) answered by the modules in ``engine/``, ``registry/``,
+``models/`` and ``tools/``, until genlm-core :data:`REMOVAL`.
 
-genlm-core 0.1 had every module at the top level (``genlm_core.backend``,
-``genlm_core.embedded``, ...); they now live in ``engine/``, ``registry/``, ``models/``
-and ``tools/``. Code that imports an old path gets the module itself (the same
-object, so ``isinstance`` checks, monkeypatching and pickles keep working), not a
-copy: :class:`MovedModuleFinder` answers only for the names in :data:`MOVED`, imports
-the new module and puts it in ``sys.modules`` under the old name too.
-``python -m genlm_core.cli`` (an old path) still runs the command line.
+Code that imports a path of :data:`MOVED` gets a ``DeprecationWarning`` naming the
+path to import instead and the version that removes the old one, and the module
+itself (the same object, so ``isinstance`` checks, monkeypatching and pickles keep
+working), not a copy: :class:`MovedModuleFinder` answers only for those names, imports
+the module and puts it in ``sys.modules`` under the deprecated name too.
+``python -m genlm_core.cli`` still runs the command line.
 
-New code imports the new paths; this table is never extended.
+New code imports the modules where they are; this table is never extended.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+import warnings
 from types import CodeType, ModuleType
 
-#: old module path -> where it lives now
+#: the genlm-core version that removes the paths of :data:`MOVED`
+REMOVAL = "0.3"
+
+#: deprecated module path -> the module to import instead
 MOVED: dict[str, str] = {
     **{
         f"genlm_core.{name}": f"genlm_core.engine.{name}"
@@ -54,8 +59,17 @@ MOVED: dict[str, str] = {
 }
 
 
+def warn_moved(old: str) -> None:
+    """The ``DeprecationWarning`` of importing ``old`` (a key of :data:`MOVED`)."""
+    warnings.warn(
+        f"{old} is deprecated and will be removed in genlm-core {REMOVAL}: import {MOVED[old]}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
 class MovedModuleLoader(importlib.abc.Loader):
-    """Loads an old path as the module at its new path."""
+    """Loads a deprecated path as the module at its current path."""
 
     def __init__(self, target: str) -> None:
         self.target = target
@@ -64,12 +78,14 @@ class MovedModuleLoader(importlib.abc.Loader):
         return None  # a placeholder the import system discards (see exec_module)
 
     def exec_module(self, module: ModuleType) -> None:
-        # The import system returns whatever sys.modules holds under the old name once
+        # The import system returns whatever sys.modules holds under the deprecated name once
         # this returns: the real module, whose own __spec__ and __name__ stay untouched.
+        warn_moved(module.__name__)
         sys.modules[module.__name__] = importlib.import_module(self.target)
 
     def get_code(self, fullname: str) -> CodeType | None:
-        """For ``python -m OLD.PATH``: runpy runs the new module's code as ``__main__``."""
+        """For ``python -m OLD.PATH``: runpy runs the module's code as ``__main__``."""
+        warn_moved(fullname)
         spec = importlib.util.find_spec(self.target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "get_code"):
             return None
@@ -77,7 +93,7 @@ class MovedModuleLoader(importlib.abc.Loader):
 
 
 class MovedModuleFinder(importlib.abc.MetaPathFinder):
-    """Answers for the old paths in :data:`MOVED` and for nothing else."""
+    """Answers for the deprecated paths in :data:`MOVED` and for nothing else."""
 
     def find_spec(self, fullname: str, path: object = None, target: object = None):
         new = MOVED.get(fullname)

@@ -1,4 +1,4 @@
-"""Top-level entry points: load(), list_backends(), load_trie(), explain_auto()."""
+"""Top-level entry points: load(), load_byte_model(), list_backends(), load_trie(), explain_auto()."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from genlm_core.registry import Registration, UnavailableImplementationError, ge
 
 __all__ = [
     "load",
+    "load_byte_model",
     "list_backends",
     "list_implementations",
     "resolve",
@@ -49,8 +50,10 @@ def load(name: str | None = "auto", /, model: str | os.PathLike[str] | None = No
     (or ``"auto"``) picks the best available one for this machine: vLLM on CUDA, MLX
     on Apple silicon, transformers otherwise (plugins may declare priorities).
     ``model`` may be a ``pathlib.Path``. Options are validated by the backend's
-    pydantic config, and a local model folder is checked (it exists and holds what the
-    backend needs) before any engine is imported.
+    pydantic config; then the checkpoint is read once, before any engine is imported
+    (:func:`genlm_core.engine.checkpoint.read_checkpoint`: the model folder or file
+    checked, ``model=None`` resolved to the embedded default, config, generation
+    config, context limit, EOS ids and dtype), and the plugin's engine loads from it.
     """
     reg = resolve(name, model=model)
     status, reason = reg.status()
@@ -60,12 +63,39 @@ def load(name: str | None = "auto", /, model: str | os.PathLike[str] | None = No
     if model is not None:
         options["model"] = model
     config = cfg_cls.build(reg.name, **options)
-    if isinstance(config, BackendConfig):
-        config.check_model()
+    if not isinstance(config, BackendConfig):
+        raise ConfigError(f"{reg.name}: its config {cfg_cls.__name__} is not a genlm_core BackendConfig")
+    from genlm_core.engine.backend import BaseLogprobBackend
+    from genlm_core.engine.checkpoint import read_checkpoint
+    from genlm_core.engine.contract import Engine
+
+    checkpoint = read_checkpoint(config, reg.model_formats, reg.name)
+    target = reg.load_target()
+    if isinstance(target, type) and issubclass(target, BaseLogprobBackend):
+        return target.from_checkpoint(checkpoint, config, name=reg.name)
+    if isinstance(target, type) and issubclass(target, Engine):
+        return BaseLogprobBackend.from_checkpoint(checkpoint, config, engine_class=target, name=reg.name)
+    raise ConfigError(
+        f"{reg.target} (backend {reg.name!r}) is neither a genlm_core.engine.Engine nor a "
+        "BaseLogprobBackend subclass: register the plugin's Engine class"
+    )
+
+
+async def load_byte_model(llm: Any, name: str = "beam", /, **options: Any) -> Any:
+    """A byte-level language model over the LogprobBackend ``llm``: the registered byte
+    model ``name`` (kind ``byte_model``; the core's ``"beam"`` is
+    :class:`genlm_core.bytes.ByteBeamState`), its options validated by its config class
+    (``"beam"``: :class:`~genlm_core.bytes.BeamParams`), built with
+    ``await cls.initial(llm, config)``."""
+    reg = get_registry().get("byte_model", name)
+    status, reason = reg.status()
+    if status != "available":
+        raise UnavailableImplementationError(f"Byte model {reg.name!r} cannot run here: {reason}")
     cls = reg.load_target()
-    if not hasattr(cls, "from_config"):
-        raise ConfigError(f"{reg.target} has no from_config(config) constructor")
-    return cls.from_config(config)
+    cfg_cls = reg.load_config_class()
+    if cfg_cls is None:
+        raise ConfigError(f"byte model {reg.name!r} ({reg.target}) registers no config class")
+    return await cls.initial(llm, cfg_cls.build(reg.name, **options))
 
 
 def list_implementations(kind: str | None = None) -> list[dict[str, Any]]:

@@ -235,6 +235,10 @@ def describe_validation_error(
 class BackendConfig(GenlmConfig):
     """Options every LogprobBackend accepts. Plugins subclass this."""
 
+    #: whether the model's checkpoint is read on this machine (False: it lives elsewhere,
+    #: e.g. on a ``genlm serve`` server, whose answers the engine reports)
+    reads_checkpoint: ClassVar[bool] = True
+
     model: str | None = Field(
         None,
         description="hub id or local folder of the model (a str or os.PathLike; a Path is always a local folder)",
@@ -277,6 +281,11 @@ class BackendConfig(GenlmConfig):
         1 << 30, ge=0, description="bytes held by the output cache (None: no bound)"
     )
     cache_to_cpu: bool = Field(False, description="keep cached results on the CPU")
+    output_cache_impl: str = Field(
+        "output",
+        min_length=1,
+        description="name of the registered cache that keeps next-token rows (`genlm backends --all` lists them)",
+    )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto",
         validation_alias=AliasChoices("dtype", "torch_dtype"),
@@ -294,6 +303,11 @@ class BackendConfig(GenlmConfig):
             "(False); None: the backend decides (a thread for accelerators, the loop for CPU engines)"
         ),
     )
+
+    def requested_dtype(self) -> str:
+        """The dtype asked for (``"auto"`` or a name of :data:`~genlm_core.engine.dtypes.DTYPES`),
+        before the checkpoint resolves ``"auto"``; configs with another way to ask override it."""
+        return self.dtype
 
     @field_validator("dtype", mode="before")
     @classmethod

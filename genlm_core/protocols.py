@@ -1,4 +1,5 @@
-"""The protocols plugins implement: LogprobBackend (and LoraBackend), Trie, Cache, ByteModel.
+"""The protocols plugins implement: LogprobBackend (and LoraBackend), Trie, Cache
+(RowCache, PrefixKVCache), ByteModel.
 
 They are ``runtime_checkable`` so ``isinstance(obj, LogprobBackend)`` checks the
 surface. Types that would need torch are strings, so importing this module stays
@@ -15,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from genlm_core.token import Token
 
-__all__ = ["LogprobBackend", "LoraBackend", "Trie", "Cache", "ByteModel", "PROTOCOL_KINDS"]
+__all__ = ["ByteModel", "Cache", "LogprobBackend", "LoraBackend", "PrefixKVCache", "RowCache", "Trie"]
 
 
 @runtime_checkable
@@ -156,7 +157,9 @@ class Trie(Protocol):
 
 @runtime_checkable
 class Cache(Protocol):
-    """A bounded cache of model results."""
+    """A bounded cache of model results: a registered implementation of the kind ``cache``
+    (``genlm_register_caches``) is one of the two roles below, and a backend resolves each
+    by name from its config (``output_cache_impl``, ``prefix_cache_impl``)."""
 
     def clear(self) -> None: ...
 
@@ -164,21 +167,52 @@ class Cache(Protocol):
 
 
 @runtime_checkable
+class RowCache(Cache, Protocol):
+    """A backend's output cache: next-token rows by whole context (the core's ``"output"``,
+    :class:`genlm_core.engine.caches.OutputCache`).
+
+    Built with ``cls.from_config(config)``, ``config`` the registration's config class
+    (default :class:`~genlm_core.engine.caches.OutputCacheConfig`) holding ``max_entries``,
+    ``max_bytes`` and ``to_cpu``. ``put`` keeps a private copy; ``get`` may return the
+    stored object (the backend hands its callers copies)."""
+
+    def get(self, key: Hashable, default: Any = None) -> Any: ...
+
+    def put(self, key: Hashable, value: Any) -> None: ...
+
+    def __contains__(self, key: Hashable) -> bool: ...
+
+
+@runtime_checkable
+class PrefixKVCache(Cache, Protocol):
+    """Engine KV state per token prefix (the core's ``"prefix"``,
+    :class:`genlm_core.engine.prefix_cache.PrefixCache`), used through
+    :class:`~genlm_core.engine.kv_reuse.KVReuse`.
+
+    Built with ``cls(budget, sizeof=..., on_evict_kv=...)``: ``budget`` in the unit
+    ``sizeof`` counts (None: no bound), ``on_evict_kv`` told of every payload dropped."""
+
+    budget: int | None
+    sizeof: Any
+    on_evict_kv: Any
+
+    def deepest_kv(self, tokens: Sequence[int], max_depth: int | None = None) -> tuple[int, Any]: ...
+
+    def insert(self, tokens: Sequence[int], *, kv: Any) -> None: ...
+
+    def evict_lru_kv(self, keep: Any = None) -> Any: ...
+
+
+@runtime_checkable
 class ByteModel(Protocol):
-    """A byte-level language model state: condition on bytes, get next-byte logprobs."""
+    """A byte-level language model state: condition on bytes, get next-byte logprobs.
+
+    A registered implementation (kind ``byte_model``) is built by
+    :func:`genlm_core.load_byte_model` with ``await cls.initial(llm, config)``, ``config``
+    the registration's config class."""
 
     async def __lshift__(self, byte: int) -> "ByteModel": ...
 
     def logp_next(self) -> Any: ...
 
     async def cleanup(self) -> None: ...
-
-
-PROTOCOL_KINDS: dict[str, type] = {
-    "backend": LogprobBackend,
-    "trie": Trie,
-    "cache": Cache,
-    "byte_model": ByteModel,
-}
-
-CacheKey = Hashable

@@ -9,19 +9,11 @@ import textwrap
 import warnings
 from pathlib import Path
 
-from genlm_core.registry import get_registry
+from genlm_core.registry import FIRST_PARTY, get_registry
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 # the reference documents the distributions of this repository, not whatever else is installed
-FIRST_PARTY = {
-    "genlm-core",
-    "genlm-hf",
-    "genlm-vllm",
-    "genlm-mlx",
-    "genlm-llamacpp",
-    "genlm-mock",
-    "genlm-remote",
-}
+DISTRIBUTIONS = {"genlm-core", *FIRST_PARTY.values()}
 
 
 def _doc_markdown(doc: str) -> list[str]:
@@ -52,7 +44,7 @@ def render() -> str:
         "",
     ]
     for r in sorted(reg.all(), key=lambda r: (r.kind, r.name)):
-        if r.distribution not in FIRST_PARTY:
+        if r.distribution not in DISTRIBUTIONS:
             continue
         try:
             cfg = r.load_config_class() if r.config is not None or r.kind == "backend" else None

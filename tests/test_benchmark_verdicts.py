@@ -1,10 +1,9 @@
 """The benchmarks' verdicts: each ``benchmarks/bench_*.py`` judges the JSON it
 writes (``headline(result)``), ``run_all.py`` only collects the rows, ``plots.py`` draws.
 
-Oracle: the committed ``benchmarks/results/summary.json`` / ``summary.md``. Their headline
-rows were checked equal to what run_all produced from the same section JSONs while it
-still held every verdict itself (commit 3f0928a); they are rebuilt here from a copy of
-the committed section JSONs. No benchmark runs: everything reads committed files.
+Oracle: the committed ``benchmarks/results/summary.json`` / ``summary.md``, written by a
+run of every benchmark: their headline rows are rebuilt here from a copy of the
+committed section JSONs. No benchmark runs: everything reads committed files.
 """
 
 from __future__ import annotations

@@ -55,6 +55,20 @@ def test_registry_names_the_beam():
     assert reg.load_target() is ByteBeamState
 
 
+async def test_load_byte_model_builds_the_registered_beam_from_its_options():
+    llm = table_llm()
+    by_name = await genlm_core.load_byte_model(llm, "beam", K=3)
+    direct = await ByteBeamState.initial(llm, BeamParams(K=3))  # the oracle: the class itself
+    assert type(by_name) is ByteBeamState and by_name.params == direct.params
+    a = await (await by_name.prefill(b"ab")).logp_next()
+    b = await (await direct.prefill(b"ab")).logp_next()
+    assert list(a.ps) == list(b.ps)
+    with pytest.raises(ConfigError, match="Unknown option 'k' for 'beam'"):
+        await genlm_core.load_byte_model(llm, "beam", k=3)
+    with pytest.raises(genlm_core.UnknownImplementationError, match="beam"):
+        await genlm_core.load_byte_model(llm, "beem")
+
+
 # ---------------------------------------------------------------------- token context
 def test_lm_context_is_immutable_and_limit_is_passed_on():
     lm = StatefulTokenizedLM(object(), [1, 2, 3], max_context_length=3)

@@ -103,7 +103,7 @@ token_seqs = st.lists(st.integers(0, 3), max_size=5).map(tuple)
     kv_budget=st.one_of(st.none(), st.integers(0, 100)),
 )
 def test_prefix_cache_matches_brute_force(ops, kv_budget):
-    cache = PrefixCache(kv_budget_bytes=kv_budget)
+    cache = PrefixCache(budget=kv_budget)
     model = BruteForcePrefixCache(kv_budget)
     for op, tokens, size in ops:
         payload = bytes([size % 256]) * size
@@ -226,7 +226,7 @@ def test_prefix_cache_accounts_the_storage_its_payloads_keep_alive(ops, kv_budge
     Oracle: a brute-force LRU of prefixes whose sizes are read from the payloads'
     storages; what the trie keeps alive is read from the nodes it holds.
     """
-    cache = PrefixCache(kv_budget_bytes=kv_budget)
+    cache = PrefixCache(budget=kv_budget)
     model = OrderedDict()
     for step, (op, tokens, (kind, rows, width, row)) in enumerate(ops):
         if op == "insert":

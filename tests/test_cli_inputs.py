@@ -299,17 +299,17 @@ def test_repeated_engine_log_lines_are_summarised_once(caplog):
 
 def test_vllm_start_says_what_it_does_and_how_to_start_faster_on_cpu(caplog):
     pytest.importorskip("torch")
-    from genlm_vllm.launch import _announce_start
+    from genlm_vllm.launch import announce_start
 
     with caplog.at_level(logging.INFO, logger="genlm"):
-        _announce_start({}, "cpu")
+        announce_start({}, "cpu")
     texts = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "genlm"]
     assert texts[0][1].startswith("vllm: starting the engine on cpu (reading the weights, compiling")
     assert texts[1][0] == logging.WARNING and "--opt enforce_eager=true" in texts[1][1]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="genlm"):
-        _announce_start({"enforce_eager": True}, "cpu")
-        _announce_start({}, "cuda")  # no CPU advice on a GPU
+        announce_start({"enforce_eager": True}, "cpu")
+        announce_start({}, "cuda")  # no CPU advice on a GPU
     texts = [r.getMessage() for r in caplog.records if r.name == "genlm"]
     assert len(texts) == 2 and all("compile" not in t or "torch.compile" in t for t in texts)
     assert "compiling" not in texts[0] and not any("enforce_eager=True" in t for t in texts)

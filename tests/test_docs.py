@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from genlm_core.registry import FIRST_PARTY
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -21,5 +23,5 @@ def test_configuration_reference_is_up_to_date() -> None:
 
 def test_configuration_reference_documents_every_first_party_backend() -> None:
     text = (ROOT / "docs" / "configuration.md").read_text()
-    for name in ("hf", "vllm", "mlx", "mock", "remote"):
+    for name in FIRST_PARTY:
         assert f"## backend `{name}`" in text, name

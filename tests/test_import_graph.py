@@ -1,8 +1,11 @@
-"""genlm_core's modules import each other without a cycle.
+"""First-party modules import each other without a circle and without private names.
 
-The graph counts every import of a genlm_core module, also those inside functions
-(a function-level import still ties the two modules: neither can be read, moved or
-tested without the other) but not those under ``if TYPE_CHECKING:`` (never run).
+The graph holds the modules of genlm_core, of every plugin's packages and of the
+example plugin, and counts every import of one of them at every level: at the top,
+inside functions, and under ``if TYPE_CHECKING:`` (a function-level or type-checking
+import still ties the two modules: neither can be read, moved or tested without the
+other). No module imports another module's private name (``_name``); a private module
+(whose names are public) is imported within its own distribution only.
 """
 
 from __future__ import annotations
@@ -10,47 +13,61 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import genlm_core
 
-PACKAGE = "genlm_core"
-ROOT = Path(genlm_core.__file__).resolve().parent
+CORE = Path(genlm_core.__file__).resolve().parent
+REPO = CORE.parent
 
 
-def _modules() -> dict[str, Path]:
+def package_roots() -> dict[str, Path]:
+    """Top-level package name -> its folder: the core, every plugin's, the example's."""
+    roots = {"genlm_core": CORE}
+    for dist in [*sorted((REPO / "plugins").glob("*")), *sorted((REPO / "examples").glob("*"))]:
+        for folder in sorted(dist.glob("*")) if dist.is_dir() else []:
+            if folder.name in ("tests", "build") or folder.name.startswith(".") or not folder.is_dir():
+                continue
+            if (folder / "__init__.py").is_file():
+                roots[folder.name] = folder
+            else:  # a namespace package (genlm-compat's `genlm`): its packages
+                for sub in sorted(folder.glob("*/__init__.py")):
+                    roots[f"{folder.name}.{sub.parent.name}"] = sub.parent
+    return roots
+
+
+def modules(roots: dict[str, Path] | None = None) -> dict[str, Path]:
+    """Module name -> file, for every module under ``roots`` (tests excluded)."""
     out = {}
-    for path in ROOT.rglob("*.py"):
-        parts = (PACKAGE, *path.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = path
+    for package, root in (roots or package_roots()).items():
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(root).with_suffix("").parts
+            if "tests" in rel:
+                continue
+            parts = (package, *rel)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
     return out
 
 
-def _owner(name: str, modules: dict[str, Path]) -> str | None:
+def _owner(name: str, known: dict[str, Path]) -> str | None:
     """The module ``name`` is, or the package it is an attribute of."""
-    while name and name not in modules:
+    while name and name not in known:
         name = name.rpartition(".")[0]
     return name or None
 
 
-def _run_time_nodes(node: ast.AST):
-    """Every node below ``node``, except the bodies of ``if TYPE_CHECKING:`` blocks."""
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-            for other in child.orelse:
-                yield other
-                yield from _run_time_nodes(other)
-            continue
-        yield child
-        yield from _run_time_nodes(child)
-
-
-def _imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+def _imports(module: str, path: Path, known: dict[str, Path]) -> list[tuple[str, str, int]]:
+    """``(imported module, name as written, line)`` of every first-party import in ``path``."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str | None] = set()
-    for node in _run_time_nodes(ast.parse(path.read_text(), str(path))):
+    found: list[tuple[str, str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found.update(_owner(a.name, modules) for a in node.names if a.name.startswith(PACKAGE))
+            for a in node.names:
+                owner = _owner(a.name, known)
+                if owner:
+                    found.append((owner, a.name, node.lineno))
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -58,17 +75,18 @@ def _imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 for _ in range(node.level - 1):
                     pkg = pkg.rpartition(".")[0]
                 base = f"{pkg}.{base}" if base else pkg
-            if base.startswith(PACKAGE):
-                for alias in node.names:
-                    full = f"{base}.{alias.name}"
-                    found.add(full if full in modules else _owner(base, modules))
-    return {m for m in found if m is not None and m != module}
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                owner = full if full in known else _owner(base, known)
+                if owner:
+                    found.append((owner, full, node.lineno))
+    return [f for f in found if f[0] != module]
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the genlm_core modules it imports (anywhere but under TYPE_CHECKING)."""
-    modules = _modules()
-    return {module: _imports_of(module, path, modules) for module, path in modules.items()}
+def import_graph(known: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Module -> the first-party modules it imports (at every level)."""
+    known = known if known is not None else modules()
+    return {m: {owner for owner, _, _ in _imports(m, p, known)} for m, p in known.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -90,13 +108,47 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
             elif not state.get(nxt):
                 state[nxt] = 1
                 path.append(nxt)
-                stacks.append(iter(sorted(graph[nxt])))
+                stacks.append(iter(sorted(graph.get(nxt, ()))))
     return None
 
 
-def test_genlm_core_has_no_import_cycle() -> None:
+def private_imports(known: dict[str, Path] | None = None) -> list[str]:
+    """Imports of a private name (``_x``, not a dunder): a private attribute of another
+    module, or a private module of another distribution. A private module's public names
+    are what its own distribution imports (``from genlm_core.trie import _kernels`` in
+    genlm_core.trie.cpu, ``from genlm.backend._surface import placeholder`` in genlm-compat)."""
+    known = known if known is not None else modules()
+    bad = []
+    for module, path in known.items():
+        top = module.split(".")[0]
+        for _, written, line in _imports(module, path, known):
+            module_part, attr = (written, "") if written in known else written.rpartition(".")[::2]
+            if attr.startswith("_") and not attr.startswith("__"):
+                bad.append(written)
+            elif module_part.split(".")[0] != top and any(
+                p.startswith("_") and not p.startswith("__") for p in module_part.split(".")
+            ):
+                bad.append(written)
+            else:
+                continue
+            where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+            bad[-1] = f"{where}:{line}: {written}"
+    return bad
+
+
+def test_the_graph_holds_the_core_every_plugin_and_the_example() -> None:
+    roots = package_roots()
+    expected = {"genlm_core", "genlm_hf", "genlm_vllm", "genlm_mlx", "genlm_llamacpp", "genlm_mock"}
+    assert expected | {"genlm_remote", "genlm.backend", "genlm.bytes", "genlm_example"} <= set(roots)
+
+
+def test_first_party_code_has_no_import_cycle() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_first_party_code_imports_no_private_name() -> None:
+    assert private_imports() == []
 
 
 def test_the_cycle_finder_finds_cycles() -> None:
@@ -105,7 +157,38 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-def test_the_graph_sees_function_level_imports() -> None:
+@pytest.fixture
+def fake_package(tmp_path: Path) -> dict[str, Path]:
+    """A package whose imports are known: a mutual import under TYPE_CHECKING, one inside a
+    function, a private name from a sibling, and a private module of its own."""
+    pkg = tmp_path / "fake"
+    pkg.mkdir()
+    files = {
+        "__init__.py": "",
+        "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fake.b import B\n",
+        "b.py": "def f():\n    from fake import a\n\nfrom fake.c import _hidden\n",
+        "c.py": "_hidden = 1\nfrom fake import _kernels\n",
+        "_kernels.py": "",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    return modules({"fake": pkg})
+
+
+def test_the_graph_sees_every_level(fake_package: dict[str, Path]) -> None:
+    graph = import_graph(fake_package)
+    assert "fake.b" in graph["fake.a"]  # under TYPE_CHECKING
+    assert "fake.a" in graph["fake.b"]  # inside a function
+    assert find_cycle(graph) in (["fake.a", "fake.b", "fake.a"], ["fake.b", "fake.a", "fake.b"])
+    assert graph["fake.c"] == {"fake._kernels"}
+
+
+def test_private_names_are_found_but_own_private_modules_pass(fake_package: dict[str, Path]) -> None:
+    found = private_imports(fake_package)
+    assert len(found) == 1 and found[0].endswith(": fake.c._hidden"), found
+
+
+def test_the_real_graph_sees_function_level_imports() -> None:
     graph = import_graph()
     # demo imports the shared CLI options inside a function; config imports them at the top
     assert "genlm_core.tools.cli_options" in graph["genlm_core.tools.demo"]

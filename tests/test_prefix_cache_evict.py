@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from genlm_core.engine.prefix_cache import PrefixCache
 
 
@@ -22,7 +24,7 @@ def test_every_dropped_payload_is_reported_once_and_none_held_is():
     clear: the payloads reported == inserted - held, each reported once."""
     rng = random.Random(0)
     dropped: list[Handle] = []
-    cache = PrefixCache(kv_budget_bytes=30, sizeof=lambda h: h.n,
+    cache = PrefixCache(budget=30, sizeof=lambda h: h.n,
                         on_evict_kv=dropped.append)  # fmt: skip
     inserted: list[Handle] = []
     for _step in range(400):
@@ -49,7 +51,7 @@ def test_every_dropped_payload_is_reported_once_and_none_held_is():
 
 def test_evict_lru_kv_takes_the_least_recently_used_unkept():
     dropped: list[Handle] = []
-    cache = PrefixCache(kv_budget_bytes=None, sizeof=lambda h: h.n,
+    cache = PrefixCache(budget=None, sizeof=lambda h: h.n,
                         on_evict_kv=dropped.append)  # fmt: skip
     a, b, c = Handle(1), Handle(1), Handle(1)
     cache.insert((1,), kv=a)
@@ -61,3 +63,11 @@ def test_evict_lru_kv_takes_the_least_recently_used_unkept():
     assert cache.evict_lru_kv() is a
     assert cache.evict_lru_kv() is None
     assert dropped == [c, b, a] and cache.node_count() == 1
+
+
+def test_the_deprecated_budget_keyword_warns_and_still_bounds() -> None:
+    with pytest.warns(DeprecationWarning, match="kv_budget_bytes.*removed in genlm-core 0.3.*budget="):
+        cache = PrefixCache(kv_budget_bytes=30, sizeof=lambda h: h)
+    assert cache.budget == 30
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        PrefixCache(budjet=30)

@@ -60,7 +60,9 @@ def test_third_party_plugin_loads_by_name_and_alias():
     lp = llm.next_token_logprobs_sync(ids)
     assert llm.byte_vocab[int(lp.argmax())] == llm.byte_vocab[ord("e")]  # "Th" -> "e" in its text
     llm.close()
-    assert type(genlm_core.load("bigram")).__name__ == "BigramBackend"
+    by_alias = genlm_core.load("bigram")  # the plugin wrote an Engine: the core's backend holds it
+    assert type(by_alias.engine).__name__ == "BigramEngine" and by_alias.backend_name == "example-bigram"
+    by_alias.close()
 
 
 def test_unknown_name_lists_installed_and_close_matches():

@@ -14,11 +14,11 @@ from genlm_core.token import Token
 from genlm_core.trie import (
     EOS,
     EOT,
-    TRIE_IMPLEMENTATIONS,
     EOSMode,
     TrieStructure,
     load_trie_class,
     make_trie,
+    trie_implementations,
 )
 from genlm_core.trie.async_trie import AsyncTokenByteTrie
 from genlm_core.trie.cpu import TokenByteTrie
@@ -610,7 +610,7 @@ def test_async_from_vocab_torch() -> None:
 
 # ---------------------------------------------------------------------- registry / misc
 def test_registration_and_make_trie() -> None:
-    assert set(TRIE_IMPLEMENTATIONS) >= {"numpy", "torch"}
+    assert set(trie_implementations()) >= {"numpy", "torch"}
     assert load_trie_class("numpy") is TokenByteTrie
     assert load_trie_class("torch") is TorchTokenByteTrie
     with pytest.raises(ValueError):
@@ -1120,4 +1120,7 @@ def test_make_trie_resolves_through_the_registry() -> None:
     with pytest.raises(UnavailableImplementationError, match="device mps"):
         reg.choose_auto("trie", devices=["mps"])
     assert isinstance(load_trie(vocab, "torch", device="cpu"), TorchTokenByteTrie)
-    assert TRIE_IMPLEMENTATIONS["torch"] == ("genlm_core.trie.torch_impl:TorchTokenByteTrie", ["cuda", "cpu"])
+    assert trie_implementations()["torch"] == (
+        "genlm_core.trie.torch_impl:TorchTokenByteTrie",
+        ["cuda", "cpu"],
+    )

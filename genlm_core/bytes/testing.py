@@ -21,9 +21,10 @@ import numpy as np
 
 from genlm_core.config import BackendConfig
 from genlm_core.engine.backend import BaseLogprobBackend
+from genlm_core.engine.contract import Engine
 from genlm_core.token import Token
 
-__all__ = ["TableBackend", "BruteForce"]
+__all__ = ["BruteForce", "TableBackend", "TableEngine"]
 
 
 class _Tok:
@@ -33,6 +34,55 @@ class _Tok:
         self.bos_token_id = bos
         self.eos_token_id = eos
         self.name_or_path = "table"
+
+
+class TableEngine(Engine):
+    """The engine of :class:`TableBackend`: a table of distributions, else seeded noise."""
+
+    def __init__(
+        self,
+        vocab: Sequence[bytes],
+        eos_token_ids: Sequence[int],
+        table: Mapping[tuple[int, ...], Mapping[int, float]] | None,
+        bos: int | None,
+        scale: float,
+        seed: int,
+        default: Mapping[int, float] | None,
+    ) -> None:
+        self.byte_vocab = [Token(i, bytes(b)) for i, b in enumerate(vocab)]
+        eos = [int(e) for e in eos_token_ids]
+        if bos is None:
+            bos = eos[0] if eos else 0
+        self.tokenizer = _Tok(bos, eos[0] if eos else None)
+        self.eos_token_ids = eos
+        self.table = {tuple(k): dict(v) for k, v in (table or {}).items()}
+        self.default = dict(default) if default is not None else None
+        self.scale = scale
+        self.seed = seed
+        self.forward_calls = 0
+        self.forward_rows = 0
+
+    def logits_for(self, ctx: tuple[int, ...]) -> np.ndarray:
+        size = len(self.byte_vocab)
+        row = self.table.get(tuple(ctx), self.default)
+        if row is not None:
+            p = np.zeros(size)
+            for i, v in row.items():
+                p[i] = v
+            with np.errstate(divide="ignore"):
+                return np.log(p / p.sum()).astype(np.float32)
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, len(ctx), *ctx]))
+        return (rng.standard_normal(size) * self.scale).astype(np.float32)
+
+    def forward(self, contexts: list[tuple[int, ...]]) -> Any:
+        import torch
+
+        self.forward_calls += 1
+        self.forward_rows += len(contexts)
+        return torch.from_numpy(np.stack([self.logits_for(c) for c in contexts]))
+
+    def stats(self) -> dict[str, Any]:
+        return {"forward_calls": self.forward_calls, "forward_rows": self.forward_rows}
 
 
 class TableBackend(BaseLogprobBackend):
@@ -52,6 +102,7 @@ class TableBackend(BaseLogprobBackend):
     """
 
     backend_name = "table"
+    engine: TableEngine
 
     def __init__(
         self,
@@ -64,40 +115,8 @@ class TableBackend(BaseLogprobBackend):
         timeout: float = 0.0,
         default: Mapping[int, float] | None = None,
     ) -> None:
-        byte_vocab = [Token(i, bytes(b)) for i, b in enumerate(vocab)]
-        eos = [int(e) for e in eos_token_ids]
-        if bos is None:
-            bos = eos[0] if eos else 0
-        super().__init__(
-            _Tok(bos, eos[0] if eos else None),
-            BackendConfig(timeout=timeout),
-            byte_vocab=byte_vocab,
-            eos_token_ids=eos,
-        )
-        self.table = {tuple(k): dict(v) for k, v in (table or {}).items()}
-        self.default = dict(default) if default is not None else None
-        self.scale = scale
-        self.seed = seed
-        self.forward_calls = 0
-        self.forward_rows = 0
-
-    def logits_for(self, ctx: tuple[int, ...]) -> np.ndarray:
-        row = self.table.get(tuple(ctx), self.default)
-        if row is not None:
-            p = np.zeros(self.vocab_size)
-            for i, v in row.items():
-                p[i] = v
-            with np.errstate(divide="ignore"):
-                return np.log(p / p.sum()).astype(np.float32)
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed, len(ctx), *ctx]))
-        return (rng.standard_normal(self.vocab_size) * self.scale).astype(np.float32)
-
-    def _forward(self, contexts: list[tuple[int, ...]]) -> Any:
-        import torch
-
-        self.forward_calls += 1
-        self.forward_rows += len(contexts)
-        return torch.from_numpy(np.stack([self.logits_for(c) for c in contexts]))
+        engine = TableEngine(vocab, eos_token_ids, table, bos, scale, seed, default)
+        super().__init__(engine, BackendConfig(timeout=timeout))
 
 
 class BruteForce:

@@ -1,21 +1,26 @@
-"""What an engine plugin builds on, with one import point.
+"""The engine contract and what an engine plugin builds on, with one import point.
 
-A backend plugin subclasses :class:`BaseLogprobBackend`, writes ``_forward`` (and the
-engine's loading), and takes everything else from here::
+A backend plugin writes an :class:`Engine` (``forward`` over distinct contexts, an
+optional sampler) that loads from the :class:`Checkpoint` the core read; the core's
+:class:`BaseLogprobBackend` holds it and does everything else::
 
-    from genlm_core.engine import BackendConfig, BaseLogprobBackend, KVCacheOptions, KVReuse
+    from genlm_core.engine import BackendConfig, Engine, KVCacheOptions, KVReuse
 
 The modules, one mechanism each, shared by every backend:
 
 =================  ======================================================================
-``backend``        :class:`BaseLogprobBackend`: validation, batching, caching, sampling
+``contract``       :class:`Engine`: what a plugin writes; :class:`SampleRequest`
+``backend``        :class:`BaseLogprobBackend`: holds an engine; validation, batching,
+                   caching, normalisation, sampling, the context limit, EOS ids, dtype
+``sampling``       tokens drawn from the rows, for an engine without a sampler
 ``batching``       :class:`AutoBatcher`: concurrent calls become one batch
 ``validation``     token-id contexts checked before they join a batch
-``caches``         :class:`OutputCache`: next-token rows by whole context, LRU, bounded
+``caches``         :class:`OutputCache`: next-token rows by whole context, LRU, bounded;
+                   a backend's output cache resolved by name
 ``prefix_cache``   :class:`PrefixCache`: opaque engine KV per token prefix
 ``kv_reuse``       :class:`KVReuse` and its options: automatic KV prefix reuse
 ``memory``         what a value keeps alive, private copies for callers
-``checkpoint``     one checkpoint policy: context limit, EOS ids, ``model=None``
+``checkpoint``     one checkpoint policy, read once into a :class:`Checkpoint`
 ``model_folder``   local folders vs hub ids, checked before any engine loads
 ``gguf_metadata``  the key/value header of a GGUF file (context length, EOS id, dtype)
 ``dtypes``         one meaning of ``dtype`` on every engine
@@ -39,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 EXPORTS: dict[str, str] = {
     # the surface every backend shares
     "BaseLogprobBackend": "genlm_core.engine.backend",
+    "Engine": "genlm_core.engine.contract",
+    "SampleRequest": "genlm_core.engine.contract",
     "BackendConfig": "genlm_core.config",
     "GenlmConfig": "genlm_core.config",
     "ConfigError": "genlm_core.errors",
@@ -54,14 +61,17 @@ EXPORTS: dict[str, str] = {
     # caches and KV reuse
     "OutputCache": "genlm_core.engine.caches",
     "OutputCacheConfig": "genlm_core.engine.caches",
+    "output_cache_for": "genlm_core.engine.caches",
     "PrefixCache": "genlm_core.engine.prefix_cache",
     "KVReuse": "genlm_core.engine.kv_reuse",
-    "KVReuseBackend": "genlm_core.engine.kv_reuse",
     "KVCacheOptions": "genlm_core.engine.kv_reuse",
     "sizeof": "genlm_core.engine.memory",
     "private_copy": "genlm_core.engine.memory",
     "compact": "genlm_core.engine.memory",
     # checkpoints, folders, dtypes
+    "Checkpoint": "genlm_core.engine.checkpoint",
+    "read_checkpoint": "genlm_core.engine.checkpoint",
+    "resolve_gguf": "genlm_core.engine.checkpoint",
     "read_config": "genlm_core.engine.checkpoint",
     "read_generation_config": "genlm_core.engine.checkpoint",
     "context_limit": "genlm_core.engine.checkpoint",
@@ -114,16 +124,20 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never run
     from genlm_core.config import BackendConfig, GenlmConfig
     from genlm_core.engine.backend import BaseLogprobBackend
     from genlm_core.engine.batching import AutoBatcher, BatcherClosed, BatcherStats
-    from genlm_core.engine.caches import OutputCache, OutputCacheConfig
+    from genlm_core.engine.caches import OutputCache, OutputCacheConfig, output_cache_for
     from genlm_core.engine.checkpoint import (
+        Checkpoint,
         checkpoint_eos_ids,
         context_limit,
         default_eos_ids,
         default_model,
         engine_context_limit,
+        read_checkpoint,
         read_config,
         read_generation_config,
+        resolve_gguf,
     )
+    from genlm_core.engine.contract import Engine, SampleRequest
     from genlm_core.engine.dtypes import (
         DTYPES,
         UnsupportedDtypeError,
@@ -132,7 +146,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never run
         resolve_dtype,
     )
     from genlm_core.engine.gguf_metadata import GGUFMetadata, read_gguf_metadata
-    from genlm_core.engine.kv_reuse import KVCacheOptions, KVReuse, KVReuseBackend
+    from genlm_core.engine.kv_reuse import KVCacheOptions, KVReuse
     from genlm_core.engine.lora import LoraAdapters
     from genlm_core.engine.memory import compact, private_copy, sizeof
     from genlm_core.engine.model_folder import (

@@ -1,88 +1,171 @@
-"""`BaseLogprobBackend`: the LogprobBackend surface, written once for every engine.
+"""`BaseLogprobBackend`: the LogprobBackend surface, written once, holding an engine.
 
-An engine plugin subclasses it and implements one method::
+A backend holds an :class:`~genlm_core.engine.contract.Engine` (the part a plugin
+writes: ``forward`` over distinct contexts, an optional sampler, its own limits,
+dtype, device, stats and ``close``) and decides everything else once, for every
+engine:
 
-    def _forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
-        # rows of logits or logprobs, one per context, >= len(byte_vocab) wide
+* the vocabulary (the engine's, or decoded from its tokenizer), the default EOS ids
+  and the context limit (the smaller of the checkpoint's and the engine's), from the
+  :class:`~genlm_core.engine.checkpoint.Checkpoint` the core read;
+* dtype refusals: before the engine loads (:meth:`Engine.supported_dtypes`) and after
+  (an engine computing in another dtype than the one resolved is refused);
+* input validation, the AutoBatcher (async path), the output cache (the registered
+  cache ``output_cache_impl`` names), cutting padded vocabulary rows and normalising in
+  float32, the sync and batch entry points;
+* sampling: the checks and the clamp to the context limit, then the engine's sampler
+  (capability ``"sample"``, batched) or draws from the rows;
+* one engine lock (:attr:`engine_lock`) that every engine call holds, cache controls
+  (KV reuse for an engine keeping a :class:`~genlm_core.engine.kv_reuse.KVReuse`),
+  counters, ``info``, health and shutdown.
 
-Everything else is shared: input validation, the AutoBatcher (async path), the
-output cache, trimming padded vocabulary rows and normalising in float32, the
-sync and batch entry points, seeded sampling with EOS, cache controls, counters,
-and shutdown. Engines with a better sampler or their own caches override
-``sample``, ``_clear_engine_cache`` or ``_forward_uncached``; engines that can
-normalise rows straight from their own buffers override ``_forward_rows``.
+``genlm_core.load`` builds one with :meth:`BaseLogprobBackend.from_checkpoint`;
+``from_config`` and ``from_name`` read the checkpoint and do the same.
+
+Kept in one module: it is one class, the surface every backend shares; its entry
+points, sampling, cache controls and shutdown all act on the same engine, engine lock,
+batchers and output cache, and the ownership rules (every returned row is its
+caller's) hold only because those methods are written together.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from genlm_core.config import BackendConfig
 from genlm_core.engine.batching import AutoBatcher
-from genlm_core.engine.caches import OutputCache
+from genlm_core.engine.caches import output_cache_for
+from genlm_core.engine.checkpoint import Checkpoint, engine_context_limit, read_checkpoint
+from genlm_core.engine.contract import Engine, SampleRequest, check_engine, refuse_unsupported_dtype
+from genlm_core.engine.dtypes import UnsupportedDtypeError
 from genlm_core.engine.memory import compact
+from genlm_core.engine.sampling import drawing
 from genlm_core.engine.validation import validate_context
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from genlm_core.token import Token
+    from genlm_core.protocols import PrefixKVCache
 
 __all__ = ["BaseLogprobBackend"]
 
 
 class BaseLogprobBackend:
-    """Shared implementation of the LogprobBackend protocol."""
+    """Shared implementation of the LogprobBackend protocol around an :class:`Engine`."""
 
     config_class: ClassVar[type[BackendConfig]] = BackendConfig
     #: registered name, for messages
     backend_name: ClassVar[str] = "backend"
+    #: the engine :meth:`from_checkpoint` loads
+    engine_class: ClassVar[type[Engine]] = Engine
 
     def __init__(
         self,
-        tokenizer: Any,
+        engine: Engine,
         config: BackendConfig | None = None,
+        checkpoint: Checkpoint | None = None,
         *,
-        byte_vocab: "list[Token] | None" = None,
-        str_vocab: list[str] | None = None,
-        eos_token_ids: Sequence[int] | None = None,
+        name: str | None = None,
     ) -> None:
+        """Hold ``engine`` (loaded from ``checkpoint``; None: what the engine itself loaded,
+        :attr:`Engine.model_config`, for an engine built by hand)."""
+        check_engine(engine)
+        if name is not None:
+            self.backend_name = name  # type: ignore[misc]
         self.config = config if config is not None else self.config_class()
-        self.tokenizer = tokenizer
+        self.engine = engine
+        checkpoint = checkpoint if checkpoint is not None else Checkpoint("none", self.config.model)
+        self.checkpoint = checkpoint.completed(engine.model_config, engine.generation_config)
+        self.tokenizer = engine.tokenizer
+        byte_vocab, str_vocab = engine.byte_vocab, engine.str_vocab
         if byte_vocab is None:
             from genlm_core.engine.vocab import decode_vocab
 
-            byte_vocab, str_vocab = decode_vocab(tokenizer)
+            byte_vocab, str_vocab = decode_vocab(engine.tokenizer)
         if str_vocab is None:
             str_vocab = [bytes(b).decode("utf-8", errors="replace") for b in byte_vocab]
         self.byte_vocab = byte_vocab
         self.str_vocab = str_vocab
         self.vocab_size = len(byte_vocab)
-        if eos_token_ids is None:  # the checkpoint policy (genlm_core.engine.checkpoint), read from its files
-            from genlm_core.engine.checkpoint import checkpoint_eos_ids
-
-            eos_token_ids = checkpoint_eos_ids(self.config.model, tokenizer, len(byte_vocab))
-        self.eos_token_ids: list[int] = [int(e) for e in eos_token_ids]
-        cfg = self.config
-        self.output_cache: OutputCache | None = (
-            OutputCache(cfg.cache_size, cfg.cache_bytes, cfg.cache_to_cpu) if cfg.cache_size > 0 else None
+        tokenizer_eos = engine.eos_token_ids
+        if tokenizer_eos is None:
+            tokenizer_eos = getattr(engine.tokenizer, "eos_token_id", None)
+        self.eos_token_ids: list[int] = self.checkpoint.eos_token_ids(tokenizer_eos, self.vocab_size)
+        self._max_context_length = engine_context_limit(
+            self.checkpoint.max_context_length, engine.max_context_length
         )
+        requested = self.config.requested_dtype()
+        wanted = self.checkpoint.dtype or (None if requested == "auto" else requested)
+        if wanted is not None and engine.dtype != wanted:
+            raise UnsupportedDtypeError(
+                self.backend_name, wanted, str(engine.device), f"the engine computes in {engine.dtype}"
+            )
+        cfg = self.config
+        #: held by every call into the engine: batches, samples, cache resets, adapters, close
+        self.engine_lock = threading.RLock()
+        self.output_cache = output_cache_for(cfg)
         self.batcher: AutoBatcher[tuple[int, ...], Any] = AutoBatcher(
             self._batch_fn,
             batch_size=cfg.batch_size,
             timeout=cfg.timeout,
             policy=cfg.batch_policy,
-            run_in_thread=cfg.forward_thread if cfg.forward_thread is not None else self._forward_in_thread(),
+            run_in_thread=cfg.forward_thread if cfg.forward_thread is not None else engine.forward_in_thread,
             name=f"{self.backend_name}-logprobs",
+            lock=self.engine_lock,
+        )
+        #: the engine's sampler, batched (None: samples are drawn from the rows)
+        self.sampler: AutoBatcher[SampleRequest, list[int]] | None = (
+            AutoBatcher(
+                self.engine.sample,
+                batch_size=cfg.batch_size,
+                timeout=cfg.timeout,
+                name=f"{self.backend_name}-sample",
+                lock=self.engine_lock,
+            )
+            if "sample" in engine.supports
+            else None
         )
         self._closed = False
 
     # ------------------------------------------------------------------ construction
     @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint: Checkpoint,
+        config: BackendConfig,
+        *,
+        engine_class: type[Engine] | None = None,
+        name: str | None = None,
+    ) -> "BaseLogprobBackend":
+        """Load the engine for ``checkpoint`` (what ``genlm_core.load`` read) and hold it.
+
+        A dtype the engine cannot compute in on its device is refused before it loads."""
+        engine_class = engine_class or cls.engine_class
+        name = name or cls.backend_name
+        if config.model is None and checkpoint.model is not None:  # model=None: the default it resolved to
+            config = config.model_copy(update={"model": checkpoint.model})
+        refuse_unsupported_dtype(engine_class, checkpoint, config, name)
+        engine = engine_class.load(checkpoint, config)
+        try:
+            return cls(engine, config, checkpoint, name=name)
+        except BaseException:
+            engine.close()
+            raise
+
+    @classmethod
     def from_config(cls, config: BackendConfig) -> "BaseLogprobBackend":
-        raise NotImplementedError(f"{cls.__name__} must implement from_config")
+        """Read ``config``'s checkpoint (:func:`~genlm_core.engine.checkpoint.read_checkpoint`)
+        and load: what ``genlm_core.load`` does after resolving the backend."""
+        from genlm_core.registry import UnknownImplementationError, get_registry
+
+        try:
+            formats = get_registry().get("backend", cls.backend_name).model_formats
+        except UnknownImplementationError:
+            formats = None
+        return cls.from_checkpoint(read_checkpoint(config, formats, cls.backend_name), config)
 
     @classmethod
     def from_name(cls, model: str | None = None, **options: Any) -> "BaseLogprobBackend":
@@ -90,51 +173,37 @@ class BaseLogprobBackend:
         config = cls.config_class.build(cls.backend_name, model=model, **options)
         return cls.from_config(config)
 
-    # ------------------------------------------------------------------ engine hooks
-    def _forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor | Sequence[torch.Tensor]":
-        """Logits (or logprobs) of the next token for each context. Engines implement it.
-
-        The contexts are validated and distinct: the AutoBatcher merges identical whole
-        contexts (``key=ctx``) and the sync batch path de-duplicates before calling, so
-        an engine never de-duplicates again. Rows come back in the order given.
-        """
-        raise NotImplementedError
-
-    def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor | Sequence[torch.Tensor]":
-        """A full forward pass that uses no engine cache (engines with KV reuse override)."""
-        return self._forward(contexts)
-
-    def _clear_engine_cache(self) -> None:
-        """Drop engine-side caches (KV). Engines with such caches override."""
-
-    def _forward_in_thread(self) -> bool:
-        """Where async batches run when ``forward_thread`` is None (called during ``__init__``).
-
-        A worker thread keeps the event loop (the particles' own work) running during a
-        forward pass, which pays when the pass waits on an accelerator. An engine that
-        computes on the CPU with every core already (torch's intra-op threads) gains
-        nothing from it and pays the thread hop: such engines return False.
-        """
-        return True
+    # ------------------------------------------------------------------ what the engine says
+    def __getattr__(self, name: str) -> Any:
+        """The engine's own public attributes (``llm.weights_type``, ``llm.in_process``...)
+        are the backend's too: only what the backend does not define is looked up there."""
+        engine = self.__dict__.get("engine")
+        if engine is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        try:
+            return getattr(engine, name)
+        except AttributeError:
+            raise AttributeError(
+                f"{type(self).__name__!r} object and its engine {type(engine).__name__!r} have no "
+                f"attribute {name!r}"
+            ) from None
 
     @property
     def max_context_length(self) -> int | None:
-        """Longest context the model accepts (None: no known limit)."""
-        return None
+        """Longest context accepted: the smaller of the checkpoint's limit and the engine's
+        own (None: no known limit)."""
+        return self._max_context_length
 
     @property
     def device(self) -> Any:
-        return "cpu"
+        return self.engine.device
 
     @property
     def dtype(self) -> str:
-        """The dtype the engine computes in: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
-
-        Read from the engine (a weight's dtype), not echoed from the config: with
-        ``dtype="auto"`` it is the checkpoint's dtype (see :mod:`genlm_core.engine.dtypes`).
-        Results are float32 whatever it is. Engines override; the base computes in float32.
-        """
-        return "float32"
+        """The dtype the engine computes in (``"float32"``, ``"float16"`` or ``"bfloat16"``),
+        read from the engine; with ``dtype="auto"`` the checkpoint's (see
+        :mod:`genlm_core.engine.dtypes`). Results are float32 whatever it is."""
+        return self.engine.dtype
 
     # ------------------------------------------------------------------ shared machinery
     def validate(self, token_ids: Any) -> tuple[int, ...]:
@@ -158,20 +227,28 @@ class BaseLogprobBackend:
         out = out[:, : self.vocab_size].to(torch.float32)
         return torch.log_softmax(out, dim=-1)
 
-    def _forward_rows(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor"]:
+    def _rows(self, contexts: list[tuple[int, ...]], uncached: bool = False) -> list["torch.Tensor"]:
         """The normalised row of every context, each a compact tensor of its own (not a
         view into a batch: a caller holding one row would keep the whole batch alive).
 
-        The default normalises ``_forward``'s batch (:meth:`_finalize`) and copies the
-        rows out. An engine that can normalise each row straight from its own output
-        buffer overrides this to save the batch-sized copies; it keeps the same results
-        (float32 ``log_softmax`` of the first ``vocab_size`` logits of each row).
-        """
-        return [compact(r) for r in self._finalize(self._forward(contexts)).unbind(0)]
+        Logits are normalised here (float32 ``log_softmax`` of the first ``vocab_size``
+        of each row); an engine returning final rows (``returns = "logprobs"``) keeps its own."""
+        engine = self.engine
+        out = engine.forward_uncached(contexts) if uncached else engine.forward(contexts)
+        if engine.returns == "logits":
+            return [compact(r) for r in self._finalize(out).unbind(0)]
+        rows = list(out.unbind(0)) if hasattr(out, "unbind") else list(out)
+        for row in rows:
+            if tuple(row.shape) != (self.vocab_size,):
+                raise RuntimeError(
+                    f"{self.backend_name}: the engine returned a row of shape {tuple(row.shape)}, "
+                    f"not ({self.vocab_size},)"
+                )
+        return [compact(r) for r in rows]
 
     def _batch_fn(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor"]:
         # each caller gets a compact row of its own; the output cache keeps its own private copy
-        results = self._forward_rows(contexts)
+        results = self._rows(contexts)
         if self.output_cache is not None:
             for ctx, row in zip(contexts, results):
                 self.output_cache.put(ctx, row)
@@ -183,11 +260,8 @@ class BaseLogprobBackend:
 
         if self._closed:
             raise RuntimeError(f"{self.backend_name}: the backend is closed")
-        return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self._rows_device())
-
-    def _rows_device(self) -> Any:
-        """Device of the rows this backend returns (engines whose rows live elsewhere override)."""
-        return self.device
+        device = self.engine.rows_device if self.engine.rows_device is not None else self.device
+        return torch.empty((0, self.vocab_size), dtype=torch.float32, device=device)
 
     async def _shared_row(self, ctx: tuple[int, ...]) -> "torch.Tensor":
         """The row of a validated context; may be the cached object: never hand it out."""
@@ -196,6 +270,13 @@ class BaseLogprobBackend:
             if hit is not None:
                 return hit
         return await self.batcher.submit(ctx, key=ctx)
+
+    def _shared_row_sync(self, ctx: tuple[int, ...]) -> "torch.Tensor":
+        if self.output_cache is not None:
+            hit = self.output_cache.get(ctx)
+            if hit is not None:
+                return hit
+        return self.batcher.run_sync([ctx])[0]
 
     # ------------------------------------------------------------------ public surface
     # Contract: every tensor returned below belongs to its caller, who may modify it
@@ -261,8 +342,30 @@ class BaseLogprobBackend:
     def next_token_logprobs_uncached(self, token_ids: Sequence[int]) -> "torch.Tensor":
         """One full forward pass, bypassing the output cache and engine caches."""
         ctx = self.validate(token_ids)
-        with self.batcher.model_lock:
-            return self._finalize(self._forward_uncached([ctx]))[0]
+        with self.engine_lock:
+            return self._rows([ctx], uncached=True)[0]
+
+    # ------------------------------------------------------------------ sampling
+    def sample_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> SampleRequest:
+        """A checked sampling request: the prompt validated, the arguments checked, the EOS
+        ids resolved (None: :attr:`eos_token_ids`) and ``max_tokens`` clamped to the room the
+        context limit leaves (the last token drawn is scored at a context of
+        ``max_context_length`` tokens)."""
+        ctx = self.validate(prompt_token_ids)
+        max_tokens, temperature, eos = self._check_sample_args(max_tokens, temperature, eos_token_ids)
+        limit = self.max_context_length
+        if limit is not None:
+            max_tokens = max(0, min(max_tokens, limit + 1 - len(ctx)))
+        return SampleRequest(
+            ctx, max_tokens, frozenset(eos), temperature, None if seed is None else int(seed)
+        )
 
     async def sample(
         self,
@@ -275,29 +378,44 @@ class BaseLogprobBackend:
         """Sample up to ``max_tokens`` tokens; stops before any token in ``eos_token_ids``.
 
         ``seed`` makes the draw reproducible. ``temperature=0`` is greedy. The EOS
-        token itself is not included in the result.
+        token itself is not included in the result. An engine with a sampler of its own
+        draws (concurrent calls batched into one engine call); otherwise each token is
+        drawn from the backend's own rows.
         """
-        import torch
+        req = self.sample_request(prompt_token_ids, max_tokens, eos_token_ids, temperature, seed)
+        if req.max_tokens == 0:
+            return []
+        if self.sampler is not None:
+            return list(await self.sampler.submit(req))
+        steps = drawing(req)
+        ctx = next(steps)
+        try:
+            while True:
+                ctx = steps.send(await self._shared_row(self.validate(ctx)))  # read only
+        except StopIteration as done:
+            return done.value
 
-        ctx = list(self.validate(prompt_token_ids))
-        max_tokens, temperature, eos = self._check_sample_args(max_tokens, temperature, eos_token_ids)
-        gen = torch.Generator()
-        if seed is not None:
-            gen.manual_seed(int(seed))
-        else:
-            gen.seed()
-        out: list[int] = []
-        for _ in range(max_tokens):
-            # a context of max_context_length tokens is still scored (validate accepts it)
-            if self.max_context_length is not None and len(ctx) > self.max_context_length:
-                break
-            logprobs = await self._shared_row(self.validate(ctx))  # read only
-            tok = _draw(logprobs, temperature, gen)
-            if tok in eos:
-                break
-            out.append(tok)
-            ctx.append(tok)
-        return out
+    def sample_sync(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[int]:
+        """Synchronous :meth:`sample`: the same tokens for the same arguments."""
+        req = self.sample_request(prompt_token_ids, max_tokens, eos_token_ids, temperature, seed)
+        if req.max_tokens == 0:
+            return []
+        if self.sampler is not None:
+            return list(self.sampler.run_sync([req])[0])
+        steps = drawing(req)
+        ctx = next(steps)
+        try:
+            while True:
+                ctx = steps.send(self._shared_row_sync(self.validate(ctx)))
+        except StopIteration as done:
+            return done.value
 
     async def batch_sample(
         self,
@@ -309,9 +427,7 @@ class BaseLogprobBackend:
     ) -> list[list[int]]:
         """Sample for each prompt concurrently (batched). Prompt ``i`` uses ``seed + i``.
 
-        Every prompt and argument is checked before any sampling starts. Engines with a
-        sampler of their own override :meth:`sample` only: its concurrent calls batch.
-        """
+        Every prompt and argument is checked before any sampling starts."""
         for p in prompt_token_ids_list:
             self.validate(p)
         self._check_sample_args(max_tokens, temperature, eos_token_ids)
@@ -334,47 +450,103 @@ class BaseLogprobBackend:
         eos = set(self.eos_token_ids if eos_token_ids is None else (int(e) for e in eos_token_ids))
         return max_tokens, float(temperature), eos
 
+    # ------------------------------------------------------------------ caches
     def clear_cache(self) -> None:
         """Drop the output cache and engine caches (KV)."""
         if self.output_cache is not None:
             self.output_cache.clear()
-        self._clear_engine_cache()
+        with self.engine_lock:
+            self.engine.clear_cache()
+
+    @property
+    def prefix_cache(self) -> "PrefixKVCache | None":
+        """The engine's KV prefix cache (None: the engine keeps none, or reuse is off)."""
+        kv = self.engine.kv
+        return kv.cache if kv is not None else None
+
+    @property
+    def kv_reuse(self) -> bool:
+        """Whether later contexts resume from the engine KV of cached prefixes."""
+        kv = self.engine.kv
+        return kv is not None and kv.enabled
+
+    def cache_kv(self, prompt_token_ids: Sequence[int]) -> None:
+        """Compute ``prompt_token_ids`` now (its next-token row goes to the output cache)
+        and keep its KV state, so later contexts that extend it run the model on their new
+        tokens only (while the KV stays within the budget). Nothing runs when the engine
+        keeps no KV, or the prompt's KV is cached already."""
+        ctx = self.validate(prompt_token_ids)
+        cache = self.prefix_cache
+        if cache is None or cache.deepest_kv(ctx)[0] == len(ctx):
+            return
+        self.batcher.run_sync([ctx])
+
+    def clear_kv_cache(self) -> None:
+        """Drop every cached KV state (the output cache's rows stay)."""
+        if self.engine.kv is not None:
+            with self.engine_lock:
+                self.engine.kv.clear()
 
     def reset_async_queries(self) -> None:
         """genlm-backend's name: fail and drop waiting requests. Not needed after errors."""
         self.batcher.reset()
 
+    # ------------------------------------------------------------------ state
     @property
     def healthy(self) -> bool:
-        """Whether the backend can answer (engines with processes of their own refine it)."""
-        return not self._closed
+        """Whether the backend can answer."""
+        return not self._closed and self.engine.healthy
 
     def info(self) -> dict[str, Any]:
-        """What runs where (engines add their process/parallel layout)."""
+        """What runs where (the engine adds its process/parallel layout)."""
         return {
             "backend": self.backend_name,
             "model": self.config.model,
             "device": str(self.device),
             "vocab_size": self.vocab_size,
             "healthy": self.healthy,
+            **self.engine.info(),
         }
 
     def stats(self) -> dict[str, Any]:
+        """``batcher``, ``output_cache``, ``sample_batcher`` (an engine sampler),
+        ``prefix_cache`` (KV reuse) and ``engine`` (its KV-reuse counters and its own)."""
         out: dict[str, Any] = {"batcher": self.batcher.stats.as_dict()}
         if self.output_cache is not None:
             out["output_cache"] = self.output_cache.stats()
+        if self.sampler is not None:
+            out["sample_batcher"] = self.sampler.stats.as_dict()
+        kv = self.engine.kv
+        if kv is not None and kv.cache is not None:
+            out["prefix_cache"] = kv.cache.stats()
+        engine = {**(kv.stats() if kv is not None else {}), **self.engine.stats()}
+        if engine:
+            out["engine"] = engine
         return out
 
+    @property
+    def forward_calls(self) -> int:
+        """Engine calls counted by its KV reuse (or its own counters)."""
+        return int(self.stats().get("engine", {}).get("forward_calls", 0))
+
+    @property
+    def tokens_computed(self) -> int:
+        return int(self.stats().get("engine", {}).get("tokens_computed", 0))
+
+    @property
+    def tokens_reused(self) -> int:
+        return int(self.stats().get("engine", {}).get("tokens_reused", 0))
+
     def close(self) -> None:
-        """Stop the batcher (waiting callers get an error) and release the engine."""
+        """Stop the batchers (waiting callers get an error) and release the engine."""
         if self._closed:
             return
         self._closed = True
         self.batcher.close()
-        self._close_engine()
-
-    def _close_engine(self) -> None:
-        """Release engine resources. Engines override."""
+        if self.sampler is not None:
+            self.sampler.close()
+        with self.engine_lock:
+            self.engine.close()
 
     def __enter__(self) -> "BaseLogprobBackend":
         return self
@@ -393,13 +565,3 @@ class BaseLogprobBackend:
             f"<{type(self).__name__} {self.backend_name} model={self.config.model!r} "
             f"dtype={self.dtype} vocab={self.vocab_size}>"
         )
-
-
-def _draw(logprobs: "torch.Tensor", temperature: float, gen: "torch.Generator") -> int:
-    import torch
-
-    lp = logprobs.detach().to("cpu", torch.float32)
-    if temperature == 0:
-        return int(torch.argmax(lp).item())
-    probs = torch.softmax(lp / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=gen).item())

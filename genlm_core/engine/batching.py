@@ -57,7 +57,8 @@ Guarantees:
   ``CancelledError`` unless it was itself cancelled (a worker stopped some other
   way, e.g. its event loop shutting down, fails its callers with ``BatcherClosed``);
 * at most ``max_concurrency`` model calls run at a time (default 1), shared with the
-  synchronous path through :attr:`model_lock`.
+  synchronous path through :attr:`~AutoBatcher.lock` (a backend passes its engine lock,
+  so every batcher of the backend and its other engine calls take turns).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ import asyncio
 import itertools
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -180,6 +182,8 @@ class AutoBatcher(Generic[Req, Res]):
             on the event loop, for batch functions that cost next to nothing.
         max_concurrency: model calls that may run at once (1 unless the engine is
             safe for more).
+        lock: what every call of ``batch_fn`` holds (a lock or semaphore, shared with other
+            code that calls the same engine); default ``threading.Semaphore(max_concurrency)``.
         name: used in error messages and thread names.
         copy_result: makes the copy each further caller of a shared key gets (default
             :func:`~genlm_core.engine.memory.private_copy`); ``None`` shares one result object
@@ -197,6 +201,7 @@ class AutoBatcher(Generic[Req, Res]):
         max_concurrency: int = 1,
         name: str = "batcher",
         copy_result: Callable[[Res], Res] | None = private_copy,
+        lock: Any = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -212,7 +217,8 @@ class AutoBatcher(Generic[Req, Res]):
         self.name = name
         self.copy_result = copy_result
         self.stats = BatcherStats()
-        self.model_lock = threading.Semaphore(max_concurrency)
+        #: held by every call of ``batch_fn`` (the async worker's and :meth:`run_sync`'s)
+        self.lock = lock if lock is not None else threading.Semaphore(max_concurrency)
         self._max_concurrency = max_concurrency
         self._executor: ThreadPoolExecutor | None = None
         # a plain dict: a state holds its loop strongly, so a weak key would never die;
@@ -256,9 +262,21 @@ class AutoBatcher(Generic[Req, Res]):
             self.stats.cancelled += 1
             raise
 
+    @property
+    def model_lock(self) -> Any:
+        """Deprecated name of :attr:`lock` (removed in genlm-core 0.3); a backend's engine
+        lock is ``backend.engine_lock``."""
+        warnings.warn(
+            "AutoBatcher.model_lock is deprecated and will be removed in genlm-core 0.3: use "
+            "AutoBatcher.lock, or backend.engine_lock for a backend's engine",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.lock
+
     def run_sync(self, requests: list[Req]) -> list[Res]:
         """Run ``batch_fn`` directly (the synchronous path), under the model lock."""
-        with self.model_lock:
+        with self.lock:
             results = list(self.batch_fn(list(requests)))
         for r in results:
             if isinstance(r, BaseException):
@@ -497,7 +515,7 @@ class AutoBatcher(Generic[Req, Res]):
                 fut.set_result(self.copy_result(result))
 
     def _locked_call(self, requests: list[Req]) -> list[Res | BaseException]:
-        with self.model_lock:
+        with self.lock:
             return list(self.batch_fn(requests))
 
     def _get_executor(self) -> ThreadPoolExecutor:

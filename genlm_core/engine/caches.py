@@ -6,6 +6,10 @@ alive (a row viewed out of a batch tensor would keep the whole batch) and nothin
 producer or a caller does to its own tensor reaches the cache. :meth:`OutputCache.get`
 returns the cached object itself: read it, never modify it (the backend hands its
 callers copies).
+
+A backend's output cache is the registered cache its config names
+(``output_cache_impl``, default ``"output"``: :class:`OutputCache`), built by
+:func:`output_cache_for`.
 """
 
 from __future__ import annotations
@@ -13,14 +17,19 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from genlm_core.config import GenlmConfig
 from genlm_core.engine.memory import compact, private_copy, sizeof
+from genlm_core.errors import ConfigError
 
-__all__ = ["OutputCache", "OutputCacheConfig", "sizeof"]
+if TYPE_CHECKING:  # pragma: no cover
+    from genlm_core.config import BackendConfig
+    from genlm_core.protocols import RowCache
+
+__all__ = ["OutputCache", "OutputCacheConfig", "output_cache_for", "sizeof"]
 
 
 class OutputCacheConfig(GenlmConfig):
@@ -136,3 +145,30 @@ class OutputCache:
             "misses": self.misses,
             "evictions": self.evictions,
         }
+
+
+def output_cache_for(config: "BackendConfig") -> "RowCache | None":
+    """The output cache ``config`` asks for: the registered cache ``output_cache_impl``,
+    built from its config class with ``cache_size``, ``cache_bytes`` and ``cache_to_cpu``
+    (None when ``cache_size`` is 0)."""
+    if config.cache_size == 0:
+        return None
+    from genlm_core.registry import get_registry
+
+    reg = get_registry().get("cache", config.output_cache_impl)
+    cls = reg.load_target()
+    missing = [
+        m for m in ("from_config", "get", "put", "__contains__", "clear", "stats") if not hasattr(cls, m)
+    ]
+    if missing:
+        raise ConfigError(
+            f"cache {reg.name!r} ({reg.target}) cannot keep next-token rows: it has no {', '.join(missing)}; "
+            "name a row cache such as 'output' in output_cache_impl"
+        )
+    cfg_cls = reg.load_config_class() or OutputCacheConfig
+    options = {
+        "max_entries": config.cache_size,
+        "max_bytes": config.cache_bytes,
+        "to_cpu": config.cache_to_cpu,
+    }
+    return cls.from_config(cfg_cls.build(reg.name, **options))

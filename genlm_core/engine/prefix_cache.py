@@ -6,8 +6,9 @@ payload that views a larger buffer is charged for the buffer). Node ``n`` at dep
 ``d`` stands for the prefix ``tokens[:d]``; its ``kv`` covers exactly those ``d``
 tokens.
 
-KV payloads are evicted least-recently-used first when their total exceeds
-``kv_budget_bytes``. Nodes that hold nothing and have no children are pruned, so
+KV payloads are evicted least-recently-used first when their total size exceeds
+``budget`` (in the unit ``sizeof`` counts: bytes by default, tokens for an engine whose
+payloads are handles on its own memory). Nodes that hold nothing and have no children are pruned, so
 the trie's size follows what it holds.
 
 Next-token logprobs are not kept here: a backend caches them in its one
@@ -17,6 +18,7 @@ Next-token logprobs are not kept here: a backend caches them in its one
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,22 +54,32 @@ class PrefixNode:
 
 
 class PrefixCache:
-    """Token trie of cached KV states, LRU-bounded by bytes.
+    """Token trie of cached KV states, LRU-bounded by ``budget``.
 
-    Thread-safe. ``kv_budget_bytes=None`` means unbounded (not recommended).
+    Thread-safe. ``budget=None`` means unbounded (not recommended).
     """
 
     def __init__(
         self,
-        kv_budget_bytes: int | None = 1 << 30,
+        budget: int | None = 1 << 30,
         sizeof: Callable[[Any], int] = default_sizeof,
         on_evict_kv: Callable[[Any], None] | None = None,
+        **deprecated: Any,
     ) -> None:
-        if kv_budget_bytes is not None and (
-            isinstance(kv_budget_bytes, bool) or not isinstance(kv_budget_bytes, int) or kv_budget_bytes < 0
-        ):
-            raise ValueError(f"kv_budget_bytes must be an int >= 0 or None, got {kv_budget_bytes!r}")
-        self.kv_budget_bytes = kv_budget_bytes
+        if "kv_budget_bytes" in deprecated:
+            warnings.warn(
+                "PrefixCache(kv_budget_bytes=...) is deprecated and will be removed in genlm-core 0.3: "
+                "pass budget= (in the unit sizeof counts)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            budget = deprecated.pop("kv_budget_bytes")
+        if deprecated:
+            raise TypeError(f"PrefixCache() got unexpected keyword arguments {sorted(deprecated)}")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ValueError(f"budget must be an int >= 0 or None, got {budget!r}")
+        #: the bound on the payloads' total size, in the unit ``sizeof`` counts (None: none)
+        self.budget = budget
         self.sizeof = sizeof
         #: called with each KV payload the cache drops (evicted, replaced or cleared), for
         #: engines whose payload is a handle on engine memory (a llama.cpp KV sequence)
@@ -126,7 +138,7 @@ class PrefixCache:
         if kv is None:
             return
         size = self.sizeof(kv)
-        if self.kv_budget_bytes is not None and size > self.kv_budget_bytes:
+        if self.budget is not None and size > self.budget:
             return
         with self._lock:
             node = self._node(tokens)
@@ -139,7 +151,7 @@ class PrefixCache:
             self._evict(protect=node)
 
     def _evict(self, protect: PrefixNode | None = None) -> None:
-        while self.kv_budget_bytes is not None and self.kv_bytes > self.kv_budget_bytes and self._kv_lru:
+        while self.budget is not None and self.kv_bytes > self.budget and self._kv_lru:
             _, node = self._kv_lru.popitem(last=False)
             self._drop_kv(node)
             if node is not protect:

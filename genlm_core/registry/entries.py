@@ -30,13 +30,15 @@ __all__ = [
     "import_string",
 ]
 
-#: First-party implementation names and the distribution that provides them.
+#: First-party backend names and the distribution that provides each (the one list the
+#: registry's messages, the tests and scripts/gen_config_docs.py read)
 FIRST_PARTY: dict[str, str] = {
     "hf": "genlm-hf",
     "vllm": "genlm-vllm",
     "mlx": "genlm-mlx",
     "llamacpp": "genlm-llamacpp",
     "mock": "genlm-mock",
+    "remote": "genlm-remote",
 }
 
 

@@ -465,7 +465,7 @@ def build_app(
 
 
 def _clear(backend: Any) -> None:
-    lock = getattr(getattr(backend, "batcher", None), "model_lock", None)
+    lock = getattr(backend, "engine_lock", None)
     if lock is None:
         backend.clear_cache()
         return

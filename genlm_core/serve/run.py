@@ -21,12 +21,12 @@ from typing import Any
 
 from genlm_core.serve.limits import ServeLimits, check_bind
 
-__all__ = ["bind_socket", "serve"]
+__all__ = ["bind_socket", "serve", "server_class"]
 
 READY_PREFIX = "genlm serve: ready on "
 
 
-def _server_class() -> Any:
+def server_class() -> Any:
     import uvicorn
 
     class QuietServer(uvicorn.Server):
@@ -90,7 +90,7 @@ def serve(
         timeout_graceful_shutdown=limits.graceful_shutdown_s,
         timeout_keep_alive=30,
     )
-    server = _server_class()(config)
+    server = server_class()(config)
 
     def announce(u: str) -> None:
         print(READY_PREFIX + u, flush=True)

@@ -156,12 +156,12 @@ class InProcessServer:
 
         import uvicorn
 
-        from genlm_core.serve.run import _server_class, bind_socket
+        from genlm_core.serve.run import server_class, bind_socket
 
         sock = bind_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         config = uvicorn.Config(self.app, loop="asyncio", lifespan="on", log_level="warning")
-        self._server = server = _server_class()(config)
+        self._server = server = server_class()(config)
 
         def run() -> None:
             try:

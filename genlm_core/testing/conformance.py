@@ -267,13 +267,13 @@ class LogprobBackendConformance:
         """Every engine call receives distinct contexts, whatever the callers repeat (the
         batcher and the sync batch path merge them): engines need no de-duplication."""
         seen: list[list[tuple[int, ...]]] = []
-        original = backend._forward_rows
+        original = backend.engine.forward
 
         def spy(contexts: list[tuple[int, ...]]) -> Any:
             seen.append(list(contexts))
             return original(contexts)
 
-        monkeypatch.setattr(backend, "_forward_rows", spy)
+        monkeypatch.setattr(backend.engine, "forward", spy)
         a, b = self.contexts(backend, seed=8)[:2]
         backend.clear_cache()
         backend.batch_next_token_logprobs_sync([a, b, a, a])

@@ -87,10 +87,11 @@ class AsyncTokenByteTrie:
         timeout: float = 0.001,
         **kwargs: Any,
     ) -> "AsyncTokenByteTrie":
-        """Build the trie (``implementation`` name from ``TRIE_IMPLEMENTATIONS``, or
-        the best one for ``device``) and wrap it. ``kwargs`` (``eos_tokens``,
-        ``atomic_tokens``, ...) go to the trie constructor."""
-        from genlm_core.trie import load_trie_class, make_trie
+        """Build the trie (``implementation``: a registered trie's name,
+        :func:`~genlm_core.trie.factory.trie_implementations`, or the best one for
+        ``device``) and wrap it. ``kwargs`` (``eos_tokens``, ``atomic_tokens``, ...) go to
+        the trie constructor."""
+        from genlm_core.trie.factory import load_trie_class, make_trie
 
         if implementation is None:
             trie = make_trie(vocab, device=device, **kwargs)

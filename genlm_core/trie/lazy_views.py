@@ -19,16 +19,13 @@ views are part of the structure, split out only to keep each module short).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from genlm_core.token import Token
 
-if TYPE_CHECKING:
-    from genlm_core.trie.structure import TrieStructure
-
-__all__ = ["NodeChildren"]
+__all__ = ["ChildrenView", "LeafView", "Node2PrefixView", "NodeChildren", "Word2LeafView"]
 
 
 class NodeChildren(dict):
@@ -62,10 +59,10 @@ class NodeChildren(dict):
         return [(v, k[1]) for k, v in self.items() if isinstance(k, tuple)]
 
 
-class _Children(Sequence):
+class ChildrenView(Sequence):
     """``children[node]`` -> ``dict`` of edge key -> child node (built on first access)."""
 
-    def __init__(self, s: "TrieStructure") -> None:
+    def __init__(self, s: Any) -> None:
         self._s = s
         self._cache: list[dict | None] = [None] * s.num_nodes
 
@@ -85,10 +82,10 @@ class _Children(Sequence):
         return d
 
 
-class _Node2Prefix(Sequence):
+class Node2PrefixView(Sequence):
     """``node2prefix[node]`` -> the bytes read from the root to ``node``."""
 
-    def __init__(self, s: "TrieStructure") -> None:
+    def __init__(self, s: Any) -> None:
         self._s = s
 
     def __len__(self) -> int:
@@ -100,11 +97,11 @@ class _Node2Prefix(Sequence):
         return self._s.prefix(int(node))
 
 
-class _Word2Leaf(Mapping):
+class Word2LeafView(Mapping):
     """Token (by id), ``(bytes, token_id)``, token id (``int``), plain bytes (lowest
     position) or a symbol -> leaf node."""
 
-    def __init__(self, s: "TrieStructure") -> None:
+    def __init__(self, s: Any) -> None:
         self._s = s
         self._by_bytes: dict[bytes, int] | None = None
 
@@ -158,10 +155,10 @@ class _Word2Leaf(Mapping):
         return True
 
 
-class _Leaf2(Mapping):
+class LeafView(Mapping):
     """leaf node -> Token (``leaf2word``) or token id (``leaf2token_id``)."""
 
-    def __init__(self, s: "TrieStructure", ids: bool) -> None:
+    def __init__(self, s: Any, ids: bool) -> None:
         self._s = s
         self._ids = ids
 

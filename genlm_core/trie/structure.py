@@ -58,8 +58,8 @@ from typing import Any
 import numpy as np
 
 from genlm_core.token import Token
-from genlm_core.trie.lazy_views import NodeChildren, _Children, _Leaf2, _Node2Prefix, _Word2Leaf
-from genlm_core.trie.vocab_entries import _raw_bytes, _select_ids, to_tokens
+from genlm_core.trie.lazy_views import ChildrenView, LeafView, Node2PrefixView, NodeChildren, Word2LeafView
+from genlm_core.trie.vocab_entries import raw_bytes, select_ids, to_tokens
 
 __all__ = [
     "EOS",
@@ -201,7 +201,7 @@ class TrieStructure:
         eos_tokens: Iterable[bytes | Token] = (),
         atomic_tokens: Iterable[bytes | Token] = (),
     ) -> None:
-        raw, entries, ids, symbols = _raw_bytes(decode)
+        raw, entries, ids, symbols = raw_bytes(decode)
         n = len(raw)
         if n == 0:
             raise ValueError("cannot build a trie of an empty vocabulary")
@@ -215,8 +215,8 @@ class TrieStructure:
             None if self._identity else {int(t): i for i, t in enumerate(ids.tolist()) if t >= 0}
         )
         self._symbols = symbols
-        self.eos_ids = _select_ids(eos_tokens or (), raw, "EOS", self.position_of, symbols)
-        named_atomic = _select_ids(atomic_tokens or (), raw, "atomic", self.position_of, symbols)
+        self.eos_ids = select_ids(eos_tokens or (), raw, "EOS", self.position_of, symbols)
+        named_atomic = select_ids(atomic_tokens or (), raw, "atomic", self.position_of, symbols)
         self.atomic_ids = np.union1d(named_atomic, np.array(sorted(symbols.values()), dtype=np.int64))
         self.eos_tokens = frozenset(self._entry(i) for i in self.eos_ids.tolist())
         self.atomic_tokens = frozenset(self._entry(i) for i in named_atomic.tolist())
@@ -350,11 +350,11 @@ class TrieStructure:
         self._kid_ptr = np.searchsorted(parent[kids], np.arange(self.num_nodes + 1))
 
         self.eos_pos = self.inv_perm[self.eos_ids]
-        self.children = _Children(self)
-        self.node2prefix = _Node2Prefix(self)
-        self.word2leaf = _Word2Leaf(self)
-        self.leaf2word = _Leaf2(self, ids=False)
-        self.leaf2token_id = _Leaf2(self, ids=True)
+        self.children = ChildrenView(self)
+        self.node2prefix = Node2PrefixView(self)
+        self.word2leaf = Word2LeafView(self)
+        self.leaf2word = LeafView(self, ids=False)
+        self.leaf2token_id = LeafView(self, ids=True)
 
     @property
     def decode(self) -> list[Any]:

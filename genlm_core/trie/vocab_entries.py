@@ -3,9 +3,9 @@
 A vocabulary is any sequence of entries: ``Token`` objects (any ids, distinct),
 bytes-like objects, sequences of byte values ``0..255``, or *symbols*: objects that
 iterate to themselves alone (genlm-control's ``EndOfSequence``), each one edge from the
-root keyed by the object. :func:`_raw_bytes` reads such a sequence once into what
+root keyed by the object. :func:`raw_bytes` reads such a sequence once into what
 :class:`~genlm_core.trie.structure.TrieStructure` builds on (bytes, token id and
-symbol of each position); :func:`_select_ids` turns the ``eos_tokens`` /
+symbol of each position); :func:`select_ids` turns the ``eos_tokens`` /
 ``atomic_tokens`` arguments into positions; :func:`to_tokens` is the public helper
 that makes ``Token`` objects of a plain byte vocabulary.
 """
@@ -46,7 +46,7 @@ def _is_symbol(x: Any) -> bool:
     return it is not None and len(it) == 1 and it[0] is x
 
 
-def _raw_bytes(decode: Iterable[Any]) -> tuple[list[bytes], list[Any], np.ndarray, dict[Any, int]]:
+def raw_bytes(decode: Iterable[Any]) -> tuple[list[bytes], list[Any], np.ndarray, dict[Any, int]]:
     """Per position: the plain bytes (``b""`` for a symbol), the entry itself (plain
     bytes become ``Token(position, bytes)`` on first read of ``decode``, so the list
     holds ``None`` there), the token id (a ``Token``'s own id, a plain entry's
@@ -94,7 +94,7 @@ def _raw_bytes(decode: Iterable[Any]) -> tuple[list[bytes], list[Any], np.ndarra
     return raw, entries, ids, symbols
 
 
-def _select_ids(
+def select_ids(
     spec: Iterable[Any], tokens: list[bytes], what: str, id2pos: Any, symbols: dict[Any, int]
 ) -> np.ndarray:
     """Positions named by ``spec``: a ``Token`` names its id, plain ``bytes`` every

@@ -5,8 +5,9 @@ checkout without it, a venv built from PyPI under ``build/compat-diff``) and in 
 interpreter (genlm-compat as installed here: ``scripts/test_artifacts.py`` runs this
 file in a venv made from the built wheels). Every observation must agree, except the
 intended differences of ``allowed.py`` (which must still differ: no stale entries).
-Every row of issue 34's table is a case, and every public name of genlm-compat's
-modules that the releases have (``reference_names.json``) is exercised by a case.
+Every call of the two releases' documented API is a case, and every public name of
+genlm-compat's modules that the releases have (``reference_names.json``) is exercised by
+a case.
 """
 
 from __future__ import annotations

@@ -78,28 +78,28 @@ from genlm_core.engine.vocab.decoded import BYTE_LEVEL as BYTE_LEVEL
 from genlm_core.engine.vocab.decoded import (
     GAP_BYTES,
     DecodedVocab,
-    _finish,
-    _gc_paused,
-    _Raw,
+    Raw,
+    finish,
+    gc_paused,
 )
 from genlm_core.engine.vocab.decoded import RAW as RAW
 from genlm_core.engine.vocab.decoded import SENTENCEPIECE as SENTENCEPIECE
 from genlm_core.engine.vocab.decoded import TIKTOKEN as TIKTOKEN
-from genlm_core.engine.vocab.fast_tokenizers import _backend_of, _raw_from_backend
+from genlm_core.engine.vocab.fast_tokenizers import backend_of, raw_from_backend
 from genlm_core.engine.vocab.slow_tokenizers import (
-    _is_sp_processor,
-    _raw_from_slow_byte_level,
-    _raw_from_slow_sp,
-    _raw_from_sp_processor,
+    is_sp_processor,
+    raw_from_slow_byte_level,
+    raw_from_slow_sp,
+    raw_from_sp_processor,
 )
 from genlm_core.engine.vocab.tiktoken_ranks import (
-    _is_mistral_tekken,
-    _raw_from_ranks,
-    _raw_from_tekken,
-    _tiktoken_of,
+    is_mistral_tekken,
+    raw_from_ranks,
+    raw_from_tekken,
+    tiktoken_of,
 )
 from genlm_core.engine.vocab.token_strings import bytes_to_unicode
-from genlm_core.engine.vocab.verification import _verify
+from genlm_core.engine.vocab.verification import verify_vocab
 from genlm_core.token import Token
 
 __all__ = [
@@ -124,10 +124,10 @@ def decode_vocab(tokenizer: Any, *, verify: bool = True) -> tuple[list[Token], l
 
 def decode_vocab_info(tokenizer: Any, *, verify: bool = True) -> DecodedVocab:
     """Like :func:`decode_vocab`, also returning the family, special and gap ids."""
-    with _gc_paused():  # ~150k small objects: cyclic GC passes would dominate
-        vocab = _finish(_decode_raw(tokenizer))
+    with gc_paused():  # ~150k small objects: cyclic GC passes would dominate
+        vocab = finish(_decode_raw(tokenizer))
     if verify:
-        _verify(tokenizer, vocab)
+        verify_vocab(tokenizer, vocab)
     return vocab
 
 
@@ -142,27 +142,27 @@ def decode_tiktoken_ranks(
     The ranks are the token ids and the keys are already the exact bytes. Special
     tokens become their UTF-8 text. ``n_vocab`` defaults to the largest id + 1.
     """
-    with _gc_paused():
-        vocab = _finish(_raw_from_ranks(mergeable_ranks, special_tokens, n_vocab))
+    with gc_paused():
+        vocab = finish(raw_from_ranks(mergeable_ranks, special_tokens, n_vocab))
     return vocab.byte_vocab, vocab.str_vocab
 
 
-def _decode_raw(tokenizer: Any) -> _Raw:
-    if _is_mistral_tekken(tokenizer):
-        return _raw_from_tekken(tokenizer)
-    encoding = _tiktoken_of(tokenizer)
+def _decode_raw(tokenizer: Any) -> Raw:
+    if is_mistral_tekken(tokenizer):
+        return raw_from_tekken(tokenizer)
+    encoding = tiktoken_of(tokenizer)
     if encoding is not None:
         n_vocab = max(int(getattr(encoding, "n_vocab", 0) or 0), _len_or_zero(tokenizer))
-        return _raw_from_ranks(encoding._mergeable_ranks, getattr(encoding, "_special_tokens", None), n_vocab)
-    if _is_sp_processor(tokenizer):
-        return _raw_from_sp_processor(tokenizer)
-    backend = _backend_of(tokenizer)
+        return raw_from_ranks(encoding._mergeable_ranks, getattr(encoding, "_special_tokens", None), n_vocab)
+    if is_sp_processor(tokenizer):
+        return raw_from_sp_processor(tokenizer)
+    backend = backend_of(tokenizer)
     if backend is not None:
-        return _raw_from_backend(tokenizer, backend)
+        return raw_from_backend(tokenizer, backend)
     if getattr(tokenizer, "sp_model", None) is not None:
-        return _raw_from_slow_sp(tokenizer)
+        return raw_from_slow_sp(tokenizer)
     if isinstance(getattr(tokenizer, "byte_decoder", None), dict) and hasattr(tokenizer, "get_vocab"):
-        return _raw_from_slow_byte_level(tokenizer)
+        return raw_from_slow_byte_level(tokenizer)
     raise ValueError(
         f"decode_vocab: unsupported tokenizer type {type(tokenizer).__name__!r}; expected a "
         "Hugging Face tokenizer, a tokenizers.Tokenizer, a sentencepiece processor or a "

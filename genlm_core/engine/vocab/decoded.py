@@ -1,8 +1,8 @@
 """What a decoded vocabulary is, and how the per-family results become one.
 
 Each tokenizer family's reader (:mod:`.tiktoken_ranks`, :mod:`.fast_tokenizers`,
-:mod:`.slow_tokenizers`) returns a :class:`_Raw`: the family name, the bytes of each
-id (``None`` for a gap) and the special ids. :func:`_finish` turns it into the public
+:mod:`.slow_tokenizers`) returns a :class:`Raw`: the family name, the bytes of each
+id (``None`` for a gap) and the special ids. :func:`finish` turns it into the public
 :class:`DecodedVocab` (gaps filled with :data:`GAP_BYTES`, ``Token`` objects, the
 string forms).
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from genlm_core.engine.vocab.token_strings import _byte_level_str, _byte_piece_str, _replace_str
+from genlm_core.engine.vocab.token_strings import byte_level_str, byte_piece_str, replace_str
 from genlm_core.token import Token
 
 GAP_BYTES = b""
@@ -42,7 +42,7 @@ class DecodedVocab:
 
 
 @dataclass
-class _Raw:
+class Raw:
     """Family-independent intermediate result: the bytes of each id (None: a gap)."""
 
     family: str
@@ -50,26 +50,26 @@ class _Raw:
     special_ids: set[int]
 
 
-def _values_by_id(by_id: Mapping[int, bytes], length: int) -> list[bytes | None]:
+def values_by_id(by_id: Mapping[int, bytes], length: int) -> list[bytes | None]:
     values: list[bytes | None] = [None] * max(length, max(by_id, default=-1) + 1)
     for i, b in by_id.items():
         values[i] = b
     return values
 
 
-def _finish(raw: _Raw) -> DecodedVocab:
+def finish(raw: Raw) -> DecodedVocab:
     values = raw.values
     gaps = [i for i, b in enumerate(values) if b is None]
     for i in gaps:
         values[i] = GAP_BYTES
     byte_vocab = list(map(Token, range(len(values)), values))
-    fallback = _STR_FALLBACKS.get(raw.family, _replace_str)
+    fallback = _STR_FALLBACKS.get(raw.family, replace_str)
     str_vocab = [_to_str(b, fallback) for b in values]  # type: ignore[arg-type]
     return DecodedVocab(byte_vocab, str_vocab, raw.family, frozenset(raw.special_ids), frozenset(gaps))
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -87,6 +87,6 @@ def _to_str(b: bytes, fallback: Callable[[bytes], str]) -> str:
 
 
 _STR_FALLBACKS: dict[str, Callable[[bytes], str]] = {
-    BYTE_LEVEL: _byte_level_str,
-    SENTENCEPIECE: _byte_piece_str,
+    BYTE_LEVEL: byte_level_str,
+    SENTENCEPIECE: byte_piece_str,
 }

@@ -13,14 +13,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from genlm_core.engine.vocab.decoded import BYTE_LEVEL, RAW, SENTENCEPIECE, _Raw
-from genlm_core.engine.vocab.token_strings import _map_byte_level, _map_sentencepiece
+from genlm_core.engine.vocab.decoded import BYTE_LEVEL, RAW, SENTENCEPIECE, Raw
+from genlm_core.engine.vocab.token_strings import map_byte_level, map_sentencepiece
 
 _UNRECOVERABLE_MODELS = ("WordPiece", "WordLevel")
 _UNRECOVERABLE_DECODERS = ("WordPiece", "BPEDecoder", "CTC")
 
 
-def _backend_of(tokenizer: Any) -> Any | None:
+def backend_of(tokenizer: Any) -> Any | None:
     """The ``tokenizers.Tokenizer`` behind a fast HF tokenizer (or the object itself)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
@@ -30,7 +30,7 @@ def _backend_of(tokenizer: Any) -> Any | None:
     return None
 
 
-def _raw_from_backend(tokenizer: Any, backend: Any) -> _Raw:
+def raw_from_backend(tokenizer: Any, backend: Any) -> Raw:
     family = _backend_family(backend)
     added = _added_tokens(tokenizer, backend)
     length = max(_hf_len(tokenizer, backend), max(added, default=-1) + 1)
@@ -38,7 +38,7 @@ def _raw_from_backend(tokenizer: Any, backend: Any) -> _Raw:
     values = _map_pieces(pieces, family, _has_byte_fallback(backend, family))
     for i, text in added.items():
         values[i] = text.encode("utf-8")
-    return _Raw(family, values, set(added))
+    return Raw(family, values, set(added))
 
 
 def _model_pieces(backend: Any, length: int) -> list[str | None]:
@@ -130,7 +130,7 @@ def _hf_len(tokenizer: Any, backend: Any) -> int:
 
 def _map_pieces(pieces: list[str | None], family: str, byte_fallback: bool) -> list[bytes | None]:
     if family == BYTE_LEVEL:
-        return _map_byte_level(pieces)
+        return map_byte_level(pieces)
     if family == SENTENCEPIECE:
-        return _map_sentencepiece(pieces, byte_fallback)
+        return map_sentencepiece(pieces, byte_fallback)
     return [None if p is None else p.encode("utf-8") for p in pieces]

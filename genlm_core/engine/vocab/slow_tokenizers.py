@@ -11,28 +11,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from genlm_core.engine.vocab.decoded import BYTE_LEVEL, SENTENCEPIECE, _Raw, _values_by_id
-from genlm_core.engine.vocab.token_strings import _SPIECE_UNDERLINE, _map_byte_level, _map_sentencepiece
+from genlm_core.engine.vocab.decoded import BYTE_LEVEL, SENTENCEPIECE, Raw, values_by_id
+from genlm_core.engine.vocab.token_strings import SPIECE_UNDERLINE, map_byte_level, map_sentencepiece
 
 
-def _is_sp_processor(tokenizer: Any) -> bool:
+def is_sp_processor(tokenizer: Any) -> bool:
     return all(hasattr(tokenizer, a) for a in ("id_to_piece", "get_piece_size", "is_byte"))
 
 
-def _raw_from_sp_processor(sp: Any) -> _Raw:
+def raw_from_sp_processor(sp: Any) -> Raw:
     n = sp.get_piece_size()
     pieces: list[str | None] = [sp.id_to_piece(i) for i in range(n)]
-    values = _map_sentencepiece(pieces, byte_fallback=False)
+    values = map_sentencepiece(pieces, byte_fallback=False)
     for i in range(n):
         if sp.is_byte(i):
             values[i] = bytes([int(pieces[i][3:5], 16)])  # type: ignore[index]
     special = {i for i in range(n) if sp.is_control(i) or sp.is_unknown(i)}
     for i in special:
         values[i] = pieces[i].encode("utf-8")  # type: ignore[union-attr]
-    return _Raw(SENTENCEPIECE, values, special)
+    return Raw(SENTENCEPIECE, values, special)
 
 
-def _raw_from_slow_sp(tokenizer: Any) -> _Raw:
+def raw_from_slow_sp(tokenizer: Any) -> Raw:
     """A slow HF tokenizer over a sentencepiece model (ids may be offset from the
     model's, so the tokenizer's own ``get_vocab`` is the id map)."""
     sp = tokenizer.sp_model
@@ -48,11 +48,11 @@ def _raw_from_slow_sp(tokenizer: Any) -> _Raw:
         elif piece in control:
             by_id[i] = piece.encode("utf-8")
         else:
-            by_id[i] = piece.replace(_SPIECE_UNDERLINE, " ").encode("utf-8")
+            by_id[i] = piece.replace(SPIECE_UNDERLINE, " ").encode("utf-8")
     for i, text in added.items():
         by_id[i] = text.encode("utf-8")
     special = set(added) | {vocab[p] for p in control if p in vocab}
-    return _Raw(SENTENCEPIECE, _values_by_id(by_id, len(tokenizer)), special)
+    return Raw(SENTENCEPIECE, values_by_id(by_id, len(tokenizer)), special)
 
 
 def _slow_added_tokens(tokenizer: Any) -> dict[int, str]:
@@ -60,11 +60,11 @@ def _slow_added_tokens(tokenizer: Any) -> dict[int, str]:
     return {int(i): str(getattr(tok, "content", tok)) for i, tok in decoder.items()}
 
 
-def _raw_from_slow_byte_level(tokenizer: Any) -> _Raw:
+def raw_from_slow_byte_level(tokenizer: Any) -> Raw:
     vocab: dict[str, int] = dict(tokenizer.get_vocab())
     added = _slow_added_tokens(tokenizer)
     ids = list(vocab.values())
-    by_id = dict(zip(ids, _map_byte_level(vocab), strict=True))
+    by_id = dict(zip(ids, map_byte_level(vocab), strict=True))
     for i, text in added.items():
         by_id[i] = text.encode("utf-8")
-    return _Raw(BYTE_LEVEL, _values_by_id(by_id, len(tokenizer)), set(added))  # type: ignore[arg-type]
+    return Raw(BYTE_LEVEL, values_by_id(by_id, len(tokenizer)), set(added))  # type: ignore[arg-type]

@@ -2,12 +2,12 @@
 
 * Byte-level BPE (GPT-2 and its descendants) writes every byte as one printable
   character of GPT-2's :func:`bytes_to_unicode` table (``Ġ`` = space, ``Ċ`` = newline);
-  :func:`_map_byte_level` reads such strings back to bytes.
+  :func:`map_byte_level` reads such strings back to bytes.
 * Sentencepiece writes a space as ``▁`` and, with byte fallback, a lone byte as the
-  piece ``<0xNN>``; :func:`_map_sentencepiece` reads those.
+  piece ``<0xNN>``; :func:`map_sentencepiece` reads those.
 * For ``str_vocab``, bytes that are not valid UTF-8 are written the tokenizer's way
-  again (:func:`_byte_level_str`, :func:`_byte_piece_str`) or with U+FFFD
-  (:func:`_replace_str`).
+  again (:func:`byte_level_str`, :func:`byte_piece_str`) or with U+FFFD
+  (:func:`replace_str`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 from functools import lru_cache
 
-_SPIECE_UNDERLINE = "\u2581"
+SPIECE_UNDERLINE = "\u2581"
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -53,7 +53,7 @@ def _byte_level_table() -> dict[int, int | str]:
     return table
 
 
-def _map_byte_level(pieces: Iterable[str | None]) -> list[bytes | None]:
+def map_byte_level(pieces: Iterable[str | None]) -> list[bytes | None]:
     table = _byte_level_table()
     out: list[bytes | None] = []
     for p in pieces:
@@ -69,8 +69,8 @@ def _map_byte_level(pieces: Iterable[str | None]) -> list[bytes | None]:
     return out
 
 
-def _map_sentencepiece(
-    pieces: Iterable[str | None], byte_fallback: bool, underline: str = _SPIECE_UNDERLINE
+def map_sentencepiece(
+    pieces: Iterable[str | None], byte_fallback: bool, underline: str = SPIECE_UNDERLINE
 ) -> list[bytes | None]:
     out: list[bytes | None] = []
     for p in pieces:
@@ -83,16 +83,16 @@ def _map_sentencepiece(
     return out
 
 
-def _byte_level_str(b: bytes) -> str:
+def byte_level_str(b: bytes) -> str:
     """The byte-level BPE's own token string ("ðŁ" for b"\\xf0\\x9f")."""
     table = bytes_to_unicode()
     return "".join(table[x] for x in b)
 
 
-def _byte_piece_str(b: bytes) -> str:
+def byte_piece_str(b: bytes) -> str:
     """The sentencepiece byte-fallback piece ("<0xF0>"); only single bytes are invalid."""
-    return f"<0x{b[0]:02X}>" if len(b) == 1 else _replace_str(b)
+    return f"<0x{b[0]:02X}>" if len(b) == 1 else replace_str(b)
 
 
-def _replace_str(b: bytes) -> str:
+def replace_str(b: bytes) -> str:
     return b.decode("utf-8", errors="replace")

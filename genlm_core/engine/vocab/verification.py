@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from genlm_core.engine.vocab.decoded import BYTE_LEVEL, SENTENCEPIECE, TIKTOKEN, DecodedVocab
-from genlm_core.engine.vocab.fast_tokenizers import _backend_of
-from genlm_core.engine.vocab.slow_tokenizers import _is_sp_processor
-from genlm_core.engine.vocab.tiktoken_ranks import _is_mistral_tekken, _tiktoken_of
+from genlm_core.engine.vocab.fast_tokenizers import backend_of
+from genlm_core.engine.vocab.slow_tokenizers import is_sp_processor
+from genlm_core.engine.vocab.tiktoken_ranks import is_mistral_tekken, tiktoken_of
 
 # Probe texts for the round-trip check. Byte-level families must reproduce them exactly.
 _PROBES_EXACT = (
@@ -34,7 +34,7 @@ _PROBES_SPM = (
 )
 
 
-def _verify(tokenizer: Any, vocab: DecodedVocab) -> None:
+def verify_vocab(tokenizer: Any, vocab: DecodedVocab) -> None:
     """Encode probe texts and check that the token bytes concatenate back to them."""
     encode = _plain_encoder(tokenizer)
     if encode is None:
@@ -76,16 +76,16 @@ def _check_probe(text: str, ids: Iterable[int], vocab: DecodedVocab) -> None:
 
 def _plain_encoder(tokenizer: Any) -> Callable[[str], Iterable[int]] | None:
     """A function encoding text to ids without special tokens, or None if unknown."""
-    if _is_mistral_tekken(tokenizer):
+    if is_mistral_tekken(tokenizer):
         return lambda s: tokenizer.encode(s, bos=False, eos=False)
-    encoding = _tiktoken_of(tokenizer)
+    encoding = tiktoken_of(tokenizer)
     if encoding is not None and hasattr(encoding, "encode"):
         return lambda s: encoding.encode(s, allowed_special=set(), disallowed_special=())
-    if _is_sp_processor(tokenizer):
+    if is_sp_processor(tokenizer):
         return lambda s: tokenizer.encode(s)
     if hasattr(tokenizer, "backend_tokenizer") or hasattr(tokenizer, "sp_model"):
         return lambda s: tokenizer.encode(s, add_special_tokens=False)
-    if _backend_of(tokenizer) is tokenizer:
+    if backend_of(tokenizer) is tokenizer:
         return lambda s: tokenizer.encode(s, add_special_tokens=False).ids
     if hasattr(tokenizer, "encode"):
         return lambda s: tokenizer.encode(s, add_special_tokens=False)
@@ -93,7 +93,7 @@ def _plain_encoder(tokenizer: Any) -> Callable[[str], Iterable[int]] | None:
 
 
 def _unk_id(tokenizer: Any) -> int | None:
-    if _is_sp_processor(tokenizer):
+    if is_sp_processor(tokenizer):
         return int(tokenizer.unk_id())
     unk = getattr(tokenizer, "unk_token_id", None)
     return unk if isinstance(unk, int) else None

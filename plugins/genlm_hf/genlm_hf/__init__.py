@@ -1,13 +1,13 @@
 """genlm-hf: the Hugging Face transformers LogprobBackend (import-light: no torch here)."""
 
-__all__ = ["HFBackend", "HFConfig"]
+__all__ = ["HFBackend", "HFConfig", "HFEngine"]
 
 
 def __getattr__(name: str):  # lazy: `import genlm_hf` must not import torch
-    if name == "HFBackend":
-        from genlm_hf.backend import HFBackend
+    if name in ("HFBackend", "HFEngine"):
+        from genlm_hf import backend
 
-        return HFBackend
+        return getattr(backend, name)
     if name == "HFConfig":
         from genlm_hf.config import HFConfig
 

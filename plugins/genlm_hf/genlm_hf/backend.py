@@ -1,14 +1,13 @@
 """HFBackend: a transformers causal LM behind the genlm-core LogprobBackend surface.
 
-The base class provides validation, the AutoBatcher (which merges identical
-*whole* contexts: ``_forward`` gets distinct ones), the output cache, the
-sync/async/batch entry points and seeded sampling. This class adds the engine: one
-batched forward pass per batch in which every context resumes from the deepest KV
-state cached for one of its prefixes (:class:`genlm_core.engine.kv_reuse.KVReuse`, LRU under
-``kv_cache_bytes``), so a particle that extends its context by one token costs one
-token of compute. The sync path goes through the same ``_forward``, so it uses the
-KV it finds too. The prefix cache holds KV only: next-token rows are cached once, in
-the base's output cache (one logprob budget, ``cache_bytes``).
+:class:`HFEngine` is the engine: one batched forward pass per batch in which every
+context resumes from the deepest KV state cached for one of its prefixes
+(:class:`genlm_core.engine.kv_reuse.KVReuse`, LRU under ``kv_cache_bytes``), so a
+particle that extends its context by one token costs one token of compute. The sync
+path goes through the same ``forward``, so it uses the KV it finds too. The prefix
+cache holds KV only: next-token rows are cached once, in the backend's output cache
+(one logprob budget, ``cache_bytes``). :class:`HFBackend` is the core's backend holding
+it, plus LoRA adapters (peft).
 """
 
 from __future__ import annotations
@@ -20,59 +19,54 @@ from typing import Any
 
 import torch
 
-from genlm_core.engine import BaseLogprobBackend, KVReuse, KVReuseBackend, LoraAdapters, checkpoint
+from genlm_core.engine import BaseLogprobBackend, Checkpoint, Engine, KVReuse, LoraAdapters, decode_vocab
 from genlm_hf.config import HFConfig
 from genlm_hf.kv import Row, Workspace, forward_rows, supports_kv_reuse
-from genlm_hf.loading import load_model_and_tokenizer, with_model
+from genlm_hf.loading import load_model_and_tokenizer, supported_dtypes
 
-__all__ = ["HFBackend"]
+__all__ = ["HFBackend", "HFEngine"]
 
 
-class HFBackend(KVReuseBackend, BaseLogprobBackend):
-    """Hugging Face transformers LogprobBackend with KV prefix reuse and LoRA adapters
-    (a :class:`~genlm_core.protocols.LoraBackend`)."""
+class HFEngine(Engine):
+    """A transformers causal LM: batched forward passes with KV prefix reuse. Its rows are
+    final: each one normalised straight into a tensor of its own (the core would normalise
+    the batch and then copy every row out, one more pass over the rows)."""
 
     config_class = HFConfig
-    backend_name = "hf"
+    returns = "logprobs"
 
     def __init__(self, model: Any, tokenizer: Any, config: HFConfig | None = None) -> None:
         config = config if config is not None else HFConfig()
         self.model = model.eval()
         self._device = model.device
-        super().__init__(tokenizer, config)
-        self.config: HFConfig = config
-        # the checkpoint policy (genlm_core.engine.checkpoint): config.json, else the loaded config
-        model_config = checkpoint.read_config(config.model) or model.config.to_dict()
-        self.eos_token_ids = checkpoint.default_eos_ids(
-            checkpoint.read_generation_config(config.model) or _generation_config(model),
-            model_config,
-            getattr(tokenizer, "eos_token_id", None),
-            self.vocab_size,
+        self.tokenizer = tokenizer
+        self.byte_vocab, self.str_vocab = decode_vocab(tokenizer)
+        self.vocab_size = len(self.byte_vocab)
+        self.model_config = model.config.to_dict()
+        self.generation_config = _generation_config(model)
+        # KV only: next-token rows live in the backend's output cache (one logprob budget)
+        self.kv = KVReuse(
+            config.kv_cache_bytes,
+            enabled=config.prefix_cache and supports_kv_reuse(model),
+            impl=config.prefix_cache_impl,
         )
-        self._max_len = checkpoint.context_limit(model_config)
-        # KV only: next-token rows live in the base's output cache (one logprob budget)
-        self.kv = KVReuse(config.kv_cache_bytes, enabled=config.prefix_cache and supports_kv_reuse(model))
         params = inspect.signature(model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
         pad = getattr(tokenizer, "pad_token_id", None)
         self._pad_id = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
-        self.adapters = LoraAdapters()
+        # on CPU torch's intra-op threads already use every core: a worker thread only
+        # adds a hop (the SIS benchmark ran 7% slower with one, benchmarks/bench_sis.py)
+        self.forward_in_thread = torch.device(self._device).type != "cpu"
         self._workspace = Workspace()  # the batch KV buffer's memory, kept between passes
 
-    # ------------------------------------------------------------------ construction
     @classmethod
-    def from_config(cls, config: HFConfig) -> "HFBackend":
-        config = with_model(config)  # model=None: the checkpoint policy's default model
-        model, tokenizer, _ = load_model_and_tokenizer(config)
-        backend = cls(model, tokenizer, config)
-        if config.lora_path is not None:
-            backend.load_lora(config.lora_path, config.lora_name)
-            backend.set_lora(config.lora_name)
-        return backend
+    def load(cls, checkpoint: Checkpoint, config: HFConfig) -> "HFEngine":  # type: ignore[override]
+        model, tokenizer, _ = load_model_and_tokenizer(checkpoint, config)
+        return cls(model, tokenizer, config)
 
-    @property
-    def max_context_length(self) -> int | None:
-        return self._max_len
+    @classmethod
+    def supported_dtypes(cls, config: HFConfig) -> tuple[str, tuple[str, ...]]:  # type: ignore[override]
+        return supported_dtypes(config)
 
     @property
     def device(self) -> Any:
@@ -86,17 +80,9 @@ class HFBackend(KVReuseBackend, BaseLogprobBackend):
                 return str(param.dtype).removeprefix("torch.")
         return "float32"
 
-    # ------------------------------------------------------------------ engine
-    def _forward_in_thread(self) -> bool:
-        # on CPU torch's intra-op threads already use every core: a worker thread only
-        # adds a hop (the SIS benchmark ran 7% slower with one, benchmarks/bench_sis.py)
-        return torch.device(self._device).type != "cpu"
-
-    def _forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
-        """Logits of distinct contexts; the model runs only on the tokens past each
-        context's deepest cached prefix, and every context's own KV is kept."""
-        if not contexts:
-            return torch.empty((0, self.vocab_size))
+    def forward(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        """Log-probabilities of distinct contexts; the model runs only on the tokens past
+        each context's deepest cached prefix, and every context's own KV is kept."""
         rows = [Row(c, depth, kv) for c, (depth, kv) in zip(contexts, self.kv.lookup(contexts))]
         with torch.inference_mode():
             logits, kvs = forward_rows(
@@ -110,19 +96,19 @@ class HFBackend(KVReuseBackend, BaseLogprobBackend):
         self.kv.count(sum(len(r.ctx) - r.depth for r in rows), sum(r.depth for r in rows))
         for row, kv in zip(rows, kvs or []):
             self.kv.store(row.ctx, kv)
-        return logits
+        return self._normalised(logits)
 
-    def _forward_rows(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
-        """Each row normalised straight into a tensor of its own: the base normalises the
-        batch and then copies every row out (``compact``), one more pass over the rows.
-        The same float32 ``log_softmax`` of each row's first ``vocab_size`` logits (the
-        kernel normalises a row alike alone or in a batch)."""
-        logits = self._forward(contexts)
+    def _normalised(self, logits: torch.Tensor) -> list[torch.Tensor]:
+        """The float32 ``log_softmax`` of each row's first ``vocab_size`` logits, each row
+        its own tensor (the kernel normalises a row alike alone or in a batch)."""
         if logits.shape[-1] < self.vocab_size:
-            self._finalize(logits)  # raises the base's error: fewer scores than tokens
+            raise RuntimeError(
+                f"hf: the model returned {logits.shape[-1]} scores per row, fewer than the "
+                f"{self.vocab_size} tokens of its tokenizer"
+            )
         return [torch.log_softmax(row[: self.vocab_size].to(torch.float32), dim=-1) for row in logits]
 
-    def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+    def forward_uncached(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
         """One full forward pass per context, no padding, no cache: the reference."""
         rows = []
         with torch.inference_mode():
@@ -133,7 +119,43 @@ class HFBackend(KVReuseBackend, BaseLogprobBackend):
                 ids = torch.tensor([ctx], dtype=torch.long, device=self._device)
                 rows.append(self.model(ids, **kwargs).logits[0, -1])
         self.kv.count(sum(map(len, contexts)), 0)
-        return torch.stack(rows)
+        return self._normalised(torch.stack(rows))
+
+    def clear_cache(self) -> None:
+        self.kv.clear()
+        self._workspace.clear()
+
+    def close(self) -> None:
+        self.kv.clear()
+        self._workspace.clear()
+        self.model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class HFBackend(BaseLogprobBackend):
+    """Hugging Face transformers LogprobBackend with KV prefix reuse and LoRA adapters
+    (a :class:`~genlm_core.protocols.LoraBackend`). Around a model and tokenizer loaded by
+    hand: ``HFBackend(HFEngine(model, tokenizer, config), config)``."""
+
+    config_class = HFConfig
+    backend_name = "hf"
+    engine_class = HFEngine
+    engine: HFEngine
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.adapters = LoraAdapters()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint, config: HFConfig, **kwargs: Any) -> "HFBackend":  # type: ignore[override]
+        backend = super().from_checkpoint(checkpoint, config, **kwargs)
+        if config.lora_path is not None:
+            backend.load_lora(config.lora_path, config.lora_name)
+            backend.set_lora(config.lora_name)
+        return backend  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ LoRA (peft)
     @property
@@ -153,7 +175,7 @@ class HFBackend(KVReuseBackend, BaseLogprobBackend):
         except ImportError as exc:
             raise ImportError("LoRA adapters need peft: pip install genlm-hf[lora]") from exc
         folder = self.adapters.check_new(path, name)
-        with self.batcher.model_lock:
+        with self.engine_lock:
             self.model.load_adapter(folder, adapter_name=name)
             self.adapters.add(folder, name)
             if self.adapters.active is not None:
@@ -164,7 +186,7 @@ class HFBackend(KVReuseBackend, BaseLogprobBackend):
     def set_lora(self, name: str = "default") -> None:
         """Activate the loaded adapter ``name`` (drops the output cache and the KV cache)."""
         self.adapters.require(name)
-        with self.batcher.model_lock:
+        with self.engine_lock:
             self.model.set_adapter(name)
             self.model.enable_adapters()
             self.adapters.active = name
@@ -172,27 +194,16 @@ class HFBackend(KVReuseBackend, BaseLogprobBackend):
 
     def clear_lora(self) -> None:
         """Run the base model again, without any adapter (drops the output and KV caches)."""
-        with self.batcher.model_lock:
+        with self.engine_lock:
             if self.adapters.paths:
                 self.model.disable_adapters()
             self.adapters.active = None
             self.clear_cache()
 
-    # ------------------------------------------------------------------ housekeeping
-    def _engine_stats(self) -> dict[str, Any]:
-        return {"active_lora": self.active_lora}
-
-    def _clear_engine_cache(self) -> None:
-        self.kv.clear()
-        self._workspace.clear()
-
-    def _close_engine(self) -> None:
-        self.kv.clear()
-        self._workspace.clear()
-        self.model = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["engine"]["active_lora"] = self.active_lora
+        return out
 
 
 def _generation_config(model: Any) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from genlm_core.engine import DTYPES, BackendConfig, KVCacheOptions
+from genlm_core.engine import DTYPES, BackendConfig, KVCacheOptions, normalize_dtype
 
 __all__ = ["HFConfig", "DTYPES"]
 
@@ -40,6 +40,21 @@ class HFConfig(KVCacheOptions, BackendConfig):
     trust_remote_code: bool = Field(False, description="allow model code shipped with the checkpoint")
     lora_path: str | None = Field(None, description="LoRA adapter folder loaded (and activated) at start")
     lora_name: str = Field("default", description="name of the adapter given by `lora_path`")
+
+    def requested_dtype(self) -> str:
+        """``dtype``, or genlm-backend's ``hf_opts={"torch_dtype": ...}`` when dtype is 'auto'."""
+        legacy = [(k, self.hf_opts[k]) for k in ("torch_dtype", "dtype") if k in self.hf_opts]
+        if not legacy:
+            return self.dtype
+        key, value = legacy[0]
+        name = normalize_dtype(value)
+        if name is None:
+            raise ValueError(f"hf_opts[{key!r}]={value!r}: expected one of {', '.join(DTYPES[1:])}")
+        if self.dtype not in ("auto", name):
+            raise ValueError(
+                f"hf_opts[{key!r}]={value!r} conflicts with dtype={self.dtype!r}; pass dtype= only"
+            )
+        return name
 
     def model_needs(self) -> tuple[str, ...]:
         # a GGUF checkpoint carries its config and tokenizer inside the .gguf file

@@ -1,27 +1,18 @@
-"""Loading a transformers model and tokenizer from an :class:`HFConfig`."""
+"""Loading a transformers model and tokenizer from the checkpoint the core read."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from genlm_core.engine import DTYPES, UnsupportedDtypeError, normalize_dtype, note, resolve_dtype
+from genlm_core.engine import Checkpoint, note
 from genlm_core.registry import hardware
 from genlm_hf.config import HFConfig
 
-__all__ = [
-    "check_config",
-    "check_dtype",
-    "requested_dtype",
-    "resolve_device",
-    "load_model_and_tokenizer",
-    "with_model",
-]
+__all__ = ["check_config", "load_model_and_tokenizer", "resolve_device", "supported_dtypes"]
 
 
 def check_config(config: HFConfig) -> None:
     """Fail early, before any weights are read, on options this machine cannot honour."""
-    config.check_model()
-    requested_dtype(config)  # a conflicting hf_opts dtype fails before any weights are read
     if config.bitsandbytes_opts:
         wants_cpu = config.device is not None and not str(config.device).startswith("cuda")
         if wants_cpu or not hardware.probe().cuda:
@@ -37,18 +28,6 @@ def check_config(config: HFConfig) -> None:
                 "bitsandbytes_opts was given but the `bitsandbytes` package is not installed; "
                 "install it with `pip install genlm-hf[bitsandbytes]`"
             )
-
-
-def with_model(config: HFConfig) -> HFConfig:
-    """``config`` with ``model=None`` replaced by the checkpoint policy's default model
-    (the embedded SmolLM2-135M-Instruct, :func:`genlm_core.engine.checkpoint.default_model`)."""
-    if config.model is not None:
-        return config
-    if config.gguf_file is not None:
-        raise ValueError("hf: gguf_file needs model= (the folder or hub id holding the file)")
-    from genlm_core.engine import checkpoint
-
-    return config.model_copy(update={"model": checkpoint.default_model()})
 
 
 def resolve_device(requested: str | None) -> str:
@@ -72,57 +51,39 @@ def resolve_device(requested: str | None) -> str:
     return "cpu"
 
 
-def requested_dtype(config: HFConfig) -> str:
-    """``config.dtype``, or genlm-backend's ``hf_opts={"torch_dtype": ...}`` when dtype is 'auto'."""
-    legacy = [(k, config.hf_opts[k]) for k in ("torch_dtype", "dtype") if k in config.hf_opts]
-    if not legacy:
-        return config.dtype
-    key, value = legacy[0]
-    name = normalize_dtype(value)
-    if name is None:
-        raise ValueError(f"hf_opts[{key!r}]={value!r}: expected one of {', '.join(DTYPES[1:])}")
-    if config.dtype not in ("auto", name):
-        raise ValueError(
-            f"hf_opts[{key!r}]={value!r} conflicts with dtype={config.dtype!r}; pass dtype= only"
-        )
-    return name
-
-
-def check_dtype(dtype: str, device: str) -> None:
-    """Refuse a dtype torch cannot compute in on ``device`` (no silent substitute)."""
+def supported_dtypes(config: HFConfig) -> tuple[str, tuple[str, ...]]:
+    """The device the model will run on and the dtypes torch computes in there (no
+    bfloat16 on a GPU without it)."""
     import torch
 
-    kind = device.split(":")[0]
-    if dtype == "bfloat16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UnsupportedDtypeError("hf", dtype, device, "this GPU has no bfloat16 support")
+    device = resolve_device(config.device)
+    if device.split(":")[0] == "cuda" and not torch.cuda.is_bf16_supported():
+        return device, ("float32", "float16")
+    return device, ("float32", "float16", "bfloat16")
 
 
-def load_model_and_tokenizer(config: HFConfig) -> tuple[Any, Any, str]:
-    """``(model, tokenizer, device)`` through transformers' ``from_pretrained``.
-
-    ``dtype="auto"`` is resolved to the checkpoint's dtype by
-    :func:`genlm_core.engine.dtypes.resolve_dtype` (the meaning every backend shares) and
-    passed to transformers explicitly.
-    """
-    config = with_model(config)
+def load_model_and_tokenizer(checkpoint: Checkpoint, config: HFConfig) -> tuple[Any, Any, str]:
+    """``(model, tokenizer, device)`` through transformers' ``from_pretrained``, in the
+    dtype the checkpoint resolved (a quantised GGUF under ``"auto"``: float32, what
+    transformers dequantises it to)."""
     check_config(config)
     device = resolve_device(config.device)
-    dtype = resolve_dtype(requested_dtype(config), config.model)
-    check_dtype(dtype, device)
+    dtype = checkpoint.dtype or "float32"
+    model = checkpoint.model
     if config.gguf_file is not None:
         note(
-            f"hf: loading {config.gguf_file} from {config.model}: transformers dequantizes every "
+            f"hf: loading {config.gguf_file} from {model}: transformers dequantizes every "
             "GGUF tensor first (slow for large models; save_pretrained() once to skip it)"
         )
     else:
-        note(f"hf: loading {config.model} on {device} ({dtype})")
+        note(f"hf: loading {model} on {device} ({dtype})")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code}
     if config.gguf_file is not None:
         common["gguf_file"] = config.gguf_file
-    tokenizer = AutoTokenizer.from_pretrained(config.model, **common)
+    tokenizer = AutoTokenizer.from_pretrained(model, **common)
     opts: dict[str, Any] = {**common, "dtype": getattr(torch, dtype)}
     if config.device_map is not None:
         opts["device_map"] = config.device_map
@@ -132,8 +93,8 @@ def load_model_and_tokenizer(config: HFConfig) -> tuple[Any, Any, str]:
         opts["quantization_config"] = BitsAndBytesConfig(**config.bitsandbytes_opts)
         opts.setdefault("device_map", {"": device})
     opts.update({k: v for k, v in config.hf_opts.items() if k not in ("dtype", "torch_dtype")})
-    model = AutoModelForCausalLM.from_pretrained(config.model, **opts)
+    hf_model = AutoModelForCausalLM.from_pretrained(model, **opts)
     if "device_map" not in opts:
-        model = model.to(device)
-    model.eval()
-    return model, tokenizer, str(model.device)
+        hf_model = hf_model.to(device)
+    hf_model.eval()
+    return hf_model, tokenizer, str(hf_model.device)

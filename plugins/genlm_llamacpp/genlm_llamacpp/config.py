@@ -99,5 +99,12 @@ class LlamaCppConfig(BackendConfig):
         ),
     )
 
+    def requested_dtype(self) -> str:
+        """The dtype ``kv_cache_type`` means when it is given (it wins over ``dtype``; a q8_0
+        cache reads as float16), else ``dtype``."""
+        if self.kv_cache_type is not None:
+            return {"f32": "float32", "bf16": "bfloat16"}.get(self.kv_cache_type, "float16")
+        return self.dtype
+
     def model_needs(self) -> tuple[str, ...]:
         return ()  # a GGUF file holds the tokenizer and the config

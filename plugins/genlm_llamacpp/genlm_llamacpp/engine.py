@@ -1,243 +1,362 @@
-"""A thin layer over llama.cpp's C API (llama-cpp-python's ctypes bindings).
+"""LlamaCppEngine: llama.cpp as a genlm-core engine, reading GGUF files directly.
 
-One model, one context with a *unified* KV cache of ``n_ctx`` cells shared by up to
-``n_seq_max`` sequences (copying a sequence's prefix to another sequence shares its
-cells: ``llama_memory_seq_cp`` is bookkeeping, not a copy), one reusable
-``llama_batch`` of ``n_batch`` tokens. Imports llama_cpp (the shared library).
+Importing this module does not import llama_cpp; creating an engine does.
+
+* ``forward`` computes many contexts per engine call: every context gets a KV
+  sequence of its own, its new tokens go into one ``llama_decode`` batch (split in
+  ``n_batch``-token decodes when longer) and the logits of its last position are read
+  and normalised straight from llama.cpp's output buffer into a row of its own (no
+  logits copy, no batch tensor: ``returns = "logprobs"``).
+* KV prefix reuse: each computed context keeps its sequence, recorded in the core
+  :class:`~genlm_core.engine.kv_reuse.KVReuse` (the payload names the sequence and how
+  many of its positions the context covers; its size is that token count, bounded by
+  ``kv_cache_tokens``). A later context extends the sequence of its deepest cached
+  proper prefix in place when that prefix is where the sequence ends (a particle's
+  one-token step: one token computed, no new sequence, the shorter prefix still
+  cached), or copies the prefix into a sequence of its own (``llama_memory_seq_cp``:
+  the unified KV cache shares the cells) and computes only its remaining tokens.
+* Every group of contexts is planned before it decodes: the sequences and KV cells it
+  needs are counted (:mod:`genlm_llamacpp.kv_cells`) and least recently used entries it
+  does not read are evicted once, enough for the group; an entry's sequence is removed
+  from llama.cpp (``seq_rm``) when no entry reads it any more.
+* The byte vocabulary comes from the GGUF's tokenizer (:mod:`genlm_llamacpp.tokenizer`);
+  the checkpoint (the GGUF file, its context length and EOS id) is the core's reading.
 """
 
 from __future__ import annotations
 
-import ctypes
-import logging
-import os
-import re
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import llama_cpp as L
-import numpy as np
+from genlm_core.engine import Checkpoint, Engine, KVReuse, note
+from genlm_llamacpp.config import LlamaCppConfig
+from genlm_llamacpp.kv_cells import CellLedger
 
-__all__ = ["Engine", "NoKVSpace", "Row", "amx_buffer_in", "kv_type_for", "use_extra_buffers"]
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import torch
 
-_backend_ready = False
+    from genlm_llamacpp.llama_context import LlamaContext
 
-#: ggml type ids of the KV cache types the config offers (ggml.h ``enum ggml_type``)
-KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
-
-
-def kv_type_for(dtype: str, weights_type: str) -> str:
-    """The KV cache type ``dtype`` means for a GGUF whose weights are ``weights_type``."""
-    if dtype == "auto":  # the checkpoint's own precision
-        return {"F32": "f32", "BF16": "bf16"}.get(weights_type, "f16")
-    return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[dtype]
+__all__ = ["LlamaCppEngine"]
 
 
-def amx_buffer_in(system_info: str) -> bool:
-    """Whether a llama.cpp build with this system info (``llama_print_system_info()``)
-    puts quantised weights into its AMX buffer: it was compiled for AMX (``AMX_INT8 = 1``).
+@dataclass(eq=False)
+class KVSequence:
+    """A KV sequence of the llama.cpp context: ``length`` positions decoded, ``views``
+    prefix-cache entries reading it."""
 
-    That buffer's matmul crashes or computes garbage on Q4_0/Q4_1 weights on some AMX
-    CPUs (segfault in ``ggml_backend_amx_mul_mat`` at the first decode of a Q4_1 GGUF on
-    a Sapphire-Rapids-class Xeon; llama.cpp issue #20824, PR #16315)."""
-    return re.search(r"\bAMX_INT8\s*=\s*1\b", system_info) is not None
-
-
-def use_extra_buffers(setting: bool | None, system_info: str) -> bool:
-    """``use_extra_bufts`` for the model: the config's choice, else off exactly where the
-    build has the AMX buffer (the extra buffer types are AMX and CPU_REPACK; llama.cpp
-    cannot drop one alone, and REPACK has no x86 kernel for Q4_1 or F16/F32 weights)."""
-    if setting is not None:
-        return setting
-    return not amx_buffer_in(system_info)
+    seq_id: int
+    length: int = 0
+    views: int = 0
 
 
-class NoKVSpace(RuntimeError):
-    """llama_decode found no free KV cells for the batch (return code 1)."""
+@dataclass(eq=False)
+class CachedPrefix:
+    """What the prefix cache holds for a context: the first ``n_tokens`` positions of a
+    sequence. A particle's sequence extended in place keeps serving its shorter prefixes."""
+
+    kv: KVSequence
+    n_tokens: int
 
 
-@dataclass(frozen=True)
-class Row:
-    """One token of a batch: its id, position, KV sequence and whether its logits are read."""
+class LlamaCppEngine(Engine):
+    """Batched, prefix-reusing next-token log-probabilities from a GGUF model on llama.cpp."""
 
-    token: int
-    pos: int
-    seq: int
-    logits: bool
+    config_class = LlamaCppConfig
+    returns = "logprobs"
+    forward_in_thread = False  # llama.cpp computes on every core already
 
+    def __init__(self, context: "LlamaContext", config: LlamaCppConfig | None = None) -> None:
+        from genlm_llamacpp.tokenizer import GGUFTokenizer, byte_vocab
 
-class Engine:
-    """A llama.cpp model and context. Not thread-safe: callers hold one lock."""
+        config = config or LlamaCppConfig()
+        self.context = context
+        self.byte_vocab, self.str_vocab = byte_vocab(context)
+        self.tokenizer = GGUFTokenizer(context, self.byte_vocab)
+        self.n_vocab = len(self.byte_vocab)
+        self.max_context_length = context.max_context
+        self.free_sequences: list[int] = list(range(context.n_seq_max))
+        self.ledger = CellLedger(context.n_ctx)
+        #: every context computed alone in an emptied KV cache (see LlamaCppConfig.batch_invariant)
+        self.batch_invariant: bool = context.batch_invariant
+        self.kv = KVReuse(
+            config.kv_cache_tokens,  # in tokens: sizeof counts an entry's tokens
+            enabled=not self.batch_invariant,
+            sizeof=lambda seq: seq.n_tokens,
+            on_evict=self._release,
+        )
+        self.decode_calls = 0
 
-    def __init__(
+    @classmethod
+    def load(cls, checkpoint: Checkpoint, config: LlamaCppConfig) -> "LlamaCppEngine":  # type: ignore[override]
+        note(f"llamacpp: loading {checkpoint.path}")
+        from genlm_llamacpp.llama_context import LlamaContext
+
+        context = LlamaContext(
+            checkpoint.path,  # type: ignore[arg-type]
+            n_ctx=config.n_ctx,
+            n_seq_max=config.n_seq_max,
+            kv_cells=config.kv_cells,
+            batch_invariant=config.batch_invariant,
+            n_batch=config.n_batch,
+            n_threads=config.n_threads,
+            n_gpu_layers=config.n_gpu_layers,
+            kv_cache_type=config.kv_cache_type,
+            dtype=checkpoint.dtype or "auto",
+            flash_attn=config.flash_attn,
+            extra_buffers=config.cpu_extra_buffers,
+        )
+        return cls(context, config)
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        """The precision of the KV cache and attention (activations are float32; the
+        weights are the GGUF's own, :attr:`weights_type`). A q8_0 cache reads as float16."""
+        return {"f32": "float32", "bf16": "bfloat16"}.get(self.context.kv_cache_type, "float16")
+
+    @property
+    def weights_type(self) -> str:
+        """The GGUF's weight type as llama.cpp names it: ``"F32"``, ``"F16"``, ``"Q4_1"``..."""
+        return self.context.weights_type
+
+    # ------------------------------------------------------------------ model calls
+    def forward(self, contexts: list[tuple[int, ...]]) -> "list[torch.Tensor]":
+        """Each row normalised straight from llama.cpp's output buffer into a tensor of
+        its own (float32 ``log_softmax``). ``contexts`` are distinct."""
+        return self._compute(contexts, self.kv.enabled, self._normalised)
+
+    def forward_uncached(self, contexts: list[tuple[int, ...]]) -> "list[torch.Tensor]":
+        """Each context alone in an emptied KV cache (see :meth:`_alone`): the reference
+        computation, the same bits whatever was cached before (the KV cache is dropped)."""
+        self.kv.count(0, 0)
+        return [self._alone(c, self._normalised) for c in contexts]
+
+    def logits(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
+        """Raw logits (float32, ``(len(contexts), n_vocab)``), copied out of llama.cpp."""
+        import numpy as np
+        import torch
+
+        rows = self._compute(contexts, self.kv.enabled, lambda logits: logits.copy())
+        return torch.from_numpy(np.stack(rows))
+
+    def _normalised(self, logits: "np.ndarray") -> "torch.Tensor":
+        import torch
+
+        return torch.log_softmax(torch.from_numpy(logits[: self.n_vocab]), dim=-1)
+
+    def _compute(
+        self, contexts: list[tuple[int, ...]], reuse: bool, convert: "Callable[[np.ndarray], Any]"
+    ) -> list:
+        """Compute contexts in groups; ``convert`` turns each one's logits (a view of
+        llama.cpp's buffer, valid only during the call) into what is returned, in order."""
+        self.kv.count(0, 0)  # one engine call; its tokens are counted as they decode
+        if self.batch_invariant:
+            return [self._alone(c, convert) for c in contexts]
+        out: list = []
+        for chunk in self._chunks(contexts):
+            out += self._run_chunk(chunk, reuse, convert)
+        return out
+
+    def _alone(self, context: tuple[int, ...], convert: "Callable[[np.ndarray], Any]") -> Any:
+        """``context`` decoded from position 0 in an emptied KV cache: its cells are
+        0..len-1 whatever ran before, so its row is a function of the context alone.
+
+        Why it is needed on quantised weights: llama.cpp's attention sums over the
+        cells of the shared KV cache in SIMD lanes chosen by cell index, so where a
+        context's cells lie (which depends on its batch-mates and on what is cached)
+        moves its float32 attention output by ~1e-7; the quantised matmuls then round
+        their inputs to 8 bits per 32-value block, and a 1e-7 change that crosses a
+        rounding boundary becomes a whole quantisation step (~1e-3), which grows through
+        the layers (SmolLM2 Q4_1: up to 0.8 on tail logprobs, KL up to 0.01, measured
+        with llama.cpp's tensor callbacks: identical up to the first attention output,
+        then the first flipped step). F32 weights keep the ~1e-7 (about 1e-6 on logprobs).
+        """
+        self._drop_all_kv()
+        kv = KVSequence(self.free_sequences.pop())
+        try:
+            return self._decode_plan([context], [(0, kv)], convert)[0]
+        finally:
+            self._drop_all_kv()
+
+    def _chunks(self, contexts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
+        """Groups computed together: at most half the sequences (the other half can hold
+        their cached sources) and at most ``n_ctx`` cells' worth of tokens counted in
+        full, so a group always fits an emptied cache."""
+        most = max(1, self.context.n_seq_max // 2)
+        chunks: list[list[tuple[int, ...]]] = []
+        tokens = 0
+        for c in contexts:
+            if not chunks or len(chunks[-1]) >= most or tokens + len(c) > self.context.n_ctx:
+                chunks.append([])
+                tokens = 0
+            chunks[-1].append(c)
+            tokens += len(c)
+        return chunks
+
+    def _run_chunk(
+        self, chunk: list[tuple[int, ...]], reuse: bool, convert: "Callable[[np.ndarray], Any]"
+    ) -> list:
+        """Plan the chunk against free sequences and KV cells, make room once, decode.
+
+        A context whose cached source (its deepest cached proper prefix) ends where the
+        source's sequence ends, and that no other context of the chunk extends, decodes
+        into that sequence in place (a particle's one-token step takes no new sequence;
+        the shorter prefix stays cached, as the first positions of the longer one); the
+        others copy the source's prefix into a new sequence. Before anything decodes,
+        least recently used cached entries that the chunk does not read are evicted until
+        the sequences and cells it needs are free
+        (:class:`~genlm_llamacpp.kv_cells.CellLedger` counts cells, shared ones once).
+        If even that is not enough, the chunk runs on an emptied cache without reuse
+        (``_chunks`` sizes a chunk so that it fits). No decode is ever retried for want
+        of a slot.
+        """
+        from genlm_llamacpp.llama_context import NoKVSpace
+
+        plan = self._plan(chunk, reuse)
+        if plan is None:  # its sources and new tokens cannot share the cells: start afresh
+            self._drop_all_kv()
+            plan = self._plan(chunk, False)
+        try:
+            rows = self._decode_plan(chunk, plan, convert)
+        except NoKVSpace:
+            # the ledger and llama.cpp disagree (never seen): one clean retry, not a loop
+            self._drop_all_kv()
+            plan = self._plan(chunk, False)
+            try:
+                rows = self._decode_plan(chunk, plan, convert)
+            except NoKVSpace:
+                self._drop_all_kv()
+                raise RuntimeError(
+                    f"llamacpp: the {self.context.n_ctx} KV cells (kv_cells) cannot hold this batch even "
+                    "with every cached prefix evicted; raise kv_cells or lower batch_size"
+                ) from None
+        for c, (_, kv) in zip(chunk, plan):
+            kv.length = len(c)
+            if reuse and self.kv.enabled:
+                kv.views += 1
+                if self.kv.store(c, CachedPrefix(kv, len(c))):  # may evict (and release) older entries
+                    continue
+                kv.views -= 1  # longer than the whole budget: not kept
+            if kv.views == 0:
+                self._free_kv(kv)
+        return rows
+
+    def _plan(self, chunk: list[tuple[int, ...]], reuse: bool) -> Any:
+        """``(depth, sequence)`` per context, with room made for them; ``None`` when
+        evicting every entry the chunk does not read leaves too few sequences or cells
+        (never without reuse: ``_chunks`` sizes a chunk for an empty cache)."""
+        cache = self.kv.cache
+        found: list[tuple[int, CachedPrefix | None]] = (
+            self.kv.lookup(chunk) if reuse else [(0, None)] * len(chunk)
+        )
+        sources = {id(src.kv) for _, src in found if src is not None}
+        in_place: set[int] = set()
+        for depth, src in found:
+            if src is not None and src.kv.length == depth and id(src.kv) not in in_place:
+                in_place.add(id(src.kv))
+        seqs_needed = len(chunk) - len(in_place)
+        cells_needed = sum(len(c) - depth for c, (depth, _) in zip(chunk, found))
+        ledger = self.ledger
+        while len(self.free_sequences) < seqs_needed or ledger.free < cells_needed:
+            if cache is None or cache.evict_lru_kv(keep=lambda seq: id(seq.kv) in sources) is None:
+                if reuse:
+                    return None
+                raise RuntimeError(  # pragma: no cover - _chunks sizes chunks for an empty cache
+                    f"llamacpp: a group of {len(chunk)} contexts needs {cells_needed} KV cells and "
+                    f"{seqs_needed} sequences; {ledger.free} and {len(self.free_sequences)} are free"
+                )
+        plan: list[tuple[int, KVSequence]] = []
+        claimed: set[int] = set()
+        for depth, src in found:
+            # in place: the context continues where the sequence ends (a shorter prefix read
+            # from the same sequence is copied, like any other)
+            if src is not None and src.kv.length == depth and id(src.kv) not in claimed:
+                claimed.add(id(src.kv))
+                plan.append((depth, src.kv))
+                continue
+            kv = KVSequence(self.free_sequences.pop())
+            if src is not None:  # copied before any decode extends the source in place
+                self.context.seq_copy(src.kv.seq_id, kv.seq_id, depth)
+                ledger.copy(src.kv.seq_id, kv.seq_id, depth)
+            plan.append((depth, kv))
+        return plan
+
+    def _decode_plan(
         self,
-        path: str,
-        *,
-        n_ctx: int | None,
-        n_seq_max: int,
-        kv_cells: int | None = None,
-        batch_invariant: bool = False,
-        n_batch: int,
-        n_threads: int | None,
-        n_gpu_layers: int,
-        kv_cache_type: str | None = None,
-        dtype: str = "auto",
-        flash_attn: bool | None = None,
-        extra_buffers: bool | None = None,
-    ) -> None:
-        global _backend_ready
-        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its load chatter
-        if not _backend_ready:
-            L.llama_backend_init()
-            _backend_ready = True
-        #: llama.cpp's build and CPU features ("CPU : SSE3 = 1 | ... | AMX_INT8 = 1 | ...")
-        self.system_info = L.llama_print_system_info().decode(errors="replace").strip()
-        #: weights may go to llama.cpp's extra CPU buffer types (AMX, REPACK)
-        self.extra_buffers = use_extra_buffers(extra_buffers, self.system_info)
-        mparams = L.llama_model_default_params()
-        mparams.n_gpu_layers = n_gpu_layers
-        mparams.use_extra_bufts = self.extra_buffers
-        self.model = L.llama_model_load_from_file(path.encode(), mparams)
-        if not self.model:
-            raise ValueError(f"llamacpp: llama.cpp could not load the GGUF file {path!r}")
-        desc = ctypes.create_string_buffer(256)
-        L.llama_model_desc(self.model, desc, len(desc))
-        #: the GGUF's weight type as llama.cpp names it ("F32", "F16", "Q4_1", ...)
-        self.weights_type = desc.value.decode(errors="replace").split(" ", 2)[-1].removeprefix("all ")
-        #: weights below 16 bits: their kernels re-quantise the activations (to 8 bits)
-        self.quantized = self.weights_type.upper() not in ("F32", "F16", "BF16")
-        if kv_cache_type is None:
-            kv_cache_type = kv_type_for(dtype, self.weights_type)
-        self.kv_cache_type = kv_cache_type
-        self.vocab = L.llama_model_get_vocab(self.model)
-        self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
-        self.n_ctx_train = int(L.llama_model_n_ctx_train(self.model))
-        if n_ctx is None:
-            n_ctx = min(self.n_ctx_train, 4096) if self.n_ctx_train > 0 else 4096
-        #: every context computed alone (LlamaCppConfig.batch_invariant)
-        self.batch_invariant = batch_invariant
-        if kv_cells is None:  # alone: one context at a time; else room for the particles in flight
-            kv_cells = n_ctx if self.batch_invariant else max(n_ctx, n_seq_max * 64)
-        threads = n_threads or os.cpu_count() or 1
-        cparams = L.llama_context_default_params()
-        # llama.cpp pads the cells to a multiple of 256, but clamps n_batch to the
-        # unpadded value first: pass the padded count
-        cparams.n_ctx = -(-kv_cells // 256) * 256
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch
-        cparams.n_seq_max = n_seq_max
-        # it reserves one output per sequence and asserts that fits n_outputs_max
-        cparams.n_outputs_max = max(n_batch, n_seq_max)
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.kv_unified = True  # one cell pool: shared prefixes are stored once
-        cparams.no_perf = True
-        cparams.type_k = cparams.type_v = KV_TYPES[kv_cache_type]
-        if flash_attn is None and kv_cache_type == "f32":
-            flash_attn = False  # the CPU flash attention computes in f16 (~1e-3 off float32)
-        # llama_flash_attn_type: -1 auto, 0 disabled, 1 enabled
-        cparams.flash_attn_type = -1 if flash_attn is None else int(flash_attn)
-        self.ctx = L.llama_init_from_model(self.model, cparams)
-        if not self.ctx:
-            L.llama_model_free(self.model)
-            self.model = None
-            raise ValueError(
-                f"llamacpp: llama.cpp could not create a context (n_ctx={n_ctx}, n_seq_max={n_seq_max}, "
-                f"n_batch={n_batch}) for {path!r}"
-            )
-        self.max_context = min(n_ctx, kv_cells)  # the longest context accepted
-        self.n_ctx = int(L.llama_n_ctx(self.ctx))  # KV cells: llama.cpp rounds up to 256s
-        self.n_batch = int(L.llama_n_batch(self.ctx))
-        self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
-        self.mem = L.llama_get_memory(self.ctx)
-        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
-        self._tokens = np.ctypeslib.as_array(self.batch.token, shape=(self.n_batch,))
-        self._pos = np.ctypeslib.as_array(self.batch.pos, shape=(self.n_batch,))
-        self._nseq = np.ctypeslib.as_array(self.batch.n_seq_id, shape=(self.n_batch,))
-        self._logits = np.ctypeslib.as_array(self.batch.logits, shape=(self.n_batch,))
-        self._seq = [self.batch.seq_id[i] for i in range(self.n_batch)]
+        chunk: list[tuple[int, ...]],
+        plan: list[tuple[int, KVSequence]],
+        convert: "Callable[[np.ndarray], Any]",
+    ) -> list:
+        """Decode the planned tokens (``n_batch`` a call); the converted logits of each
+        context's last position, in order. A failed decode leaves sequences half computed:
+        the whole KV cache is dropped, so none is ever reused."""
+        from genlm_llamacpp.llama_context import Row
 
-    # ------------------------------------------------------------------ KV sequences
-    def seq_copy(self, src: int, dst: int, n_tokens: int) -> None:
-        """Let sequence ``dst`` share the first ``n_tokens`` positions of ``src``."""
-        L.llama_memory_seq_cp(self.mem, src, dst, 0, n_tokens)
+        rows: list[Row] = []
+        for c, (depth, kv) in zip(chunk, plan):
+            last = len(c) - 1
+            rows.extend(Row(c[p], p, kv.seq_id, p == last) for p in range(depth, len(c)))
+        out: list = []
+        step = self.context.n_batch
+        try:
+            for start in range(0, len(rows), step):
+                part = rows[start : start + step]
+                self.decode_calls += 1
+                logits = self.context.decode(part)
+                for r in part:
+                    self.ledger.extend(r.seq, 1)
+                self.kv.count(len(part), 0, calls=0)
+                out += [convert(row) for row in logits]
+        except BaseException:
+            self._drop_all_kv()
+            raise
+        self.kv.count(0, sum(depth for depth, _ in plan), calls=0)
+        return out
 
-    def seq_remove(self, seq: int) -> None:
-        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+    def _drop_all_kv(self) -> None:
+        """Evict every cached entry and empty llama.cpp's KV cache."""
+        if self.kv.cache is not None:
+            on_evict, self.kv.cache.on_evict_kv = self.kv.cache.on_evict_kv, None
+            self.kv.cache.clear()
+            self.kv.cache.on_evict_kv = on_evict
+        self.context.clear()
+        self.ledger.clear()
+        self.free_sequences = list(range(self.context.n_seq_max))
 
-    def clear(self) -> None:
-        """Free every cell (metadata only: a cell's stale data is never read unmasked)."""
-        L.llama_memory_clear(self.mem, False)
+    def _release(self, seq: CachedPrefix) -> None:
+        """PrefixCache's ``on_evict_kv``: one entry fewer reads the sequence; the last one
+        frees it (its KV removed from llama.cpp, its cells and id free)."""
+        seq.kv.views -= 1
+        if seq.kv.views == 0:
+            self._free_kv(seq.kv)
 
-    # ------------------------------------------------------------------ decoding
-    def decode(self, rows: Sequence[Row]) -> np.ndarray:
-        """One ``llama_decode`` over ``rows`` (at most ``n_batch``): the logits of the rows
-        marked ``logits``, in order, as an ``(outputs, n_vocab)`` float32 *view* of
-        llama.cpp's output buffer, valid until the next decode (copy or consume it first:
-        no copy is made here)."""
-        n = len(rows)
-        if not 0 < n <= self.n_batch:
-            raise ValueError(f"llamacpp: a decode holds 1 to {self.n_batch} tokens, got {n}")
-        self._tokens[:n] = [r.token for r in rows]
-        self._pos[:n] = [r.pos for r in rows]
-        self._nseq[:n] = 1
-        flags = [r.logits for r in rows]
-        self._logits[:n] = flags
-        seq = self._seq
-        for i, r in enumerate(rows):
-            seq[i][0] = r.seq
-        self.batch.n_tokens = n
-        rc = L.llama_decode(self.ctx, self.batch)
-        if rc == 1:
-            raise NoKVSpace("llama_decode: no free KV cells for the batch")
-        if rc != 0:
-            raise RuntimeError(f"llamacpp: llama_decode failed with code {rc}")
-        outputs = sum(flags)
-        if not outputs:
-            return np.empty((0, self.n_vocab), dtype=np.float32)
-        # llama_get_logits: the output rows in batch order, contiguous
-        return np.ctypeslib.as_array(L.llama_get_logits(self.ctx), shape=(outputs, self.n_vocab))
+    def _free_kv(self, kv: KVSequence) -> None:
+        self.context.seq_remove(kv.seq_id)
+        self.ledger.remove(kv.seq_id)
+        self.free_sequences.append(kv.seq_id)
 
-    # ------------------------------------------------------------------ vocabulary
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes of ``token`` as llama.cpp renders it (special tokens as their text)."""
-        buf = ctypes.create_string_buffer(64)
-        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
-        return buf.raw[:n]
+    def clear_cache(self) -> None:
+        self._drop_all_kv()
 
-    def tokenize(self, text: str, add_special: bool, parse_special: bool = False) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        arr = (L.llama_token * cap)()
-        n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            arr = (L.llama_token * cap)()
-            n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
-        return list(arr[:n])
-
-    def eos_ids(self) -> list[int]:
-        """Every end-of-generation token id (EOS, EOT, ...)."""
-        return [t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)]
-
-    def eos_id(self) -> int | None:
-        """The GGUF's EOS id (``tokenizer.ggml.eos_token_id``)."""
-        eos = int(L.llama_vocab_eos(self.vocab))
-        return eos if eos >= 0 else None
-
-    def bos_id(self) -> int | None:
-        bos = int(L.llama_vocab_bos(self.vocab))
-        return bos if bos >= 0 else None
-
-    # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
-        if self.ctx:
-            L.llama_batch_free(self.batch)
-            L.llama_free(self.ctx)
-            self.ctx = None
-        if self.model:
-            L.llama_model_free(self.model)
-            self.model = None
+        cache = self.kv.cache
+        if cache is not None:
+            cache.on_evict_kv = None
+            cache.clear()
+        self.context.close()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "decode_calls": self.decode_calls,
+            "free_sequences": len(self.free_sequences),
+            "kv_cells": self.context.n_ctx,
+            "kv_cells_used": self.ledger.used,
+            "batch_invariant": self.batch_invariant,
+            "n_seq_max": self.context.n_seq_max,
+            "weights_type": self.context.weights_type,
+            "kv_cache_type": self.context.kv_cache_type,
+            "cpu_extra_buffers": self.context.extra_buffers,
+            "system_info": self.context.system_info,
+        }

@@ -203,7 +203,7 @@ def test_bad_model_arguments_are_clear_errors(tmp_path, tiny_gguf):
         genlm_core.load("llamacpp", model=str(tmp_path))
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"not a gguf")
-    with pytest.raises(ValueError, match="could not load"):
+    with pytest.raises(ValueError, match="not a GGUF file"):  # the core reads its header first
         genlm_core.load("llamacpp", model=str(bad))
     (tmp_path / "other.gguf").write_bytes(b"")
     with pytest.raises(genlm_core.ConfigError, match="gguf_file"):
@@ -230,19 +230,19 @@ async def test_sampling_seeded_with_eos(llm):
 
 
 def test_rows_normalised_from_llamacpp_buffer_equal_the_default_path(llm):
-    """``_forward_rows`` normalises each row straight from llama.cpp's output buffer;
-    the core's default path copies the logits out (``_forward``) and normalises the
-    batch. Same logits, same float32 log_softmax: equal to SELF_ATOL (bitwise here).
-    Every row is a tensor of its own. (Contexts reach ``_forward_rows`` distinct: the
-    batcher and the sync path de-duplicate.)"""
-    from genlm_core.engine.backend import BaseLogprobBackend
-
+    """The engine normalises each row straight from llama.cpp's output buffer
+    (``returns = "logprobs"``); the core's path for logits copies them out
+    (``engine.logits``) and normalises the batch. Same logits, same float32 log_softmax:
+    equal to SELF_ATOL (bitwise here). Every row is a tensor of its own. (Contexts reach
+    the engine distinct: the batcher and the sync path de-duplicate.)"""
     rng = random.Random(6)
     ctxs = list(dict.fromkeys(tuple(c) for c in _contexts(rng, 6, 1, 30)))
     llm.clear_cache()
-    ours = llm._forward_rows(ctxs)
+    with llm.engine_lock:
+        ours = llm.engine.forward(ctxs)
     llm.clear_cache()
-    default = BaseLogprobBackend._forward_rows(llm, ctxs)
+    with llm.engine_lock:
+        default = llm._finalize(llm.engine.logits(ctxs))
     assert len(ours) == len(ctxs)
     for a, b in zip(ours, default):
         assert a.shape == (len(llm.byte_vocab),) and a.dtype == torch.float32

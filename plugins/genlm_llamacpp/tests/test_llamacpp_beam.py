@@ -38,8 +38,8 @@ def beam_logz(llm) -> float:
 
 def assert_kv_consistent(llm) -> None:
     """llama.cpp's memory agrees with the backend's bookkeeping."""
-    mem = llm.engine.mem
-    for seq in llm._free:
+    mem = llm.engine.context.mem
+    for seq in llm.engine.free_sequences:
         assert L.llama_memory_seq_pos_max(mem, seq) == -1, f"free sequence {seq} holds positions"
     cache = llm.prefix_cache
     if cache is not None:

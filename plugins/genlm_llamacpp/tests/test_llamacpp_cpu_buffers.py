@@ -8,7 +8,7 @@ from __future__ import annotations
 import llama_cpp
 import pytest
 import torch
-from genlm_llamacpp.engine import amx_buffer_in, use_extra_buffers
+from genlm_llamacpp.llama_context import amx_buffer_in, use_extra_buffers
 
 import genlm_core
 

@@ -85,7 +85,7 @@ def test_live_contexts_beyond_the_cells_are_planned_not_retried(tiny_gguf) -> No
             after = llm.stats()["engine"]
             tokens = after["tokens_computed"] - before["tokens_computed"]
             decodes = after["decode_calls"] - before["decode_calls"]
-            assert decodes <= -(-tokens // llm.engine.n_batch) + 1  # one group at most: no retries
+            assert decodes <= -(-tokens // llm.engine.context.n_batch) + 1  # one group at most: no retries
         for p, row in list(zip(particles, rows))[:4]:
             assert torch.allclose(row, llm.next_token_logprobs_uncached(p), atol=1e-5, rtol=0)
     finally:

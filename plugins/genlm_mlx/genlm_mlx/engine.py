@@ -1,211 +1,218 @@
-"""MLX-side work of the backend: batch caches, left-padded prefill, KV payloads.
+"""MLXEngine: mlx-lm models as a genlm-core engine.
 
-This module imports mlx at the top: only :mod:`genlm_mlx.backend` imports it, and
-only when a backend is created.
+Importing this module does not import mlx; creating an engine does.
 
-A **KV payload** is the key/value state of one whole prefix, as one contiguous mlx
-array of shape ``(layers, 2, kv_heads, tokens, head_dim)`` (its ``nbytes`` is
-what the prefix cache counts). Payloads exist only for models whose every layer
-uses a plain :class:`KVCache` (see :func:`kv_reuse_problem`).
+* ``forward`` left-pads the batch's contexts and prefills them together in steps of
+  ``prefill_step_size`` (:func:`genlm_mlx.prefill.forward`).
+* KV prefix reuse: the KV state of every computed context is stored in the core
+  :class:`~genlm_core.engine.kv_reuse.KVReuse` (one contiguous mlx array per prefix,
+  LRU-evicted under ``kv_cache_bytes``); a later context resumes from its deepest
+  cached proper prefix. Models whose caches cannot be reused (recurrent or
+  sliding-window layers) get a warning and no prefix caching.
+* ``sample`` uses mlx-lm's ``generate_step`` and ``make_sampler``, seeded
+  (:mod:`genlm_mlx.sampling`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import mlx.core as mx
-import numpy as np
-from mlx_lm.models.cache import (
-    ArraysCache,
-    BatchKVCache,
-    BatchRotatingKVCache,
-    KVCache,
-    RotatingKVCache,
-    make_prompt_cache,
-)
+from genlm_core.config import ConfigError
+from genlm_core.engine import Checkpoint, Engine, KVReuse, SampleRequest, decode_vocab, note
+from genlm_mlx.config import MLXConfig
 
-__all__ = [
-    "Forward",
-    "batch_cache",
-    "forward",
-    "kv_reuse_problem",
-    "to_numpy_f32",
-]
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["MLXEngine"]
 
 
-class Forward(NamedTuple):
-    """Result of :func:`forward`."""
+class MLXEngine(Engine):
+    """Batched, prefix-caching next-token logits from an mlx-lm model.
 
-    logits: np.ndarray  # (B, V_model) float32
-    payloads: list[mx.array | None] | None  # KV of every full context (``want_kv``)
-    computed: int  # context tokens run through the model (padding excluded)
-    reused: int  # context tokens whose KV came from ``pasts``
-
-
-def kv_reuse_problem(model: Any) -> str | None:
-    """Why the KV state of this model cannot be stored and reused (``None``: it can).
-
-    Reuse needs every layer to keep all past keys and values (:class:`KVCache`).
-    Recurrent layers (``ArraysCache``: Mamba-style state) cannot be cut at a
-    prefix; rotating (sliding-window) caches drop old tokens, and with ``keep > 0``
-    pin the first tokens in place, so a stored window is not a prefix's state.
+    Args:
+        model: an mlx-lm model (``mlx_lm.load(...)[0]``).
+        tokenizer: mlx-lm's ``TokenizerWrapper`` or a Hugging Face tokenizer; the
+            vocabulary is decoded from the underlying Hugging Face tokenizer.
+        config: :class:`MLXConfig`.
+        model_config: the model's ``config.json`` as a dict (default: the model's ``args``).
     """
-    kinds = sorted({_describe(c) for c in make_prompt_cache(model) if type(c) is not KVCache})
-    if not kinds:
-        return None
-    return "its cache layers are " + ", ".join(kinds) + " (only plain KVCache layers can be reused)"
+
+    config_class = MLXConfig
+    supports = frozenset({"sample"})
+    rows_device = "cpu"  # rows come back from mlx as numpy arrays
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: MLXConfig | None = None,
+        *,
+        model_config: dict[str, Any] | None = None,
+    ) -> None:
+        from genlm_mlx import prefill  # imports mlx
+
+        self._prefill = prefill
+        config = config or MLXConfig()
+        self.mlx_model = model
+        self.mlx_tokenizer = tokenizer
+        self.tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
+        self.byte_vocab, self.str_vocab = decode_vocab(self.tokenizer)
+        if not model_config:  # built by hand: the model's own arguments hold the same keys
+            args = getattr(model, "args", None)
+            model_config = dict(vars(args)) if hasattr(args, "__dict__") else {}
+        self.model_config = model_config
+        self.prefill_step_size = config.prefill_step_size
+        self.kv_cache_bytes = config.kv_cache_bytes
+        self.kv_reuse_problem = prefill.kv_reuse_problem(model)
+        self._kv_token_bytes = 0  # KV bytes per token, known after the first payload
+        wanted = config.prefix_cache and config.kv_cache_bytes != 0
+        self.kv = KVReuse(
+            config.kv_cache_bytes,
+            enabled=wanted and self.kv_reuse_problem is None,
+            impl=config.prefix_cache_impl,
+        )
+        if wanted and self.kv_reuse_problem is not None:
+            warnings.warn(
+                f"genlm-mlx: model {type(model).__module__}.{type(model).__name__} cannot reuse "
+                f"KV state ({self.kv_reuse_problem}); prefix caching is disabled.",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, checkpoint: Checkpoint, config: MLXConfig) -> "MLXEngine":  # type: ignore[override]
+        """Load with mlx-lm after mapping transformers-5 config keys (:mod:`genlm_mlx.hf_config`)
+        and cast the weights to the dtype the checkpoint resolved."""
+        from mlx_lm import load
+
+        model_path = checkpoint.model
+        note(f"mlx: loading {model_path} with mlx-lm")
+        local = Path(model_path).expanduser()  # type: ignore[arg-type]
+        try:
+            folder = local if local.exists() else _download(model_path)  # type: ignore[arg-type]
+            overrides = _config_overrides(folder, model_path)  # type: ignore[arg-type]
+            model, tokenizer, model_config = load(str(folder), model_config=overrides, return_config=True)
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"mlx: mlx_lm.load could not load {model_path!r}: {exc}") from exc
+        _cast(model, checkpoint.dtype or "float32")
+        return cls(model, tokenizer, config, model_config=model_config)
+
+    # ------------------------------------------------------------------ what it is
+    @property
+    def device(self) -> str:
+        import mlx.core as mx
+
+        return "mps" if mx.default_device().type == mx.gpu else "cpu"
+
+    @property
+    def dtype(self) -> str:
+        """The dtype of the model's floating weights (what mlx computes in)."""
+        return _weight_dtype(self.mlx_model)
+
+    # ------------------------------------------------------------------ model calls
+    def forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
+        import torch
+
+        if not self.kv.enabled:
+            return self.forward_uncached(contexts)
+        starts = self.kv.lookup(contexts)
+        budget = self.kv_cache_bytes
+        max_kv_tokens = (
+            budget // self._kv_token_bytes if budget is not None and self._kv_token_bytes else None
+        )
+        out = self._prefill.forward(
+            self.mlx_model,
+            contexts,
+            [kv for _, kv in starts],
+            self.prefill_step_size,
+            want_kv=True,
+            max_kv_tokens=max_kv_tokens,
+        )
+        self.kv.count(out.computed, out.reused)
+        for ctx, kv in zip(contexts, out.payloads or []):
+            if kv is not None:
+                self._kv_token_bytes = kv.nbytes // max(1, kv.shape[3])
+                self.kv.store(ctx, kv)
+        return torch.from_numpy(out.logits)
+
+    def forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
+        import torch
+
+        out = self._prefill.forward(self.mlx_model, contexts, None, self.prefill_step_size)
+        self.kv.count(out.computed, out.reused)
+        return torch.from_numpy(out.logits)
+
+    def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
+        """mlx-lm's ``generate_step`` and ``make_sampler``, one request at a time (each
+        seeds mlx's generator, so none interleaves its draws with another's)."""
+        from genlm_mlx.sampling import sample_tokens
+
+        vocab = len(self.byte_vocab)
+        return [
+            sample_tokens(
+                self.mlx_model,
+                r.prompt,
+                r.max_tokens,
+                set(r.eos),
+                r.temperature,
+                r.seed,
+                vocab,
+                self.prefill_step_size,
+            )  # fmt: skip
+            for r in requests
+        ]
+
+    # ------------------------------------------------------------------ housekeeping
+    def clear_cache(self) -> None:
+        import mlx.core as mx
+
+        self.kv.clear()
+        mx.clear_cache()
+
+    def close(self) -> None:
+        self.clear_cache()
+
+    def stats(self) -> dict[str, Any]:
+        return {"device": self.device}
 
 
-def _describe(cache: Any) -> str:
-    if isinstance(cache, RotatingKVCache):
-        return f"RotatingKVCache(max_size={cache.max_size}, keep={cache.keep})"
-    if isinstance(cache, ArraysCache):
-        return "ArraysCache (recurrent state)"
-    return type(cache).__name__
+def _download(model: str) -> Path:
+    """mlx-lm's own resolution of a hub id to a local snapshot (its cache first)."""
+    from mlx_lm.utils import _download as download
+
+    return Path(download(model))
 
 
-def batch_cache(model: Any, left_padding: list[int]) -> list[Any] | None:
-    """Batched caches that mirror ``model``'s own, or ``None`` if a layer cannot batch."""
-    out: list[Any] = []
-    for c in make_prompt_cache(model):
-        if type(c) is KVCache:
-            out.append(BatchKVCache(left_padding))
-        elif isinstance(c, RotatingKVCache) and c.keep == 0:
-            out.append(BatchRotatingKVCache(c.max_size, left_padding))
-        elif isinstance(c, ArraysCache):
-            out.append(ArraysCache(len(c.cache), left_padding=left_padding))
-        else:
-            return None
-    return out
+def _config_overrides(folder: Path, name: str) -> dict[str, Any]:
+    """Keys transformers 5 moved that mlx-lm's model class reads (see :mod:`genlm_mlx.hf_config`)."""
+    from mlx_lm.utils import _get_classes, load_config
+
+    from genlm_mlx.hf_config import args_fields, mlx_overrides
+
+    config = load_config(folder)
+    _, args_class = _get_classes(config)
+    return mlx_overrides(config, args_fields(args_class), where=repr(name))
 
 
-def to_numpy_f32(x: mx.array) -> np.ndarray:
-    """float32 numpy copy; bf16/f16 are widened in mlx first (no loss of range)."""
-    if x.dtype != mx.float32:
-        x = x.astype(mx.float32)
-    return np.array(x)
+def _weight_dtype(model: Any) -> str:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    for _, value in tree_flatten(model.parameters()):
+        if mx.issubdtype(value.dtype, mx.floating):
+            return str(value.dtype).removeprefix("mlx.core.")
+    return "float32"
 
 
-def _restore(caches: list[Any], pasts: Sequence[Any], left_padding: list[int], start: int) -> None:
-    """Put the first ``start`` positions of every row into fresh BatchKVCaches.
+def _cast(model: Any, dtype: str) -> None:
+    """Cast the floating weights to ``dtype`` (mlx computes in its inputs' dtype)."""
+    import mlx.core as mx
 
-    Row ``i`` occupies positions ``[left_padding[i], T)``; its payload fills
-    ``[left_padding[i], start)`` (zeros before, which the mask hides).
-    """
-    ref = next(p for p in pasts if p is not None)
-    n_layers, _, heads, _, dim = ref.shape
-    rows = []
-    for past, lp in zip(pasts, left_padding):
-        take = max(start - lp, 0)
-        pad = start - take
-        if take == 0:
-            rows.append(mx.zeros((n_layers, 2, heads, start, dim), dtype=ref.dtype))
-            continue
-        part = past[:, :, :, :take, :]
-        rows.append(mx.pad(part, [(0, 0), (0, 0), (0, 0), (pad, 0), (0, 0)]) if pad else part)
-    stacked = mx.stack(rows, axis=2)  # (layers, 2, B, heads, start, dim)
-    for layer, cache in enumerate(caches):
-        cache.keys = stacked[layer, 0]
-        cache.values = stacked[layer, 1]
-        cache._idx = start
-        cache.offset = cache.offset + start
-
-
-def _payloads(
-    caches: list[Any], left_padding: list[int], total: int, max_tokens: int | None
-) -> list[mx.array | None]:
-    """The KV payload of every row's whole context (contiguous copies); ``None`` for
-    rows longer than ``max_tokens`` (they would not fit the cache's budget)."""
-    kv = mx.stack([mx.stack([c.keys[..., :total, :], c.values[..., :total, :]]) for c in caches])
-    return [
-        None
-        if max_tokens is not None and total - lp > max_tokens
-        else mx.contiguous(kv[:, :, i, :, lp:total, :])
-        for i, lp in enumerate(left_padding)
-    ]
-
-
-def forward(
-    model: Any,
-    contexts: Sequence[Sequence[int]],
-    pasts: Sequence[Any] | None = None,
-    prefill_step_size: int = 2048,
-    want_kv: bool = False,
-    max_kv_tokens: int | None = None,
-) -> Forward:
-    """Next-token logits (float32 numpy, ``(B, V_model)``) for every context.
-
-    Contexts are left-padded to a common length and prefilled together in steps of
-    ``prefill_step_size``. ``pasts[i]`` is ``None`` or the payload of a proper
-    prefix of ``contexts[i]`` (its length is the cached depth). Every row is
-    computed from the first position no row has cached (rows with deeper caches
-    recompute a few tokens). With ``want_kv`` the payloads of the full contexts
-    (those of at most ``max_kv_tokens`` tokens) are returned too.
-    """
-    lengths = [len(c) for c in contexts]
-    if len(set(lengths)) > 1 and not _padding_safe(model):
-        return _by_length(model, contexts, prefill_step_size)
-    total = max(lengths)
-    left_padding = [total - n for n in lengths]
-    caches = batch_cache(model, left_padding)
-    if caches is None:  # some layer cannot batch: one row at a time, model's own cache
-        if want_kv:
-            raise ValueError("KV payloads need batchable KVCache layers")
-        rows = [_forward_one(model, ctx, prefill_step_size) for ctx in contexts]
-        return Forward(np.stack(rows), None, sum(lengths), 0)
-    start = 0
-    if pasts is not None and any(p is not None for p in pasts):
-        depths = [0 if p is None else int(p.shape[3]) for p in pasts]
-        start = min(d + lp for d, lp in zip(depths, left_padding))
-        if start > 0:
-            _restore(caches, pasts, left_padding, start)
-    tokens = mx.array([[0] * lp + list(c) for lp, c in zip(left_padding, contexts)], dtype=mx.int32)
-    tokens = tokens[:, start:]
-    while tokens.shape[1] > 1:
-        n = min(prefill_step_size, tokens.shape[1] - 1)
-        model(tokens[:, :n], cache=caches)
-        mx.eval([c.state for c in caches])
-        tokens = tokens[:, n:]
-    logits = model(tokens, cache=caches)[:, -1, :].astype(mx.float32)
-    payloads = _payloads(caches, left_padding, total, max_kv_tokens) if want_kv else None
-    mx.eval(logits, [p for p in payloads or [] if p is not None])
-    reused = sum(max(start - lp, 0) for lp in left_padding)
-    return Forward(to_numpy_f32(logits), payloads, sum(lengths) - reused, reused)
-
-
-def _padding_safe(model: Any) -> bool:
-    """Whether left padding leaves the real rows exact: not for recurrent layers.
-
-    mlx-lm 0.32's ``ArraysCache`` takes a ``left_padding`` but Mamba-style layers still
-    fold the padding tokens into their state (measured: rows differ by up to 1.0).
-    """
-    return not any(isinstance(c, ArraysCache) for c in make_prompt_cache(model))
-
-
-def _by_length(model: Any, contexts: Sequence[Sequence[int]], prefill_step_size: int) -> Forward:
-    """Batch rows of equal length together (no padding), one group at a time."""
-    groups: dict[int, list[int]] = {}
-    for i, ctx in enumerate(contexts):
-        groups.setdefault(len(ctx), []).append(i)
-    rows: list[np.ndarray | None] = [None] * len(contexts)
-    computed = 0
-    for idx in groups.values():
-        out = forward(model, [contexts[i] for i in idx], None, prefill_step_size)
-        computed += out.computed
-        for i, row in zip(idx, out.logits):
-            rows[i] = row
-    return Forward(np.stack(rows), None, computed, 0)  # type: ignore[arg-type]
-
-
-def _forward_one(model: Any, context: Sequence[int], prefill_step_size: int) -> np.ndarray:
-    cache = make_prompt_cache(model)
-    tokens = mx.array([list(context)], dtype=mx.int32)
-    while tokens.shape[1] > 1:
-        n = min(prefill_step_size, tokens.shape[1] - 1)
-        model(tokens[:, :n], cache=cache)
-        mx.eval([c.state for c in cache])
-        tokens = tokens[:, n:]
-    logits = model(tokens, cache=cache)[0, -1, :].astype(mx.float32)
-    mx.eval(logits)
-    return to_numpy_f32(logits)
+    model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())

@@ -60,12 +60,13 @@ def tiny_tokenizer(tiny_llama_path):
 def test_batches_are_exact_without_prefix_reuse(build, problem, tiny_tokenizer):
     import mlx.core as mx
     from genlm_mlx.backend import MLXBackend
+    from genlm_mlx.engine import MLXEngine
 
     mx.random.seed(0)
     model = build()
     mx.eval(model.parameters())
     with pytest.warns(UserWarning, match="prefix caching is disabled"):
-        llm = MLXBackend(model, tiny_tokenizer, MLXBackend.config_class(prefill_step_size=3))
+        llm = MLXBackend(MLXEngine(model, tiny_tokenizer, MLXBackend.config_class(prefill_step_size=3)))
     try:
         assert llm.prefix_cache is None and problem in llm.kv_reuse_problem
         # longer than the window, mixed lengths (padding), and equal lengths (one group)

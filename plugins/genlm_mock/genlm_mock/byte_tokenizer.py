@@ -39,7 +39,7 @@ class ByteTokenizer:
         self.eos_token = EOS_TEXT
         self.bos_token_id = self.eos_token_id
         self._index = {p: i for i, p in enumerate(pieces)}
-        self._max_len = max(len(p) for p in pieces)
+        self._longest_piece = max(len(p) for p in pieces)
         self.name_or_path = "genlm-mock/byte-tokenizer"
 
     def __len__(self) -> int:
@@ -54,7 +54,7 @@ class ByteTokenizer:
         out: list[int] = []
         i = 0
         while i < len(data):
-            for n in range(min(self._max_len, len(data) - i), 0, -1):
+            for n in range(min(self._longest_piece, len(data) - i), 0, -1):
                 tid = self._index.get(data[i : i + n])
                 if tid is not None:
                     out.append(tid)

@@ -1,11 +1,12 @@
 """RemoteBackend: a LogprobBackend whose rows come from a ``genlm serve`` server.
 
-It is a :class:`~genlm_core.engine.backend.BaseLogprobBackend` like every engine: the client's
-own AutoBatcher gathers this process's concurrent requests into one HTTP request, its
-output cache answers repeated contexts locally, and ``_forward`` is the round trip.
-The server then batches the requests of every client together. The rows are the
-served backend's bytes (float32, already normalised), so they are returned as they
-arrive: equal bit for bit to what the served backend returns in its own process.
+Its engine, :class:`RemoteEngine`, is a client: the backend's own AutoBatcher gathers
+this process's concurrent requests into one HTTP request, its output cache answers
+repeated contexts locally, and ``forward`` is the round trip. The server then batches
+the requests of every client together. The rows are the served backend's bytes
+(float32, already normalised: ``returns = "logprobs"``), so they are returned as they
+arrive: equal bit for bit to what the served backend returns in its own process. The
+served backend's facts (EOS ids, context limit, dtype) are the engine's.
 
 Transport (``transport`` option, see :class:`~genlm_remote.config.RemoteConfig`): rows
 through a shared-memory segment the server created and handed to this client over its
@@ -21,17 +22,15 @@ Every round trip is timed at its boundaries on both sides
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from genlm_core.engine import BaseLogprobBackend, Token, compact
+from genlm_core.engine import BaseLogprobBackend, Checkpoint, Engine, SampleRequest, Token
 from genlm_core.serve import frame, shm
 from genlm_core.serve.limits import is_loopback
 from genlm_core.serve.phases import ROUND_TRIP, round_trip_phases
@@ -39,12 +38,16 @@ from genlm_remote.config import RemoteConfig
 from genlm_remote.connection import Connection
 from genlm_remote.tokenizer import RemoteTokenizer
 
-__all__ = ["RemoteBackend"]
+__all__ = ["RemoteBackend", "RemoteEngine"]
 
 
-class RemoteBackend(BaseLogprobBackend):
+class RemoteEngine(Engine):
+    """A ``genlm serve`` server's backend, through HTTP (and ``/dev/shm`` on this host)."""
+
     config_class = RemoteConfig
-    backend_name = "remote"
+    supports = frozenset({"sample"})
+    returns = "logprobs"
+    forward_in_thread = True  # a network wait: keep the event loop running
 
     def __init__(self, config: RemoteConfig) -> None:
         self.conn = Connection(config.url, config.token, config.request_timeout_s, config.connect_timeout_s)
@@ -71,15 +74,16 @@ class RemoteBackend(BaseLogprobBackend):
             raise RuntimeError(
                 f"the server sent {len(byte_vocab)} tokens, its info says {info['vocab_size']}"
             )
-        tokenizer = RemoteTokenizer(self.conn, info["tokenizer"], str_vocab)
-        super().__init__(
-            tokenizer,
-            config,
-            byte_vocab=[Token(i, b) for i, b in enumerate(byte_vocab)],
-            str_vocab=str_vocab,
-            eos_token_ids=info["eos_token_ids"],
-        )
+        self.tokenizer = RemoteTokenizer(self.conn, info["tokenizer"], str_vocab)
+        self.byte_vocab = [Token(i, b) for i, b in enumerate(byte_vocab)]
+        self.str_vocab = str_vocab
+        self.vocab_size = len(byte_vocab)
+        self.eos_token_ids = info["eos_token_ids"]
+        self.max_context_length = info.get("max_context_length")
+        self.dtype = str(info["dtype"])
+        self.closed = False
         self._max_batch = int(info["limits"]["max_batch"])
+        self._rows_per_trip = min(self._max_batch, config.batch_size)  # the most rows one round trip carries
         self.transport = self._pick_transport(config)
         self.transport_counts = {"shm": 0, "frame": 0}
         self.replica_counts: Counter[str] = Counter()  # which server process answered
@@ -92,7 +96,7 @@ class RemoteBackend(BaseLogprobBackend):
             self._get_segment(info.get("shm_socket"), info.get("pid"))
 
     @classmethod
-    def from_config(cls, config: RemoteConfig) -> "RemoteBackend":
+    def load(cls, checkpoint: Checkpoint, config: RemoteConfig) -> "RemoteEngine":  # type: ignore[override]
         return cls(config)
 
     def _pick_transport(self, config: RemoteConfig) -> str:
@@ -106,16 +110,8 @@ class RemoteBackend(BaseLogprobBackend):
 
     # ------------------------------------------------------------------ properties
     @property
-    def max_context_length(self) -> int | None:
-        return self.server_info.get("max_context_length")
-
-    @property
-    def dtype(self) -> str:
-        return str(self.server_info["dtype"])
-
-    @property
     def healthy(self) -> bool:
-        if self._closed:
+        if self.closed:
             return False
         try:
             return bool(self.conn.get_json("/v1/health").get("healthy"))
@@ -134,7 +130,7 @@ class RemoteBackend(BaseLogprobBackend):
         try:
             self._segments[address] = shm.ClientSegment.request(
                 address,
-                min(self._max_batch, self.config.batch_size),  # the most rows one round trip carries
+                self._rows_per_trip,
                 self.vocab_size,
                 self.conn.token,
                 int(pid) if isinstance(pid, (int, str)) and str(pid).isdigit() else None,
@@ -199,69 +195,38 @@ class RemoteBackend(BaseLogprobBackend):
         parts = [self._round_trip(contexts[i : i + step], uncached) for i in range(0, len(contexts), step)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+    def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         return self._rows(contexts)
 
-    def _forward_uncached(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+    def forward_uncached(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         return self._rows(contexts, uncached=True)
 
-    def _finalize(self, out: Any) -> torch.Tensor:
-        # the server's rows are already the backend's normalised float32 rows: a second
-        # log_softmax would move their last bits
-        return out
-
-    def _forward_rows(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
-        rows = self._rows(contexts)
-        return [compact(r) for r in rows.unbind(0)]
-
-    def _forward_in_thread(self) -> bool:
-        return True  # a network wait: keep the event loop running
-
     # ------------------------------------------------------------------ sampling
-    async def sample(
-        self,
-        prompt_token_ids: Sequence[int],
-        max_tokens: int,
-        eos_token_ids: Sequence[int] | None = None,
-        temperature: float = 1.0,
-        seed: int | None = None,
-    ) -> list[int]:
-        """The served backend's own ``sample`` (its sampler, its seeds), on the server."""
-        prompt = list(self.validate(prompt_token_ids))
-        self._check_sample_args(max_tokens, temperature, eos_token_ids)
-        return (await self._sample([prompt], max_tokens, eos_token_ids, temperature, seed, batch=False))[0]
-
-    async def batch_sample(
-        self,
-        prompt_token_ids_list: Sequence[Sequence[int]],
-        max_tokens: int,
-        eos_token_ids: Sequence[int] | None = None,
-        temperature: float = 1.0,
-        seed: int | None = None,
-    ) -> list[list[int]]:
-        prompts = [list(self.validate(p)) for p in prompt_token_ids_list]
-        self._check_sample_args(max_tokens, temperature, eos_token_ids)
-        return await self._sample(prompts, max_tokens, eos_token_ids, temperature, seed, batch=True)
-
-    async def _sample(
-        self,
-        prompts: list[list[int]],
-        max_tokens: int,
-        eos_token_ids: Sequence[int] | None,
-        temperature: float,
-        seed: int | None,
-        batch: bool,
-    ) -> list[list[int]]:
-        payload = {
-            "prompts": prompts,
-            "max_tokens": max_tokens,
-            "eos_token_ids": None if eos_token_ids is None else [int(e) for e in eos_token_ids],
-            "temperature": float(temperature),
-            "seed": None if seed is None else int(seed),
-            "batch": batch,
-        }
-        reply = await asyncio.to_thread(self.conn.post_json, "/v1/sample", payload)
-        return [list(s) for s in reply["samples"]]
+    def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
+        """The served backend's own ``sample`` (its sampler, its seeds), on the server. Runs
+        of requests that its ``batch_sample`` answers alike (the same arguments, seeds
+        ``s, s + 1, ...`` or none) go in one request."""
+        out: list[list[int]] = []
+        start = 0
+        while start < len(requests):
+            first, end = requests[start], start + 1
+            while (
+                end < len(requests)
+                and end - start < self._max_batch
+                and _continues(first, requests[end], end - start)
+            ):
+                end += 1
+            payload = {
+                "prompts": [list(r.prompt) for r in requests[start:end]],
+                "max_tokens": first.max_tokens,
+                "eos_token_ids": sorted(first.eos),
+                "temperature": first.temperature,
+                "seed": first.seed,
+                "batch": True,
+            }
+            out += [[int(t) for t in s] for s in self.conn.post_json("/v1/sample", payload)["samples"]]
+            start = end
+        return out
 
     # ------------------------------------------------------------------ state
     def clear_server_cache(self) -> None:
@@ -279,9 +244,8 @@ class RemoteBackend(BaseLogprobBackend):
         """The server's /v1/stats (queue depth, batch sizes, cache hit rates)."""
         return self.conn.get_json("/v1/stats")
 
-    def stats(self) -> dict[str, Any]:
-        out = super().stats()
-        out["transport"] = {
+    def transport_stats(self) -> dict[str, Any]:
+        return {
             "kind": self.transport,
             "replies": dict(self.transport_counts),
             "replicas": dict(self.replica_counts),
@@ -290,20 +254,45 @@ class RemoteBackend(BaseLogprobBackend):
             "segments": len(self._segments),
             "timing": {"round_trips": self.round_trips, "seconds": dict(self.timing)},
         }
-        return out
 
     def info(self) -> dict[str, Any]:
-        out = super().info()
-        out.update(
-            url=self.conn.url,
-            transport=self.transport,
-            shm_segments=len(self._segments),
-            shm_problem=self.shm_problem,
-            server={k: self.server_info.get(k) for k in ("backend", "model", "dtype", "host", "pid")},
-        )
-        return out
+        return {
+            "url": self.conn.url,
+            "transport": self.transport,
+            "shm_segments": len(self._segments),
+            "shm_problem": self.shm_problem,
+            "server": {k: self.server_info.get(k) for k in ("backend", "model", "dtype", "host", "pid")},
+        }
 
-    def _close_engine(self) -> None:
+    def close(self) -> None:
+        self.closed = True
         with self._segment_lock:
             self._drop_segments()
         self.conn.close()
+
+
+def _continues(first: SampleRequest, other: SampleRequest, i: int) -> bool:
+    """Whether ``other`` is what the server's ``batch_sample`` draws as prompt ``i`` of
+    a batch that starts with ``first``."""
+    same = (other.max_tokens, other.eos, other.temperature) == (
+        first.max_tokens,
+        first.eos,
+        first.temperature,
+    )
+    seeds = other.seed is None if first.seed is None else other.seed == first.seed + i
+    return same and seeds
+
+
+class RemoteBackend(BaseLogprobBackend):
+    """The core's backend holding a :class:`RemoteEngine`: ``clear_cache()`` is this
+    client's own output cache; ``clear_server_cache()`` the server's (every client's)."""
+
+    config_class = RemoteConfig
+    backend_name = "remote"
+    engine_class = RemoteEngine
+    engine: RemoteEngine
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["transport"] = self.engine.transport_stats()
+        return out

@@ -1,4 +1,4 @@
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -10,6 +10,7 @@ class RemoteConfig(BackendConfig):
     ``model`` and ``dtype``, when given, must match what it serves."""
 
     component = "remote"
+    reads_checkpoint: ClassVar[bool] = False  # the model lives on the server
 
     url: str = Field(
         "http://127.0.0.1:8765",
@@ -35,6 +36,3 @@ class RemoteConfig(BackendConfig):
 
     def model_needs(self) -> tuple[str, ...]:
         return ()
-
-    def check_model(self) -> None:  # the model lives on the server
-        return None

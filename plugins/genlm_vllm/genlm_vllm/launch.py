@@ -2,15 +2,15 @@
 ``vllm.LLM(...)``.
 
 * whether vLLM is installed (:class:`VLLMNotInstalledError`, :data:`INSTALL_HINT`) and
-  importable next to llvmlite (:func:`_tolerate_llvmlite`);
-* the device vLLM sees (:func:`_engine_device`) and the environment a start needs
-  (:func:`_prepare_environment`, :func:`_engine_environment`, the CPU ranks' core
-  binding :func:`_cpu_binding`);
+  importable next to llvmlite (:func:`tolerate_llvmlite`);
+* the device vLLM sees (:func:`engine_device`) and the environment a start needs
+  (:func:`prepare_environment`, :func:`engine_environment`, the CPU ranks' core
+  binding :func:`cpu_binding`);
 * the ``vllm.LLM`` keyword arguments (:func:`engine_kwargs`: the capture processor and
-  worker extension added) and the dtype checks (:func:`check_dtype`,
-  :func:`_weight_dtype`);
+  worker extension added), the dtypes vLLM's platform computes in
+  (:func:`supported_dtypes`) and the dtype of the weights it loaded (:func:`weight_dtype`);
 * refusing a start that would spawn workers from an unguarded script
-  (:func:`_check_spawn_safe`) and saying what the start does (:func:`_announce_start`).
+  (:func:`check_spawn_safe`) and saying what the start does (:func:`announce_start`).
 
 vLLM itself is imported inside the functions that need it, as late as possible.
 """
@@ -30,7 +30,22 @@ from genlm_core.engine import UnsupportedDtypeError, note, resolve_dtype
 from genlm_vllm.config import VLLMConfig
 from genlm_vllm.main_guard import check_main_guard
 
-__all__ = ["INSTALL_HINT", "VLLMNotInstalledError", "check_dtype", "engine_kwargs"]
+__all__ = [
+    "INSTALL_HINT",
+    "VLLMNotInstalledError",
+    "announce_start",
+    "check_dtype",
+    "check_spawn_safe",
+    "cpu_binding",
+    "engine_device",
+    "engine_environment",
+    "engine_kwargs",
+    "prepare_environment",
+    "require_vllm",
+    "supported_dtypes",
+    "tolerate_llvmlite",
+    "weight_dtype",
+]
 
 INSTALL_HINT = 'pip install "genlm-vllm[cuda]"  (CPU machines: pip install "genlm-vllm[cpu]")'
 
@@ -39,12 +54,12 @@ class VLLMNotInstalledError(ImportError):
     """vLLM is not importable here."""
 
 
-def _require_vllm() -> None:
+def require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
         raise VLLMNotInstalledError(f"the 'vllm' backend needs vLLM: {INSTALL_HINT}")
 
 
-def _tolerate_llvmlite() -> None:
+def tolerate_llvmlite() -> None:
     """Let vLLM start in a process that already loaded llvmlite (numba: the trie kernels).
 
     At platform start vLLM 0.32 scans every module namespace and calls
@@ -62,7 +77,7 @@ def _tolerate_llvmlite() -> None:
         table["__dict__"] = {}
 
 
-def _engine_device() -> str:
+def engine_device() -> str:
     """``cuda`` or ``cpu`` as vLLM sees it, or a clear error when vLLM has no device."""
     from vllm.platforms import current_platform
 
@@ -77,14 +92,14 @@ def _engine_device() -> str:
     )
 
 
-def _prepare_environment(config: VLLMConfig, device: str) -> None:
+def prepare_environment(config: VLLMConfig, device: str) -> None:
     # The in-process engine is the fast path: captured rows never cross a process.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if device == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
 
 
-def _cpu_binding(world_size: int) -> str:
+def cpu_binding(world_size: int) -> str:
     """``VLLM_CPU_OMP_THREADS_BIND`` for ``world_size`` CPU ranks: this process's cores
     split into that many contiguous lists (vLLM's own ``auto`` needs one NUMA node per
     rank and fails on single-node machines). With fewer cores than ranks each rank gets
@@ -102,7 +117,7 @@ def _cpu_binding(world_size: int) -> str:
 
 
 @contextlib.contextmanager
-def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
+def engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
     """The environment one engine start needs, restored afterwards.
 
     * vLLM caches its environment variables once an engine has started
@@ -112,7 +127,7 @@ def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
       ``os.environ`` as it is now.
     * CPU engines with several ranks bind each rank's OpenMP threads to its own cores:
       when ``VLLM_CPU_OMP_THREADS_BIND`` is unset, the cores are split evenly
-      (:func:`_cpu_binding`; round-robin, one core each, when there are fewer cores
+      (:func:`cpu_binding`; round-robin, one core each, when there are fewer cores
       than ranks), only while the workers start.
     """
     import vllm.envs
@@ -121,7 +136,7 @@ def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
     world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
     added: list[str] = []
     if device == "cpu" and world > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        binding = _cpu_binding(world)
+        binding = cpu_binding(world)
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
         added.append("VLLM_CPU_OMP_THREADS_BIND")
         shared = len(set(binding.split("|"))) < world
@@ -136,7 +151,7 @@ def _engine_environment(kwargs: dict[str, Any], device: str) -> Iterator[None]:
             os.environ.pop(name, None)
 
 
-def _check_spawn_safe(kwargs: dict[str, Any], device: str) -> None:
+def check_spawn_safe(kwargs: dict[str, Any], device: str) -> None:
     """Refuse, with the fix, a start that would spawn workers from an unguarded script.
     vLLM spawns (rather than forks) on CPU always, and elsewhere when asked to or once
     CUDA is initialised in this process."""
@@ -155,7 +170,7 @@ def _check_spawn_safe(kwargs: dict[str, Any], device: str) -> None:
         check_main_guard("VLLM_ENABLE_V1_MULTIPROCESSING=1 (the engine core runs in a process of its own)")
 
 
-def _announce_start(kwargs: dict[str, Any], device: str) -> None:
+def announce_start(kwargs: dict[str, Any], device: str) -> None:
     """Say what the engine start does, and on CPU how to make it faster."""
     compiles = not kwargs.get("enforce_eager")
     steps = "reading the weights" + (", compiling the model with torch.compile" if compiles else "")
@@ -170,12 +185,14 @@ def _announce_start(kwargs: dict[str, Any], device: str) -> None:
         )
 
 
-def engine_kwargs(config: VLLMConfig, device: str) -> dict[str, Any]:
-    """The keyword arguments of ``vllm.LLM`` for ``config`` (engine_opts applied last)."""
+def engine_kwargs(config: VLLMConfig, device: str, dtype: str | None = None) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for ``config`` (engine_opts applied last);
+    ``dtype``: the dtype the checkpoint resolved (default: ``config.dtype`` resolved
+    against ``config.model``)."""
     from genlm_vllm.capture import CaptureLogitsProcessor
 
     if config.model is None:
-        raise ValueError("internal: VLLMBackend.from_config resolves model=None first")
+        raise ValueError("engine_kwargs needs config.model (genlm_core.load resolves model=None first)")
     if "dtype" in config.engine_opts:
         raise ValueError(
             "engine_opts['dtype'] is not accepted: pass dtype= (the option every backend shares; "
@@ -186,7 +203,7 @@ def engine_kwargs(config: VLLMConfig, device: str) -> dict[str, Any]:
         "tokenizer": config.tokenizer or config.model,
         # our "auto" is the checkpoint's dtype, passed explicitly: vLLM's own "auto" runs a
         # float32 checkpoint in bfloat16 on CPU (float16/bfloat16 on GPUs)
-        "dtype": resolve_dtype(config.dtype, config.model),
+        "dtype": dtype or resolve_dtype(config.dtype, config.model),
         "enable_prefix_caching": config.enable_prefix_caching,
         "seed": config.seed,
     }
@@ -213,16 +230,22 @@ def engine_kwargs(config: VLLMConfig, device: str) -> dict[str, Any]:
     return kw
 
 
-def check_dtype(dtype: str, device: str) -> None:
-    """Refuse a dtype vLLM's platform does not support on ``device`` (vLLM would substitute)."""
+def supported_dtypes() -> tuple[str, ...]:
+    """The dtypes vLLM's platform computes in here (it would substitute another)."""
     from vllm.platforms import current_platform
 
-    if getattr(torch, dtype) not in current_platform.supported_dtypes:
-        supported = ", ".join(str(d).removeprefix("torch.") for d in current_platform.supported_dtypes)
-        raise UnsupportedDtypeError("vllm", dtype, device, f"vLLM supports {supported} there")
+    return tuple(str(d).removeprefix("torch.") for d in current_platform.supported_dtypes)
 
 
-def _weight_dtype(llm: Any) -> str:
+def check_dtype(dtype: str, device: str) -> None:
+    """Refuse a dtype vLLM's platform does not support on ``device`` (for an engine started
+    by hand; ``genlm_core.load`` refuses it through the engine's ``supported_dtypes``)."""
+    supported = supported_dtypes()
+    if dtype not in supported:
+        raise UnsupportedDtypeError("vllm", dtype, device, f"vLLM supports {', '.join(supported)} there")
+
+
+def weight_dtype(llm: Any) -> str:
     """The dtype of the worker's model weights ("float32", ...), asked through the worker."""
     try:
         return str(llm.collective_rpc("genlm_weight_dtype")[0])

@@ -1,15 +1,15 @@
 """The engine's processes, from start to shutdown, and what a dead engine looks like.
 
-* :class:`EngineDiedError` and :func:`_engine_failed` (vLLM marked its engine failed);
-  :class:`_Watchdog` marks the backend dead as soon as a worker process on this
+* :class:`EngineDiedError` and :func:`engine_failed` (vLLM marked its engine failed);
+  :class:`Watchdog` marks the engine dead as soon as a worker process on this
   machine exits, so queued callers fail at once;
-* the engine's processes on this machine (:func:`_engine_processes`, their workers and
-  a separate engine core) and what they map in ``/dev/shm`` (:func:`_mapped`), so
+* the engine's processes on this machine (:func:`engine_processes`, their workers and
+  a separate engine core) and what they map in ``/dev/shm`` (:func:`mapped`), so
   ``close()`` can remove what killed processes leave there;
-* in-process engines (:func:`_engine_in_process`, :data:`_LIVE_IN_PROCESS`) share this
-  process's vLLM distributed state: :func:`_keep_distributed_state` keeps it while
+* in-process engines (:func:`engine_in_process`, :data:`LIVE_IN_PROCESS`) share this
+  process's vLLM distributed state: :func:`keep_distributed_state` keeps it while
   another one is open;
-* :func:`_shutdown`: stop the engine core and its workers and free their memory.
+* :func:`shutdown`: stop the engine core and its workers and free their memory.
 
 psutil and vLLM are imported inside the functions that need them.
 """
@@ -19,28 +19,46 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import time
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from genlm_vllm.backend import VLLMBackend
+__all__ = [
+    "LIVE_IN_PROCESS",
+    "EngineDiedError",
+    "Watched",
+    "Watchdog",
+    "alive",
+    "core_shutdown_timeout",
+    "engine_failed",
+    "engine_in_process",
+    "engine_processes",
+    "mapped",
+    "shutdown",
+]
 
-__all__ = ["EngineDiedError"]
+
+class Watched(Protocol):
+    """What the watchdog watches: an engine with worker processes."""
+
+    workers: list[dict[str, Any]]
+    closed: bool
+
+    def mark_dead(self, reason: str) -> None: ...
+
 
 #: in-process engines alive in this process (they share vLLM's distributed state: the
 #: parallel groups of this process, which an engine core's shutdown would destroy)
-_LIVE_IN_PROCESS: "weakref.WeakSet[VLLMBackend]" = weakref.WeakSet()
+LIVE_IN_PROCESS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 class EngineDiedError(RuntimeError):
-    """A process of the vLLM engine died: the backend cannot answer any more."""
+    """A process of the vLLM engine died: the engine (and its backend) cannot answer any more."""
 
 
-def _engine_failed(llm: Any) -> bool:
+def engine_failed(llm: Any) -> bool:
     """Whether vLLM itself marked its engine (core or executor) failed."""
     engine = getattr(llm, "llm_engine", None)
     core = getattr(engine, "engine_core", None)
@@ -52,17 +70,17 @@ def _engine_failed(llm: Any) -> bool:
     return bool(getattr(executor, "is_failed", False))
 
 
-class _Watchdog:
-    """Watches the engine's worker processes on this machine; marks the backend dead
+class Watchdog:
+    """Watches the engine's worker processes on this machine; marks the engine dead
     as soon as one exits, so queued callers fail at once instead of waiting on it."""
 
-    def __init__(self, backend: VLLMBackend, interval: float = 0.2) -> None:
+    def __init__(self, engine: Watched, interval: float = 0.2) -> None:
         import socket
         import threading
 
         host = socket.gethostname()
-        self._pids = [w["pid"] for w in backend.workers if w.get("host") == host and w.get("pid")]
-        self._backend = weakref.ref(backend)
+        self._pids = [w["pid"] for w in engine.workers if w.get("host") == host and w.get("pid")]
+        self._engine = weakref.ref(engine)
         self._stop = threading.Event()
         self._interval = interval
         self._thread = threading.Thread(target=self._run, name="genlm-vllm-watchdog", daemon=True)
@@ -79,8 +97,8 @@ class _Watchdog:
             except psutil.NoSuchProcess:
                 procs.append(None)
         while not self._stop.wait(self._interval):
-            backend = self._backend()
-            if backend is None or backend._closed:
+            engine = self._engine()
+            if engine is None or engine.closed:
                 return
             for pid, proc in zip(self._pids, procs):
                 try:
@@ -88,9 +106,9 @@ class _Watchdog:
                 except psutil.Error:
                     alive = False
                 if not alive:
-                    backend._mark_dead(f"vLLM worker process {pid} died")
+                    engine.mark_dead(f"vLLM worker process {pid} died")
                     return
-            del backend
+            del engine
 
     def stop(self) -> None:
         self._stop.set()
@@ -98,7 +116,7 @@ class _Watchdog:
             self._thread.join(timeout=5)
 
 
-def _engine_processes(workers: list[dict[str, Any]]) -> list[Any]:
+def engine_processes(workers: list[dict[str, Any]]) -> list[Any]:
     """The engine's processes on this machine (``psutil.Process``, which tells a reused
     pid from the original): its workers, and their parent when that is not this
     process (the engine core in a process of its own)."""
@@ -122,7 +140,7 @@ def _engine_processes(workers: list[dict[str, Any]]) -> list[Any]:
     return list(procs.values())
 
 
-def _running(procs: list[Any]) -> list[Any]:
+def running(procs: list[Any]) -> list[Any]:
     import psutil
 
     out = []
@@ -135,43 +153,25 @@ def _running(procs: list[Any]) -> list[Any]:
     return out
 
 
-def _mapped(procs: list[Any]) -> set[str]:
+def mapped(procs: list[Any]) -> set[str]:
     """What those of ``procs`` that still run map in ``/dev/shm``."""
     from genlm_vllm.transport import mapped_segments
 
-    return mapped_segments([p.pid for p in _running(procs)])
+    return mapped_segments([p.pid for p in running(procs)])
 
 
-def _alive(procs: list[Any]) -> bool:
-    return bool(_running(procs))
+def alive(procs: list[Any], within: float = 0.0) -> bool:
+    """Whether any of ``procs`` still runs ``within`` seconds from now (it may be on its way
+    out: after a worker died, vLLM's executor stops the others from a thread of its own)."""
+    import time
 
-
-def _stop(procs: list[Any], grace: float) -> list[Any]:
-    """Let ``procs`` end within ``grace`` seconds, then terminate and at last kill those
-    that outlast it; the ones still running after that. An engine whose executor shut
-    down after losing a worker leaves the surviving workers exiting on their own time
-    (seen: still running when close() returned on a loaded 2-core machine); the engine
-    is closed, so nothing they do is wanted, and their shared memory can go only once
-    they are gone."""
-    import psutil
-
-    deadline = time.monotonic() + grace
-    while _running(procs) and time.monotonic() < deadline:
+    deadline = time.monotonic() + within
+    while running(procs) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for signal_them in ("terminate", "kill"):
-        left = _running(procs)
-        if not left:
-            return []
-        for proc in left:
-            with contextlib.suppress(psutil.Error):
-                getattr(proc, signal_them)()
-        deadline = time.monotonic() + 5.0
-        while _running(left) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    return _running(procs)
+    return bool(running(procs))
 
 
-def _engine_in_process(llm: Any) -> bool:
+def engine_in_process(llm: Any) -> bool:
     """Whether the engine core and its only worker run in this process."""
     engine = llm.llm_engine
     parallel = engine.vllm_config.parallel_config
@@ -180,7 +180,7 @@ def _engine_in_process(llm: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _keep_distributed_state() -> Iterator[None]:
+def keep_distributed_state() -> Iterator[None]:
     """Skip the teardown of this process's parallel groups in an engine core's shutdown.
 
     vLLM keeps its distributed state (``torch.distributed``'s default group, the TP/PP
@@ -208,7 +208,7 @@ def _keep_distributed_state() -> Iterator[None]:
         core_module.cleanup_dist_env_and_memory = original
 
 
-def _core_shutdown_timeout() -> float:
+def core_shutdown_timeout() -> float:
     """Seconds an engine core in its own process gets to stop (then it is killed).
 
     vLLM's client gives it 5 s, and the core itself waits
@@ -222,17 +222,17 @@ def _core_shutdown_timeout() -> float:
     return float(vllm.envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS) + 4.0 + 10.0
 
 
-def _shutdown(llm: Any, keep_distributed: bool = False) -> None:
+def shutdown(llm: Any, keep_distributed: bool = False) -> None:
     """Stop the engine core (and its workers/processes) and free its memory;
     ``keep_distributed``: leave this process's parallel groups to the engines still open."""
     engine = getattr(llm, "llm_engine", None)
     core = getattr(engine, "engine_core", None)
     if core is not None:
-        with _keep_distributed_state() if keep_distributed else contextlib.nullcontext():
+        with keep_distributed_state() if keep_distributed else contextlib.nullcontext():
             if type(core).__name__ == "InprocClient":
                 core.shutdown()
             else:
-                core.shutdown(timeout=_core_shutdown_timeout())
+                core.shutdown(timeout=core_shutdown_timeout())
     del engine, core
     gc.collect()
     if torch.cuda.is_available():

@@ -2,49 +2,45 @@
 
 Three ways, picked per worker and per batch:
 
-* **in process** (one worker in this process, ``llm.in_process``): the worker's own
+* **in process** (one worker in this process, ``engine.in_process``): the worker's own
   tensors, no copy (see :mod:`genlm_vllm.capture`).
-* **shared memory** (worker processes on this machine): the backend owns a
-  ``/dev/shm`` row buffer and the replying worker copies its rows straight into it.
-  The implementation is the core's, shared with ``genlm serve``
-  (:mod:`genlm_core.engine.row_transport`, re-exported here).
-* **bytes** (a worker that cannot open the backend's buffer): float32 bytes inside
-  the RPC reply.
+* **shared memory** (worker processes on this machine): the engine owns a ``/dev/shm``
+  row buffer and the replying worker copies its rows straight into it: the core's
+  :mod:`genlm_core.engine.row_transport`, shared with ``genlm serve``.
+* **bytes** (a worker that cannot open the engine's buffer): float32 bytes inside the
+  RPC reply.
 
-What stays here is vLLM's own: removing the segments an engine's killed processes
+What lives here is vLLM's own: removing the segments an engine's killed processes
 leave in ``/dev/shm`` (:func:`mapped_segments`, :func:`remove_engine_segments`).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from genlm_core.engine.row_transport import (
-    HEADER,
-    SHM_DIR,
-    RowBuffer,
-    copy_row,
-    forget,
-    shm_available,
-    stack_rows,
-    sweep_stale_buffers,
-    write_rows,
-)
+from genlm_core.engine import row_transport
 
-__all__ = [
-    "HEADER",
-    "RowBuffer",
-    "SHM_DIR",
-    "copy_row",
-    "forget",
-    "mapped_segments",
-    "remove_engine_segments",
-    "shm_available",
-    "stack_rows",
-    "sweep_stale_buffers",
-    "write_rows",
-]
+__all__ = ["ENGINE_SEGMENT_PREFIXES", "mapped_segments", "remove_engine_segments"]
+
+#: names of the core's row transport this module answered for; they warn, then go
+_CORE_NAMES = ("HEADER", "SHM_DIR", "RowBuffer", "copy_row", "forget", "shm_available", "stack_rows",
+               "sweep_stale_buffers", "write_rows")  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CORE_NAMES:
+        warnings.warn(
+            f"genlm_vllm.transport.{name} is deprecated and will be removed in genlm-vllm 0.3: "
+            f"import it from genlm_core.engine.row_transport",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(row_transport, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: what an engine's processes keep in /dev/shm: Python shared memory (vLLM's message
 #: queues between the executor and its workers), multiprocessing's named semaphores
@@ -60,7 +56,7 @@ def mapped_segments(pids: list[int]) -> set[str]:
     its real name (``sem.mp-...``). Empty where the maps cannot be read."""
     inodes: set[int] = set()
     names: set[str] = set()
-    prefix = SHM_DIR + "/"
+    prefix = row_transport.SHM_DIR + "/"
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as f:
@@ -72,9 +68,9 @@ def mapped_segments(pids: list[int]) -> set[str]:
         except (OSError, ValueError):
             continue
     if inodes:
-        for name in os.listdir(SHM_DIR):
+        for name in os.listdir(row_transport.SHM_DIR):
             try:
-                if os.stat(os.path.join(SHM_DIR, name)).st_ino in inodes:
+                if os.stat(os.path.join(row_transport.SHM_DIR, name)).st_ino in inodes:
                     names.add(name)
             except OSError:
                 continue
@@ -92,17 +88,17 @@ def remove_engine_segments(names: Iterable[str], idents: Sequence[str] = ()) -> 
     it exits normally; one that is killed (a fault, a shutdown that outlasted its grace
     period, a Ray actor ended by ``ray.kill``) leaves its message queue, the executor's
     lock and its communicator segment behind for good. Returns the names removed."""
-    if not shm_available():
+    if not row_transport.shm_available():
         return []
     wanted = {
         n for n in names if n and os.sep not in n and (n.startswith(ENGINE_SEGMENT_PREFIXES) or "cpushm" in n)
     }
     prefixes = tuple(f"{i}-" for i in idents if i and os.sep not in i)
     removed = []
-    for name in os.listdir(SHM_DIR):
+    for name in os.listdir(row_transport.SHM_DIR):
         if name in wanted or (prefixes and name.startswith(prefixes) and "cpushm" in name):
             try:
-                os.unlink(os.path.join(SHM_DIR, name))
+                os.unlink(os.path.join(row_transport.SHM_DIR, name))
                 removed.append(name)
             except FileNotFoundError:
                 pass

@@ -20,7 +20,7 @@ def vllm_dict_oracle(backend: Any, contexts: Sequence[Sequence[int]]) -> torch.T
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=-1, ignore_eos=True, detokenize=False)
-    with backend.batcher.model_lock:
+    with backend.engine_lock:
         backend.llm.reset_prefix_cache()
         outs = backend.llm.generate(
             [TokensPrompt(prompt_token_ids=list(c)) for c in contexts], params, use_tqdm=False
@@ -167,9 +167,9 @@ def run_preemption_workload(backend: Any, tag_prefix: str) -> tuple[list[list[in
             tags.append(f"{tag_prefix}:preempt{i}")
             params.append(SamplingParams(max_tokens=1, temperature=0.0, extra_args={TAG_KEY: tags[-1]}))
     before = preemptions(backend)
-    with backend.batcher.model_lock:
+    with backend.engine_lock:
         backend.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        rows, missing = backend._fetch(tags)
+        rows, missing = backend.engine.fetch(tags)
     assert not missing, f"no row captured for requests {missing}"
     return [p for i, p in enumerate(prompts) if i % 2], rows, preemptions(backend) - before
 

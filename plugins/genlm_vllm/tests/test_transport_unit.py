@@ -7,14 +7,14 @@ import os
 
 
 def test_cpu_ranks_get_disjoint_core_lists(monkeypatch) -> None:
-    from genlm_vllm.launch import _cpu_binding
+    from genlm_vllm.launch import cpu_binding
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5})
-    assert _cpu_binding(2) == "0,1|2,3"  # 5 cores for 2 ranks: 2 each, one left over
-    assert _cpu_binding(5) == "0|1|2|3|5"
+    assert cpu_binding(2) == "0,1|2,3"  # 5 cores for 2 ranks: 2 each, one left over
+    assert cpu_binding(5) == "0|1|2|3|5"
     # fewer cores than ranks (vLLM's "auto" refuses: one NUMA node per rank): one core
     # each, round-robin, so two ranks share core 0
-    assert _cpu_binding(6) == "0|1|2|3|5|0"
+    assert cpu_binding(6) == "0|1|2|3|5|0"
 
 
 def test_an_engines_leftover_communicator_segments_are_removed() -> None:
@@ -22,7 +22,9 @@ def test_an_engines_leftover_communicator_segments_are_removed() -> None:
     segments go, another engine's (another ident) stay."""
     import secrets
 
-    from genlm_vllm.transport import SHM_DIR, remove_engine_segments
+    from genlm_vllm.transport import remove_engine_segments
+
+    from genlm_core.engine.row_transport import SHM_DIR
 
     ours, theirs = f"vllm_dist_{secrets.token_hex(8)}", f"vllm_dist_{secrets.token_hex(8)}"
     names = [f"{ours}-tp:0-[0-1]-cpushm_0", f"{ours}-pp:0-[0-1]-cpushm_1", f"{theirs}-tp:0-[0-1]-cpushm_0"]
@@ -50,7 +52,9 @@ def test_segments_an_engine_maps_are_found_and_only_those_removed() -> None:
     import sys
     import textwrap
 
-    from genlm_vllm.transport import SHM_DIR, mapped_segments, remove_engine_segments
+    from genlm_vllm.transport import mapped_segments, remove_engine_segments
+
+    from genlm_core.engine.row_transport import SHM_DIR
 
     queue, other = f"psm_unit{secrets.token_hex(4)}", f"unit-other-{secrets.token_hex(4)}"
     for n in (queue, other):

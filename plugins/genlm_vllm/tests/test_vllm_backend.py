@@ -237,7 +237,7 @@ def test_clear_error_without_vllm_or_device(monkeypatch) -> None:
 
     monkeypatch.setattr(vllm.platforms, "current_platform", NoDevice())
     with pytest.raises(RuntimeError, match="no supported device"):
-        launch._engine_device()
+        launch.engine_device()
 
 
 def test_engine_stats_count_prefix_cache_hits(tiny_backend) -> None:

@@ -170,7 +170,7 @@ def test_tp2_preempted_requests_and_bytes_fallback_match_tp1(tp2, tiny_backend) 
     """Decodes beside captured prompts on 6 KV blocks: requests are preempted and
     recomputed, their rows still travel back right; then the same through the bytes
     path a worker takes when it cannot open the backend's buffer (another node)."""
-    ours, rows, preempted = run_preemption_workload(tp2, tp2._namespace)
+    ours, rows, preempted = run_preemption_workload(tp2, tp2.engine._namespace)
     assert preempted > 0
     want = tiny_backend.batch_next_token_logprobs_sync(ours)
     for row, ref in zip(rows, want):
@@ -178,15 +178,15 @@ def test_tp2_preempted_requests_and_bytes_fallback_match_tp1(tp2, tiny_backend) 
 
     # a buffer whose header the workers cannot recognise: what a worker on another
     # node sees (a /dev/shm of its own); rows come back as float32 bytes instead
-    nonce = tp2._buffer.nonce
-    tp2._buffer.nonce = bytes(len(nonce))
+    nonce = tp2.engine._buffer.nonce
+    tp2.engine._buffer.nonce = bytes(len(nonce))
     try:
         shm, sent = tp2.transport_counts["shm"], tp2.transport_counts["bytes"]
         tp2.clear_cache()
         got = tp2.batch_next_token_logprobs_sync(ours)
         assert tp2.transport_counts["bytes"] > sent and tp2.transport_counts["shm"] == shm
     finally:
-        tp2._buffer.nonce = nonce
+        tp2.engine._buffer.nonce = nonce
     assert max_abs_diff(got, want) <= TOL
 
 
@@ -216,7 +216,7 @@ def test_mp_engine_core_with_tp2(tiny_path, tiny_backend) -> None:
 async def wait_for_model_call(backend, within: float = 30.0) -> None:
     """Return once a batch holds the backend's engine (its model lock), so what the
     caller does next happens mid-batch, whatever the machine's speed."""
-    lock = backend.batcher.model_lock
+    lock = backend.engine_lock
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while lock.acquire(blocking=False):
@@ -232,7 +232,7 @@ def test_killed_worker_fails_callers_then_clean_close(tp2) -> None:
     from genlm_vllm.backend import EngineDiedError
 
     assert tp2.healthy
-    segments_before = shm_segments() - {tp2._buffer.name}
+    segments_before = shm_segments() - {tp2.engine._buffer.name}
     kids_before = descendants() - {w["pid"] for w in tp2.workers}
     victim = tp2.workers[1]["pid"]
     mine = engine_segments(tp2.workers)  # a killed worker never removes its part

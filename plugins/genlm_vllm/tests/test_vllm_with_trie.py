@@ -1,9 +1,10 @@
 """vLLM and the numba trie kernels in one process (the byte-level models need both).
 
-vLLM 0.32's platform start scans every loaded module and used to crash (``'_lib_fn_wrapper'
-object has no attribute 'get'``) once llvmlite (numba) was loaded; the backend now
-makes llvmlite's library wrapper answer that scan. Run in a fresh interpreter so the
-numba kernels are loaded before the engine starts, as in a user's program.
+vLLM 0.32's platform start scans every loaded module and crashes (``'_lib_fn_wrapper'
+object has no attribute 'get'``) once llvmlite (numba) is loaded, unless llvmlite's
+library wrapper answers that scan (:func:`genlm_vllm.launch.tolerate_llvmlite`). Run in a
+fresh interpreter so the numba kernels are loaded before the engine starts, as in a
+user's program.
 """
 
 from __future__ import annotations

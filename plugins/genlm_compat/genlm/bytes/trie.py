@@ -16,8 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from genlm.backend.trie import _reachability
-from genlm.backend.trie.numbering import ReferenceNumbering
+from genlm.backend.trie.numbering import ReferenceNumbering, reachability_matrix
 
 from genlm_core.token import Token
 from genlm_core.trie.async_trie import AsyncTokenByteTrie as _CoreAsyncTrie
@@ -153,7 +152,7 @@ class TokenByteTrie:
     @functools.cached_property
     def M_no_eos(self) -> Any:
         """Sparse (tokens x nodes) float32: 1 at a token's leaf and every node above it."""
-        return _reachability(self._numbering, self.device)
+        return reachability_matrix(self._numbering, self.device)
 
     @property
     def M(self) -> Any:

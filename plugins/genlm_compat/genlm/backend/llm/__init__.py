@@ -15,13 +15,15 @@ from typing import Any
 from genlm.backend._surface import placeholder
 from genlm.backend.cache import TokenTrie
 from genlm.backend.llm.calls import UNKNOWN_ADAPTER, ReferenceCalls
-from genlm_hf.backend import HFBackend
+from genlm_hf.backend import HFBackend, HFEngine
 from genlm_hf.config import HFConfig
 from genlm_hf.loading import load_model_and_tokenizer
 from genlm_mock.backend import MockBackend
+from genlm_mock.engine import MockEngine
 
-from genlm_core.engine import DTYPES, checkpoint, normalize_dtype
+from genlm_core.engine import DTYPES, Checkpoint, checkpoint, normalize_dtype, read_checkpoint
 from genlm_core.engine.backend import BaseLogprobBackend as AsyncLM
+from genlm_core.engine.contract import refuse_unsupported_dtype
 
 __all__ = ["AsyncLM", "AsyncMlxLM", "AsyncRemoteLM", "AsyncSGLTransformer", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM",
            "load_model_by_name"]  # fmt: skip
@@ -52,7 +54,7 @@ class AsyncTransformer(ReferenceCalls, HFBackend):
         if config is None:
             given = {"batch_size": batch_size, "timeout": timeout}
             config = HFConfig.build("hf", **{k: v for k, v in given.items() if v is not None}, **options)
-        super().__init__(hf_model, hf_tokenizer, config)
+        super().__init__(HFEngine(hf_model, hf_tokenizer, config), config, Checkpoint.of_files(config.model))
         self._window = checkpoint.positions(checkpoint.read_config(config.model) or hf_model.config.to_dict())
 
     @property
@@ -88,7 +90,7 @@ class AsyncTransformer(ReferenceCalls, HFBackend):
             raise ValueError(UNKNOWN_ADAPTER.format(lora_name))
         if self.active_lora == lora_name:
             HFBackend.clear_lora(self)
-        with self.batcher.model_lock:
+        with self.engine_lock:
             self.model.delete_adapter(lora_name)
             del self.adapters.paths[lora_name]
 
@@ -109,7 +111,9 @@ class AsyncTransformer(ReferenceCalls, HFBackend):
         config = HFConfig.build(
             "hf", model=model_id, bitsandbytes_opts=bitsandbytes_opts or None, hf_opts=opts, **kwargs
         )
-        model, tokenizer, _ = load_model_and_tokenizer(config)
+        source = read_checkpoint(config, ("hf-folder", "hub-id"), "hf")
+        refuse_unsupported_dtype(HFEngine, source, config, "hf")
+        model, tokenizer, _ = load_model_and_tokenizer(source, config)
         return cls(model, tokenizer, config=config)
 
 
@@ -118,7 +122,8 @@ class MockAsyncLM(ReferenceCalls, MockBackend):
     distributions per context)."""
 
     def __init__(self, tokenizer: Any = None, config: Any = None, **options: Any) -> None:
-        super().__init__(tokenizer, config or MockBackend.config_class.build("mock", **options))
+        config = config or MockBackend.config_class.build("mock", **options)
+        super().__init__(MockEngine(tokenizer, config), config)
 
     @classmethod
     def from_name(cls, model_name: str, **kwargs: Any) -> "MockAsyncLM":  # type: ignore[override]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from genlm.backend.trie.numbering import ReferenceNumbering
+from genlm.backend.trie.numbering import ReferenceNumbering, reachability_matrix
 
 from genlm_core.token import Token
 from genlm_core.trie.async_trie import AsyncTokenByteTrie
@@ -137,7 +137,7 @@ class ParallelTokenCharacterTrie(TokenCharacterTrie):
     @functools.cached_property
     def M(self) -> Any:
         """The sparse (tokens x nodes) matrix: 1 where a node is a token's leaf or above it."""
-        return _reachability(self._numbering, self.device)
+        return reachability_matrix(self._numbering, self.device)
 
     @functools.cached_property
     def positions(self) -> Any:
@@ -152,17 +152,6 @@ class ParallelTokenCharacterTrie(TokenCharacterTrie):
 
     def _result(self, masses: Any) -> np.ndarray:
         return super()._result(masses).float().cpu().numpy()
-
-
-def _reachability(numbering: ReferenceNumbering, device: str, rows: Any = None) -> Any:
-    """A float32 CSR matrix (tokens x reference nodes) of ``numbering.reachability``."""
-    import torch
-
-    r, c = numbering.reachability(rows)
-    n = numbering.structure.num_leaves
-    index = torch.tensor(np.stack([r, c]), dtype=torch.long, device=device)
-    values = torch.ones(index.shape[1], device=device)
-    return torch.sparse_coo_tensor(index, values, (n, numbering.num_nodes)).to_sparse_csr()
 
 
 class AsyncTokenCharacterTrie(AsyncTokenByteTrie):

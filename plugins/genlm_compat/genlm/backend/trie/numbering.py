@@ -23,7 +23,7 @@ import numpy as np
 
 from genlm_core.trie.structure import EOS, TrieStructure
 
-__all__ = ["ReferenceNumbering"]
+__all__ = ["ReferenceNumbering", "reachability_matrix"]
 
 
 class ReferenceNumbering:
@@ -221,3 +221,14 @@ class _Node2Prefix(Mapping):
         if isinstance(node, bool) or not isinstance(node, (int, np.integer)) or not 0 <= node < len(self):
             raise KeyError(node)
         return self._n.prefix(int(node))
+
+
+def reachability_matrix(numbering: ReferenceNumbering, device: str, rows: Any = None) -> Any:
+    """A float32 CSR matrix (tokens x reference nodes) of ``numbering.reachability``."""
+    import torch
+
+    r, c = numbering.reachability(rows)
+    n = numbering.structure.num_leaves
+    index = torch.tensor(np.stack([r, c]), dtype=torch.long, device=device)
+    values = torch.ones(index.shape[1], device=device)
+    return torch.sparse_coo_tensor(index, values, (n, numbering.num_nodes)).to_sparse_csr()

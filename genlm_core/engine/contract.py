@@ -1,0 +1,192 @@
+"""The Engine part: what a plugin writes, and nothing the core decides.
+
+A backend plugin writes one class, an :class:`Engine`: it loads its engine from the
+:class:`~genlm_core.engine.checkpoint.Checkpoint` the core has read, and computes the
+next-token logits of distinct contexts::
+
+    from genlm_core.engine import Engine
+
+    class MyEngine(Engine):
+        def __init__(self, checkpoint, config):
+            self.model, self.tokenizer = my_engine.load(checkpoint.model, dtype=checkpoint.dtype)
+
+        def forward(self, contexts):      # list[tuple[int, ...]], validated and distinct
+            return self.model.last_logits(contexts)   # (B, >= vocab) logits
+
+The backend (:class:`~genlm_core.engine.backend.BaseLogprobBackend`) holds the engine
+and decides everything else once for every engine: the vocabulary, the context limit
+(the smaller of the checkpoint's and :attr:`Engine.max_context_length`), the default
+EOS ids, dtype refusals, validation, batching, caching, normalisation, the sampling
+checks and clamps, locking, statistics and shutdown.
+
+Optional capabilities are declared in :attr:`Engine.supports` (a set of the names in
+:data:`CAPABILITIES`); the core calls the matching method only for an engine that
+declares it, and refuses an engine that declares one without writing its method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from genlm_core.config import BackendConfig
+from genlm_core.engine.dtypes import UnsupportedDtypeError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from genlm_core.engine.checkpoint import Checkpoint
+    from genlm_core.engine.kv_reuse import KVReuse
+    from genlm_core.token import Token
+
+__all__ = ["CAPABILITIES", "Engine", "SampleRequest", "check_engine", "refuse_unsupported_dtype"]
+
+#: optional capability -> the :class:`Engine` method it promises
+CAPABILITIES: dict[str, str] = {
+    "sample": "sample",  # a sampler of the engine's own, called with batches of SampleRequest
+}
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """One ``sample`` call, checked and clamped by the core: ``prompt`` is a valid context,
+    ``max_tokens`` >= 1 fits the context limit, ``eos`` are the ids that stop it (the EOS
+    token itself is not returned), ``temperature`` >= 0 (0: greedy), ``seed`` None or an int."""
+
+    prompt: tuple[int, ...]
+    max_tokens: int
+    eos: frozenset[int]
+    temperature: float
+    seed: int | None
+
+
+class Engine:
+    """The part of a backend a plugin writes: its engine's calls.
+
+    Write :meth:`forward` (and load the engine in ``__init__(checkpoint, config)`` or
+    :meth:`load`); set :attr:`tokenizer`. Everything else has a default.
+    """
+
+    #: the config the engine takes (its registration may name it instead)
+    config_class: ClassVar[type[BackendConfig]] = BackendConfig
+    #: optional capabilities this engine implements (names of :data:`CAPABILITIES`)
+    supports: ClassVar[frozenset[str]] = frozenset()
+    #: what :meth:`forward` returns: ``"logits"`` (the core cuts each row to the vocabulary
+    #: and normalises it in float32) or ``"logprobs"`` (the rows are final: float32,
+    #: normalised, exactly ``len(byte_vocab)`` wide, each a compact tensor of its own)
+    returns: ClassVar[Literal["logits", "logprobs"]] = "logits"
+
+    #: the tokenizer (``encode``/``decode``, ``eos_token_id``); the vocabulary is decoded from it
+    tokenizer: Any = None
+    #: the exact byte vocabulary, when the engine knows it (None: decoded from the tokenizer)
+    byte_vocab: "list[Token] | None" = None
+    #: the tokens as strings (None: from ``byte_vocab``)
+    str_vocab: list[str] | None = None
+    #: the EOS ids of the engine's tokenizer (None: ``tokenizer.eos_token_id``); the
+    #: checkpoint's ``generation_config.json`` / ``config.json`` win over them
+    eos_token_ids: list[int] | None = None
+    #: the longest context the engine itself accepts (None: no bound of its own)
+    max_context_length: int | None = None
+    #: what the engine computes in (``"float32"``, ``"float16"``, ``"bfloat16"``), read from it
+    dtype: str = "float32"
+    #: where it computes (``"cpu"``, ``"cuda"``, ``"mps"``...)
+    device: Any = "cpu"
+    #: where its rows come back, when not on :attr:`device` (e.g. an engine handing back numpy rows)
+    rows_device: Any = None
+    #: run async batches in a worker thread (an accelerator's wait) or on the event loop's
+    #: own thread (a CPU engine already using every core); the ``forward_thread`` option wins
+    forward_in_thread: bool = True
+    #: the model's configuration as the engine loaded it, for a checkpoint whose files were
+    #: not on this machine before loading (a hub id the engine fetched, a model built in
+    #: memory): the core reads the context limit and EOS ids from it then
+    model_config: Mapping[str, Any] | None = None
+    generation_config: Mapping[str, Any] | None = None
+    #: KV prefix reuse of an engine that keeps its own KV (:class:`~genlm_core.engine.kv_reuse.KVReuse`):
+    #: the backend then offers ``cache_kv``, ``clear_kv_cache``, ``prefix_cache`` and their counters
+    kv: "KVReuse | None" = None
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, checkpoint: "Checkpoint", config: BackendConfig) -> "Engine":
+        """The engine for ``checkpoint`` (read by the core: folder checked, ``model=None``
+        resolved, dtype resolved). The default calls ``cls(checkpoint, config)``."""
+        return cls(checkpoint, config)  # type: ignore[call-arg]
+
+    @classmethod
+    def supported_dtypes(cls, config: BackendConfig) -> tuple[str, Collection[str] | None]:
+        """``(device, dtypes the engine can compute in there)`` (None: any), asked before
+        :meth:`load`: the core refuses any other dtype there, before any weight is read."""
+        return "cpu", None
+
+    # ------------------------------------------------------------------ model calls
+    def forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor | Sequence[torch.Tensor]":
+        """Next-token scores of each context (see :attr:`returns`), in the order given.
+
+        The contexts are validated and distinct: the backend merges identical ones."""
+        raise NotImplementedError(f"{type(self).__name__} must implement forward(contexts)")
+
+    def forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor | Sequence[torch.Tensor]":
+        """:meth:`forward` without any engine cache (the reference computation); engines
+        with KV reuse override it."""
+        return self.forward(contexts)
+
+    def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
+        """The capability ``"sample"``: the tokens of every request, drawn by the engine's own
+        sampler, stopping before (and without) any token of ``request.eos``."""
+        raise NotImplementedError(f"{type(self).__name__} declares no sampler")
+
+    # ------------------------------------------------------------------ housekeeping
+    def clear_cache(self) -> None:
+        """Drop engine-side caches (KV)."""
+        if self.kv is not None:
+            self.kv.clear()
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the engine can answer (engines with processes of their own refine it)."""
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's own counters (``stats()["engine"]`` adds the KV-reuse counters)."""
+        return {}
+
+    def info(self) -> dict[str, Any]:
+        """What runs where, beyond the backend, model, device and vocabulary size."""
+        return {}
+
+    def close(self) -> None:
+        """Release the engine (the backend calls it once, after its batchers stopped)."""
+        if self.kv is not None:
+            self.kv.clear()
+
+
+def check_engine(engine: Any) -> None:
+    """Refuse an engine that declares a capability without writing its method, or an
+    unknown capability (the message names it and what to write)."""
+    cls = type(engine)
+    for name in getattr(cls, "supports", ()):
+        method = CAPABILITIES.get(name)
+        if method is None:
+            raise TypeError(
+                f"{cls.__name__}.supports names {name!r}, which is not a capability "
+                f"(known: {', '.join(sorted(CAPABILITIES))})"
+            )
+        if getattr(cls, method, None) is getattr(Engine, method):
+            raise TypeError(f"{cls.__name__}.supports declares {name!r} but does not define {method}()")
+    if getattr(cls, "returns", "logits") not in ("logits", "logprobs"):
+        raise TypeError(f"{cls.__name__}.returns must be 'logits' or 'logprobs', got {cls.returns!r}")
+
+
+def refuse_unsupported_dtype(
+    engine_class: type[Engine], checkpoint: "Checkpoint", config: BackendConfig, name: str
+) -> None:
+    """Raise :class:`UnsupportedDtypeError` when the dtype ``checkpoint`` resolved is not one
+    ``engine_class`` computes in on its device (asked before anything loads)."""
+    if checkpoint.dtype is None:
+        return
+    device, dtypes = engine_class.supported_dtypes(config)
+    if dtypes is not None and checkpoint.dtype not in dtypes:
+        raise UnsupportedDtypeError(
+            name, checkpoint.dtype, device, f"the engine computes in {', '.join(sorted(dtypes))} there"
+        )

@@ -1,0 +1,344 @@
+"""VLLMEngine: the vLLM V1 engine as a genlm-core engine (heavy imports here).
+
+One batch of contexts = one ``LLM.generate`` call with ``max_tokens=1``: every
+request carries a tag in ``SamplingParams.extra_args``, the engine's
+:class:`~genlm_vllm.capture.CaptureLogitsProcessor` records the logits row of each
+tagged request in the step that completes its prompt, and the rows are fetched by
+tag (see :mod:`genlm_vllm.capture` for the row-to-request mapping). vLLM schedules
+the batch as it likes (chunked prefill, preemption, prefix-cache hits); the result
+is always in request order.
+
+Sampling uses vLLM's own sampler (seeded per request, stop on token ids:
+:mod:`genlm_vllm.sampling`). The backend holding the engine runs every engine call -
+logprob batches, sampling batches, LoRA switches, cache resets - under its one engine
+lock: the engine is not thread-safe.
+
+Beside it: :mod:`genlm_vllm.launch` (starting the engine: environment, ``vllm.LLM``
+keyword arguments, spawn-safety checks) and :mod:`genlm_vllm.lifecycle` (the engine's
+processes: watchdog, :class:`~genlm_vllm.lifecycle.EngineDiedError`, shared distributed
+state, shutdown).
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import time
+from typing import Any
+
+import torch
+
+from genlm_core.engine import Checkpoint, Engine, SampleRequest, note, summarise_repeats
+from genlm_vllm import launch, lifecycle, sampling
+from genlm_vllm.config import VLLMConfig
+from genlm_vllm.lifecycle import EngineDiedError
+
+__all__ = ["VLLMEngine"]
+
+
+class VLLMEngine(Engine):
+    """A ``vllm.LLM`` engine (V1) with the genlm capture processor and worker extension."""
+
+    config_class = VLLMConfig
+    supports = frozenset({"sample"})
+
+    def __init__(self, llm: Any, config: VLLMConfig | None = None, *, device: str | None = None) -> None:
+        from genlm_vllm.capture import new_namespace
+
+        config = config or VLLMConfig()
+        self.llm = llm
+        self.device = device or launch.engine_device()
+        self.prefix_caching = config.enable_prefix_caching
+        model_config = llm.llm_engine.model_config
+        # vLLM needs a position for the one token it generates: prompt < max_model_len
+        self.max_context_length = int(model_config.max_model_len) - 1
+        hf_config = getattr(model_config, "hf_config", None)
+        self.model_config = hf_config.to_dict() if hf_config is not None else None
+        self.dtype = launch.weight_dtype(llm)
+        self.forward_in_thread = True
+        self.in_process = lifecycle.engine_in_process(llm)
+        if self.in_process:
+            lifecycle.LIVE_IN_PROCESS.add(self)
+        self.tokenizer = llm.get_tokenizer()
+        self.closed = False
+        self._namespace = new_namespace()
+        # rows from worker processes: see genlm_vllm.transport
+        self.transport_counts = {"shm": 0, "bytes": 0}
+        self._row_width = int(model_config.get_vocab_size())
+        self._buffer: Any = None
+        self._dead: str | None = None  # why the engine is unusable (a worker died)
+        self.workers: list[dict[str, Any]] = []
+        self._watchdog: lifecycle.Watchdog | None = None
+        self._engine_procs: list[Any] = []  # its processes here (psutil: workers, a separate core)
+        self._engine_segments: set[str] = set()  # what they map in /dev/shm
+        if not self.in_process:
+            from genlm_core.engine.row_transport import RowBuffer, shm_available, sweep_stale_buffers
+
+            self.workers = [w for w in llm.collective_rpc("genlm_worker_info") if w]
+            if llm.llm_engine.vllm_config.parallel_config.pipeline_parallel_size > 1:
+                llm.collective_rpc("genlm_prepare_pipeline")  # see CaptureWorkerExtension
+            if shm_available():
+                sweep_stale_buffers()  # what backends killed without close() left here
+                self._buffer = RowBuffer(self._namespace)
+            self._watchdog = lifecycle.Watchdog(self)
+            self._engine_procs = lifecycle.engine_processes(self.workers)
+            # what the engine's processes map in /dev/shm (its message queues, the
+            # executor's lock, the CPU communicator): removed at close() if left over
+            self._engine_segments = lifecycle.mapped(self._engine_procs)
+        self._counter = itertools.count()
+        #: engine steps and prompt tokens computed / read from vLLM's prefix cache
+        #: (``RequestOutput.num_cached_tokens``), as ``stats()["engine"]`` reports them
+        self.forward_calls = 0
+        self.tokens_computed = 0
+        self.tokens_reused = 0
+        self.lora_ids = itertools.count(1)
+        #: the active ``LoRARequest`` every engine call passes (None: the base model)
+        self.lora_request: Any = None
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def supported_dtypes(cls, config: VLLMConfig) -> tuple[str, tuple[str, ...]]:  # type: ignore[override]
+        launch.require_vllm()
+        launch.tolerate_llvmlite()
+        return launch.engine_device(), launch.supported_dtypes()
+
+    @classmethod
+    def load(cls, checkpoint: Checkpoint, config: VLLMConfig) -> "VLLMEngine":  # type: ignore[override]
+        launch.require_vllm()
+        launch.tolerate_llvmlite()
+        note(f"vllm: importing vLLM to start an engine for {checkpoint.model}")
+        device = launch.engine_device()
+        config = config.model_copy(update={"model": checkpoint.model})
+        launch.prepare_environment(config, device)
+        from vllm import LLM
+
+        kwargs = launch.engine_kwargs(config, device, dtype=checkpoint.dtype)
+        launch.check_spawn_safe(kwargs, device)
+        launch.announce_start(kwargs, device)
+        t0 = time.perf_counter()
+        with (
+            launch.engine_environment(kwargs, device),
+            summarise_repeats("vllm"),  # e.g. one cast warning per weight
+        ):
+            llm = LLM(**kwargs)
+        note(f"vllm: engine ready in {time.perf_counter() - t0:.0f} s")
+        try:
+            return cls(llm, config, device=device)
+        except BaseException:
+            lifecycle.shutdown(llm, keep_distributed=_others_open())
+            raise
+
+    # ------------------------------------------------------------------ logprobs
+    def _new_tags(self, n: int) -> list[str]:
+        return [f"{self._namespace}:{next(self._counter)}" for _ in range(n)]
+
+    def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        return self.capture(contexts, read_prefix_cache=True)
+
+    def forward_uncached(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        """The same engine step, reading no KV block from vLLM's prefix cache."""
+        return self.capture(contexts, read_prefix_cache=False)
+
+    def capture(self, contexts: list[tuple[int, ...]], read_prefix_cache: bool) -> torch.Tensor:
+        """One ``LLM.generate`` over ``contexts``; the rows its capture processor recorded."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from genlm_vllm.capture import TAG_KEY
+
+        tags = self._new_tags(len(contexts))
+        params = [
+            SamplingParams(
+                max_tokens=1,
+                temperature=0.0,
+                ignore_eos=True,
+                detokenize=False,
+                extra_args={TAG_KEY: tag},
+                skip_reading_prefix_cache=None if read_prefix_cache else True,
+            )
+            for tag in tags
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
+        self.check_healthy()
+        try:
+            results = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
+            out, missing = self.fetch(tags)
+        except BaseException as exc:
+            self.check_healthy(exc)
+            self._discard(tags)
+            raise
+        self._count(contexts, results)
+        if missing:
+            raise RuntimeError(
+                f"vllm: no logits were captured for {len(missing)} of {len(contexts)} requests; "
+                "is the engine running its workers in another process without the genlm "
+                "worker extension?"
+            )
+        return out
+
+    def _count(self, contexts: list[tuple[int, ...]], results: Any) -> None:
+        reused = sum(int(getattr(r, "num_cached_tokens", None) or 0) for r in results or ())
+        self.forward_calls += 1
+        self.tokens_reused += reused
+        self.tokens_computed += sum(len(c) for c in contexts) - reused
+
+    def fetch(self, tags: list[str]) -> tuple[torch.Tensor, list[int]]:
+        """The captured rows in request order, and the indices that have none."""
+        if self.in_process:  # a plain call: the worker's own tensors, stacked (one copy)
+            from genlm_core.engine.row_transport import stack_rows
+
+            rows = self.llm.collective_rpc("genlm_pop_captured", args=(tags,))[0]
+            missing = [i for i, r in enumerate(rows) if r is None]
+            return (stack_rows(rows) if not missing else torch.empty(0)), missing
+        buffer = self._buffer
+        desc = None
+        if buffer is not None:
+            buffer.ensure(len(tags) * self._row_width * 4)
+            desc = buffer.describe()
+        replies = self.llm.collective_rpc("genlm_pop_captured_rows", args=(tags, desc))
+        reply = next((r for r in replies if r is not None), None)
+        if reply is None or not reply["width"]:
+            return torch.empty(0), list(range(len(tags)))
+        width = self._row_width = int(reply["width"])
+        missing = [i for i, p in enumerate(reply["present"]) if not p]
+        if missing:
+            return torch.empty(0), missing
+        if reply.get("shm"):
+            self.transport_counts["shm"] += 1
+            out = buffer.rows(len(tags), width)  # type: ignore[union-attr]
+        else:
+            self.transport_counts["bytes"] += 1
+            out = torch.stack([torch.frombuffer(bytearray(b), dtype=torch.float32) for b in reply["bytes"]])
+        return (out if self.device == "cpu" else out.to(self.device)), []
+
+    def _discard(self, tags: list[str]) -> None:
+        try:
+            self.llm.collective_rpc("genlm_discard_captured", args=(tags,))
+        except Exception:  # noqa: BLE001 - best effort after a failure
+            pass
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
+        """vLLM's sampler: one ``LLM.generate`` for the batch (:func:`genlm_vllm.sampling.sample`)."""
+        self.check_healthy()
+        try:
+            return sampling.sample(self.llm, self.device, requests, self.lora_request)
+        except BaseException as exc:
+            self.check_healthy(exc)
+            raise
+
+    # ------------------------------------------------------------------ LoRA
+    def lora_enabled(self) -> bool:
+        return bool(self.llm.llm_engine.vllm_config.lora_config)
+
+    def new_lora_request(self, name: str, folder: str) -> Any:
+        """A ``LoRARequest`` for the adapter ``folder`` (a fresh adapter id)."""
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(name, next(self.lora_ids), folder)
+
+    # ------------------------------------------------------------------ health
+    @property
+    def healthy(self) -> bool:
+        """False once closed or once a worker process of the engine has died."""
+        return not self.closed and self._dead is None and self.llm is not None
+
+    def mark_dead(self, reason: str) -> None:
+        if self._dead is None:
+            self._dead = reason
+            note(f"vllm: {reason}; the engine cannot answer any more (close() and load again)")
+
+    def check_healthy(self, cause: BaseException | None = None) -> None:
+        """Raise a clear error when the engine lost a worker (``cause``: what vLLM raised)."""
+        if self._dead is None and cause is not None and lifecycle.engine_failed(self.llm):
+            self.mark_dead(f"the vLLM engine failed ({type(cause).__name__}: {cause})")
+        if self._dead is not None:
+            raise EngineDiedError(
+                f"vllm: {self._dead}; this backend cannot answer any more: close() it and load a new one"
+            ) from cause
+
+    def info(self) -> dict[str, Any]:
+        """The parallel layout, the workers and the row transport."""
+        parallel = self.llm.llm_engine.vllm_config.parallel_config if self.llm is not None else None
+        out: dict[str, Any] = {
+            "in_process": self.in_process,
+            "transport": "in-process tensors"
+            if self.in_process
+            else (
+                "shared memory (/dev/shm), bytes through the RPC off this node"
+                if self._buffer is not None
+                else "float32 bytes through the RPC"
+            ),
+            "transport_counts": dict(self.transport_counts),
+            "workers": list(self.workers),
+        }
+        if parallel is not None:
+            out.update(
+                tensor_parallel_size=int(parallel.tensor_parallel_size),
+                pipeline_parallel_size=int(parallel.pipeline_parallel_size),
+                data_parallel_size=int(parallel.data_parallel_size),
+                world_size=int(parallel.world_size),
+                distributed_executor_backend=str(parallel.distributed_executor_backend),
+                engine_core="in this process"
+                if type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
+                else "own process",
+            )
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "forward_calls": self.forward_calls,
+            "tokens_computed": self.tokens_computed,
+            "tokens_reused": self.tokens_reused,
+            "prefix_caching": self.prefix_caching,
+        }
+
+    def clear_cache(self) -> None:
+        self.llm.reset_prefix_cache()
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        llm, self.llm = self.llm, None
+        lifecycle.LIVE_IN_PROCESS.discard(self)
+        if self._engine_procs:  # what the processes still alive map now (e.g. grown queues)
+            self._engine_segments |= lifecycle.mapped(self._engine_procs)
+        if llm is not None:
+            # the in-process engines left use this process's parallel groups: keep them
+            lifecycle.shutdown(llm, keep_distributed=_others_open())
+        if self._buffer is not None:
+            self._buffer.close()
+        self._remove_worker_segments()
+
+    def _remove_worker_segments(self) -> None:
+        """Unlink what the engine's processes on this machine left in ``/dev/shm`` (vLLM's
+        message queues, the executor's lock, CPU-communicator segments: what a killed
+        worker never removes; see :func:`genlm_vllm.transport.remove_engine_segments`), once
+        they are gone: the executor's shutdown waits for them (or kills them), from a thread
+        of its own when it saw a worker die."""
+        import socket
+
+        from genlm_vllm.transport import remove_engine_segments
+
+        host = socket.gethostname()
+        idents = sorted(
+            {w["dist_ident"] for w in self.workers if w.get("dist_ident") and w.get("host") == host}
+        )
+        if not idents and not self._engine_segments:
+            return
+        if lifecycle.alive(self._engine_procs, within=lifecycle.core_shutdown_timeout()):
+            note("vllm: the engine's processes are still running; their shared memory is left to them")
+            return
+        gc.collect()  # a collected message queue unlinks its own segment
+        removed = remove_engine_segments(self._engine_segments, idents)
+        if removed:
+            note(f"vllm: removed {len(removed)} shared-memory segment(s) the engine's processes left")
+
+
+def _others_open() -> bool:
+    """Whether another in-process engine of this process is still open."""
+    return any(e.llm is not None for e in lifecycle.LIVE_IN_PROCESS)
