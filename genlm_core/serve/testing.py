@@ -156,7 +156,7 @@ class InProcessServer:
 
         import uvicorn
 
-        from genlm_core.serve.run import server_class, bind_socket
+        from genlm_core.serve.run import bind_socket, server_class
 
         sock = bind_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
