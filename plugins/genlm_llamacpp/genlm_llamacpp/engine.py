@@ -66,6 +66,8 @@ class LlamaCppEngine(Engine):
 
     config_class = LlamaCppConfig
     returns = "logprobs"
+    #: bursts: the core's decode step over forward; each row resumes its sequence
+    supports = frozenset({"decode"})
     forward_in_thread = False  # llama.cpp computes on every core already
 
     def __init__(self, context: "LlamaContext", config: LlamaCppConfig | None = None) -> None:
@@ -232,13 +234,19 @@ class LlamaCppEngine(Engine):
                     f"llamacpp: the {self.context.n_ctx} KV cells (kv_cells) cannot hold this batch even "
                     "with every cached prefix evicted; raise kv_cells or lower batch_size"
                 ) from None
+        # Every sequence of the chunk is pinned while the chunk's entries are stored: storing
+        # one may evict the older entry that kept another's sequence (a context decoded in
+        # place), which must not be freed before its own entry is stored.
         for c, (_, kv) in zip(chunk, plan):
             kv.length = len(c)
+            kv.views += 1
+        for c, (_, kv) in zip(chunk, plan):
             if reuse and self.kv.enabled:
                 kv.views += 1
-                if self.kv.store(c, CachedPrefix(kv, len(c))):  # may evict (and release) older entries
-                    continue
-                kv.views -= 1  # longer than the whole budget: not kept
+                if not self.kv.store(c, CachedPrefix(kv, len(c))):  # may evict (and release) older entries
+                    kv.views -= 1  # longer than the whole budget: not kept
+        for _, kv in plan:
+            kv.views -= 1
             if kv.views == 0:
                 self._free_kv(kv)
         return rows

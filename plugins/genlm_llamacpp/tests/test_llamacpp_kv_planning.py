@@ -113,3 +113,33 @@ def test_a_shorter_prefix_of_an_extended_sequence_is_copied_not_extended(tiny_gg
             assert torch.allclose(row, llm.next_token_logprobs_uncached(ctx), atol=1e-5, rtol=0)
     finally:
         llm.close()
+
+
+def test_storing_a_chunk_never_frees_a_sequence_it_just_extended(tiny_gguf) -> None:
+    """A prefix budget smaller than the particles' contexts: storing one context's entry
+    evicts the older entry that held another context's sequence, which that context has
+    just extended in place. The sequence stays (it was freed, and its cells removed, so the
+    next step decoded positions 13.. into an empty sequence: ``llama_decode`` -1). Every
+    step's rows agree with the uncached path."""
+    from genlm_core.testing.burst import SMCProgram
+
+    llm = genlm_core.load(
+        "llamacpp", model=str(tiny_gguf), kv_cache_type="f32", n_threads=2, n_seq_max=4, n_batch=3,
+        kv_cache_tokens=24, cache_size=0, batch_size=3,
+    )  # fmt: skip
+    rng = random.Random(5)
+    prompt = [rng.randrange(1, 1000) for _ in range(10)]
+    try:
+        for seed in (0, 1):
+            llm.clear_cache()
+            program = SMCProgram(prompt, llm.eos_token_ids, n=6, max_tokens=6, seed=seed)
+            seen = []
+            while live := program.live():
+                contexts = [program.context(i) for i in live]
+                rows = llm.batch_next_token_logprobs_sync(contexts)
+                seen += zip(contexts, rows)
+                program.step(rows, live)
+            for ctx, row in seen:  # afterwards: the uncached path empties the KV cache
+                assert torch.allclose(row, llm.next_token_logprobs_uncached(ctx), atol=1e-5, rtol=0)
+    finally:
+        llm.close()
