@@ -24,6 +24,7 @@ Sections (``--only`` picks some):
   serve     four SIS client processes: a backend each vs one `genlm serve hf` (shared
             memory, network frame): calls/s, per-call latency, total RSS, where a step goes
   hf-step   the hf backend's SIS-like step vs the raw transformers forward, 16 and 64 rows
+  burst     the SIS program as per-step calls vs one burst (hf f32, llama.cpp f16)
 
 Anchors (genlm-backend 0.3.1, genlm-bytes 0.2.0) are installed from PyPI into
 ``benchmarks/.anchor-venv*`` the first time (a few minutes). ``--quick`` skips the
@@ -118,6 +119,7 @@ def _sections(quick: bool) -> dict[str, list[str]]:
         "llamacpp": ["bench_llamacpp.py", *(["--quick", "--no-raw"] if q else [])],
         "serve": ["bench_serve.py", *(["--quick"] if q else [])],
         "hf-step": ["bench_hf_step.py", *(["--quick"] if q else [])],
+        "burst": ["bench_burst.py", *(["--quick"] if q else [])],
     }
 
 
@@ -131,6 +133,7 @@ NEEDS = {
     "llamacpp": "llamacpp",
     "serve": "hf",
     "hf-step": "hf",
+    "burst": "hf",
 }
 # the JSON files each section writes into benchmarks/out; its verdict reads the first
 FILES = {
@@ -145,6 +148,7 @@ FILES = {
     "llamacpp": ["llamacpp"],
     "serve": ["serve"],
     "hf-step": ["hf_step"],
+    "burst": ["burst"],
 }
 # keyword arguments of a section's verdict: bench_sis judges one backend's record of sis.json
 VERDICT_ARGS = {"sis": {"backend": "hf"}, "sis-mlx": {"backend": "mlx"}, "sis-vllm": {"backend": "vllm"}}

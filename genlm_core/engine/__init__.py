@@ -13,6 +13,7 @@ The modules, one mechanism each, shared by every backend:
 ``backend``        :class:`BaseLogprobBackend`: holds an engine; validation, batching,
                    caching, normalisation, sampling, the context limit, EOS ids, dtype
 ``sampling``       tokens drawn from the rows, for an engine without a sampler
+``burst``          an SMC decode loop run in the backend, a control drawing each step
 ``batching``       :class:`AutoBatcher`: concurrent calls become one batch
 ``validation``     token-id contexts checked before they join a batch
 ``caches``         :class:`OutputCache`: next-token rows by whole context, LRU, bounded;
@@ -46,6 +47,8 @@ EXPORTS: dict[str, str] = {
     "BaseLogprobBackend": "genlm_core.engine.backend",
     "Engine": "genlm_core.engine.contract",
     "SampleRequest": "genlm_core.engine.contract",
+    "EngineControl": "genlm_core.engine.burst",
+    "BurstReport": "genlm_core.engine.burst",
     "BackendConfig": "genlm_core.config",
     "GenlmConfig": "genlm_core.config",
     "ConfigError": "genlm_core.errors",
@@ -124,6 +127,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never run
     from genlm_core.config import BackendConfig, GenlmConfig
     from genlm_core.engine.backend import BaseLogprobBackend
     from genlm_core.engine.batching import AutoBatcher, BatcherClosed, BatcherStats
+    from genlm_core.engine.burst import BurstReport, EngineControl
     from genlm_core.engine.caches import OutputCache, OutputCacheConfig, output_cache_for
     from genlm_core.engine.checkpoint import (
         Checkpoint,

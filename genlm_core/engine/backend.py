@@ -15,6 +15,8 @@ engine:
   float32, the sync and batch entry points;
 * sampling: the checks and the clamp to the context limit, then the engine's sampler
   (capability ``"sample"``, batched) or draws from the rows;
+* bursts (capability ``"decode"``): an SMC decode loop run here, the program drawing
+  (:mod:`genlm_core.engine.burst`);
 * one engine lock (:attr:`engine_lock`) that every engine call holds, cache controls
   (KV reuse for an engine keeping a :class:`~genlm_core.engine.kv_reuse.KVReuse`),
   counters, ``info``, health and shutdown.
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from genlm_core.config import BackendConfig
@@ -48,6 +50,7 @@ from genlm_core.engine.validation import validate_context
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from genlm_core.engine.burst import BurstReport, EngineControl
     from genlm_core.protocols import PrefixKVCache
 
 __all__ = ["BaseLogprobBackend"]
@@ -234,7 +237,11 @@ class BaseLogprobBackend:
         Logits are normalised here (float32 ``log_softmax`` of the first ``vocab_size``
         of each row); an engine returning final rows (``returns = "logprobs"``) keeps its own."""
         engine = self.engine
-        out = engine.forward_uncached(contexts) if uncached else engine.forward(contexts)
+        return self._normalised(engine.forward_uncached(contexts) if uncached else engine.forward(contexts))
+
+    def _normalised(self, out: Any) -> list["torch.Tensor"]:
+        """The engine's scores as normalised float32 rows, each compact (see :meth:`_rows`)."""
+        engine = self.engine
         if engine.returns == "logits":
             return [compact(r) for r in self._finalize(out).unbind(0)]
         rows = list(out.unbind(0)) if hasattr(out, "unbind") else list(out)
@@ -245,6 +252,31 @@ class BaseLogprobBackend:
                     f"not ({self.vocab_size},)"
                 )
         return [compact(r) for r in rows]
+
+    def _burst_step(self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]) -> "torch.Tensor":
+        """A burst step's ``(rows, vocab)`` log-probabilities, under the engine lock. The
+        core's decode step computes the rows' distinct contexts as a step loop's call
+        does (same contexts, same order, batches of ``batch_size``), so both give the same
+        numbers."""
+        import torch
+
+        with self.engine_lock:
+            if self._closed:
+                raise RuntimeError(f"{self.backend_name}: the backend is closed")
+            contexts = list(rows.values())
+            if type(self.engine).decode_step is not Engine.decode_step:
+                return torch.stack(self._normalised(self.engine.decode_step(rows, released)))
+            unique = list(dict.fromkeys(contexts))
+            bs = self.config.batch_size  # the batches a step loop's call makes
+            computed = {}
+            for i in range(0, len(unique), bs):
+                computed.update(zip(unique[i : i + bs], self._rows(unique[i : i + bs])))
+            return torch.stack([computed[c] for c in contexts])
+
+    def _burst_release(self, handles: Collection[int]) -> None:
+        if type(self.engine).decode_step is not Engine.decode_step and not self._closed:
+            with self.engine_lock:
+                self.engine.decode_step({}, handles)
 
     def _batch_fn(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor"]:
         # each caller gets a compact row of its own; the output cache keeps its own private copy
@@ -449,6 +481,38 @@ class BaseLogprobBackend:
             raise ValueError(f"temperature must be >= 0, got {temperature!r}")
         eos = set(self.eos_token_ids if eos_token_ids is None else (int(e) for e in eos_token_ids))
         return max_tokens, float(temperature), eos
+
+    # ------------------------------------------------------------------ bursts
+    @property
+    def supports_burst(self) -> bool:
+        """Whether :meth:`run_burst` runs here (the engine declares ``"decode"``)."""
+        return "decode" in self.engine.supports and not self._closed
+
+    def run_burst(self, control: "EngineControl", max_steps: int) -> "BurstReport":
+        """Run an SMC decode loop in the backend, ``control`` drawing every step's tokens
+        (genlm-backend's ``run_burst``; see :mod:`genlm_core.engine.burst`). Blocking: from
+        async code use :meth:`burst`. Returns what it did (the drawn tokens per handle)."""
+        from genlm_core.engine.burst import drive
+
+        if not self.supports_burst:
+            raise NotImplementedError(
+                f"{self.backend_name}: this backend runs no bursts (supports_burst is False); "
+                "run the program's steps through next_token_logprobs instead"
+            )
+        return drive(
+            control,
+            max_steps,
+            validate=self.validate,
+            step=self._burst_step,
+            release=self._burst_release,
+            vocab_size=self.vocab_size,
+            max_context_length=self.max_context_length,
+        )
+
+    async def burst(self, control: "EngineControl", max_steps: int) -> "BurstReport":
+        """:meth:`run_burst` in a worker thread, so the event loop runs meanwhile (a control
+        may hand its draws to coroutines on it)."""
+        return await asyncio.to_thread(self.run_burst, control, max_steps)
 
     # ------------------------------------------------------------------ caches
     def clear_cache(self) -> None:

@@ -40,12 +40,23 @@ if TYPE_CHECKING:  # pragma: no cover
     from genlm_core.engine.kv_reuse import KVReuse
     from genlm_core.token import Token
 
-__all__ = ["CAPABILITIES", "Engine", "SampleRequest", "check_engine", "refuse_unsupported_dtype"]
+__all__ = [
+    "CAPABILITIES",
+    "DEFAULTED_CAPABILITIES",
+    "Engine",
+    "SampleRequest",
+    "check_engine",
+    "refuse_unsupported_dtype",
+]
 
 #: optional capability -> the :class:`Engine` method it promises
 CAPABILITIES: dict[str, str] = {
     "sample": "sample",  # a sampler of the engine's own, called with batches of SampleRequest
+    "decode": "decode_step",  # bursts (genlm_core.engine.burst): the default runs forward
 }
+
+#: capabilities whose method has a default the core writes: declaring one is enough
+DEFAULTED_CAPABILITIES: frozenset[str] = frozenset({"decode"})
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,22 @@ class Engine:
         with KV reuse override it."""
         return self.forward(contexts)
 
+    def decode_step(
+        self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]
+    ) -> "torch.Tensor | Sequence[torch.Tensor] | None":
+        """The capability ``"decode"``: one step of a burst (:mod:`genlm_core.engine.burst`).
+
+        ``rows`` maps each live row's handle to its context (its context at the previous
+        step plus the token drawn there, or a prompt just added); ``released`` holds the
+        handles dropped since the last step, whose state the engine may free. Returns the
+        scores of every row in the order of ``rows`` (see :attr:`returns`). At the end of
+        a burst it is called with no rows and the remaining handles, and returns None.
+
+        An engine declaring ``"decode"`` without writing this method gets the core's: the
+        rows' distinct contexts through :meth:`forward` (whose KV reuse computes each row's
+        new token only). Write it for a decode batch kept between steps."""
+        raise NotImplementedError(f"{type(self).__name__} uses the core's decode step")
+
     def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
         """The capability ``"sample"``: the tokens of every request, drawn by the engine's own
         sampler, stopping before (and without) any token of ``request.eos``."""
@@ -172,7 +199,7 @@ def check_engine(engine: Any) -> None:
                 f"{cls.__name__}.supports names {name!r}, which is not a capability "
                 f"(known: {', '.join(sorted(CAPABILITIES))})"
             )
-        if getattr(cls, method, None) is getattr(Engine, method):
+        if name not in DEFAULTED_CAPABILITIES and getattr(cls, method, None) is getattr(Engine, method):
             raise TypeError(f"{cls.__name__}.supports declares {name!r} but does not define {method}()")
     if getattr(cls, "returns", "logits") not in ("logits", "logprobs"):
         raise TypeError(f"{cls.__name__}.returns must be 'logits' or 'logprobs', got {cls.returns!r}")

@@ -27,7 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ProgramControl", "SMCProgram", "SMCResult", "mean_gaps", "run_burst", "run_steps"]
+__all__ = [
+    "LoopControl", "ProgramControl", "SMCProgram", "SMCResult", "mean_gaps", "run_burst", "run_burst_on_loop",
+    "run_steps",
+]  # fmt: skip
 
 
 @dataclass
@@ -179,6 +182,44 @@ def run_burst(backend: Any, program: SMCProgram) -> SMCResult:
     """The program through one burst (``backend.run_burst``)."""
     control = ProgramControl(program)
     report = backend.run_burst(control, max_steps=program.max_tokens + 1)
+    if control.ended_bursts != 1:
+        raise AssertionError(f"on_burst_end was called {control.ended_bursts} times, not once")
+    return program.result(report=report)
+
+
+class LoopControl(ProgramControl):
+    """A control as genlm-control's burst loop drives one: ``run_burst`` runs in a worker
+    thread (``loop.run_in_executor``) and each draw is a coroutine run on the program's
+    event loop (``asyncio.run_coroutine_threadsafe``)."""
+
+    def __init__(self, program: SMCProgram, loop: Any) -> None:
+        super().__init__(program)
+        self.loop = loop
+
+    def draw(self, logits: Any, handles: Sequence[int]) -> Any:
+        import asyncio
+
+        import torch
+
+        async def on_loop() -> list[int]:
+            return ProgramControl.draw(self, logits, handles)
+
+        drawn = asyncio.run_coroutine_threadsafe(on_loop(), self.loop).result()
+        return torch.tensor(drawn, dtype=torch.int64, device=logits.device)
+
+
+async def run_burst_on_loop(llm: Any, program: SMCProgram) -> SMCResult:
+    """The program through genlm-backend's seam as genlm-control uses it: ``llm.supports_burst``,
+    then ``llm.run_burst(control=..., max_steps=...)`` in an executor, draws on the loop."""
+    import asyncio
+
+    if not llm.supports_burst:
+        raise AssertionError(f"{type(llm).__name__} says supports_burst is False")
+    loop = asyncio.get_running_loop()
+    control = LoopControl(program, loop)
+    report = await loop.run_in_executor(
+        None, lambda: llm.run_burst(control=control, max_steps=program.max_tokens + 1)
+    )
     if control.ended_bursts != 1:
         raise AssertionError(f"on_burst_end was called {control.ended_bursts} times, not once")
     return program.result(report=report)

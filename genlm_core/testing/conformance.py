@@ -297,6 +297,35 @@ class LogprobBackendConformance:
         assert info["vocab_size"] == backend.vocab_size and info["device"] == str(backend.device)
         assert callable(backend.close)
 
+    # ------------------------------------------------------------------ bursts
+    def test_burst_matches_steps(self, backend: Any) -> None:
+        """An SMC program (:mod:`genlm_core.testing.burst`: proposals at temperature 1.3,
+        weights, resampling every 3 steps through aborts and re-adds) run as a burst draws
+        the same tokens and weights as the same program through per-step calls: a burst
+        computes each step's rows with the step loop's own call (same contexts, same order).
+        A backend without bursts says so: ``supports_burst`` False, ``run_burst`` refused."""
+        from genlm_core.testing.burst import ProgramControl, SMCProgram, run_burst, run_steps
+
+        if not getattr(backend, "supports_burst", False):
+            if hasattr(backend, "run_burst"):
+                with pytest.raises(NotImplementedError, match="supports_burst"):
+                    backend.run_burst(ProgramControl(SMCProgram([0], [])), max_steps=1)
+            return
+        prompt = self.contexts(backend, seed=5)[0]
+        eos = list(backend.eos_token_ids)
+        for seed in (0, 1):
+            make = lambda seed=seed: SMCProgram(prompt, eos, n=6, max_tokens=6, seed=seed)  # noqa: E731
+            backend.clear_cache()
+            steps = run_steps(backend, make())
+            backend.clear_cache()
+            burst = run_burst(backend, make())
+            assert burst.tokens == steps.tokens, (seed, steps.tokens, burst.tokens)
+            assert burst.rows == steps.rows and burst.resamples == steps.resamples >= 1
+            for a, b in zip(steps.log_weights, burst.log_weights):
+                assert abs(a - b) <= 1e-9 * max(1.0, abs(a)), (seed, steps.log_weights, burst.log_weights)
+            report = burst.extra["report"]
+            assert report.rows_drawn == burst.rows and report.aborted >= 1 and report.added > 6
+
     # ------------------------------------------------------------------ checkpoint policy
     def checkpoint_source(self, backend: Any) -> CheckpointSource:
         """Where the backend's checkpoint is: :func:`find_checkpoint` (override for a

@@ -34,6 +34,8 @@ class HFEngine(Engine):
 
     config_class = HFConfig
     returns = "logprobs"
+    #: bursts: the core's decode step over forward; the KV of each row is reused
+    supports = frozenset({"decode"})
 
     def __init__(self, model: Any, tokenizer: Any, config: HFConfig | None = None) -> None:
         config = config if config is not None else HFConfig()

@@ -41,7 +41,7 @@ class MLXEngine(Engine):
     """
 
     config_class = MLXConfig
-    supports = frozenset({"sample"})
+    supports = frozenset({"sample", "decode"})
     rows_device = "cpu"  # rows come back from mlx as numpy arrays
 
     def __init__(

@@ -25,6 +25,7 @@ class MockEngine(Engine):
     """
 
     config_class = MockConfig
+    supports = frozenset({"decode"})
 
     def __init__(self, tokenizer: Any = None, config: MockConfig | None = None) -> None:
         config = config or MockConfig()

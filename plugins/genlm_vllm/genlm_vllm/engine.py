@@ -40,7 +40,7 @@ class VLLMEngine(Engine):
     """A ``vllm.LLM`` engine (V1) with the genlm capture processor and worker extension."""
 
     config_class = VLLMConfig
-    supports = frozenset({"sample"})
+    supports = frozenset({"sample", "decode"})
 
     def __init__(self, llm: Any, config: VLLMConfig | None = None, *, device: str | None = None) -> None:
         from genlm_vllm.capture import new_namespace

@@ -1,0 +1,247 @@
+"""Bursts vs steps: the SIS program as per-step calls and as one burst (docs/bursts.md).
+
+The steps program is genlm-backend's README SIS (``sis_workload.sis``: each particle
+awaits its own ``next_token_logprobs`` and draws its own token). The burst runs the same
+SIS (the same length mask, EOS forced after ``max_tokens``, weights ``log Z`` of the
+masked row) as an ``EngineControl`` whose ``draw`` handles every live row of a step at
+once. Both from clean caches, SmolLM2-135M: hf float32 and llama.cpp on its f16 GGUF.
+
+Where a step's time goes: ``engine_s`` is the time inside the engine's ``forward``
+(measured by wrapping it), ``draw_s`` the burst control's draws, and ``other_s`` the
+rest (batcher, row copies, the program).
+
+    .venv/bin/python benchmarks/bench_burst.py                  # 16 and 64 particles x 20 tokens
+    .venv/bin/python benchmarks/bench_burst.py --quick          # hf, 16 x 8, one run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import verdicts  # noqa: E402
+from common import write_results  # noqa: E402
+from sis_workload import sis  # noqa: E402
+
+ENGINES = ("hf", "f16")
+PROMPT = "Here is a short story about a robot who learns to paint:"
+TARGETS = {16: 1.3, 64: 1.5}
+
+
+def log(msg: str) -> None:
+    print(f"[bench_burst {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def load(engine: str, threads: int) -> Any:
+    import genlm_core
+    from genlm_core import models
+
+    if engine == "hf":
+        return genlm_core.load("hf", model=str(models.smollm2_path(progress=False)), dtype="float32")
+    from genlm_llamacpp.convert import smollm2_f16_gguf_path
+
+    return genlm_core.load("llamacpp", model=str(smollm2_f16_gguf_path(progress=True)), n_threads=threads)
+
+
+class EngineClock:
+    """Seconds spent inside the engine's ``forward`` (wrapped on the instance)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.seconds = 0.0
+        inner = engine.forward
+
+        def forward(contexts: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return inner(contexts)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        engine.forward = forward
+
+
+class SISControl:
+    """The SIS of ``sis_workload.sis`` as an EngineControl: one batched draw a step."""
+
+    def __init__(
+        self, n: int, prompt: list[int], lengths: list[int], eos: int, max_tokens: int, seed: int
+    ) -> None:
+        import torch
+
+        self.valid = torch.tensor(
+            [i == eos or k <= 10 for i, k in enumerate(lengths)], dtype=torch.float
+        ).log()
+        self.eos_only = torch.nn.functional.one_hot(torch.tensor(eos), len(lengths)).float().log()
+        self.eos, self.max_tokens = eos, max_tokens
+        self.gen = torch.Generator().manual_seed(seed)
+        self.length = [0] * n
+        self.log_w = [0.0] * n
+        self.adds = [(i, list(prompt), None) for i in range(n)]
+        self.aborts: list[int] = []
+        self.draw_s = 0.0
+
+    def draw(self, logits: Any, handles: list[int]) -> Any:
+        import torch
+
+        t0 = time.perf_counter()
+        mask = torch.stack(
+            [self.eos_only if self.length[h] >= self.max_tokens else self.valid for h in handles]
+        )
+        masked = logits + mask
+        log_z = masked.logsumexp(dim=-1, keepdim=True)
+        drawn = torch.multinomial((masked - log_z).exp(), 1, generator=self.gen).view(-1)
+        for h, tok, z in zip(handles, drawn.tolist(), log_z.view(-1).tolist()):
+            self.log_w[h] += z
+            if tok == self.eos:
+                self.aborts.append(h)
+            else:
+                self.length[h] += 1
+        self.draw_s += time.perf_counter() - t0
+        return drawn
+
+    def drain_adds(self) -> list:
+        out, self.adds = self.adds, []
+        return out
+
+    def drain_aborts(self) -> list[int]:
+        out, self.aborts = self.aborts, []
+        return out
+
+    def on_burst_end(self) -> None:
+        pass
+
+
+def one_run(
+    llm: Any, clock: EngineClock, mode: str, n: int, prompt: list[int], args: argparse.Namespace, seed: int
+) -> dict:
+    lengths = [len(t) for t in llm.byte_vocab]
+    eos = llm.eos_token_ids[0]
+    llm.clear_cache()
+    clock.seconds = 0.0
+    t0 = time.perf_counter()
+    if mode == "steps":
+        res = asyncio.run(
+            sis(
+                llm.next_token_logprobs,
+                lengths,
+                eos,
+                prompt,
+                n_particles=n,
+                max_tokens=args.max_tokens,
+                seed=seed,
+            )
+        )
+        calls, draw_s = res["calls"], None
+    else:
+        control = SISControl(n, prompt, lengths, eos, args.max_tokens, seed)
+        report = llm.run_burst(control, max_steps=args.max_tokens + 2)
+        calls, draw_s = report.rows_drawn, control.draw_s
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "calls": calls, "engine_s": clock.seconds, "draw_s": draw_s}
+
+
+def measure(llm: Any, engine: str, n: int, prompt: list[int], args: argparse.Namespace) -> list[dict]:
+    clock = EngineClock(llm.engine)
+    rows = []
+    one_run(llm, clock, "steps", 2, prompt, args, seed=99)  # warm-up
+    one_run(llm, clock, "burst", 2, prompt, args, seed=99)
+    for mode in ("steps", "burst"):
+        runs = [one_run(llm, clock, mode, n, prompt, args, seed=args.seed + r) for r in range(args.repeats)]
+        rate = statistics.median(r["calls"] / r["wall_s"] for r in runs)
+        mid = sorted(runs, key=lambda r: r["calls"] / r["wall_s"])[len(runs) // 2]
+        per_call = {
+            k: (mid[k] / mid["calls"] * 1e3 if mid[k] is not None else None) for k in ("engine_s", "draw_s")
+        }
+        other = mid["wall_s"] - mid["engine_s"] - (mid["draw_s"] or 0.0)
+        rows.append(
+            {
+                "engine": engine,
+                "particles": n,
+                "mode": mode,
+                "calls_per_s": rate,
+                "calls": mid["calls"],
+                "wall_s": mid["wall_s"],
+                "engine_ms_per_call": per_call["engine_s"],
+                "draw_ms_per_call": per_call["draw_s"],
+                "other_ms_per_call": other / mid["calls"] * 1e3,
+                "runs": [r["calls"] / r["wall_s"] for r in runs],
+            }
+        )
+        log(f"{engine} n={n} {mode}: {rate:.1f} calls/s ({rows[-1]})")
+    steps, burst = rows[-2]["calls_per_s"], rows[-1]["calls_per_s"]
+    rows.append({"engine": engine, "particles": n, "mode": "burst/steps", "calls_per_s": burst / steps,
+                 "steps_calls_per_s": steps, "burst_calls_per_s": burst})  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    p.add_argument("--particles", nargs="+", type=int, default=[16, 64])
+    p.add_argument("--max-tokens", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="hf, 16 particles x 8 tokens, one run")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.engines, args.particles, args.max_tokens, args.repeats = ["hf"], [16], 8, 1
+    import torch
+
+    torch.set_num_threads(args.threads)
+    rows: list[dict] = []
+    for engine in args.engines:
+        llm = load(engine, args.threads)
+        try:
+            prompt = llm.tokenizer.encode(PROMPT)
+            for n in args.particles:
+                rows += measure(llm, engine, n, prompt, args)
+        finally:
+            llm.close()
+    result = {"rows": rows, "targets": {str(k): v for k, v in TARGETS.items()}, "max_tokens": args.max_tokens}
+    cols = ["engine", "particles", "mode", "calls_per_s", "calls", "wall_s", "engine_ms_per_call",
+            "draw_ms_per_call", "other_ms_per_call"]  # fmt: skip
+    write_results("burst", [{c: r.get(c) for c in cols} for r in rows], result, cols)
+    return result
+
+
+def smoke(result: dict) -> list[str]:
+    """Both modes ran for every engine and size and drew rows."""
+    problems = []
+    for r in result.get("rows", []):
+        if r["mode"] != "burst/steps" and not r.get("calls"):
+            problems.append(f"burst {r['engine']} n={r['particles']} {r['mode']}: no rows drawn")
+    if not any(r["mode"] == "burst/steps" for r in result.get("rows", [])):
+        problems.append("burst: no burst/steps ratio")
+    return problems
+
+
+def headline(result: dict) -> list[dict]:
+    """Burst over steps (calls/s) per engine and particle count, judged against the targets."""
+    out = []
+    for r in result.get("rows", []):
+        if r["mode"] != "burst/steps":
+            continue
+        want = result.get("targets", {}).get(str(r["particles"]))
+        out.append(
+            verdicts.row(
+                f"burst vs steps, SIS {r['particles']} x {result.get('max_tokens')} ({r['engine']}), calls/s",
+                r.get("burst_calls_per_s"),
+                r.get("steps_calls_per_s"),
+                r["calls_per_s"],
+                f">= {want}x" if want else "",
+                r["calls_per_s"] >= want if want else None,
+            )
+        )
+    return out
+
+
+if __name__ == "__main__":
+    main()

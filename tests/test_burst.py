@@ -1,0 +1,216 @@
+"""The burst loop's protocol (genlm_core.engine.burst) on the mock engine: what a control
+sees, how rows end, and that bad controls get clear errors and leave the backend usable."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import pytest
+import torch
+from genlm_mock.engine import MockEngine
+
+import genlm_core
+from genlm_core.engine import BaseLogprobBackend, Engine
+from genlm_core.engine.burst import EngineControl
+
+
+class Scripted:
+    """A control that records what it is shown and draws ``pick(handle, row)``."""
+
+    def __init__(self, adds: list[tuple[int, list[int], Any]], pick=None) -> None:
+        self.adds, self.aborts = list(adds), []
+        self.pick = pick or (lambda h, row: int(torch.argmax(row)))
+        self.seen: list[tuple[list[int], torch.Tensor]] = []
+        self.ends = 0
+        self.after_step = lambda step, handles: None
+
+    def draw(self, logits, handles):
+        self.seen.append((list(handles), logits.clone()))
+        out = [self.pick(h, logits[i]) for i, h in enumerate(handles)]
+        self.after_step(len(self.seen), list(handles))
+        return out
+
+    def drain_adds(self):
+        out, self.adds = self.adds, []
+        return out
+
+    def drain_aborts(self):
+        out, self.aborts = self.aborts, []
+        return out
+
+    def on_burst_end(self):
+        self.ends += 1
+
+
+@pytest.fixture
+def llm():
+    backend = genlm_core.load("mock")
+    yield backend
+    backend.close()
+
+
+def test_rows_are_the_contexts_next_token_logprobs(llm) -> None:
+    """Every row a draw sees is the backend's own row for the row's context (prompt plus
+    the tokens drawn so far), computed independently afterwards one context at a time."""
+    control = Scripted([(7, [1, 2, 3], None), (9, [4], None)], pick=lambda h, row: 10 + h)
+    assert isinstance(control, EngineControl)
+    report = llm.run_burst(control, max_steps=4)
+    assert report.steps == 4 and report.rows_drawn == 8 and report.capped == [7, 9]
+    assert report.tokens == {7: [17] * 4, 9: [19] * 4} and control.ends == 1
+    contexts = {7: [1, 2, 3], 9: [4]}
+    for handles, rows in control.seen:
+        for h, row in zip(handles, rows):
+            assert torch.equal(row, llm.next_token_logprobs_uncached(contexts[h]))
+            contexts[h].append(10 + h)
+
+
+def test_aborts_adds_and_max_steps_per_row(llm) -> None:
+    control = Scripted([(0, [1], None), (1, [2], None)], pick=lambda h, row: 5)
+
+    def after(step: int, handles: list[int]) -> None:
+        if step == 1:
+            control.aborts += [0, 999]  # 999: never added, ignored
+            control.adds.append((2, [3, 3], None))
+        if step == 2:
+            control.aborts.append(0)  # already gone: ignored
+
+    control.after_step = after
+    report = llm.run_burst(control, max_steps=3)
+    assert [h for h, _ in control.seen] == [[0, 1], [1, 2], [1, 2], [2]]
+    assert report.tokens == {0: [5], 1: [5, 5, 5], 2: [5, 5, 5]}
+    assert report.aborted == 1 and report.added == 3 and report.capped == [1, 2]
+
+
+def test_context_limit_ends_a_row() -> None:
+    llm = genlm_core.load("mock", max_context_length=5)
+    try:
+        report = llm.run_burst(Scripted([(0, [1, 2, 3], None)], pick=lambda h, r: 4), max_steps=50)
+        assert report.tokens[0] == [4, 4, 4] and report.capped == [0]  # contexts of 3, 4, 5 tokens
+    finally:
+        llm.close()
+
+
+def test_adds_after_the_loop_are_reported_not_run(llm) -> None:
+    control = Scripted([(0, [1], None)])
+    control.on_burst_end = lambda: control.adds.append((1, [2], None))
+    report = llm.run_burst(control, max_steps=1)
+    assert report.not_run == [1] and list(report.tokens) == [0]
+    assert llm.run_burst(Scripted([(0, [1], None)]), max_steps=0).not_run == [0]
+
+
+@pytest.mark.parametrize(
+    ("adds", "pick", "match"),
+    [
+        ([(0, [1], None)], lambda h, r: [1, 2], "2 token ids for 1 rows"),
+        ([(0, [1], None)], lambda h, r: 10**9, "row 0 token id 1000000000, outside the vocabulary"),
+        ([(0, [1], None)], lambda h, r: 1.5, "must be integers"),
+        ([(0, [1], None), (0, [2], None)], None, "row 0 was added while live"),
+        ([(0, [1], "adapter")], None, "LoRA adapter 'adapter'"),
+        ([(0, [10**9], None)], None, "the prompt of row 0"),
+        ([("a", [1], None)], None, "handles are ints"),
+        ([(0, [1])], None, r"each add is \(handle, prompt_token_ids, lora_name\)"),
+    ],
+)
+def test_bad_controls_get_clear_errors_and_the_backend_stays_usable(llm, adds, pick, match) -> None:
+    control = Scripted(adds)
+    if pick is not None:
+        control.draw = lambda logits, handles: pick(handles[0], logits[0])
+    with pytest.raises(ValueError, match=match):
+        llm.run_burst(control, max_steps=3)
+    assert llm.run_burst(Scripted([(0, [1], None)]), max_steps=2).rows_drawn == 2
+    with pytest.raises(ValueError, match="max_steps must be a non-negative int"):
+        llm.run_burst(Scripted([]), max_steps=-1)
+
+
+def test_async_burst_with_draws_on_the_event_loop(llm) -> None:
+    """``await llm.burst(...)`` runs in a worker thread: a draw may wait on a coroutine of
+    the caller's loop (genlm-control's pattern) and the loop keeps serving other calls."""
+
+    async def main() -> tuple[Any, list[torch.Tensor]]:
+        loop = asyncio.get_running_loop()
+        control = Scripted([(0, [1, 2], None), (1, [3], None)])
+        plain = control.draw
+
+        async def on_loop(logits, handles):
+            return plain(logits, handles)
+
+        control.draw = lambda logits, handles: asyncio.run_coroutine_threadsafe(
+            on_loop(logits, handles), loop
+        ).result()
+        report, other = await asyncio.gather(
+            llm.burst(control, max_steps=5), llm.batch_next_token_logprobs([[5], [6, 7]])
+        )
+        return report, other
+
+    report, other = asyncio.run(main())
+    assert report.rows_drawn == 10 and other.shape == (2, llm.vocab_size)
+
+
+class KeptRows(MockEngine):
+    """An engine with a decode step of its own (as one keeping a decode batch would)."""
+
+    supports = frozenset({"decode"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[dict[int, tuple[int, ...]], set[int]]] = []
+
+    def decode_step(self, rows, released):
+        self.calls.append((dict(rows), set(released)))
+        return self.forward(list(rows.values())) if rows else None
+
+
+def test_an_engine_decode_step_gets_rows_and_releases() -> None:
+    engine = KeptRows()
+    llm = BaseLogprobBackend(engine)
+    try:
+        control = Scripted([(0, [1], None), (1, [1], None)], pick=lambda h, r: 3)
+        control.after_step = lambda step, handles: control.aborts.append(0) if step == 1 else None
+        llm.run_burst(control, max_steps=3)
+        assert [set(rows) for rows, _ in engine.calls] == [{0, 1}, {1}, {1}, set()]
+        assert [released for _, released in engine.calls] == [set(), {0}, set(), {1}]
+        assert engine.calls[1][0][1] == (1, 3)  # duplicate contexts are each handle's own row
+    finally:
+        llm.close()
+
+
+def test_backends_without_the_capability_say_so() -> None:
+    class Plain(Engine):
+        def __init__(self) -> None:
+            self.inner = MockEngine()
+            self.tokenizer, self.byte_vocab = self.inner.tokenizer, self.inner.byte_vocab
+
+        def forward(self, contexts):
+            return self.inner.forward(contexts)
+
+    llm = BaseLogprobBackend(Plain())
+    try:
+        assert llm.supports_burst is False
+        with pytest.raises(NotImplementedError, match="supports_burst is False"):
+            llm.run_burst(Scripted([(0, [1], None)]), max_steps=1)
+    finally:
+        llm.close()
+
+
+def test_the_documented_smc_program_runs_as_a_burst() -> None:
+    """docs/bursts.md's complete example, its SMC class run on the tiny Llama (hf): the
+    particles it keeps are the report's drawn tokens (re-adds replay a resampled prefix)."""
+    import re
+    from pathlib import Path
+
+    from genlm_core.testing import models
+
+    text = (Path(__file__).parents[1] / "docs" / "bursts.md").read_text()
+    code = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "class SMC" in b)
+    namespace: dict[str, Any] = {}
+    exec(code.split("\nllm = genlm_core.load")[0], namespace)
+    llm = genlm_core.load("hf", model=str(models.tiny_llama()), dtype="float32")
+    try:
+        smc = namespace["SMC"](llm, [1, 45, 496], n=6, max_tokens=7, seed=3)
+        report = llm.run_burst(smc, max_steps=8)
+        assert all(smc.done) and report.aborted >= 6 and report.added > 6
+        assert all(len(t) <= 7 for t in smc.tokens) and all(map(math.isfinite, smc.log_w))
+    finally:
+        llm.close()
