@@ -76,7 +76,8 @@ class LlamaCppConfig(BackendConfig):
         description=(
             "compute every context alone from position 0 in an emptied KV cache, so its row is the "
             "same bits whatever shares its batch or was computed before; costs batching and prefix "
-            "reuse (SIS on SmolLM2 Q4_1: ~10x fewer calls/s, see benchmarks/results/llamacpp.md). "
+            "reuse (SmolLM2 Q4_1: SIS ~9x fewer calls/s, byte beam ~24x fewer bytes/s; "
+            "benchmarks/results/llamacpp.md). "
             "Off: batches and prefix reuse; on quantised GGUFs a row then moves with its batch-mates "
             "(the kernels re-quantise activations to 8 bits, turning llama.cpp's float32 rounding "
             "differences into up to ~1 on tail logprobs; F16 ~0.03, F32 ~1e-5; docs/numerics.md)"
