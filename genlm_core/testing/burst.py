@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "LoopControl", "ProgramControl", "SMCProgram", "SMCResult", "mean_gaps", "run_burst", "run_burst_on_loop",
-    "run_steps",
+    "LoopControl", "ProgramControl", "SMCProgram", "SMCResult", "check_seam", "mean_gaps", "run_burst",
+    "run_burst_on_loop", "run_steps",
 ]  # fmt: skip
 
 
@@ -223,6 +223,35 @@ async def run_burst_on_loop(llm: Any, program: SMCProgram) -> SMCResult:
     if control.ended_bursts != 1:
         raise AssertionError(f"on_burst_end was called {control.ended_bursts} times, not once")
     return program.result(report=report)
+
+
+def check_seam(
+    llm: Any, prompt: Sequence[int], seeds: Sequence[int] = (0, 1), n: int = 8, max_tokens: int = 8
+) -> None:
+    """genlm-backend's seam as genlm-control's burst loop drives it (:func:`run_burst_on_loop`)
+    against the same program through per-step calls, from clean caches, for each seed: the
+    same particles and weights, resampling through aborts and re-adds, every drawn row
+    reported. Raises AssertionError naming what differs."""
+    import asyncio
+
+    for seed in seeds:
+        llm.clear_cache()
+        steps = run_steps(llm, SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed))
+        llm.clear_cache()
+        program = SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed)
+        burst = asyncio.run(run_burst_on_loop(llm, program))
+        if burst.tokens != steps.tokens:
+            raise AssertionError(f"seed {seed}: burst tokens {burst.tokens} != steps {steps.tokens}")
+        for a, b in zip(steps.log_weights, burst.log_weights):
+            if abs(a - b) > 1e-12 * max(1.0, abs(a)):
+                raise AssertionError(f"seed {seed}: weights {burst.log_weights} != {steps.log_weights}")
+        report = burst.extra["report"]
+        if not (report.aborted >= n and report.added > n and burst.resamples >= 1):
+            raise AssertionError(
+                f"seed {seed}: no abort/re-add cycle ({report}, {burst.resamples} resamples)"
+            )
+        if not sum(len(t) for t in report.tokens.values()) == report.rows_drawn == steps.rows:
+            raise AssertionError(f"seed {seed}: {report.rows_drawn} rows drawn, steps drew {steps.rows}")
 
 
 def mean_gaps(pairs: Sequence[tuple[SMCResult, SMCResult]]) -> dict[str, float]:

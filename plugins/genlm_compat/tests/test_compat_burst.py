@@ -9,29 +9,17 @@ handles, ``on_burst_end``. Its oracle is the same program through per-step calls
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 import genlm_core
-from genlm_core.testing.burst import SMCProgram, run_burst_on_loop, run_steps
+from genlm_core.testing.burst import check_seam
 
 gb = pytest.importorskip("genlm.backend")
 
 
 def _same_program_both_ways(llm, prompt: list[int]) -> None:
     assert isinstance(llm, gb.llm.AsyncLM) and llm.supports_burst
-    for seed in (0, 1, 2):
-        make = lambda seed=seed: SMCProgram(prompt, llm.eos_token_ids, n=8, max_tokens=8, seed=seed)  # noqa: E731
-        llm.clear_cache()
-        steps = run_steps(llm, make())
-        llm.clear_cache()
-        burst = asyncio.run(run_burst_on_loop(llm, make()))
-        assert burst.tokens == steps.tokens
-        assert burst.log_weights == pytest.approx(steps.log_weights, rel=1e-12, abs=1e-12)
-        report = burst.extra["report"]
-        assert report.aborted >= 8 and report.added > 8 and burst.resamples >= 1
-        assert sum(len(t) for t in report.tokens.values()) == report.rows_drawn == steps.rows
+    check_seam(llm, prompt, seeds=(0, 1, 2))
 
 
 def test_burst_seam_on_hf() -> None:
