@@ -17,7 +17,11 @@ computed:
 
 Both see the same rows in the same order when the backend computes them the same way,
 so their particles and weights agree exactly; :func:`mean_gaps` is the statistical
-criterion for engines whose burst computes differently.
+criterion for engines whose burst computes differently. :func:`check_parity` applies
+the one that holds: exact where neither driver lost a cached prefix (the prefix cache's
+``kv_evictions``: decided by the caches, not by the results), the statistical criterion otherwise
+(a step loop whose prefix cache evicted a prefix re-prefills tokens that a burst keeps
+as decode KV: other sums, the same distribution).
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "LoopControl", "ProgramControl", "SMCProgram", "SMCResult", "check_seam", "mean_gaps", "run_burst",
-    "run_burst_on_loop", "run_steps",
+    "LoopControl", "ProgramControl", "SMCProgram", "SMCResult", "check_parity", "check_seam", "mean_gaps",
+    "run_burst", "run_burst_on_loop", "run_steps",
 ]  # fmt: skip
 
 
@@ -267,4 +271,81 @@ def mean_gaps(pairs: Sequence[tuple[SMCResult, SMCResult]]) -> dict[str, float]:
         var = sum((x - mean) ** 2 for x in d) / max(1, len(d) - 1)
         out[name] = mean
         out[f"{name}_se"] = math.sqrt(var / len(d))
+    return out
+
+
+def _evictions(llm: Any) -> int:
+    """Prefix-cache entries evicted so far (0 for an engine that reports none)."""
+    value = llm.stats().get("prefix_cache", {}).get("kv_evictions", 0)
+    return int(value) if isinstance(value, int | float) else 0
+
+
+def _paired(llm: Any, make: Any, seed: int) -> tuple[SMCResult, SMCResult, bool]:
+    """The program of ``seed`` through steps and through a burst, each from clean caches;
+    and whether neither run evicted a cached prefix (then both ran each token once, as
+    the same batches: the same arithmetic)."""
+    llm.clear_cache()
+    before = _evictions(llm)
+    steps = run_steps(llm, make(seed))
+    llm.clear_cache()
+    burst = run_burst(llm, make(seed))
+    return steps, burst, _evictions(llm) == before
+
+
+def check_parity(
+    llm: Any,
+    prompt: Sequence[int],
+    *,
+    atol: float,
+    seeds: Sequence[int] = (0, 1),
+    gate_seeds: int = 20,
+    n: int = 6,
+    max_tokens: int = 6,
+) -> dict[str, Any]:
+    """The parity gate of bursts against steps (:class:`SMCProgram` with ``n`` particles).
+
+    For each of ``seeds``, where neither run evicted a cached prefix: the
+    same tokens, the same weights (to 1e-9 relative: the same floats summed in the same
+    order), every drawn row reported, at least one abort/re-add cycle. Where they did not
+    (the arithmetic differs, e.g. decode KV against a re-prefill): the anchors' criterion
+    over ``gate_seeds`` seeds - the mean burst-minus-steps difference of the
+    log-marginal-likelihood and of the mean length within three standard errors of 0,
+    plus what float32 rounding can move them (``atol`` per row and step, ``max_tokens``
+    steps). Returns what it checked; raises AssertionError naming what differs."""
+
+    def make(seed: int) -> SMCProgram:
+        return SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed)
+
+    exact, differ = 0, 0
+    for seed in seeds:
+        steps, burst, same = _paired(llm, make, seed)
+        report = burst.extra["report"]
+        if not (report.rows_drawn == burst.rows and report.aborted >= 1 and report.added > n):
+            raise AssertionError(f"seed {seed}: no abort/re-add cycle or rows unreported ({report})")
+        if not same:
+            differ += 1
+            continue
+        exact += 1
+        if burst.tokens != steps.tokens:
+            raise AssertionError(f"seed {seed}: burst tokens {burst.tokens} != steps {steps.tokens}")
+        if not (burst.rows == steps.rows and burst.resamples == steps.resamples >= 1):
+            raise AssertionError(f"seed {seed}: {burst.rows} rows / {burst.resamples} resamples, "
+                                 f"steps {steps.rows} / {steps.resamples}")  # fmt: skip
+        for a, b in zip(steps.log_weights, burst.log_weights):
+            if abs(a - b) > 1e-9 * max(1.0, abs(a)):
+                raise AssertionError(f"seed {seed}: weights {burst.log_weights} != {steps.log_weights}")
+    out: dict[str, Any] = {"exact": exact, "statistical": differ}
+    if differ:
+        pairs = [_paired(llm, make, 1000 + s)[:2] for s in range(gate_seeds)]
+        gaps = mean_gaps(pairs)
+        floor = {"log_ml": max_tokens * atol, "length": 0.0}
+        for name in ("log_ml", "length"):
+            bound = 3 * gaps[f"{name}_se"] + floor[name]
+            if abs(gaps[name]) > bound:
+                raise AssertionError(
+                    f"burst vs steps over {gate_seeds} seeds: mean {name} difference {gaps[name]:.3g} "
+                    f"exceeds {bound:.3g} (3 standard errors {3 * gaps[f'{name}_se']:.3g} + rounding "
+                    f"{floor[name]:.3g}): a consistent gap is a bug"
+                )
+        out["gaps"] = gaps
     return out
