@@ -265,13 +265,29 @@ class BaseLogprobBackend:
                 raise RuntimeError(f"{self.backend_name}: the backend is closed")
             contexts = list(rows.values())
             if type(self.engine).decode_step is not Engine.decode_step:
-                return torch.stack(self._normalised(self.engine.decode_step(rows, released)))
+                return self._normalised_batch(self.engine.decode_step(rows, released), len(rows))
             unique = list(dict.fromkeys(contexts))
             bs = self.config.batch_size  # the batches a step loop's call makes
             computed = {}
             for i in range(0, len(unique), bs):
                 computed.update(zip(unique[i : i + bs], self._rows(unique[i : i + bs])))
             return torch.stack([computed[c] for c in contexts])
+
+    def _normalised_batch(self, out: Any, n: int) -> "torch.Tensor":
+        """An engine's decode-step scores as one ``(n, vocab)`` float32 tensor of normalised
+        rows (no copy where the engine returned exactly that)."""
+        import torch
+
+        if self.engine.returns == "logits":
+            out = self._finalize(out)
+        elif not isinstance(out, torch.Tensor):
+            out = torch.stack(list(out))
+        if tuple(out.shape) != (n, self.vocab_size):
+            raise RuntimeError(
+                f"{self.backend_name}: the engine's decode step returned scores of shape "
+                f"{tuple(out.shape)}, not ({n}, {self.vocab_size})"
+            )
+        return out.to(torch.float32)
 
     def _burst_release(self, handles: Collection[int]) -> None:
         if type(self.engine).decode_step is not Engine.decode_step and not self._closed:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 
 from genlm_core.engine import BaseLogprobBackend, Checkpoint, Engine, KVReuse, LoraAdapters, decode_vocab
 from genlm_hf.config import HFConfig
+from genlm_hf.decode import DecodeBatches
 from genlm_hf.kv import Row, Workspace, forward_rows, supports_kv_reuse
 from genlm_hf.loading import load_model_and_tokenizer, supported_dtypes
 
@@ -34,7 +36,7 @@ class HFEngine(Engine):
 
     config_class = HFConfig
     returns = "logprobs"
-    #: bursts: the core's decode step over forward; the KV of each row is reused
+    #: bursts: decode batches kept between steps (genlm_hf.decode)
     supports = frozenset({"decode"})
 
     def __init__(self, model: Any, tokenizer: Any, config: HFConfig | None = None) -> None:
@@ -60,6 +62,8 @@ class HFEngine(Engine):
         # adds a hop (the SIS benchmark ran 7% slower with one, benchmarks/bench_sis.py)
         self.forward_in_thread = torch.device(self._device).type != "cpu"
         self._workspace = Workspace()  # the batch KV buffer's memory, kept between passes
+        self._batch_size = config.batch_size
+        self._decode = DecodeBatches()  # a burst's rows, their KV kept between its steps
 
     @classmethod
     def load(cls, checkpoint: Checkpoint, config: HFConfig) -> "HFEngine":  # type: ignore[override]
@@ -100,6 +104,45 @@ class HFEngine(Engine):
             self.kv.store(row.ctx, kv)
         return self._normalised(logits)
 
+    def decode_step(
+        self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]
+    ) -> torch.Tensor | list[torch.Tensor] | None:
+        """A burst step (:mod:`genlm_hf.decode`): the rows' distinct contexts in the step
+        loop's batches, each batch resuming the kept KV of the step before when its
+        contexts extend that batch's by one token. Returns one ``(rows, vocab)`` tensor.
+        Without KV reuse (``prefix_cache=False``, or a model whose cache is not plain
+        full-attention KV) every step runs :meth:`forward`."""
+        if not rows:  # the burst ended
+            self._decode.flush(self.kv)
+            return None
+        contexts = list(rows.values())
+        unique = list(dict.fromkeys(contexts))
+        if not self.kv.enabled:
+            computed = {}
+            for i in range(0, len(unique), self._batch_size):
+                computed.update(
+                    zip(unique[i : i + self._batch_size], self.forward(unique[i : i + self._batch_size]))
+                )
+            return [computed[c] for c in contexts]
+        with torch.inference_mode():
+            logits = self._decode.step(
+                self.model,
+                unique,
+                self._batch_size,
+                self.kv,
+                logits_to_keep=self._logits_to_keep,
+                pad_id=self._pad_id,
+            )
+        if len(unique) < len(contexts):
+            where = {c: i for i, c in enumerate(unique)}
+            logits = logits[torch.tensor([where[c] for c in contexts], device=logits.device)]
+        if logits.shape[-1] < self.vocab_size:
+            self._normalised(logits[:1])  # raises the error naming the sizes
+        return torch.log_softmax(logits[:, : self.vocab_size].to(torch.float32), dim=-1)
+
+    def stats(self) -> dict[str, Any]:
+        return self._decode.stats()
+
     def _normalised(self, logits: torch.Tensor) -> list[torch.Tensor]:
         """The float32 ``log_softmax`` of each row's first ``vocab_size`` logits, each row
         its own tensor (the kernel normalises a row alike alone or in a batch)."""
@@ -126,10 +169,12 @@ class HFEngine(Engine):
     def clear_cache(self) -> None:
         self.kv.clear()
         self._workspace.clear()
+        self._decode.clear()
 
     def close(self) -> None:
         self.kv.clear()
         self._workspace.clear()
+        self._decode.clear()
         self.model = None
         gc.collect()
         if torch.cuda.is_available():

@@ -38,7 +38,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["Row", "Workspace", "forward_rows", "supports_kv_reuse"]
+__all__ = ["Row", "Slots", "Workspace", "forward_rows", "resume_rows", "run_rows", "supports_kv_reuse"]
 
 
 @dataclass
@@ -92,22 +92,41 @@ class Workspace:
         self._block = None
 
 
-class _Slots:
-    """The batch's KV buffer, allocated when the first layer reports its KV shape."""
+class Slots:
+    """The batch's KV buffer ``[n_layers, 2, B, heads, capacity, head_dim]``, allocated when
+    the first layer reports its KV shape (or resumed: :meth:`resume`).
+
+    The model sees columns ``[start, filled)`` of it: ``past_len = filled - start`` slots of
+    past, then the new tokens' slots, written in place. ``headroom`` columns more than a
+    pass needs keep the buffer for the passes after it (a decode batch,
+    :mod:`genlm_hf.decode`)."""
 
     def __init__(
-        self, rows: list[Row], past_len: int, new_len: int, workspace: Workspace | None = None
+        self,
+        rows: list[Row],
+        past_len: int,
+        new_len: int,
+        workspace: Workspace | None = None,
+        headroom: int = 0,
     ) -> None:
         self.rows = rows
-        self.past_len = past_len
-        self.capacity = past_len + new_len
+        self.start = 0
+        self.filled = past_len
+        self.capacity = past_len + new_len + headroom
         self.workspace = workspace
         self.buf: torch.Tensor | None = None
 
+    @classmethod
+    def resume(cls, buf: torch.Tensor, start: int, filled: int) -> "Slots":
+        """A buffer kept from an earlier pass, its past in columns ``[start, filled)``."""
+        slots = cls([], 0, 0)
+        slots.start, slots.filled, slots.capacity, slots.buf = start, filled, buf.shape[-2], buf
+        return slots
+
     def allocate(self, n_layers: int, key_states: torch.Tensor) -> torch.Tensor:
-        """``[n_layers, 2, B, heads, P + S, head_dim]`` holding every row's left-padded past."""
+        """``[n_layers, 2, B, heads, capacity, head_dim]`` holding every row's left-padded past."""
         B, heads, _, head_dim = key_states.shape
-        P = self.past_len
+        P = self.filled
         shape = (n_layers, 2, B, heads, self.capacity, head_dim)
         buf = (
             self.workspace.take(shape, key_states)
@@ -126,20 +145,21 @@ class _Slots:
 class _SlotLayer(DynamicLayer):
     """A full-attention cache layer whose KV lives in the batch's shared buffer.
 
-    ``keys``/``values`` are views of the filled slots, so ``get_seq_length`` and the
-    mask sizes are those of a ``DynamicLayer`` holding the past; ``update`` writes the
-    new tokens' KV into the next slots in place (no ``torch.cat``).
+    ``keys``/``values`` are views of the slots in use (from ``slots.start``), so
+    ``get_seq_length`` and the mask sizes are those of a ``DynamicLayer`` holding the
+    past; ``update`` writes the new tokens' KV into the next slots in place (no
+    ``torch.cat``).
     """
 
-    def __init__(self, slots: _Slots, index: int, n_layers: int) -> None:
+    def __init__(self, slots: Slots, index: int, n_layers: int) -> None:
         super().__init__()
         self._slots = slots
         self._index = index
         self._n_layers = n_layers
-        self._filled = slots.past_len
+        self._filled = slots.filled
 
     def get_seq_length(self) -> int:
-        return self._filled
+        return self._filled - self._slots.start
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -159,17 +179,111 @@ class _SlotLayer(DynamicLayer):
         layer[0, :, :, start:end].copy_(key_states)
         layer[1, :, :, start:end].copy_(value_states)
         self._filled = end
-        self.keys, self.values = layer[0, :, :, :end], layer[1, :, :, :end]
+        start = self._slots.start
+        self.keys, self.values = layer[0, :, :, start:end], layer[1, :, :, start:end]
         self.dtype, self.device = buf.dtype, buf.device
         self.is_initialized = True
         return self.keys, self.values
 
 
-def _slot_cache(model: Any, slots: _Slots) -> DynamicCache:
+def _slot_cache(model: Any, slots: Slots) -> DynamicCache:
     cache = DynamicCache(config=model.config)
     n_layers = len(cache.layers)
     cache.layers = [_SlotLayer(slots, i, n_layers) for i in range(n_layers)]
     return cache
+
+
+def run_rows(
+    model: Any,
+    rows: list[Row],
+    *,
+    use_cache: bool,
+    logits_to_keep: bool,
+    pad_id: int = 0,
+    workspace: Workspace | None = None,
+    headroom: int = 0,
+) -> tuple[torch.Tensor, Slots | None]:
+    """Run ``model`` once on every row's new tokens (the layout above).
+
+    Returns the next-token logits of each row ``(B, V')`` and the batch's :class:`Slots`
+    (None when the model ran without a cache: ``use_cache`` False and no row has a past).
+    ``workspace``: where the KV buffer is carved from (none: a fresh allocation, which
+    the caller may keep); ``headroom``: columns to leave free after the new tokens.
+    """
+    suffix = [len(r.ctx) - r.depth for r in rows]
+    if min(suffix) < 1:
+        raise ValueError("every row needs at least one uncached token")
+    P = max(r.depth for r in rows)
+    S = max(suffix)
+    ids, mask, pos = [], [], []
+    for r, s in zip(rows, suffix):
+        d = r.depth
+        ids.append(list(r.ctx[d:]) + [pad_id] * (S - s))
+        mask.append([0] * (P - d) + [1] * (d + s) + [0] * (S - s))
+        pos.append(list(range(d, d + s)) + [d + s - 1] * (S - s))
+    slots = Slots(rows, P, S, workspace, headroom) if use_cache or P > 0 else None
+    logits = _run(model, ids, mask, pos, [s - 1 for s in suffix], slots, logits_to_keep)
+    if slots is not None and slots.buf is None:  # pragma: no cover - a model that never touched its cache
+        raise RuntimeError("the model did not write its KV cache (does it accept past_key_values?)")
+    return logits, slots
+
+
+def resume_rows(
+    model: Any,
+    slots: Slots,
+    tokens: list[int],
+    depths: list[int],
+    *,
+    logits_to_keep: bool,
+) -> torch.Tensor:
+    """One new token per row over a kept buffer (:meth:`Slots.resume`): row ``i`` has
+    ``depths[i]`` tokens of past, ending at column ``slots.filled``. Returns the rows'
+    next-token logits ``(B, V')``; the tokens' KV is written at column ``slots.filled``.
+    The model sees what :func:`run_rows` would show it for these rows: the same mask,
+    positions and past length."""
+    P = slots.filled - slots.start
+    ids = [[t] for t in tokens]
+    mask = [[0] * (P - d) + [1] * (d + 1) for d in depths]
+    pos = [[d] for d in depths]
+    return _run(model, ids, mask, pos, [0] * len(tokens), slots, logits_to_keep)
+
+
+def _run(
+    model: Any,
+    ids: list[list[int]],
+    mask: list[list[int]],
+    pos: list[list[int]],
+    last: list[int],
+    slots: Slots | None,
+    logits_to_keep: bool,
+) -> torch.Tensor:
+    """The model on ``ids`` (right-padded new tokens) over ``slots``; the logits of each
+    row at its column ``last[i]``."""
+    device = model.device
+    kwargs: dict[str, Any] = {
+        "input_ids": torch.tensor(ids, dtype=torch.long, device=device),
+        "attention_mask": torch.tensor(mask, dtype=torch.long, device=device),
+        "position_ids": torch.tensor(pos, dtype=torch.long, device=device),
+    }
+    if slots is not None:
+        kwargs["past_key_values"] = _slot_cache(model, slots)
+    kwargs["use_cache"] = slots is not None
+    S = len(ids[0])
+    cols = last
+    if logits_to_keep:  # only the rows' last positions go through the LM head
+        keep = sorted(set(last))
+        if keep == [S - 1]:
+            kwargs["logits_to_keep"] = 1
+            cols = [0] * len(ids)
+        else:
+            kwargs["logits_to_keep"] = torch.tensor(keep, dtype=torch.long, device=device)
+            where = {k: j for j, k in enumerate(keep)}
+            cols = [where[c] for c in last]
+    logits = model(**kwargs).logits
+    if cols == [0] * len(ids) and logits.shape[1] == 1:
+        return logits[:, 0]
+    rows_idx = torch.arange(len(ids), device=logits.device)
+    return logits[rows_idx, torch.tensor(cols, dtype=torch.long, device=logits.device)]
 
 
 def forward_rows(
@@ -187,53 +301,20 @@ def forward_rows(
     row's KV for its whole context (a fresh contiguous tensor per row). ``workspace``:
     where the batch's KV buffer is carved from (none: a fresh allocation).
     """
-    device = model.device
-    suffix = [len(r.ctx) - r.depth for r in rows]
-    if min(suffix) < 1:
-        raise ValueError("every row needs at least one uncached token")
-    P = max(r.depth for r in rows)
-    S = max(suffix)
-    ids, mask, pos = [], [], []
-    for r, s in zip(rows, suffix):
-        d = r.depth
-        ids.append(list(r.ctx[d:]) + [pad_id] * (S - s))
-        mask.append([0] * (P - d) + [1] * (d + s) + [0] * (S - s))
-        pos.append(list(range(d, d + s)) + [d + s - 1] * (S - s))
-    kwargs: dict[str, Any] = {
-        "input_ids": torch.tensor(ids, dtype=torch.long, device=device),
-        "attention_mask": torch.tensor(mask, dtype=torch.long, device=device),
-        "position_ids": torch.tensor(pos, dtype=torch.long, device=device),
-    }
-    slots = _Slots(rows, P, S, workspace) if want_kv or P > 0 else None
-    if slots is not None:
-        kwargs["past_key_values"] = _slot_cache(model, slots)
-    kwargs["use_cache"] = slots is not None
-    last = [s - 1 for s in suffix]
-    cols = last
-    if logits_to_keep:  # only the rows' last positions go through the LM head
-        keep = sorted(set(last))
-        if keep == [S - 1]:
-            kwargs["logits_to_keep"] = 1
-            cols = [0] * len(rows)
-        else:
-            kwargs["logits_to_keep"] = torch.tensor(keep, dtype=torch.long, device=device)
-            where = {k: j for j, k in enumerate(keep)}
-            cols = [where[c] for c in last]
-    logits = model(**kwargs).logits
-    if cols == [0] * len(rows) and logits.shape[1] == 1:
-        logits = logits[:, 0]
-    else:
-        rows_idx = torch.arange(len(rows), device=logits.device)
-        logits = logits[rows_idx, torch.tensor(cols, dtype=torch.long, device=logits.device)]
+    logits, slots = run_rows(
+        model, rows, use_cache=want_kv, logits_to_keep=logits_to_keep, pad_id=pad_id, workspace=workspace
+    )
     if not want_kv:
         return logits, None
-    buf = slots.buf  # type: ignore[union-attr]
-    if buf is None:  # pragma: no cover - a model that never touched its cache
-        raise RuntimeError("the model did not write its KV cache (does it accept past_key_values?)")
-    # one copy per row: contiguous, owns exactly its bytes (never a view of the buffer,
-    # which the next pass reuses)
-    kvs = [
-        buf[:, :, i, :, P - r.depth : P + s].clone(memory_format=torch.contiguous_format)
-        for i, (r, s) in enumerate(zip(rows, suffix))
+    return logits, copy_out(slots, rows)  # type: ignore[arg-type]
+
+
+def copy_out(slots: Slots, rows: list[Row]) -> list[torch.Tensor]:
+    """Each row's KV for its whole context, cut out of a :func:`run_rows` buffer: one copy
+    per row, contiguous, owning exactly its bytes (never a view of the buffer, which the
+    next pass reuses)."""
+    buf, P = slots.buf, slots.filled  # type: ignore[union-attr]
+    return [
+        buf[:, :, i, :, P - r.depth : P + len(r.ctx) - r.depth].clone(memory_format=torch.contiguous_format)  # type: ignore[index]
+        for i, r in enumerate(rows)
     ]
-    return logits, kvs

@@ -240,9 +240,9 @@ async def test_forward_thread_choice_gives_the_same_results(tiny_llama_path: str
 
 def test_kv_slots_refuse_a_layer_of_another_shape() -> None:
     """A model whose layers cache KV of different shapes gets a clear error, not a corrupt batch."""
-    from genlm_hf.kv import Row, _SlotLayer, _Slots
+    from genlm_hf.kv import Row, Slots, _SlotLayer
 
-    slots = _Slots([Row((1, 2))], past_len=0, new_len=2)
+    slots = Slots([Row((1, 2))], past_len=0, new_len=2)
     first, second = _SlotLayer(slots, 0, 2), _SlotLayer(slots, 1, 2)
     k = torch.randn(1, 2, 2, 8)
     keys, values = first.update(k, k + 1)
