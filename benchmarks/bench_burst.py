@@ -4,11 +4,15 @@ The steps program is genlm-backend's README SIS (``sis_workload.sis``: each part
 awaits its own ``next_token_logprobs`` and draws its own token). The burst runs the same
 SIS (the same length mask, EOS forced after ``max_tokens``, weights ``log Z`` of the
 masked row) as an ``EngineControl`` whose ``draw`` handles every live row of a step at
-once. Both from clean caches, SmolLM2-135M: hf float32 and llama.cpp on its f16 GGUF.
+once: ``burst`` draws them with ``genlm_core.engine.sampling.draw_rows`` (as
+docs/bursts.md writes a control), ``burst_multinomial`` with the steps program's own
+``torch.multinomial`` (what the burst gains without the batched sampler). All from
+clean caches, SmolLM2-135M: hf float32 (its decode batches keep the KV between steps)
+and llama.cpp on its f16 GGUF (the core's decode step over its sequences).
 
-Where a step's time goes: ``engine_s`` is the time inside the engine's ``forward``
-(measured by wrapping it), ``draw_s`` the burst control's draws, and ``other_s`` the
-rest (batcher, row copies, the program).
+Where a step's time goes: ``engine_s`` is the time inside the engine's ``forward`` or
+``decode_step`` (measured by wrapping them), ``draw_s`` the burst control's draws, and
+``other_s`` the rest (batcher, row copies, the program, its draws in ``steps``).
 
     .venv/bin/python benchmarks/bench_burst.py                  # 16 and 64 particles x 20 tokens
     .venv/bin/python benchmarks/bench_burst.py --quick          # hf, 16 x 8, one run
@@ -31,6 +35,10 @@ from common import write_results  # noqa: E402
 from sis_workload import sis  # noqa: E402
 
 ENGINES = ("hf", "f16")
+#: steps: the README SIS, each particle drawing its own token (torch.multinomial);
+#: burst: the same SIS as a control drawing every row of a step at once (draw_rows);
+#: burst_multinomial: that control drawing with the steps program's torch.multinomial
+MODES = ("steps", "burst", "burst_multinomial")
 PROMPT = "Here is a short story about a robot who learns to paint:"
 TARGETS = {16: 1.3, 64: 1.5}
 
@@ -51,27 +59,46 @@ def load(engine: str, threads: int) -> Any:
 
 
 class EngineClock:
-    """Seconds spent inside the engine's ``forward`` (wrapped on the instance)."""
+    """Seconds spent inside the engine's ``forward`` and its own ``decode_step`` (wrapped on
+    the instance; a call inside another counts once)."""
 
     def __init__(self, engine: Any) -> None:
-        self.seconds = 0.0
-        inner = engine.forward
+        from genlm_core.engine import Engine
 
-        def forward(contexts: Any) -> Any:
+        self.seconds = 0.0
+        self._depth = 0
+        names = ["forward"]
+        if type(engine).decode_step is not Engine.decode_step:
+            names.append("decode_step")
+        for name in names:
+            setattr(engine, name, self._timed(getattr(engine, name)))
+
+    def _timed(self, inner: Any) -> Any:
+        def timed(*args: Any) -> Any:
+            self._depth += 1
             t0 = time.perf_counter()
             try:
-                return inner(contexts)
+                return inner(*args)
             finally:
-                self.seconds += time.perf_counter() - t0
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.perf_counter() - t0
 
-        engine.forward = forward
+        return timed
 
 
 class SISControl:
     """The SIS of ``sis_workload.sis`` as an EngineControl: one batched draw a step."""
 
     def __init__(
-        self, n: int, prompt: list[int], lengths: list[int], eos: int, max_tokens: int, seed: int
+        self,
+        n: int,
+        prompt: list[int],
+        lengths: list[int],
+        eos: int,
+        max_tokens: int,
+        seed: int,
+        sampler: str = "rows",
     ) -> None:
         import torch
 
@@ -86,6 +113,7 @@ class SISControl:
         self.adds = [(i, list(prompt), None) for i in range(n)]
         self.aborts: list[int] = []
         self.draw_s = 0.0
+        self.sampler = sampler
 
     def draw(self, logits: Any, handles: list[int]) -> Any:
         import torch
@@ -95,8 +123,13 @@ class SISControl:
             [self.eos_only if self.length[h] >= self.max_tokens else self.valid for h in handles]
         )
         masked = logits + mask
-        log_z = masked.logsumexp(dim=-1, keepdim=True)
-        drawn = torch.multinomial((masked - log_z).exp(), 1, generator=self.gen).view(-1)
+        if self.sampler == "rows":  # one batched inverse-CDF draw, log Z with it (draw_rows)
+            from genlm_core.engine.sampling import draw_rows
+
+            drawn, log_z = draw_rows(masked, self.gen, with_log_mass=True)
+        else:  # the steps program's sampler, on all rows at once
+            log_z = masked.logsumexp(dim=-1, keepdim=True)
+            drawn = torch.multinomial((masked - log_z).exp(), 1, generator=self.gen).view(-1)
         for h, tok, z in zip(handles, drawn.tolist(), log_z.view(-1).tolist()):
             self.log_w[h] += z
             if tok == self.eos:
@@ -140,7 +173,8 @@ def one_run(
         )
         calls, draw_s = res["calls"], None
     else:
-        control = SISControl(n, prompt, lengths, eos, args.max_tokens, seed)
+        sampler = "multinomial" if mode == "burst_multinomial" else "rows"
+        control = SISControl(n, prompt, lengths, eos, args.max_tokens, seed, sampler)
         report = llm.run_burst(control, max_steps=args.max_tokens + 2)
         calls, draw_s = report.rows_drawn, control.draw_s
     wall = time.perf_counter() - t0
@@ -152,7 +186,7 @@ def measure(llm: Any, engine: str, n: int, prompt: list[int], args: argparse.Nam
     rows = []
     one_run(llm, clock, "steps", 2, prompt, args, seed=99)  # warm-up
     one_run(llm, clock, "burst", 2, prompt, args, seed=99)
-    for mode in ("steps", "burst"):
+    for mode in MODES:
         runs = [one_run(llm, clock, mode, n, prompt, args, seed=args.seed + r) for r in range(args.repeats)]
         rate = statistics.median(r["calls"] / r["wall_s"] for r in runs)
         mid = sorted(runs, key=lambda r: r["calls"] / r["wall_s"])[len(runs) // 2]
@@ -175,9 +209,10 @@ def measure(llm: Any, engine: str, n: int, prompt: list[int], args: argparse.Nam
             }
         )
         log(f"{engine} n={n} {mode}: {rate:.1f} calls/s ({rows[-1]})")
-    steps, burst = rows[-2]["calls_per_s"], rows[-1]["calls_per_s"]
-    rows.append({"engine": engine, "particles": n, "mode": "burst/steps", "calls_per_s": burst / steps,
-                 "steps_calls_per_s": steps, "burst_calls_per_s": burst})  # fmt: skip
+    rate = {r["mode"]: r["calls_per_s"] for r in rows}
+    for mode in MODES[1:]:
+        rows.append({"engine": engine, "particles": n, "mode": f"{mode}/steps", "calls_per_s": rate[mode] / rate["steps"],
+                     "steps_calls_per_s": rate["steps"], "burst_calls_per_s": rate[mode]})  # fmt: skip
     return rows
 
 
@@ -216,7 +251,7 @@ def smoke(result: dict) -> list[str]:
     """Both modes ran for every engine and size and drew rows."""
     problems = []
     for r in result.get("rows", []):
-        if r["mode"] != "burst/steps" and not r.get("calls"):
+        if "/" not in r["mode"] and not r.get("calls"):
             problems.append(f"burst {r['engine']} n={r['particles']} {r['mode']}: no rows drawn")
     if not any(r["mode"] == "burst/steps" for r in result.get("rows", [])):
         problems.append("burst: no burst/steps ratio")
@@ -227,7 +262,7 @@ def headline(result: dict) -> list[dict]:
     """Burst over steps (calls/s) per engine and particle count, judged against the targets."""
     out = []
     for r in result.get("rows", []):
-        if r["mode"] != "burst/steps":
+        if r["mode"] != "burst/steps":  # the target: the control as docs/bursts.md writes it
             continue
         want = result.get("targets", {}).get(str(r["particles"]))
         out.append(

@@ -212,5 +212,24 @@ def test_the_documented_smc_program_runs_as_a_burst() -> None:
         report = llm.run_burst(smc, max_steps=8)
         assert all(smc.done) and report.aborted >= 6 and report.added > 6
         assert all(len(t) <= 7 for t in smc.tokens) and all(map(math.isfinite, smc.log_w))
+        # two steps, so no resampling: each weight is the sum over its draws of log p - log q,
+        # q the model at temperature 1.3 normalised here in float64 (not by draw_rows)
+        smc = namespace["SMC"](llm, [1, 45, 496], n=6, max_tokens=2, seed=4)
+        expected = [0.0] * 6
+        draw = smc.draw
+
+        def checked(logits, handles):
+            particles = [smc.particle_of[h] for h in handles]
+            drawn = draw(logits, handles)
+            log_q = torch.log_softmax(logits.double() / 1.3, dim=-1)
+            for r, (i, tok) in enumerate(zip(particles, drawn.tolist())):
+                expected[i] += float(logits[r, tok].double() - log_q[r, tok])
+            return drawn
+
+        smc.draw = checked
+        report = llm.run_burst(smc, max_steps=3)
+        assert smc.steps <= 2 and report.rows_drawn >= 6
+        # float32 logits / 1.3 and draw_rows' float32 block sums: ~1e-6 a draw
+        assert max(abs(a - b) for a, b in zip(smc.log_w, expected)) <= 1e-5, (smc.log_w, expected)
     finally:
         llm.close()

@@ -35,8 +35,12 @@ An engine offers bursts with the capability ``"decode"`` (:attr:`Engine.supports
 rows' distinct contexts go through :meth:`~genlm_core.engine.contract.Engine.forward`,
 whose KV reuse computes each row's new token only - the same call, with the same
 contexts in the same order, that a step loop makes, so a burst and its step loop give
-the same numbers. Backends without the capability (the remote backend) say
-``supports_burst = False``, and programs run steps.
+the same numbers. An engine that keeps a decode batch between steps writes its own
+(genlm-hf: :mod:`genlm_hf.decode`). Backends without the capability (the remote
+backend) say ``supports_burst = False``, and programs run steps.
+
+A control draws all rows of a step at once: :func:`genlm_core.engine.sampling.draw_rows`
+is a batched sampler for it.
 """
 
 from __future__ import annotations
