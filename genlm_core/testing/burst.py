@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "LoopControl", "ProgramControl", "SMCProgram", "SMCResult", "check_parity", "check_seam", "mean_gaps",
-    "run_burst", "run_burst_on_loop", "run_steps",
+    "LoopControl", "ProgramControl", "RecordingControl", "SMCProgram", "SMCResult", "check_decode_batches",
+    "check_decode_rows", "check_parity", "check_seam", "mean_gaps", "run_burst", "run_burst_on_loop", "run_steps",
 ]  # fmt: skip
 
 
@@ -349,3 +349,118 @@ def check_parity(
                 )
         out["gaps"] = gaps
     return out
+
+
+class RecordingControl(ProgramControl):
+    """The program's control, recording every row it is handed with its context, and doing
+    what a program may do between steps: ask the backend for another context's row (another
+    caller), clear the backend's caches (``clear_at``: that step), or fail (``fail_at``)."""
+
+    def __init__(self, llm: Any, program: SMCProgram, *, clear_at: int = -1, fail_at: int = -1) -> None:
+        super().__init__(program)
+        self.llm, self.clear_at, self.fail_at = llm, clear_at, fail_at
+        self.seen: list[tuple[tuple[int, ...], Any]] = []
+        self.other: list[tuple[list[int], Any]] = []
+        self.calls = 0
+
+    def draw(self, logits: Any, handles: Sequence[int]) -> list[int]:
+        contexts = [tuple(self.program.context(self.particle[h])) for h in handles]
+        self.seen += list(zip(contexts, logits.clone()))
+        other = self.program.prompt[:3] + [self.calls + 5]
+        self.other.append((other, self.llm.next_token_logprobs_sync(other)))
+        if self.calls == self.clear_at:
+            self.llm.clear_cache()
+        if self.calls == self.fail_at:
+            raise RuntimeError("the control failed")
+        self.calls += 1
+        return super().draw(logits, handles)
+
+
+def check_decode_rows(
+    llm: Any, prompt: Sequence[int], *, atol: float, n: int = 10, max_tokens: int = 9, seed: int = 6
+) -> None:
+    """A burst with another caller's rows between its steps and a cache clear in its middle
+    (what a LoRA switch does): every row the control drew from is the uncached model's row
+    of its context, and so is every row the other caller got. Then a control failing
+    mid-burst: the error reaches the caller, the engine keeps no decode state
+    (``decode_batches``), and the backend answers as before. Raises AssertionError."""
+
+    def diff(a: Any, b: Any) -> float:
+        return float((a.float().cpu() - b.float().cpu()).abs().max())
+
+    llm.clear_cache()
+    program = SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed)
+    control = RecordingControl(llm, program, clear_at=4)
+    llm.run_burst(control, max_steps=max_tokens + 1)
+    if not (control.calls > 6 and len(control.seen) > 4 * n):
+        raise AssertionError(
+            f"the burst ran {control.calls} steps, {len(control.seen)} rows: too short a check"
+        )
+    contexts = list(dict.fromkeys(c for c, _ in control.seen))
+    ref = dict(zip(contexts, (llm.next_token_logprobs_uncached(list(c)) for c in contexts)))
+    worst = max(diff(row, ref[c]) for c, row in control.seen)
+    if worst > atol:
+        raise AssertionError(f"a burst row differs from the uncached model's by {worst:.3g} > {atol}")
+    worst = max(diff(row, llm.next_token_logprobs_uncached(c)) for c, row in control.other)
+    if worst > atol:
+        raise AssertionError(f"another caller's row during the burst differs by {worst:.3g} > {atol}")
+    llm.clear_cache()
+    control = RecordingControl(
+        llm, SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed + 1), fail_at=3
+    )
+    try:
+        llm.run_burst(control, max_steps=max_tokens + 1)
+    except RuntimeError as e:
+        if "the control failed" not in str(e):
+            raise
+    else:
+        raise AssertionError("the control's error did not reach run_burst's caller")
+    held = llm.stats().get("engine", {}).get("decode_batches", 0)
+    if held:
+        raise AssertionError(f"{held} decode batches still held after a failed burst")
+    ctx = list(prompt) + [9]
+    worst = diff(llm.next_token_logprobs_sync(ctx), llm.next_token_logprobs_uncached(ctx))
+    if worst > atol:
+        raise AssertionError(f"after a failed burst a row differs by {worst:.3g} > {atol}")
+
+
+def check_decode_batches(
+    llm: Any, prompt: Sequence[int], *, atol: float, n: int = 10, max_tokens: int = 9
+) -> None:
+    """An engine's own decode step (decode batches kept between steps): it resumes kept
+    batches; where no prefix was evicted it runs exactly the tokens the step loop runs (one
+    per distinct context a step) and leaves every row's KV in the prefix cache when the
+    burst ends (a next-token call on each particle then computes one token); and
+    :func:`check_decode_rows`. Raises AssertionError."""
+
+    def engine() -> dict[str, Any]:
+        return dict(llm.stats().get("engine", {}))
+
+    computed = []
+    program = None
+    evicted = _evictions(llm)
+    before = engine()
+    for run in (run_steps, run_burst):
+        llm.clear_cache()
+        start = engine().get("tokens_computed", 0)
+        program = SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=4)
+        result = run(llm, program)
+        computed.append(engine().get("tokens_computed", 0) - start)
+    after = engine()
+    if not after.get("decode_batches_resumed", 0) > before.get("decode_batches_resumed", 0):
+        raise AssertionError(f"the burst resumed no kept batch ({after})")
+    if after.get("decode_batches", 0):
+        raise AssertionError(f"{after['decode_batches']} decode batches still held after the burst")
+    if _evictions(llm) == evicted:
+        if computed[0] != computed[1]:
+            raise AssertionError(f"the burst computed {computed[1]} tokens, the step loop {computed[0]}")
+        # each particle's last token was drawn, never run: its context minus it is cached
+        ends = list(dict.fromkeys(tuple(program.prompt + t) for t in result.tokens))  # type: ignore[union-attr]
+        start = engine()["tokens_computed"]
+        llm.batch_next_token_logprobs_sync([list(c) for c in ends])
+        ran = engine()["tokens_computed"] - start
+        if ran != len(ends):
+            raise AssertionError(
+                f"after the burst, {len(ends)} particles' next rows ran {ran} tokens, not one each"
+            )
+    check_decode_rows(llm, prompt, atol=atol, n=n, max_tokens=max_tokens)

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from genlm_core.engine import BaseLogprobBackend, Checkpoint, Engine, KVReuse, LoraAdapters, decode_vocab
+from genlm_core.engine.decode_batches import DecodeBatches
 from genlm_hf.config import HFConfig
-from genlm_hf.decode import DecodeBatches
+from genlm_hf.decode import HFDecodeOps
 from genlm_hf.kv import Row, Workspace, forward_rows, supports_kv_reuse
 from genlm_hf.loading import load_model_and_tokenizer, supported_dtypes
 
@@ -63,7 +64,7 @@ class HFEngine(Engine):
         self.forward_in_thread = torch.device(self._device).type != "cpu"
         self._workspace = Workspace()  # the batch KV buffer's memory, kept between passes
         self._batch_size = config.batch_size
-        self._decode = DecodeBatches()  # a burst's rows, their KV kept between its steps
+        self._decode = DecodeBatches(HFDecodeOps(self))  # a burst's rows, KV kept between steps
 
     @classmethod
     def load(cls, checkpoint: Checkpoint, config: HFConfig) -> "HFEngine":  # type: ignore[override]
@@ -125,14 +126,8 @@ class HFEngine(Engine):
                 )
             return [computed[c] for c in contexts]
         with torch.inference_mode():
-            logits = self._decode.step(
-                self.model,
-                unique,
-                self._batch_size,
-                self.kv,
-                logits_to_keep=self._logits_to_keep,
-                pad_id=self._pad_id,
-            )
+            outs = self._decode.step(unique, self._batch_size, self.kv)
+        logits = outs[0] if len(outs) == 1 else torch.cat(outs)
         if len(unique) < len(contexts):
             where = {c: i for i, c in enumerate(unique)}
             logits = logits[torch.tensor([where[c] for c in contexts], device=logits.device)]

@@ -11,16 +11,20 @@ Importing this module does not import mlx; creating an engine does.
   sliding-window layers) get a warning and no prefix caching.
 * ``sample`` uses mlx-lm's ``generate_step`` and ``make_sampler``, seeded
   (:mod:`genlm_mlx.sampling`).
+* ``decode_step`` (bursts) keeps each step's batch caches for the next step
+  (:mod:`genlm_mlx.decode`).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genlm_core.config import ConfigError
 from genlm_core.engine import Checkpoint, Engine, KVReuse, SampleRequest, decode_vocab, note
+from genlm_core.engine.decode_batches import DecodeBatches
 from genlm_mlx.config import MLXConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,6 +69,10 @@ class MLXEngine(Engine):
             model_config = dict(vars(args)) if hasattr(args, "__dict__") else {}
         self.model_config = model_config
         self.prefill_step_size = config.prefill_step_size
+        self._batch_size = config.batch_size
+        from genlm_mlx.decode import MLXDecodeOps
+
+        self._decode = DecodeBatches(MLXDecodeOps(self))  # a burst's rows, KV kept between steps
         self.kv_cache_bytes = config.kv_cache_bytes
         self.kv_reuse_problem = prefill.kv_reuse_problem(model)
         self._kv_token_bytes = 0  # KV bytes per token, known after the first payload
@@ -141,6 +149,31 @@ class MLXEngine(Engine):
                 self.kv.store(ctx, kv)
         return torch.from_numpy(out.logits)
 
+    def decode_step(
+        self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]
+    ) -> "torch.Tensor | None":
+        """A burst step (:mod:`genlm_mlx.decode`): the rows' distinct contexts in the step
+        loop's batches, each resuming the kept caches of the step before when its contexts
+        extend that batch's by one token. Without KV reuse every step runs :meth:`forward`."""
+        import numpy as np
+        import torch
+
+        if not rows:  # the burst ended
+            self._decode.flush(self.kv)
+            return None
+        contexts = list(rows.values())
+        unique = list(dict.fromkeys(contexts))
+        size = self._batch_size
+        if self.kv.enabled:
+            outs = self._decode.step(unique, size, self.kv)
+            logits = torch.from_numpy(outs[0] if len(outs) == 1 else np.concatenate(outs))
+        else:
+            logits = torch.cat([self.forward(unique[i : i + size]) for i in range(0, len(unique), size)])
+        if len(unique) < len(contexts):
+            where = {c: i for i, c in enumerate(unique)}
+            logits = logits[torch.tensor([where[c] for c in contexts])]
+        return logits
+
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         import torch
 
@@ -173,13 +206,14 @@ class MLXEngine(Engine):
         import mlx.core as mx
 
         self.kv.clear()
+        self._decode.clear()
         mx.clear_cache()
 
     def close(self) -> None:
         self.clear_cache()
 
     def stats(self) -> dict[str, Any]:
-        return {"device": self.device}
+        return {"device": self.device, **self._decode.stats()}
 
 
 def _download(model: str) -> Path:

@@ -30,6 +30,8 @@ __all__ = [
     "batch_cache",
     "forward",
     "kv_reuse_problem",
+    "resume",
+    "row_payload",
     "to_numpy_f32",
 ]
 
@@ -41,6 +43,8 @@ class Forward(NamedTuple):
     payloads: list[mx.array | None] | None  # KV of every full context (``want_kv``)
     computed: int  # context tokens run through the model (padding excluded)
     reused: int  # context tokens whose KV came from ``pasts``
+    caches: list[Any] | None = None  # the batch's caches (``keep_caches``)
+    left_padding: list[int] | None = None  # row i's context starts at position left_padding[i]
 
 
 def kv_reuse_problem(model: Any) -> str | None:
@@ -133,6 +137,7 @@ def forward(
     prefill_step_size: int = 2048,
     want_kv: bool = False,
     max_kv_tokens: int | None = None,
+    keep_caches: bool = False,
 ) -> Forward:
     """Next-token logits (float32 numpy, ``(B, V_model)``) for every context.
 
@@ -141,7 +146,8 @@ def forward(
     prefix of ``contexts[i]`` (its length is the cached depth). Every row is
     computed from the first position no row has cached (rows with deeper caches
     recompute a few tokens). With ``want_kv`` the payloads of the full contexts
-    (those of at most ``max_kv_tokens`` tokens) are returned too.
+    (those of at most ``max_kv_tokens`` tokens) are returned too; with ``keep_caches``
+    the batch's caches and left padding (None where the batch ran without batch caches).
     """
     lengths = [len(c) for c in contexts]
     if len(set(lengths)) > 1 and not _padding_safe(model):
@@ -171,7 +177,29 @@ def forward(
     payloads = _payloads(caches, left_padding, total, max_kv_tokens) if want_kv else None
     mx.eval(logits, [p for p in payloads or [] if p is not None])
     reused = sum(max(start - lp, 0) for lp in left_padding)
-    return Forward(to_numpy_f32(logits), payloads, sum(lengths) - reused, reused)
+    kept = (caches, left_padding) if keep_caches else (None, None)
+    return Forward(to_numpy_f32(logits), payloads, sum(lengths) - reused, reused, *kept)
+
+
+def resume(model: Any, caches: list[Any], tokens: Sequence[int]) -> np.ndarray:
+    """One more token per row over a batch's kept caches (the last call of :func:`forward`
+    on the next column: the same mask, positions and past). Float32 ``(B, V_model)``."""
+    logits = model(mx.array([[t] for t in tokens], dtype=mx.int32), cache=caches)[:, -1, :]
+    logits = logits.astype(mx.float32)
+    mx.eval(logits)
+    return to_numpy_f32(logits)
+
+
+def row_payload(caches: list[Any], i: int, first: int, depth: int, copy: bool) -> mx.array:
+    """The KV payload of row ``i``'s first ``depth`` tokens, its context starting at
+    position ``first`` of the batch caches (a contiguous copy when ``copy``)."""
+    kv = mx.stack(
+        [
+            mx.stack([c.keys[i, :, first : first + depth, :], c.values[i, :, first : first + depth, :]])
+            for c in caches
+        ]
+    )
+    return mx.contiguous(kv) if copy else kv
 
 
 def _padding_safe(model: Any) -> bool:

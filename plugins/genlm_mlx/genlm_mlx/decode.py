@@ -1,0 +1,56 @@
+"""genlm-mlx's decode batches: a burst step's mlx-lm batch caches kept for the next step.
+
+The core's :class:`~genlm_core.engine.decode_batches.DecodeBatches` decides which batch
+resumes, which is assembled and from what; this module runs them. An assembled batch is
+one :func:`genlm_mlx.prefill.forward` pass whose ``BatchKVCache`` layers are kept; a
+resumed batch runs one more token per row over them (:func:`genlm_mlx.prefill.resume`),
+mlx-lm writing the new keys and values in place - what the step loop's pass over the
+restored past computes, without restoring it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from genlm_core.engine.decode_batches import KeptBatch
+
+__all__ = ["KeptCaches", "MLXDecodeOps"]
+
+Context = tuple[int, ...]
+
+
+@dataclass
+class KeptCaches:
+    """A batch's mlx-lm caches; row ``i``'s context starts at ``left_padding[i]``."""
+
+    caches: list[Any]
+    left_padding: list[int]
+
+
+class MLXDecodeOps:
+    """:class:`~genlm_core.engine.decode_batches.DecodeOps` over an mlx-lm model."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def assemble(self, contexts: list[Context], sources: list[tuple[int, Any]]) -> tuple[Any, Any]:
+        engine = self.engine
+        out = engine._prefill.forward(
+            engine.mlx_model,
+            contexts,
+            [payload for _, payload in sources],
+            engine.prefill_step_size,
+            keep_caches=True,
+        )
+        if out.caches is None:  # pragma: no cover - a model whose layers cannot batch
+            return out.logits, None
+        return out.logits, KeptCaches(out.caches, out.left_padding)
+
+    def resume(self, batch: KeptBatch, contexts: list[Context]) -> Any:
+        kept: KeptCaches = batch.state
+        return self.engine._prefill.resume(self.engine.mlx_model, kept.caches, [c[-1] for c in contexts])
+
+    def row_kv(self, batch: KeptBatch, i: int, depth: int, copy: bool) -> Any:
+        kept: KeptCaches = batch.state
+        return self.engine._prefill.row_payload(kept.caches, i, kept.left_padding[i], depth, copy)
