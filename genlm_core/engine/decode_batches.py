@@ -26,7 +26,7 @@ Kept batches live outside the prefix cache's budget for the length of a burst.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -77,6 +77,36 @@ class DecodeBatches:
         self.batches: list[KeptBatch] = []
         self.resumed = 0  # batches run over a kept state
         self.assembled = 0  # batches assembled afresh
+
+    def decode_step(
+        self,
+        rows: Mapping[int, Context],
+        *,
+        batch_size: int,
+        kv: KVReuse,
+        forward: Callable[[list[Context]], Any],
+        cat: Callable[[list[Any]], Any],
+    ) -> Any:
+        """An engine's whole :meth:`~genlm_core.engine.contract.Engine.decode_step`: None
+        when the burst ended (``rows`` empty: every kept row flushed); else the output of
+        every row in order (``cat`` joins the batches' outputs; a row repeating a context
+        gets its row). The rows' distinct contexts run in the step loop's batches, over
+        kept batches when ``kv`` is on, else through ``forward`` (the engine's own, whose
+        outputs must be the same kind as its :class:`DecodeOps`')."""
+        if not rows:
+            self.flush(kv)
+            return None
+        contexts = list(rows.values())
+        unique = list(dict.fromkeys(contexts))
+        if kv.enabled:
+            outs = self.step(unique, batch_size, kv)
+        else:
+            outs = [forward(unique[i : i + batch_size]) for i in range(0, len(unique), batch_size)]
+        out = outs[0] if len(outs) == 1 else cat(outs)
+        if len(unique) < len(contexts):
+            where = {c: i for i, c in enumerate(unique)}
+            out = out[[where[c] for c in contexts]]
+        return out
 
     def step(self, contexts: Sequence[Context], batch_size: int, kv: KVReuse) -> list[Any]:
         """The outputs of distinct ``contexts`` in batches of ``batch_size``, one per batch,

@@ -107,30 +107,24 @@ class HFEngine(Engine):
 
     def decode_step(
         self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]
-    ) -> torch.Tensor | list[torch.Tensor] | None:
+    ) -> torch.Tensor | None:
         """A burst step (:mod:`genlm_hf.decode`): the rows' distinct contexts in the step
         loop's batches, each batch resuming the kept KV of the step before when its
         contexts extend that batch's by one token. Returns one ``(rows, vocab)`` tensor.
         Without KV reuse (``prefix_cache=False``, or a model whose cache is not plain
         full-attention KV) every step runs :meth:`forward`."""
-        if not rows:  # the burst ended
-            self._decode.flush(self.kv)
-            return None
-        contexts = list(rows.values())
-        unique = list(dict.fromkeys(contexts))
-        if not self.kv.enabled:
-            computed = {}
-            for i in range(0, len(unique), self._batch_size):
-                computed.update(
-                    zip(unique[i : i + self._batch_size], self.forward(unique[i : i + self._batch_size]))
-                )
-            return [computed[c] for c in contexts]
         with torch.inference_mode():
-            outs = self._decode.step(unique, self._batch_size, self.kv)
-        logits = outs[0] if len(outs) == 1 else torch.cat(outs)
-        if len(unique) < len(contexts):
-            where = {c: i for i, c in enumerate(unique)}
-            logits = logits[torch.tensor([where[c] for c in contexts], device=logits.device)]
+            return self._decode.decode_step(
+                rows,
+                batch_size=self._batch_size,
+                kv=self.kv,
+                forward=lambda contexts: torch.stack(self.forward(contexts)),
+                cat=torch.cat,
+            )
+
+    def normalised_batch(self, logits: torch.Tensor) -> torch.Tensor:
+        """The float32 ``log_softmax`` of each row's first ``vocab_size`` logits, as one
+        ``(rows, vocab)`` tensor (the same numbers as :meth:`_normalised`'s rows)."""
         if logits.shape[-1] < self.vocab_size:
             self._normalised(logits[:1])  # raises the error naming the sizes
         return torch.log_softmax(logits[:, : self.vocab_size].to(torch.float32), dim=-1)

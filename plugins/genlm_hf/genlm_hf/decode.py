@@ -58,14 +58,15 @@ class HFDecodeOps:
             headroom=self.headroom,
         )
         assert slots is not None and slots.buf is not None
+        logprobs = engine.normalised_batch(logits)
         new = {len(r.ctx) - r.depth for r in rows}
         if len(new) == 1:  # every row ends at the same column: keep the buffer
-            return logits, KeptBuffer(slots.buf, 0, slots.filled + new.pop())
+            return logprobs, KeptBuffer(slots.buf, 0, slots.filled + new.pop())
         # rows of several lengths (a prompt added beside running rows): store them
         kv: KVReuse = engine.kv
         for r, payload in zip(rows, copy_out(slots, rows)):
             kv.store(r.ctx, payload)
-        return logits, None
+        return logprobs, None
 
     def resume(self, batch: KeptBatch, contexts: list[Context]) -> Any:
         kept: KeptBuffer = batch.state
@@ -78,7 +79,7 @@ class HFDecodeOps:
             engine.model, slots, [c[-1] for c in contexts], depths, logits_to_keep=engine._logits_to_keep
         )
         kept.start, kept.end = start, kept.end + 1
-        return logits
+        return engine.normalised_batch(logits)
 
     def row_kv(self, batch: KeptBatch, i: int, depth: int, copy: bool) -> Any:
         kept: KeptBuffer = batch.state

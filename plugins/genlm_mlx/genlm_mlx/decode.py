@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from genlm_core.engine.decode_batches import KeptBatch
 
 __all__ = ["KeptCaches", "MLXDecodeOps"]
@@ -43,13 +45,15 @@ class MLXDecodeOps:
             engine.prefill_step_size,
             keep_caches=True,
         )
+        logits = torch.from_numpy(out.logits)
         if out.caches is None:  # pragma: no cover - a model whose layers cannot batch
-            return out.logits, None
-        return out.logits, KeptCaches(out.caches, out.left_padding)
+            return logits, None
+        return logits, KeptCaches(out.caches, out.left_padding)
 
     def resume(self, batch: KeptBatch, contexts: list[Context]) -> Any:
         kept: KeptCaches = batch.state
-        return self.engine._prefill.resume(self.engine.mlx_model, kept.caches, [c[-1] for c in contexts])
+        logits = self.engine._prefill.resume(self.engine.mlx_model, kept.caches, [c[-1] for c in contexts])
+        return torch.from_numpy(logits)
 
     def row_kv(self, batch: KeptBatch, i: int, depth: int, copy: bool) -> Any:
         kept: KeptCaches = batch.state

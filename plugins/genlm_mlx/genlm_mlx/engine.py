@@ -155,24 +155,11 @@ class MLXEngine(Engine):
         """A burst step (:mod:`genlm_mlx.decode`): the rows' distinct contexts in the step
         loop's batches, each resuming the kept caches of the step before when its contexts
         extend that batch's by one token. Without KV reuse every step runs :meth:`forward`."""
-        import numpy as np
         import torch
 
-        if not rows:  # the burst ended
-            self._decode.flush(self.kv)
-            return None
-        contexts = list(rows.values())
-        unique = list(dict.fromkeys(contexts))
-        size = self._batch_size
-        if self.kv.enabled:
-            outs = self._decode.step(unique, size, self.kv)
-            logits = torch.from_numpy(outs[0] if len(outs) == 1 else np.concatenate(outs))
-        else:
-            logits = torch.cat([self.forward(unique[i : i + size]) for i in range(0, len(unique), size)])
-        if len(unique) < len(contexts):
-            where = {c: i for i, c in enumerate(unique)}
-            logits = logits[torch.tensor([where[c] for c in contexts])]
-        return logits
+        return self._decode.decode_step(
+            rows, batch_size=self._batch_size, kv=self.kv, forward=self.forward, cat=torch.cat
+        )
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         import torch
