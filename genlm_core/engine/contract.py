@@ -116,6 +116,12 @@ class Engine:
     #: KV prefix reuse of an engine that keeps its own KV (:class:`~genlm_core.engine.kv_reuse.KVReuse`):
     #: the backend then offers ``cache_kv``, ``clear_kv_cache``, ``prefix_cache`` and their counters
     kv: "KVReuse | None" = None
+    #: whether :meth:`decode_step` computes each row as :meth:`forward` computes it (the
+    #: core's decode step and decode batches over the engine's own KV: the same kernels
+    #: and shapes). False where a burst runs other kernels (vLLM's one-token decode over
+    #: kept KV against its prefill): the parity gate then measures it on the machine
+    #: (:func:`genlm_core.testing.burst.same_arithmetic`).
+    decode_same_arithmetic: bool = True
 
     # ------------------------------------------------------------------ loading
     @classmethod

@@ -8,6 +8,9 @@ tag (see :mod:`genlm_vllm.capture` for the row-to-request mapping). vLLM schedul
 the batch as it likes (chunked prefill, preemption, prefix-cache hits); the result
 is always in request order.
 
+A burst (``decode_step``) keeps each row as a vLLM streaming-input session that runs
+one token a step over its kept KV (:mod:`genlm_vllm.sessions`).
+
 Sampling uses vLLM's own sampler (seeded per request, stop on token ids:
 :mod:`genlm_vllm.sampling`). The backend holding the engine runs every engine call -
 logprob batches, sampling batches, LoRA switches, cache resets - under its one engine
@@ -24,6 +27,7 @@ from __future__ import annotations
 import gc
 import itertools
 import time
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -32,6 +36,7 @@ from genlm_core.engine import Checkpoint, Engine, SampleRequest, note, summarise
 from genlm_vllm import launch, lifecycle, sampling
 from genlm_vllm.config import VLLMConfig
 from genlm_vllm.lifecycle import EngineDiedError
+from genlm_vllm.sessions import DecodeSessions
 
 __all__ = ["VLLMEngine"]
 
@@ -41,6 +46,10 @@ class VLLMEngine(Engine):
 
     config_class = VLLMConfig
     supports = frozenset({"sample", "decode"})
+    #: a burst's rows are decoded one token over the KV their session kept; the step loop's
+    #: rows prefill the tail its prefix cache lacks: other kernels, bit-identical on the
+    #: machines we measured, promised by nothing in vLLM
+    decode_same_arithmetic = False
 
     def __init__(self, llm: Any, config: VLLMConfig | None = None, *, device: str | None = None) -> None:
         from genlm_vllm.capture import new_namespace
@@ -94,6 +103,8 @@ class VLLMEngine(Engine):
         self.lora_ids = itertools.count(1)
         #: the active ``LoRARequest`` every engine call passes (None: the base model)
         self.lora_request: Any = None
+        #: a burst's rows as vLLM streaming-input sessions (:mod:`genlm_vllm.sessions`)
+        self.sessions = DecodeSessions(self)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -160,6 +171,7 @@ class VLLMEngine(Engine):
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
         self.check_healthy()
+        self.sessions.close_all()  # LLM.generate waits for every request, sessions too
         try:
             results = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
             out, missing = self.fetch(tags)
@@ -217,10 +229,24 @@ class VLLMEngine(Engine):
         except Exception:  # noqa: BLE001 - best effort after a failure
             pass
 
+    # ------------------------------------------------------------------ bursts
+    def decode_step(
+        self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]
+    ) -> torch.Tensor | None:
+        """One step of a burst: each row a vLLM streaming-input session that keeps its KV
+        between steps and runs only the token drawn last (:mod:`genlm_vllm.sessions`)."""
+        self.check_healthy()
+        try:
+            return self.sessions.step(rows, released)
+        except BaseException as exc:
+            self.check_healthy(exc)
+            raise
+
     # ------------------------------------------------------------------ sampling
     def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
         """vLLM's sampler: one ``LLM.generate`` for the batch (:func:`genlm_vllm.sampling.sample`)."""
         self.check_healthy()
+        self.sessions.close_all()
         try:
             return sampling.sample(self.llm, self.device, requests, self.lora_request)
         except BaseException as exc:
@@ -291,9 +317,11 @@ class VLLMEngine(Engine):
             "tokens_computed": self.tokens_computed,
             "tokens_reused": self.tokens_reused,
             "prefix_caching": self.prefix_caching,
+            **self.sessions.stats(),
         }
 
     def clear_cache(self) -> None:
+        self.sessions.close_all()  # their blocks would keep the prefix cache from resetting
         self.llm.reset_prefix_cache()
 
     # ------------------------------------------------------------------ shutdown
@@ -301,6 +329,8 @@ class VLLMEngine(Engine):
         if self.closed:
             return
         self.closed = True
+        if self.llm is not None and self._dead is None:
+            self.sessions.close_all()
         if self._watchdog is not None:
             self._watchdog.stop()
         llm, self.llm = self.llm, None

@@ -14,3 +14,38 @@ def test_burst_seam_matches_steps(tiny_backend) -> None:
     llm = tiny_backend
     assert isinstance(llm, gb.llm.AsyncLM) and llm.supports_burst
     check_seam(llm, [1, 45, 496, 173, 701])
+
+
+def test_burst_rows_keep_their_kv_in_vllm_sessions(tiny_backend) -> None:
+    """A burst's rows are vLLM streaming-input sessions: each step runs one token per row
+    over the KV the session kept (a resampled particle resumes its parent's session), where
+    the step loop's new requests re-prefill every context's tail past its last full 32-token
+    block; no session outlives the burst. Then every row a burst hands the control is the
+    uncached model's, with another caller's calls between steps (which close the sessions),
+    a cache reset mid-burst, and a control that fails (:func:`check_decode_rows`)."""
+    from genlm_core.testing.burst import SMCProgram, check_decode_rows, run_burst, run_steps
+
+    llm = tiny_backend
+    prompt = [1, 45, 496, 173, 701] + list(range(100, 140))  # 45 tokens: one full block and a tail
+
+    def engine() -> dict:
+        return dict(llm.stats()["engine"])
+
+    computed, results = [], []
+    before = engine()
+    for run in (run_steps, run_burst):
+        llm.clear_cache()
+        start = engine()["tokens_computed"]
+        results.append(run(llm, SMCProgram(prompt, llm.eos_token_ids, n=8, max_tokens=9, seed=4)))
+        computed.append(engine()["tokens_computed"] - start)
+    after = engine()
+    report = results[1].extra["report"]
+    started = after["decode_sessions_started"] - before["decode_sessions_started"]
+    resumed = after["decode_sessions_resumed"] - before["decode_sessions_resumed"]
+    assert after["decode_sessions"] == 0
+    # every drawn row was one turn of a session; rows after the first step resumed one
+    assert started + resumed == report.rows_drawn and resumed > report.rows_drawn // 2
+    # a resampled particle took over its parent's session: fewer starts than rows added
+    assert started < report.added
+    assert computed[1] < computed[0], computed
+    check_decode_rows(llm, prompt, atol=1e-4)
