@@ -50,3 +50,43 @@ def test_lora_switching(tiny_path, tiny_lora_adapter, tiny_lora_backend) -> None
         llm.load_lora("/nonexistent/adapter", "b")
     with pytest.raises(ValueError, match="already loaded"):  # the same rule as genlm-hf
         llm.load_lora(adapter, "a")
+
+
+def test_switching_adapters_in_a_burst_restarts_its_sessions(
+    tiny_path, tiny_lora_adapter, tiny_lora_backend
+) -> None:
+    """A burst's rows are vLLM sessions holding KV between steps (genlm_vllm.sessions); a
+    program switching the adapter between two steps gets, from then on, the adapter's rows
+    (peft's own forward, no cache), not rows over KV the base weights computed; and the
+    rows before the switch are the base model's (the engine's uncached pass)."""
+    from genlm_core.testing.burst import ProgramControl, SMCProgram
+
+    llm = tiny_lora_backend
+    llm.clear_lora()
+    llm.clear_cache()
+    if "a" not in llm.adapters.paths:
+        llm.load_lora(tiny_lora_adapter, "a")
+    seen: list[tuple[list[int], torch.Tensor, str | None]] = []
+
+    class Switching(ProgramControl):
+        def draw(self, logits, handles):
+            for h, row in zip(handles, logits):
+                seen.append((self.program.context(self.particle[h]), row.clone(), llm.active_lora))
+            if self.program.steps == 3:
+                llm.set_lora("a")
+            return super().draw(logits, handles)
+
+    program = SMCProgram([5, 6, 7, 8], llm.eos_token_ids, n=4, max_tokens=7, resample_every=0, seed=3)
+    try:
+        llm.run_burst(Switching(program), max_steps=8)
+    finally:
+        llm.clear_lora()
+    before = [(c, row) for c, row, lora in seen if lora is None]
+    after = [(c, row) for c, row, lora in seen if lora == "a"]
+    assert len(after) >= 8 and len(before) >= 8
+    V = len(llm.byte_vocab)
+    ref = _peft_rows(tiny_path, tiny_lora_adapter, [c for c, _ in after], V)
+    assert max_abs_diff(torch.stack([row for _, row in after]), ref) <= 1e-3
+    base = torch.stack([llm.next_token_logprobs_uncached(c) for c, _ in before])
+    assert max_abs_diff(torch.stack([row for _, row in before]), base) <= 1e-4
+    assert llm.stats()["engine"]["decode_sessions"] == 0

@@ -1,6 +1,7 @@
 """The engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1), in a fresh
 interpreter: rows come back from the worker process (through the backend's /dev/shm
-buffer, genlm_vllm.transport) and match transformers."""
+buffer, genlm_vllm.transport) and match transformers; a burst's streaming-input sessions
+run through the engine core's process."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ SCRIPT = textwrap.dedent(
         assert not llm.in_process
         rows = llm.batch_next_token_logprobs_sync(eval(sys.argv[2]))
         torch.save(rows, sys.argv[3])
+        # a burst's sessions through the engine core's process: every row the uncached one's
+        from genlm_core.testing.burst import check_decode_rows
+
+        check_decode_rows(llm, [5, 6, 7, 8, 9, 10, 11], atol=1e-4)
+        assert llm.stats()["engine"]["decode_sessions_resumed"] > 0
         llm.close()
 
     if __name__ == "__main__":
