@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "LoopControl", "ProgramControl", "RecordingControl", "SMCProgram", "SMCResult", "check_decode_batches",
+    "AdapterSwitchControl", "LoopControl", "ProgramControl", "RecordingControl", "SMCProgram", "SMCResult", "check_decode_batches",
     "check_decode_rows", "check_parity", "check_seam", "mean_gaps", "same_arithmetic", "run_burst", "run_burst_on_loop", "run_steps",
 ]  # fmt: skip
 
@@ -428,6 +428,24 @@ class RecordingControl(ProgramControl):
         if self.calls == self.fail_at:
             raise RuntimeError("the control failed")
         self.calls += 1
+        return super().draw(logits, handles)
+
+
+class AdapterSwitchControl(ProgramControl):
+    """The program's control, recording every row with its context and the adapter active
+    when it was drawn, and switching the backend to LoRA adapter ``adapter`` after the
+    program's step ``at`` (a burst's kept KV must not outlive the weights that made it)."""
+
+    def __init__(self, llm: Any, program: SMCProgram, adapter: str, at: int = 3) -> None:
+        super().__init__(program)
+        self.llm, self.adapter, self.at = llm, adapter, at
+        self.seen: list[tuple[list[int], Any, str | None]] = []
+
+    def draw(self, logits: Any, handles: Sequence[int]) -> list[int]:
+        for h, row in zip(handles, logits):
+            self.seen.append((self.program.context(self.particle[h]), row.clone(), self.llm.active_lora))
+        if self.program.steps == self.at:
+            self.llm.set_lora(self.adapter)
         return super().draw(logits, handles)
 
 

@@ -106,24 +106,15 @@ def test_switching_adapters_in_a_burst_drops_its_kept_kv(
     """A burst keeps its rows' KV between steps (genlm_hf.decode); a program switching the
     adapter between two steps gets, from then on, the new adapter's rows (peft's own
     forward, no cache), not rows over KV the old weights computed."""
-    from genlm_core.testing.burst import ProgramControl, SMCProgram
+    from genlm_core.testing.burst import AdapterSwitchControl, SMCProgram
 
     llm = load_hf(tiny_llama_path)
     try:
         llm.load_lora(adapters["a"], "a")
-        seen: list[tuple[list[int], torch.Tensor, str | None]] = []
-
-        class Switching(ProgramControl):
-            def draw(self, logits, handles):
-                for h, row in zip(handles, logits):
-                    seen.append((self.program.context(self.particle[h]), row.clone(), llm.active_lora))
-                if self.program.steps == 3:
-                    llm.set_lora("a")
-                return super().draw(logits, handles)
-
         program = SMCProgram([5, 6, 7, 8], llm.eos_token_ids, n=4, max_tokens=7, resample_every=0, seed=3)
-        llm.run_burst(Switching(program), max_steps=8)
-        after = [(c, row) for c, row, lora in seen if lora == "a"]
+        control = AdapterSwitchControl(llm, program, "a", at=3)
+        llm.run_burst(control, max_steps=8)
+        after = [(c, row) for c, row, lora in control.seen if lora == "a"]
         assert len(after) >= 8
         ref = _peft_reference(tiny_llama_path, adapters["a"], [c for c, _ in after])
         assert max_diff(torch.stack([row for _, row in after]), ref) <= ATOL

@@ -59,28 +59,20 @@ def test_switching_adapters_in_a_burst_restarts_its_sessions(
     program switching the adapter between two steps gets, from then on, the adapter's rows
     (peft's own forward, no cache), not rows over KV the base weights computed; and the
     rows before the switch are the base model's (the engine's uncached pass)."""
-    from genlm_core.testing.burst import ProgramControl, SMCProgram
+    from genlm_core.testing.burst import AdapterSwitchControl, SMCProgram
 
     llm = tiny_lora_backend
     llm.clear_lora()
     llm.clear_cache()
     if "a" not in llm.adapters.paths:
         llm.load_lora(tiny_lora_adapter, "a")
-    seen: list[tuple[list[int], torch.Tensor, str | None]] = []
-
-    class Switching(ProgramControl):
-        def draw(self, logits, handles):
-            for h, row in zip(handles, logits):
-                seen.append((self.program.context(self.particle[h]), row.clone(), llm.active_lora))
-            if self.program.steps == 3:
-                llm.set_lora("a")
-            return super().draw(logits, handles)
-
     program = SMCProgram([5, 6, 7, 8], llm.eos_token_ids, n=4, max_tokens=7, resample_every=0, seed=3)
+    control = AdapterSwitchControl(llm, program, "a", at=3)
     try:
-        llm.run_burst(Switching(program), max_steps=8)
+        llm.run_burst(control, max_steps=8)
     finally:
         llm.clear_lora()
+    seen = control.seen
     before = [(c, row) for c, row, lora in seen if lora is None]
     after = [(c, row) for c, row, lora in seen if lora == "a"]
     assert len(after) >= 8 and len(before) >= 8
