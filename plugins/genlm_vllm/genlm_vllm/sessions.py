@@ -42,8 +42,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from genlm_vllm.engine import VLLMEngine
-
 __all__ = ["DecodeSessions", "Session"]
 
 Context = tuple[int, ...]
@@ -63,7 +61,9 @@ class Session:
 class DecodeSessions:
     """The live sessions of one engine, keyed by burst handle (see the module doc)."""
 
-    def __init__(self, engine: "VLLMEngine") -> None:
+    def __init__(self, engine: Any) -> None:
+        """``engine``: the :class:`~genlm_vllm.engine.VLLMEngine` holding the sessions (its
+        ``llm``, ``lora_request``, tags, ``fetch`` and counters)."""
         self.engine = engine
         self.live: dict[int, Session] = {}
         self._ids = itertools.count()
