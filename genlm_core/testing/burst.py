@@ -66,6 +66,7 @@ def check_seam(
         if burst.tokens != steps.tokens:
             raise AssertionError(f"seed {seed}: burst tokens {burst.tokens} != steps {steps.tokens}")
         for a, b in zip(steps.log_weights, burst.log_weights):
+            # the same floats summed in the same order by both drivers: float64 round-off only
             if abs(a - b) > 1e-12 * max(1.0, abs(a)):
                 raise AssertionError(f"seed {seed}: weights {burst.log_weights} != {steps.log_weights}")
         _check_seam_protocol(burst, steps, seed, n)
@@ -153,7 +154,7 @@ def check_parity(
     llm: Any,
     prompt: Sequence[int],
     *,
-    atol: float,
+    atol: float | None = None,
     seeds: Sequence[int] = (0, 1),
     gate_seeds: int = 20,
     n: int = 6,
@@ -167,8 +168,10 @@ def check_parity(
     (the arithmetic differs, e.g. decode KV against a re-prefill): the anchors' criterion
     over ``gate_seeds`` seeds - the mean burst-minus-steps difference of the
     log-marginal-likelihood and of the mean length within three standard errors of 0,
-    plus what float32 rounding can move them (``atol`` per row and step, ``max_tokens``
-    steps). Returns what it checked; raises AssertionError naming what differs."""
+    plus what rounding can move them (``atol`` per row and step, ``max_tokens`` steps;
+    ``atol`` None: :func:`~genlm_core.testing.tolerance.row_atol` for the model, its dtype
+    and the prompt row's magnitude). Returns what it checked; raises AssertionError naming
+    what differs."""
 
     def make(seed: int) -> SMCProgram:
         return SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed)
@@ -191,13 +194,16 @@ def check_parity(
             raise AssertionError(f"seed {seed}: {burst.rows} rows / {burst.resamples} resamples, "
                                  f"steps {steps.rows} / {steps.resamples}")  # fmt: skip
         for a, b in zip(steps.log_weights, burst.log_weights):
+            # the same rows summed in the same order: float64 sums of ~n*max_tokens terms
+            # agree to ~1e-15 relative; 1e-9 leaves room for a sum regrouped by a resample
             if abs(a - b) > 1e-9 * max(1.0, abs(a)):
                 raise AssertionError(f"seed {seed}: weights {burst.log_weights} != {steps.log_weights}")
     out: dict[str, Any] = {"exact": exact, "statistical": differ, "same_arithmetic": arithmetic}
     if differ:
         pairs = [_paired(llm, make, 1000 + s)[:2] for s in range(gate_seeds)]
         gaps = mean_gaps(pairs)
-        floor = {"log_ml": max_tokens * atol, "length": 0.0}
+        per_row = atol if atol is not None else _derived_atol(llm, prompt)
+        floor = {"log_ml": max_tokens * per_row, "length": 0.0}
         for name in ("log_ml", "length"):
             bound = 3 * gaps[f"{name}_se"] + floor[name]
             if abs(gaps[name]) > bound:
@@ -257,7 +263,13 @@ class AdapterSwitchControl(ProgramControl):
 
 
 def check_decode_rows(
-    llm: Any, prompt: Sequence[int], *, atol: float, n: int = 10, max_tokens: int = 9, seed: int = 6
+    llm: Any,
+    prompt: Sequence[int],
+    *,
+    atol: float | None = None,
+    n: int = 10,
+    max_tokens: int = 9,
+    seed: int = 6,
 ) -> None:
     """A burst with another caller's rows between its steps and a cache clear in its
     middle (what a LoRA switch does), and for an engine with ``decode_same_arithmetic``
@@ -265,10 +277,9 @@ def check_decode_rows(
     of its context, and so is every row the other caller got. Then a control failing
     mid-burst: the error reaches the caller, the engine keeps no decode state
     (``decode_batches``, or an engine's live ``decode_sessions``), and the backend answers
-    as before. Raises AssertionError."""
-
-    def diff(a: Any, b: Any) -> float:
-        return float((a.float().cpu() - b.float().cpu()).abs().max())
+    as before. Rows are compared at ``atol``, or (None) at the bound derived for the model
+    and its dtype (:func:`~genlm_core.testing.tolerance.row_atol`). Raises AssertionError."""
+    close = _row_comparison(llm, atol)
 
     # A burst alone first (nothing disturbs its kept state) where the engine's decode step
     # computes with other kernels than its forward: elsewhere check_parity's exact gate
@@ -286,15 +297,11 @@ def check_decode_rows(
             )
         contexts = list(dict.fromkeys(c for c, _ in control.seen))
         ref = dict(zip(contexts, (llm.next_token_logprobs_uncached(list(c)) for c in contexts)))
-        worst = max(diff(row, ref[c]) for c, row in control.seen)
-        if worst > atol:
-            raise AssertionError(
-                f"a burst row{'' if alone else ' (other calls between steps)'} differs from the "
-                f"uncached model's by {worst:.3g} > {atol}"
-            )
-    worst = max(diff(row, llm.next_token_logprobs_uncached(c)) for c, row in control.other)
-    if worst > atol:
-        raise AssertionError(f"another caller's row during the burst differs by {worst:.3g} > {atol}")
+        for c, row in control.seen:
+            what = "a burst row" + ("" if alone else " (other calls between steps)")
+            close(row, ref[c], f"{what} against the uncached model's")
+    for c, row in control.other:
+        close(row, llm.next_token_logprobs_uncached(c), "another caller's row during the burst")
     llm.clear_cache()
     control = RecordingControl(
         llm, SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed + 1), fail_at=3
@@ -311,13 +318,37 @@ def check_decode_rows(
     if held:
         raise AssertionError(f"{held} decode batches or sessions still held after a failed burst")
     ctx = list(prompt) + [9]
-    worst = diff(llm.next_token_logprobs_sync(ctx), llm.next_token_logprobs_uncached(ctx))
-    if worst > atol:
-        raise AssertionError(f"after a failed burst a row differs by {worst:.3g} > {atol}")
+    close(
+        llm.next_token_logprobs_sync(ctx), llm.next_token_logprobs_uncached(ctx), "a row after a failed burst"
+    )
+
+
+def _derived_atol(llm: Any, prompt: Sequence[int]) -> float:
+    from genlm_core.testing.tolerance import row_atol, row_magnitude
+
+    return row_atol(llm, row_magnitude(llm.next_token_logprobs_uncached(list(prompt))), llm.dtype)
+
+
+def _row_comparison(llm: Any, atol: float | None) -> Any:
+    """``close(got, want, what)``: at ``atol`` when given, else at the derived bound."""
+    from genlm_core.testing.tolerance import assert_rows_close, assert_within, model_shape, row_diff
+
+    if atol is not None:
+
+        def close(got: Any, want: Any, what: str) -> None:
+            assert_within(row_diff(got, want, what), atol, what)
+
+        return close
+    shape = model_shape(llm)
+
+    def derived(got: Any, want: Any, what: str) -> None:
+        assert_rows_close(got, want, shape, dtype=llm.dtype, what=what)
+
+    return derived
 
 
 def check_decode_batches(
-    llm: Any, prompt: Sequence[int], *, atol: float, n: int = 10, max_tokens: int = 9
+    llm: Any, prompt: Sequence[int], *, atol: float | None = None, n: int = 10, max_tokens: int = 9
 ) -> None:
     """An engine's own decode step (decode batches kept between steps): it resumes kept
     batches; where no prefix was evicted it runs exactly the tokens the step loop runs (one

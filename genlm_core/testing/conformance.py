@@ -6,7 +6,9 @@ Usage in a plugin's tests::
     from genlm_core.testing import LogprobBackendConformance
 
     class TestMyBackend(LogprobBackendConformance):
-        atol = 1e-5              # tolerance for comparing two computations
+        # atol = None (default): two computations of a row are compared at the bound
+        # derived from the arithmetic (genlm_core.testing.tolerance): the model's width and
+        # depth (read from its checkpoint), the backend's dtype and the row's magnitude
 
         @pytest.fixture(scope="class")
         def backend(self):
@@ -41,12 +43,13 @@ CHECKED_CHECKPOINTS: pytest.StashKey[list[tuple[str, CheckpointSource]]] = pytes
 class LogprobBackendConformance:
     """Subclass and provide a ``backend`` fixture (class scope recommended)."""
 
-    #: absolute tolerance between two computations of the same distribution. In float32
-    #: the two differ by reduction order only (another batch shape or padding makes the
-    #: matmul and attention kernels sum in another order): each dot product of length d
-    #: moves by ~sqrt(d) eps32 relative, which on logits of magnitude ~10 through a few
-    #: layers of a tiny model is ~1e-6. Engines computing in 16-bit set their own.
-    atol: float = 1e-5
+    #: absolute tolerance between two computations of the same distribution. None (the
+    #: default): derived from the arithmetic, :func:`genlm_core.testing.tolerance.row_atol`
+    #: for the model's shape (:meth:`model_shape`), the backend's dtype and each row's
+    #: magnitude - the same bound on AVX2, AVX-512, AMX and CUDA, since two paths differ by
+    #: the order of their sums only. A number overrides it: ``0.0`` for a backend whose
+    #: paths return the same bytes (an exact table, a server copying its rows).
+    atol: float | None = None
     #: tolerance on sum(exp(logprobs)) - 1 (a float32 row: ~(log2 V + 4) eps32, plus margin)
     norm_tol: float = 1e-4
     #: number of random contexts used by the comparisons
@@ -81,11 +84,24 @@ class LogprobBackendConformance:
                 out.append([rng.choice(ids) for _ in range(rng.randint(1, self.max_len))])
         return out
 
-    @staticmethod
-    def _close(a: Any, b: Any, atol: float) -> bool:
-        import torch
+    def model_shape(self, backend: Any) -> Any:
+        """The model's width and depth for the derived bound
+        (:func:`genlm_core.testing.tolerance.model_shape` of its checkpoint; override for a
+        backend whose checkpoint the kit cannot find)."""
+        from genlm_core.testing.tolerance import model_shape
 
-        return bool(torch.allclose(a.float().cpu(), b.float().cpu(), atol=atol, rtol=0))
+        return model_shape(backend)
+
+    def assert_close(self, backend: Any, got: Any, want: Any, what: str = "rows") -> None:
+        """``got`` and ``want`` are two computations of the same row(s): within ``atol``
+        when the class sets one, else within the derived bound."""
+        from genlm_core.testing.tolerance import assert_rows_close, assert_within, row_diff
+
+        what = f"{type(self).__name__}: {what}"
+        if self.atol is not None:
+            assert_within(row_diff(got, want, what), self.atol, what)
+        else:
+            assert_rows_close(got, want, self.model_shape(backend), dtype=backend.dtype, what=what)
 
     # ------------------------------------------------------------------ contract
     def test_surface(self, backend: Any) -> None:
@@ -113,7 +129,7 @@ class LogprobBackendConformance:
         a = backend.next_token_logprobs_sync(ctx)
         backend.clear_cache()
         b = backend.next_token_logprobs_sync(ctx)
-        assert self._close(a, b, self.atol)
+        self.assert_close(backend, a, b, "the same context after clear_cache")
 
     def test_batch_equals_single(self, backend: Any) -> None:
         ctxs = self.contexts(backend, seed=2)
@@ -128,7 +144,7 @@ class LogprobBackendConformance:
                 if hasattr(backend, "next_token_logprobs_uncached")
                 else backend.next_token_logprobs_sync(ctx)
             )
-            assert self._close(row, single, self.atol)
+            self.assert_close(backend, row, single, "a batch row against the context alone")
 
     @pytest.mark.asyncio
     async def test_async_equals_sync(self, backend: Any) -> None:
@@ -138,8 +154,8 @@ class LogprobBackendConformance:
         rows = await asyncio.gather(*(backend.next_token_logprobs(c) for c in ctxs))
         batch = await backend.batch_next_token_logprobs(ctxs)
         for s, a, b in zip(sync, rows, batch):
-            assert self._close(s, a, self.atol)
-            assert self._close(s, b, self.atol)
+            self.assert_close(backend, a, s, "async against sync")
+            self.assert_close(backend, b, s, "async batch against sync")
 
     @pytest.mark.asyncio
     async def test_seeded_sampling_reproducible(self, backend: Any) -> None:
@@ -195,11 +211,13 @@ class LogprobBackendConformance:
         rows += [batch[0], batch[2]]
         rows.append((await backend.batch_next_token_logprobs([other, ctx]))[1])
         for r in rows:
-            assert self._close(r, truth, self.atol)
+            self.assert_close(backend, r, truth, "a returned row")
             r.fill_(float("nan"))
-        assert self._close(backend.next_token_logprobs_sync(ctx), truth, self.atol)
-        assert self._close(await backend.next_token_logprobs(ctx), truth, self.atol)
-        assert self._close(backend.batch_next_token_logprobs_sync([ctx])[0], truth, self.atol)
+        self.assert_close(backend, backend.next_token_logprobs_sync(ctx), truth, "a row after edits")
+        self.assert_close(backend, await backend.next_token_logprobs(ctx), truth, "a row after edits")
+        self.assert_close(
+            backend, backend.batch_next_token_logprobs_sync([ctx])[0], truth, "a row after edits"
+        )
 
     def bad_inputs(self, backend: Any) -> list[Any]:
         V = len(backend.byte_vocab)
@@ -225,10 +243,12 @@ class LogprobBackendConformance:
         assert isinstance(results[-1], ValueError)
         for exp, got in zip(expected, results[:-1]):
             assert not isinstance(got, BaseException), got
-            assert self._close(exp, got, self.atol)
+            self.assert_close(backend, got, exp, "a good row beside a bad input")
         with pytest.raises(ValueError):
             await backend.batch_next_token_logprobs([good[0], [-1]])
-        assert self._close(backend.next_token_logprobs_sync(good[0]), expected[0], self.atol)
+        self.assert_close(
+            backend, backend.next_token_logprobs_sync(good[0]), expected[0], "a row after bad inputs"
+        )
 
     def test_no_state_kept_across_event_loops(self, backend: Any) -> None:
         """One ``asyncio.run`` per step (sync wrappers, CLIs, notebooks): once a step's

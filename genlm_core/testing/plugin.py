@@ -49,17 +49,50 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Which checkpoint each conformance class's policy check read: a model folder, a GGUF
-    file, or none (a backend that declares it reads no model)."""
+    """Which checkpoint each conformance class's policy check read (a model folder, a GGUF
+    file, or none: a backend that declares it reads no model), and the comparisons that
+    came nearest their derived bounds (:mod:`genlm_core.testing.tolerance`)."""
     from genlm_core.testing.conformance import CHECKED_CHECKPOINTS
+    from genlm_core.testing.tolerance import RECORDED, headroom
 
     checked = config.stash.get(CHECKED_CHECKPOINTS, [])
-    if not checked:
+    if checked:
+        terminalreporter.section("checkpoint policy (genlm_core.testing)")
+        lines = (f"{nodeid.rsplit('::', 1)[0]}: {s.kind} {s.path or '-'} ({s.why})" for nodeid, s in checked)
+        for line in dict.fromkeys(lines):
+            terminalreporter.write_line(line)
+    if RECORDED:
+        terminalreporter.section("tolerance headroom (genlm_core.testing.tolerance)")
+        terminalreporter.write_line(
+            f"{len(RECORDED)} comparisons; required: measured <= bound / {headroom():g}; nearest their bound:"
+        )
+
+        def ratio(r: tuple[str, str, float, float]) -> float:
+            return r[2] / r[3] if r[3] > 0 else float(r[2] > 0)
+
+        for test, what, measured, bound in sorted(RECORDED, key=ratio, reverse=True)[:5]:
+            line = f"  {ratio((test, what, measured, bound)):8.4f}  {measured:.3g} of {bound:.3g}  {test}: {what}"
+            terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """``GENLM_TEST_TOLERANCE_LOG=FILE``: append every comparison of the run (what,
+    measured, bound) as JSON lines, to compare machines and SIMD paths."""
+    import json
+    import os
+
+    from genlm_core.testing.tolerance import RECORDED
+
+    path = os.environ.get("GENLM_TEST_TOLERANCE_LOG")
+    if not path or not RECORDED:
         return
-    terminalreporter.section("checkpoint policy (genlm_core.testing)")
-    lines = (f"{nodeid.rsplit('::', 1)[0]}: {s.kind} {s.path or '-'} ({s.why})" for nodeid, s in checked)
-    for line in dict.fromkeys(lines):
-        terminalreporter.write_line(line)
+    isa = os.environ.get("GENLM_TEST_ISA", "native")
+    with open(path, "a") as f:
+        for test, what, measured, bound in RECORDED:
+            f.write(
+                json.dumps({"test": test, "what": what, "measured": measured, "bound": bound, "isa": isa})
+            )
+            f.write("\n")
 
 
 def mark_directory(items: list[pytest.Item], conftest: str, *marks: pytest.MarkDecorator) -> None:

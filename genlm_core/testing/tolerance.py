@@ -1,0 +1,257 @@
+"""How far two computations of one next-token row may differ: a bound derived from the
+arithmetic, the same on every CPU and GPU.
+
+Two paths through the same network (batched or alone, cached KV or a fresh prefill, a
+decode kernel or a prefill kernel, another engine) compute the same real numbers and
+differ only in how their floating-point sums are ordered and rounded. Which order a
+machine takes depends on its SIMD width (AVX2, AVX-512, AMX), its thread count and its
+kernels (CUDA), so the bound must not come from what one machine showed.
+
+The model of the error (Higham & Mary's probabilistic rounding analysis: a sum of ``n``
+terms rounded at unit roundoff ``u`` is off by at most ``lam * sqrt(n) * u`` times the
+sum of the terms' magnitudes, except with probability ``2 exp(-lam^2 / 2)``), applied to
+a network of ``layers`` blocks whose widest dot product has ``width`` terms:
+
+* a row of logits passes ``depth = 6 * layers + 3`` sequential reductions (per block:
+  the q/k/v projections, the attention scores, their weighted sum, the output
+  projection, the MLP's two products; then the final norm, the head, the log-softmax),
+  each rounded independently, so their errors add in quadrature;
+* each is a dot product of at most ``width`` terms accumulated at ``u_acc`` (float32:
+  every engine here accumulates 16-bit products in float32), and its result is stored at
+  ``u_store`` (the dtype the rows are computed in);
+* errors are relative to the size of the values: ``magnitude`` is the largest finite
+  ``|logprob|`` of the row (logits spread over that range; at least 1).
+
+So one path is within ``lam * magnitude * (u_store * sqrt(depth) + u_acc * sqrt(width *
+depth))`` of the exact row, and two paths within the sum of their two bounds. ``lam`` is
+4 (a sum is outside its bound with probability 7e-4; a row is outside only if the
+whole chain is, far rarer). On the tiny test models (width 256, 2 layers) in float32 this
+is 1.6e-5 per unit of magnitude per path: 4.7e-4 for two paths over a 15-nat row, against
+1.4e-5 measured on AVX-512 and 1.0e-5 on an H100, the largest differences seen anywhere.
+
+Every comparison goes through :func:`assert_rows_close`, which records ``measured /
+bound``. The worst ratios are listed at the end of a pytest run (the kit's plugin), and
+``GENLM_TEST_HEADROOM=k`` makes every comparison require ``measured <= bound / k``: the
+test command's second pass (another SIMD path, scripts/isa_env.sh) sets it, so a bound
+that holds on one machine only by a small margin - which another machine's rounding may
+cross - fails on every machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "UNIT_ROUNDOFF",
+    "ModelShape",
+    "assert_backend_close",
+    "assert_rows_close",
+    "assert_tiny_close",
+    "assert_within",
+    "headroom",
+    "model_shape",
+    "row_atol",
+    "row_diff",
+    "row_magnitude",
+    "tiny_shape",
+]
+
+#: unit roundoff (half an ulp of 1) of each dtype rows are computed in
+UNIT_ROUNDOFF: dict[str, float] = {
+    "float64": 2.0**-53,
+    "float32": 2.0**-24,
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+}
+#: accumulation precision of dot products (float32 for every engine we test, 16-bit
+#: products included)
+U_ACC = UNIT_ROUNDOFF["float32"]
+#: standard deviations of the probabilistic bound
+LAM = 4.0
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the bound needs of a network: its widest dot product and its block count.
+
+    ``width`` 1 and ``layers`` 0 describe an exact table (a mock): no reduction at all."""
+
+    width: int
+    layers: int
+
+    @property
+    def depth(self) -> int:
+        return 6 * self.layers + 3 if self.layers else 1
+
+    def one_path(self, dtype: str, magnitude: float) -> float:
+        """How far one computation of a row in ``dtype`` can be from the exact row."""
+        try:
+            u_store = UNIT_ROUNDOFF[str(dtype).removeprefix("torch.")]
+        except KeyError:
+            raise ValueError(
+                f"no unit roundoff known for dtype {dtype!r}; use one of {list(UNIT_ROUNDOFF)}"
+            ) from None
+        u_acc = min(U_ACC, u_store)  # float64 accumulates in float64
+        m = max(float(magnitude), 1.0)
+        return LAM * m * (u_store * math.sqrt(self.depth) + u_acc * math.sqrt(self.width * self.depth))
+
+
+def _from_config(cfg: dict[str, Any]) -> ModelShape | None:
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    hidden = text.get("hidden_size") or text.get("n_embd") or text.get("d_model")
+    layers = text.get("num_hidden_layers") or text.get("n_layer") or text.get("num_layers")
+    if not hidden or not layers:
+        return None
+    inner = text.get("intermediate_size") or text.get("n_inner") or 4 * int(hidden)
+    return ModelShape(width=max(int(hidden), int(inner)), layers=int(layers))
+
+
+def _from_gguf(path: Path) -> ModelShape | None:
+    from genlm_core.engine.gguf_metadata import read_gguf_metadata
+
+    meta = read_gguf_metadata(path)
+    arch = meta.architecture()
+    hidden = meta.get(f"{arch}.embedding_length")
+    layers = meta.get(f"{arch}.block_count")
+    if not hidden or not layers:
+        return None
+    inner = meta.get(f"{arch}.feed_forward_length") or 4 * int(hidden)
+    return ModelShape(width=max(int(hidden), int(inner)), layers=int(layers))
+
+
+def model_shape(source: Any) -> ModelShape:
+    """The shape of a model: a :class:`ModelShape`, a model folder (its ``config.json``),
+    a GGUF file, or a backend (its checkpoint, found as the conformance kit finds it;
+    a backend that reads no model is an exact table). Raises ``ValueError`` naming what
+    to pass when the shape cannot be read."""
+    if isinstance(source, ModelShape):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        shape = None
+        if path.is_dir() and (path / "config.json").is_file():
+            shape = _from_config(json.loads((path / "config.json").read_text()))
+        elif path.is_file() and path.suffix == ".gguf":
+            shape = _from_gguf(path)
+        if shape is None:
+            raise ValueError(
+                f"cannot read a model's width and layer count from {str(path)!r}: pass a folder with "
+                "a config.json, a .gguf file, or ModelShape(width=..., layers=...)"
+            )
+        return shape
+    from genlm_core.testing.conformance import find_checkpoint
+
+    found = find_checkpoint(source)
+    if found.kind == "none":
+        return ModelShape(width=1, layers=0)
+    if found.path is None:
+        raise ValueError(
+            f"the checkpoint of {type(source).__name__} has no path ({found.why}): pass ModelShape(...)"
+        )
+    return model_shape(found.path)
+
+
+def row_atol(shape: Any, magnitude: float, dtype: str = "float32", other_dtype: str | None = None) -> float:
+    """The largest ``|a - b|`` between two computations of one row of logprobs whose
+    largest finite ``|value|`` is ``magnitude``: one in ``dtype``, the other in
+    ``other_dtype`` (default: the same), on a model of :func:`model_shape` ``shape``."""
+    s = model_shape(shape)
+    return s.one_path(dtype, magnitude) + s.one_path(other_dtype or dtype, magnitude)
+
+
+def headroom() -> float:
+    """The factor every comparison must stay below its bound by (``GENLM_TEST_HEADROOM``,
+    default 1)."""
+    raw = os.environ.get("GENLM_TEST_HEADROOM", "1")
+    try:
+        k = float(raw)
+    except ValueError:
+        raise ValueError(f"GENLM_TEST_HEADROOM must be a number >= 1, got {raw!r}") from None
+    if not k >= 1:
+        raise ValueError(f"GENLM_TEST_HEADROOM must be a number >= 1, got {raw!r}")
+    return k
+
+
+#: (test id, what, measured, bound) of every comparison of this process that held
+RECORDED: list[tuple[str, str, float, float]] = []
+
+
+def assert_within(measured: float, bound: float, what: str) -> float:
+    """Record ``measured`` against ``bound`` and fail when it exceeds ``bound /
+    headroom()``. Returns ``measured``."""
+    limit = bound / headroom()
+    if not measured <= limit:  # NaN fails too
+        extra = "" if limit == bound else f" (the bound {bound:.3g} over headroom {headroom():g})"
+        raise AssertionError(f"{what}: differs by {measured:.3g} > {limit:.3g}{extra}")
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+    RECORDED.append((test, what, float(measured), float(bound)))  # the comparisons that held
+    return float(measured)
+
+
+def row_magnitude(rows: Any) -> float:
+    import torch
+
+    finite = rows[torch.isfinite(rows)]
+    return float(finite.abs().max()) if finite.numel() else 1.0
+
+
+def row_diff(got: Any, want: Any, what: str = "rows") -> float:
+    """The largest ``|got - want|`` over two (stacks of) rows, ``-inf`` matching ``-inf``
+    only; NaN anywhere gives NaN (which fails every bound)."""
+    import torch
+
+    a = torch.as_tensor(got).detach().double().cpu()
+    b = torch.as_tensor(want).detach().double().cpu()
+    if a.shape != b.shape:
+        raise AssertionError(f"{what}: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}")
+    if a.isnan().any() or b.isnan().any():
+        return math.nan
+    inf_a, inf_b = torch.isneginf(a), torch.isneginf(b)
+    if not torch.equal(inf_a, inf_b):
+        raise AssertionError(f"{what}: -inf at different entries ({int((inf_a ^ inf_b).sum())} of them)")
+    fin = ~inf_a
+    return float((a[fin] - b[fin]).abs().max()) if bool(fin.any()) else 0.0
+
+
+def assert_rows_close(
+    got: Any,
+    want: Any,
+    shape: Any,
+    *,
+    dtype: str = "float32",
+    other_dtype: str | None = None,
+    what: str = "rows",
+) -> float:
+    """Assert two (stacks of) logprob rows are within :func:`row_atol` of each other,
+    the magnitude taken from ``want``: ``got`` computed in ``dtype``, ``want`` in
+    ``other_dtype`` (default: the same). Returns the largest difference."""
+    import torch
+
+    diff = row_diff(got, want, what)
+    bound = row_atol(shape, row_magnitude(torch.as_tensor(want).double()), dtype, other_dtype)
+    return assert_within(diff, bound, what)
+
+
+def assert_backend_close(llm: Any, got: Any, want: Any, what: str = "rows") -> float:
+    """:func:`assert_rows_close` for two computations of rows by one backend ``llm``
+    (batched / alone, cached / uncached, a decode step / a prefill): the bound for its
+    model (:func:`model_shape` of its checkpoint) and its dtype."""
+    return assert_rows_close(got, want, model_shape(llm), dtype=str(llm.dtype), what=what)
+
+
+def tiny_shape() -> ModelShape:
+    """The shape of the offline tiny test models (:mod:`genlm_core.models.tiny`: Llama and
+    GPT-2 alike, MLP width 4x the hidden size)."""
+    from genlm_core.models.tiny import TINY_HIDDEN, TINY_LAYERS
+
+    return ModelShape(width=4 * TINY_HIDDEN, layers=TINY_LAYERS)
+
+
+def assert_tiny_close(got: Any, want: Any, what: str = "rows", dtype: str = "float32") -> float:
+    """:func:`assert_rows_close` for two float32 computations of a tiny test model's rows."""
+    return assert_rows_close(got, want, tiny_shape(), dtype=dtype, what=what)
