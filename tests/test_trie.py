@@ -160,6 +160,9 @@ def check_values(trie: object, s: TrieStructure, oracle: dict, got: np.ndarray, 
         if np.isinf(want):
             assert g == want, (trie, node, node_identity(s, node), g, want)
         else:
+            # every implementation accumulates in float64 and may return float32: one float32
+            # rounding (2^-24 relative) of a float64 sum, with 160x margin for the float32
+            # paths' log/exp (log mode: exp and log of masses near 1, ~1e-7 absolute each)
             tol = 1e-5 * abs(want) + (1e-6 if log else 1e-12)
             assert abs(g - want) <= tol, (trie, node, node_identity(s, node), g, want)
 
@@ -456,6 +459,8 @@ def _spot_check(s: TrieStructure, vocab: list[bytes], p: np.ndarray, m: np.ndarr
         while hi < len(keys) and keys[hi].startswith(pre):
             hi += 1
         want = float(np.sum(p[order[lo:hi]].astype(np.float64)))
+        # a float64 sum rounded once to float32: 2^-24 relative (6e-8), held at 1e-5; the
+        # float64 prefix-sum difference is exact to ~1e-16 relative, held at 1e-6
         assert abs(m[node] - want) <= 1e-5 * want + 1e-12, (pre, m[node], want)
         assert cum[hi] - cum[lo] == pytest.approx(want, rel=1e-6, abs=1e-12)
 
@@ -471,6 +476,9 @@ def test_real_vocabularies_agree(name: str, request: pytest.FixtureRequest) -> N
     p = np.exp(logits - logits.max())
     p = (p / p.sum()).astype(np.float32)
     tries = implementations(s)
+    # every trie sums float32 weights in float64 and returns float32: one rounding of each
+    # node's mass, 2^-24 relative, whatever the SIMD path; 1e-6 (17 ulps) bounds two of them
+    # (this trie's and the reference's) with room for the float64 sums of 151k terms
     ref = None
     for _tname, t in tries.items():
         for mode in EOSMode:

@@ -1,13 +1,12 @@
 """The genlm-core conformance kit against the real transformers engine."""
 
 import pytest
-from hf_helpers import ATOL, load_hf
+from hf_helpers import load_hf
 
 from genlm_core.testing import LogprobBackendConformance
 
 
 class TestHFLlamaConformance(LogprobBackendConformance):
-    atol = ATOL
     max_len = 12
 
     @pytest.fixture(scope="class")
@@ -20,7 +19,6 @@ class TestHFLlamaConformance(LogprobBackendConformance):
 class TestHFGPT2Conformance(LogprobBackendConformance):
     """GPT-2 (learned positions, tied head) in batches of 3 with a small KV budget."""
 
-    atol = ATOL
     max_len = 12
 
     @pytest.fixture(scope="class")
@@ -33,7 +31,6 @@ class TestHFGPT2Conformance(LogprobBackendConformance):
 class TestHFNoPrefixCacheConformance(LogprobBackendConformance):
     """Plain padded batches without KV reuse and without the output cache."""
 
-    atol = ATOL
     max_len = 12
 
     @pytest.fixture(scope="class")

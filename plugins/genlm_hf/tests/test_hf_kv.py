@@ -7,7 +7,9 @@ import random
 
 import pytest
 import torch
-from hf_helpers import ATOL, load_hf, max_diff, reference
+from hf_helpers import load_hf, max_diff, reference
+
+from genlm_core.testing.tolerance import assert_tiny_close
 
 
 def _contexts(V: int, seed: int = 0) -> list[list[int]]:
@@ -44,11 +46,11 @@ def test_batched_equals_unbatched_equals_uncached(tiny) -> None:
     assert sorted(map(len, llm.prefix_cache.kv_prefixes())) == [2, 4, 11]
     llm.output_cache.clear()
     batched = llm.batch_next_token_logprobs_sync(ctxs)  # one batch: rows with/without pasts
-    assert max_diff(batched, ref) <= ATOL
+    assert_tiny_close(batched, ref)
     # unbatched, each from clean caches
     for c, r in zip(ctxs, ref):
         llm.clear_cache()
-        assert max_diff(llm.next_token_logprobs_sync(c), r) <= ATOL
+        assert_tiny_close(llm.next_token_logprobs_sync(c), r)
     # now every context has KV: extend each by one or three tokens, in one batch
     llm.clear_cache()
     llm.batch_next_token_logprobs_sync(ctxs)
@@ -60,7 +62,7 @@ def test_batched_equals_unbatched_equals_uncached(tiny) -> None:
     assert after["tokens_computed"] - before["tokens_computed"] == sum(
         len(e) - len(c) for e, c in zip(ext, ctxs)
     )
-    assert max_diff(got, reference(llm, ext)) <= ATOL
+    assert_tiny_close(got, reference(llm, ext))
 
 
 def test_extension_by_one_token_runs_one_token(tiny) -> None:
@@ -73,7 +75,7 @@ def test_extension_by_one_token_runs_one_token(tiny) -> None:
     after = _engine(llm)
     assert after["tokens_computed"] - before["tokens_computed"] == 1
     assert after["tokens_reused"] - before["tokens_reused"] == len(ctx)
-    assert max_diff(lp, llm.next_token_logprobs_uncached(ctx + [7])) <= ATOL
+    assert_tiny_close(lp, llm.next_token_logprobs_uncached(ctx + [7]))
 
 
 async def test_async_particles_reuse_kv_and_match(tiny) -> None:
@@ -90,7 +92,7 @@ async def test_async_particles_reuse_kv_and_match(tiny) -> None:
         computed += after["tokens_computed"] - before["tokens_computed"]
         reused += after["tokens_reused"] - before["tokens_reused"]
         for p, row in zip(particles, rows):
-            assert max_diff(row, llm.next_token_logprobs_uncached(p)) <= ATOL
+            assert_tiny_close(row, llm.next_token_logprobs_uncached(p))
             p.append(rng.randrange(3, llm.vocab_size))
     assert computed == 5 + 3 * 6  # the prompt once (merged), then one token per particle
     assert reused == 6 * (5 + 6 + 7)  # each later step reuses the particle's whole previous context
@@ -112,8 +114,8 @@ def test_suffix_merge_fault_is_fixed(tiny) -> None:
     got = llm.batch_next_token_logprobs_sync([a, b])
     assert _engine(llm)["forward_calls"] - before["forward_calls"] == 1  # one batch
     ra, rb = reference(llm, [a, b])
-    assert max_diff(got[0], ra) <= ATOL
-    assert max_diff(got[1], rb) <= ATOL
+    assert_tiny_close(got[0], ra)
+    assert_tiny_close(got[1], rb)
     assert max_diff(ra, rb) > 1e-3  # the two really differ
 
 
@@ -124,8 +126,8 @@ async def test_suffix_merge_fault_async(tiny) -> None:
     llm.cache_kv(pa)
     llm.cache_kv(pb)
     ga, gb = await asyncio.gather(llm.next_token_logprobs(pa + suffix), llm.next_token_logprobs(pb + suffix))
-    assert max_diff(ga, llm.next_token_logprobs_uncached(pa + suffix)) <= ATOL
-    assert max_diff(gb, llm.next_token_logprobs_uncached(pb + suffix)) <= ATOL
+    assert_tiny_close(ga, llm.next_token_logprobs_uncached(pa + suffix))
+    assert_tiny_close(gb, llm.next_token_logprobs_uncached(pb + suffix))
     assert max_diff(ga, gb) > 1e-3
 
 
@@ -138,7 +140,7 @@ def test_eviction_mid_run_stays_correct(tiny_gpt2_path: str) -> None:
         particles = [[rng.randrange(3, V) for _ in range(rng.randint(1, 6))] for _ in range(6)]
         for step in range(6):
             got = llm.batch_next_token_logprobs_sync(particles)
-            assert max_diff(got, reference(llm, particles)) <= ATOL, step
+            assert_tiny_close(got, reference(llm, particles), str(step))
             assert llm.prefix_cache.kv_bytes <= 24 * 1024
             for p in particles:
                 p.append(rng.randrange(3, V))
@@ -166,7 +168,7 @@ def test_cache_kv_and_clear_kv_cache(llama) -> None:
     llm.cache_kv(prompt)  # logprobs are cached but the KV is gone: recomputed
     assert llm.prefix_cache.kv_prefixes() == [tuple(prompt)]
     llm.output_cache.clear()
-    assert max_diff(llm.next_token_logprobs_sync(prompt + [10]), lp) <= ATOL
+    assert_tiny_close(llm.next_token_logprobs_sync(prompt + [10]), lp)
     with pytest.raises(ValueError):
         llm.cache_kv([])
 
@@ -205,7 +207,7 @@ def test_a_stored_kv_is_never_the_reused_batch_buffer(llama) -> None:
     assert llm.engine._workspace._block is block
     assert torch.equal(llm.prefix_cache.deepest_kv((11, 12, 13))[1], kept)
     row = llm.next_token_logprobs_sync([11, 12, 13, 14])  # resumes from the kept KV
-    assert max_diff(row, reference(llm, [[11, 12, 13, 14]])[0]) <= ATOL
+    assert_tiny_close(row, reference(llm, [[11, 12, 13, 14]])[0])
 
 
 def test_padded_batch_of_lengths_without_reuse(tiny_llama_path: str) -> None:
@@ -213,7 +215,7 @@ def test_padded_batch_of_lengths_without_reuse(tiny_llama_path: str) -> None:
     try:
         ctxs = _contexts(llm.vocab_size, seed=9)
         got = llm.batch_next_token_logprobs_sync(ctxs)
-        assert max_diff(got, reference(llm, ctxs)) <= ATOL
+        assert_tiny_close(got, reference(llm, ctxs))
         assert llm.prefix_cache is None and not llm.kv_reuse  # reuse off: no KV kept
         assert torch.isfinite(got).all()
     finally:
@@ -231,7 +233,7 @@ async def test_forward_thread_choice_gives_the_same_results(tiny_llama_path: str
         for _ in range(3):
             rows = await asyncio.gather(*(llm.next_token_logprobs(p) for p in particles))
             for p, row in zip(particles, rows):
-                assert max_diff(row, llm.next_token_logprobs_uncached(p)) <= ATOL
+                assert_tiny_close(row, llm.next_token_logprobs_uncached(p))
                 p.append(rng.randrange(3, llm.vocab_size))
         assert llm.batcher.stats.batches == 3  # one batch per step either way
     finally:

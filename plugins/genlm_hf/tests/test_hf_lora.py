@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_helpers import ATOL, load_hf, max_diff
+from hf_helpers import load_hf, max_diff
+
+from genlm_core.testing.tolerance import assert_tiny_close
 
 peft = pytest.importorskip("peft")
 pytestmark = pytest.mark.filterwarnings("ignore:Already found a `peft_config`:UserWarning")
@@ -57,31 +59,26 @@ def test_lora_changes_distributions_and_clear_restores(
         llm.load_lora(adapters["a"], "a")
         llm.load_lora(adapters["b"], "b")
         assert llm.active_lora is None
-        assert (
-            max_diff(llm.batch_next_token_logprobs_sync(CONTEXTS), base) <= ATOL
-        )  # loading alone: no change
+        assert_tiny_close(llm.batch_next_token_logprobs_sync(CONTEXTS), base)  # loading alone: no change
         llm.cache_kv(CONTEXTS[0])
         llm.set_lora("a")
         assert llm.prefix_cache.kv_bytes == 0 and len(llm.output_cache) == 0  # switching cleared caches
         with_a = llm.batch_next_token_logprobs_sync(CONTEXTS)
         assert max_diff(with_a, base) > 1e-2
-        assert max_diff(with_a, _peft_reference(tiny_llama_path, adapters["a"], CONTEXTS)) <= ATOL
+        assert_tiny_close(with_a, _peft_reference(tiny_llama_path, adapters["a"], CONTEXTS))
         # KV reuse under the adapter stays exact
         ext = [c + [11] for c in CONTEXTS]
-        assert (
-            max_diff(
-                llm.batch_next_token_logprobs_sync(ext),
-                torch.stack([llm.next_token_logprobs_uncached(c) for c in ext]),
-            )
-            <= ATOL
+        assert_tiny_close(
+            llm.batch_next_token_logprobs_sync(ext),
+            torch.stack([llm.next_token_logprobs_uncached(c) for c in ext]),
         )
         llm.set_lora("b")
         with_b = llm.batch_next_token_logprobs_sync(CONTEXTS)
         assert max_diff(with_b, with_a) > 1e-2
-        assert max_diff(with_b, _peft_reference(tiny_llama_path, adapters["b"], CONTEXTS)) <= ATOL
+        assert_tiny_close(with_b, _peft_reference(tiny_llama_path, adapters["b"], CONTEXTS))
         llm.clear_lora()
         assert llm.active_lora is None
-        assert max_diff(llm.batch_next_token_logprobs_sync(CONTEXTS), base) <= ATOL
+        assert_tiny_close(llm.batch_next_token_logprobs_sync(CONTEXTS), base)
         with pytest.raises(ValueError, match="no LoRA adapter named 'c'"):
             llm.set_lora("c")
         with pytest.raises(ValueError, match="already loaded"):
@@ -95,7 +92,7 @@ def test_lora_from_config(tiny_llama_path: str, adapters: dict[str, Path]) -> No
     try:
         assert llm.active_lora == "mine"
         ref = _peft_reference(tiny_llama_path, adapters["a"], CONTEXTS[:1])[0]
-        assert max_diff(llm.next_token_logprobs_sync(CONTEXTS[0]), ref) <= ATOL
+        assert_tiny_close(llm.next_token_logprobs_sync(CONTEXTS[0]), ref)
     finally:
         llm.close()
 
@@ -117,6 +114,6 @@ def test_switching_adapters_in_a_burst_drops_its_kept_kv(
         after = [(c, row) for c, row, lora in control.seen if lora == "a"]
         assert len(after) >= 8
         ref = _peft_reference(tiny_llama_path, adapters["a"], [c for c, _ in after])
-        assert max_diff(torch.stack([row for _, row in after]), ref) <= ATOL
+        assert_tiny_close(torch.stack([row for _, row in after]), ref)
     finally:
         llm.close()

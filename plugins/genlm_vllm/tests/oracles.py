@@ -57,6 +57,15 @@ def hf_oracle(path: str, contexts: Sequence[Sequence[int]], vocab_size: int) -> 
     return torch.stack(rows)
 
 
+def assert_smol_close(got: torch.Tensor, want: torch.Tensor, what: str = "rows") -> float:
+    """Two float32 computations of SmolLM2-135M rows (engines, batch shapes, TP splits:
+    the order of float32 sums only), within the bound derived from that arithmetic."""
+    from genlm_core.testing.models import smollm2
+    from genlm_core.testing.tolerance import assert_rows_close, model_shape
+
+    return assert_rows_close(got, want, model_shape(smollm2()), what=what)
+
+
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest |a - b| over finite entries (both must be -inf at the same places)."""
     a, b = a.float().cpu(), b.float().cpu()

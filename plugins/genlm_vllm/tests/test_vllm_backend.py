@@ -12,9 +12,10 @@ import pytest
 import torch
 from conftest import TINY_BUDGET
 from genlm_vllm.capture import CAPTURED, INSTANCES
-from oracles import genlm_hf_oracle, hf_oracle, max_abs_diff, vllm_dict_oracle
+from oracles import genlm_hf_oracle, hf_oracle, vllm_dict_oracle
 
 import genlm_core
+from genlm_core.testing.tolerance import assert_tiny_close
 
 
 def _ids(backend, n: int, seed: int) -> list[int]:
@@ -88,9 +89,9 @@ def test_matches_dict_oracle_and_transformers(tiny_backend, tiny_path) -> None:
     hf = hf_oracle(tiny_path, batch, len(tiny_backend.byte_vocab))
     ghf = genlm_hf_oracle(tiny_path, batch)
     for i in range(len(batch)):
-        assert max_abs_diff(got[i], oracle[i]) <= 1e-4, i
-        assert max_abs_diff(got[i], hf[i]) <= 1e-3, i
-        assert max_abs_diff(got[i], ghf[i]) <= 1e-3, i
+        assert_tiny_close(got[i], oracle[i], str(i))
+        assert_tiny_close(got[i], hf[i], str(i))
+        assert_tiny_close(got[i], ghf[i], str(i))
     assert torch.equal(got[1], got[6])  # repeated prompt
     assert not torch.allclose(got[3], got[4])  # different contexts really differ
 
@@ -101,7 +102,7 @@ async def test_async_mixed_batch_matches_oracle(tiny_backend) -> None:
     rows = await asyncio.gather(*(tiny_backend.next_token_logprobs(c) for c in batch))
     oracle = vllm_dict_oracle(tiny_backend, batch)
     for i, row in enumerate(rows):
-        assert max_abs_diff(row, oracle[i]) <= 1e-4, i
+        assert_tiny_close(row, oracle[i], str(i))
 
 
 def test_batch_larger_than_step_budget_needs_several_steps(tiny_backend) -> None:
@@ -115,9 +116,9 @@ def test_batch_larger_than_step_budget_needs_several_steps(tiny_backend) -> None
     assert steps >= sum(map(len, batch)) // TINY_BUDGET  # the engine split the work
     oracle = vllm_dict_oracle(tiny_backend, batch)
     for i, ctx in enumerate(batch):
-        assert max_abs_diff(got[i], oracle[i]) <= 1e-4, i
+        assert_tiny_close(got[i], oracle[i], str(i))
         single = tiny_backend.next_token_logprobs_uncached(ctx)  # alone, no prefix cache
-        assert max_abs_diff(got[i], single) <= 1e-4, i
+        assert_tiny_close(got[i], single, str(i))
     assert not CAPTURED  # nothing left behind in the registry
 
 
@@ -140,7 +141,7 @@ async def test_concurrent_sample_and_logprobs(tiny_backend) -> None:
     k = 0
     for _ in range(3):
         for i in range(len(ctxs)):
-            assert max_abs_diff(results[k], expected[i]) <= 1e-4
+            assert_tiny_close(results[k], expected[i])
             k += 1
         for i in range(len(prompts)):
             assert results[k] == ref_samples[i]
@@ -165,7 +166,7 @@ async def test_concurrent_sample_and_logprobs(tiny_backend) -> None:
         t.join()
     assert not errors, errors
     for i in range(len(ctxs)):
-        assert max_abs_diff(rows[i], expected[i]) <= 1e-4
+        assert_tiny_close(rows[i], expected[i])
 
 
 async def test_sampling_semantics(tiny_backend) -> None:
@@ -206,7 +207,7 @@ async def test_bad_inputs_fail_alone(tiny_backend) -> None:
         return_exceptions=True,
     )
     assert isinstance(results[1], ValueError) and not isinstance(results[0], BaseException)
-    assert max_abs_diff(results[0], tiny_backend.next_token_logprobs_uncached(good)) <= 1e-4
+    assert_tiny_close(results[0], tiny_backend.next_token_logprobs_uncached(good))
 
 
 def test_clear_error_without_vllm_or_device(monkeypatch) -> None:

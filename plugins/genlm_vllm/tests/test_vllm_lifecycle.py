@@ -10,9 +10,10 @@ import threading
 
 import pytest
 import torch
-from oracles import max_abs_diff, preemption_engine_opts, run_preemption_workload
+from oracles import preemption_engine_opts, run_preemption_workload
 
 import genlm_core
+from genlm_core.testing.tolerance import assert_tiny_close
 
 
 def _threads() -> set[str]:
@@ -50,16 +51,16 @@ def test_preemption_then_clean_shutdown(tiny_path, tiny_backend) -> None:
         assert preempted > 0
         reference = tiny_backend.batch_next_token_logprobs_sync(ours)  # the other engine
         for row, ref in zip(rows, reference):
-            assert max_abs_diff(torch.log_softmax(row[: ref.shape[0]].float(), -1), ref) <= 1e-4
+            assert_tiny_close(torch.log_softmax(row[: ref.shape[0]].float(), -1), ref)
         # the backend API on the same pressured engine
         got = llm.batch_next_token_logprobs_sync(ours)
-        assert max_abs_diff(got, reference) <= 1e-4
+        assert_tiny_close(got, reference)
     assert llm.llm is None
     # vLLM's parallel groups are process-global and an engine core's shutdown destroys
     # them: the backend keeps them while another in-process engine (tiny_backend) is open
     tiny_backend.clear_cache()  # an engine step, not the output cache
     again = tiny_backend.batch_next_token_logprobs_sync(ours)
-    assert max_abs_diff(again, reference) <= 1e-4
+    assert_tiny_close(again, reference)
     with pytest.raises(RuntimeError, match="closed"):
         llm.next_token_logprobs_sync([1, 2])
     llm.close()  # idempotent

@@ -8,6 +8,8 @@ import pytest
 import torch
 from oracles import max_abs_diff
 
+from genlm_core.testing.tolerance import assert_tiny_close
+
 
 def _peft_rows(tiny_path: str, adapter: str, contexts: list[list[int]], V: int) -> torch.Tensor:
     from peft import PeftModel
@@ -39,11 +41,11 @@ def test_lora_switching(tiny_path, tiny_lora_adapter, tiny_lora_backend) -> None
         tuned = llm.batch_next_token_logprobs_sync(contexts)  # not served from the cache
         assert tuned.shape == (len(contexts), V)
         assert max_abs_diff(tuned, base) > 1e-2
-        assert max_abs_diff(tuned, _peft_rows(tiny_path, adapter, contexts, V)) <= 1e-3
+        assert_tiny_close(tuned, _peft_rows(tiny_path, adapter, contexts, V))
     finally:
         llm.clear_lora()
     again = llm.batch_next_token_logprobs_sync(contexts)
-    assert max_abs_diff(again, base) <= 1e-4
+    assert_tiny_close(again, base)
     with pytest.raises(ValueError, match="no LoRA adapter named"):
         llm.set_lora("missing")
     with pytest.raises(ValueError, match="not found"):
@@ -78,7 +80,7 @@ def test_switching_adapters_in_a_burst_restarts_its_sessions(
     assert len(after) >= 8 and len(before) >= 8
     V = len(llm.byte_vocab)
     ref = _peft_rows(tiny_path, tiny_lora_adapter, [c for c, _ in after], V)
-    assert max_abs_diff(torch.stack([row for _, row in after]), ref) <= 1e-3
+    assert_tiny_close(torch.stack([row for _, row in after]), ref)
     base = torch.stack([llm.next_token_logprobs_uncached(c) for c, _ in before])
-    assert max_abs_diff(torch.stack([row for _, row in before]), base) <= 1e-4
+    assert_tiny_close(torch.stack([row for _, row in before]), base)
     assert llm.stats()["engine"]["decode_sessions"] == 0

@@ -18,10 +18,8 @@ import torch
 import genlm_core
 from genlm_core.serve.testing import ServerProcess
 from genlm_core.testing import LogprobBackendConformance
+from genlm_core.testing.tolerance import assert_tiny_close
 
-#: the same as the vLLM conformance suite: float32 rows of one model computed by two
-#: engines (the server's and the session's) in different batch shapes and chunkings
-ATOL = 1e-4
 OPTS = {
     "dtype": "float32",
     "enforce_eager": True,
@@ -39,7 +37,8 @@ def vllm_server(tiny_path):
 
 
 class TestServedVLLMConformance(LogprobBackendConformance):
-    atol = ATOL
+    # the kit's derived bound: float32 rows of one model computed by two engines (the
+    # server's and the session's) in different batch shapes and chunkings
     n_contexts = 8
     max_len = 40
 
@@ -58,7 +57,7 @@ def test_served_rows_match_the_in_process_engine(vllm_server, tiny_backend) -> N
         ctxs = [[5, 6, 7], [100], list(range(20, 60))]
         got = remote.batch_next_token_logprobs_sync(ctxs)
         want = torch.stack([tiny_backend.next_token_logprobs_uncached(c) for c in ctxs])
-        assert float((got - want).abs().max()) <= ATOL
+        assert_tiny_close(got, want, "served rows against the in-process engine")
         assert remote.stats()["transport"]["replies"]["shm"] > 0  # same host: /dev/shm
     finally:
         remote.close()

@@ -3,7 +3,7 @@ in-process engine (``smol_backend``, also the reference of the distributed suite
 
 from __future__ import annotations
 
-from oracles import genlm_hf_oracle, hf_oracle, max_abs_diff, vllm_dict_oracle
+from oracles import assert_smol_close, genlm_hf_oracle, hf_oracle, vllm_dict_oracle
 
 
 def test_smollm2_matches_oracles(smol_backend, smol_path) -> None:
@@ -25,6 +25,6 @@ def test_smollm2_matches_oracles(smol_backend, smol_path) -> None:
     hf = hf_oracle(path, batch, len(llm.byte_vocab))
     ghf = genlm_hf_oracle(path, batch)
     for i in range(len(batch)):
-        assert max_abs_diff(got[i], oracle[i]) <= 1e-4, i
-        assert max_abs_diff(got[i], hf[i]) <= 1e-3, i
-        assert max_abs_diff(got[i], ghf[i]) <= 1e-3, i
+        assert_smol_close(got[i], oracle[i], str(i))
+        assert_smol_close(got[i], hf[i], str(i))
+        assert_smol_close(got[i], ghf[i], str(i))
