@@ -43,12 +43,14 @@ rc1=$(( rc1 | $? ))
 $PY -m pytest -q -rs --junitxml=build/junit.xml -m "not vllm_engine and not own_process and not native_engine$nocuda" "$@"
 rc2=$?
 # The numeric suites once more on another SIMD path (scripts/isa_env.sh: AVX2 on an
-# AVX-512 host, SSE4 otherwise): float32 sums round differently per instruction set,
-# so a tolerance that holds on one kind of CPU only fails here on every machine. The
-# suites say so with the `numeric` marker.
+# AVX-512 host, SSE4 otherwise), each comparison held 4x below its derived bound
+# (GENLM_TEST_HEADROOM, genlm_core.testing.tolerance): float32 sums round differently
+# per instruction set, so a bound that holds on one kind of CPU only by a small margin
+# fails here on every machine. The suites say so with the `numeric` marker.
 (
   eval "$(bash scripts/isa_env.sh other)"
-  echo "[test] numeric suites again with the SIMD path capped at $GENLM_TEST_ISA"
+  export GENLM_TEST_HEADROOM=4
+  echo "[test] numeric suites again with the SIMD path capped at $GENLM_TEST_ISA, headroom 4x"
   $PY -m pytest -q -rs --junitxml=build/junit-isa.xml -m "numeric and not own_process and not native_engine$nocuda" "$@"
 )
 rc3=$?
