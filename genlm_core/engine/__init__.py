@@ -16,6 +16,7 @@ The modules, one mechanism each, shared by every backend:
 ``burst``          an SMC decode loop run in the backend, a control drawing each step
 ``batching``       :class:`AutoBatcher`: concurrent calls become one batch
 ``validation``     token-id contexts checked before they join a batch
+``row_checks``     engine rows no caller may read (NaN, no finite score): one check
 ``caches``         :class:`OutputCache`: next-token rows by whole context, LRU, bounded;
                    a backend's output cache resolved by name
 ``prefix_cache``   :class:`PrefixCache`: opaque engine KV per token prefix
@@ -61,6 +62,7 @@ EXPORTS: dict[str, str] = {
     "BatcherClosed": "genlm_core.engine.batching",
     "BatcherStats": "genlm_core.engine.batching",
     "validate_context": "genlm_core.engine.validation",
+    "EngineOutputError": "genlm_core.engine.row_checks",
     # caches and KV reuse
     "OutputCache": "genlm_core.engine.caches",
     "OutputCacheConfig": "genlm_core.engine.caches",
@@ -161,6 +163,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never run
     )
     from genlm_core.engine.prefix_cache import PrefixCache
     from genlm_core.engine.progress import note, progress_bar, summarise_repeats
+    from genlm_core.engine.row_checks import EngineOutputError
     from genlm_core.engine.row_transport import RowBuffer, shm_available, stack_rows, write_rows
     from genlm_core.engine.validation import validate_context
     from genlm_core.engine.vocab import DecodedVocab, decode_vocab, decode_vocab_info

@@ -12,7 +12,8 @@ engine:
   (an engine computing in another dtype than the one resolved is refused);
 * input validation, the AutoBatcher (async path), the output cache (the registered
   cache ``output_cache_impl`` names), cutting padded vocabulary rows and normalising in
-  float32, the sync and batch entry points;
+  float32, refusing rows that are no distribution (a NaN, no finite score:
+  :mod:`~genlm_core.engine.row_checks`), the sync and batch entry points;
 * sampling: the checks and the clamp to the context limit, then the engine's sampler
   (capability ``"sample"``, batched) or draws from the rows;
 * bursts (capability ``"decode"``): an SMC decode loop run here, the program drawing
@@ -44,6 +45,7 @@ from genlm_core.engine.checkpoint import Checkpoint, engine_context_limit, read_
 from genlm_core.engine.contract import Engine, SampleRequest, check_engine, refuse_unsupported_dtype
 from genlm_core.engine.dtypes import UnsupportedDtypeError
 from genlm_core.engine.memory import compact
+from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadable_rows
 from genlm_core.engine.sampling import drawing
 from genlm_core.engine.validation import validate_context
 
@@ -215,7 +217,8 @@ class BaseLogprobBackend:
             raise RuntimeError(f"{self.backend_name}: the backend is closed")
         return validate_context(token_ids, self.vocab_size, self.max_context_length)
 
-    def _finalize(self, out: Any) -> "torch.Tensor":
+    def _logits(self, out: Any) -> "torch.Tensor":
+        """An engine's logits as one ``(rows, vocab)`` float32 batch (padded vocabulary cut)."""
         import torch
 
         if not isinstance(out, torch.Tensor):
@@ -223,35 +226,76 @@ class BaseLogprobBackend:
         if out.ndim == 1:
             out = out.unsqueeze(0)
         if out.shape[-1] < self.vocab_size:
-            raise RuntimeError(
+            raise EngineOutputError(
                 f"{self.backend_name}: the model returned {out.shape[-1]} scores per row, "
                 f"fewer than the {self.vocab_size} tokens of its tokenizer"
             )
-        out = out[:, : self.vocab_size].to(torch.float32)
-        return torch.log_softmax(out, dim=-1)
+        return out[:, : self.vocab_size].to(torch.float32)
 
-    def _rows(self, contexts: list[tuple[int, ...]], uncached: bool = False) -> list["torch.Tensor"]:
+    def _finalize(self, out: Any) -> "torch.Tensor":
+        """The core's normalisation of an engine's logits: the float32 ``log_softmax`` of
+        :meth:`_logits`' batch (no copy before it where ``out`` is that batch already)."""
+        import torch
+
+        return torch.log_softmax(self._logits(out), dim=-1)
+
+    def _rows(
+        self, contexts: list[tuple[int, ...]], uncached: bool = False
+    ) -> list["torch.Tensor | EngineOutputError"]:
         """The normalised row of every context, each a compact tensor of its own (not a
         view into a batch: a caller holding one row would keep the whole batch alive).
 
         Logits are normalised here (float32 ``log_softmax`` of the first ``vocab_size``
-        of each row); an engine returning final rows (``returns = "logprobs"``) keeps its own."""
+        of each row); an engine returning final rows (``returns = "logprobs"``) keeps its own.
+        A row no caller may read (a NaN, no finite score: :mod:`~genlm_core.engine.row_checks`)
+        is an :class:`EngineOutputError` in its place."""
         engine = self.engine
-        return self._normalised(engine.forward_uncached(contexts) if uncached else engine.forward(contexts))
+        out = engine.forward_uncached(contexts) if uncached else engine.forward(contexts)
+        return self._normalised(out, contexts)
 
-    def _normalised(self, out: Any) -> list["torch.Tensor"]:
-        """The engine's scores as normalised float32 rows, each compact (see :meth:`_rows`)."""
-        engine = self.engine
-        if engine.returns == "logits":
-            return [compact(r) for r in self._finalize(out).unbind(0)]
-        rows = list(out.unbind(0)) if hasattr(out, "unbind") else list(out)
+    def _rows_or_raise(self, contexts: list[tuple[int, ...]], uncached: bool = False) -> list["torch.Tensor"]:
+        """:meth:`_rows`, raising the first row's error (a caller that needs every row)."""
+        rows = self._rows(contexts, uncached)
         for row in rows:
-            if tuple(row.shape) != (self.vocab_size,):
-                raise RuntimeError(
-                    f"{self.backend_name}: the engine returned a row of shape {tuple(row.shape)}, "
-                    f"not ({self.vocab_size},)"
-                )
-        return [compact(r) for r in rows]
+            if isinstance(row, EngineOutputError):
+                raise row
+        return rows  # type: ignore[return-value]
+
+    def _normalised(
+        self, out: Any, contexts: Sequence[tuple[int, ...]]
+    ) -> list["torch.Tensor | EngineOutputError"]:
+        """The engine's scores as normalised float32 rows, each compact (see :meth:`_rows`)."""
+        import torch
+
+        if self.engine.returns == "logits":
+            scores = self._logits(out)
+            rows: Sequence[Any] = self._finalize(scores).unbind(0)
+        else:
+            rows = list(out.unbind(0)) if hasattr(out, "unbind") else list(out)
+            for row in rows:
+                if tuple(row.shape) != (self.vocab_size,):
+                    raise EngineOutputError(
+                        f"{self.backend_name}: the engine returned a row of shape {tuple(row.shape)}, "
+                        f"not ({self.vocab_size},)"
+                    )
+            scores = out if isinstance(out, torch.Tensor) else rows
+        if len(rows) != len(contexts):
+            raise EngineOutputError(
+                f"{self.backend_name}: the engine returned {len(rows)} rows for {len(contexts)} "
+                "contexts; forward() returns one row per context, in the order given"
+            )
+        errors = self._row_errors(scores, contexts, "forward")
+        return [errors[i] if i in errors else compact(r) for i, r in enumerate(rows)]
+
+    def _row_errors(
+        self, scores: Any, contexts: Sequence[tuple[int, ...]], call: str
+    ) -> dict[int, EngineOutputError]:
+        """Row index -> its error, for every row of the engine's ``scores`` no caller may
+        read (one reduction over the batch; ``{}`` for a healthy one)."""
+        return {
+            i: row_error(self.backend_name, self.engine, i, contexts[i], scores[i], call)
+            for i in unreadable_rows(scores)
+        }
 
     def _burst_step(self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]) -> "torch.Tensor":
         """A burst step's ``(rows, vocab)`` log-probabilities, under the engine lock. The
@@ -265,28 +309,35 @@ class BaseLogprobBackend:
                 raise RuntimeError(f"{self.backend_name}: the backend is closed")
             contexts = list(rows.values())
             if type(self.engine).decode_step is not Engine.decode_step:
-                return self._normalised_batch(self.engine.decode_step(rows, released), len(rows))
+                return self._normalised_batch(self.engine.decode_step(rows, released), contexts)
             unique = list(dict.fromkeys(contexts))
             bs = self.config.batch_size  # the batches a step loop's call makes
             computed = {}
             for i in range(0, len(unique), bs):
-                computed.update(zip(unique[i : i + bs], self._rows(unique[i : i + bs])))
+                computed.update(zip(unique[i : i + bs], self._rows_or_raise(unique[i : i + bs])))
             return torch.stack([computed[c] for c in contexts])
 
-    def _normalised_batch(self, out: Any, n: int) -> "torch.Tensor":
-        """An engine's decode-step scores as one ``(n, vocab)`` float32 tensor of normalised
-        rows (no copy where the engine returned exactly that)."""
+    def _normalised_batch(self, out: Any, contexts: Sequence[tuple[int, ...]]) -> "torch.Tensor":
+        """An engine's decode-step scores of ``contexts`` as one ``(n, vocab)`` float32 tensor
+        of normalised rows (no copy where the engine returned exactly that); a row no caller
+        may read raises its :class:`EngineOutputError`."""
         import torch
 
         if self.engine.returns == "logits":
-            out = self._finalize(out)
-        elif not isinstance(out, torch.Tensor):
-            out = torch.stack(list(out))
+            scores = self._logits(out)
+            out = self._finalize(scores)
+        else:
+            if not isinstance(out, torch.Tensor):
+                out = torch.stack(list(out))
+            scores = out
+        n = len(contexts)
         if tuple(out.shape) != (n, self.vocab_size):
-            raise RuntimeError(
+            raise EngineOutputError(
                 f"{self.backend_name}: the engine's decode step returned scores of shape "
                 f"{tuple(out.shape)}, not ({n}, {self.vocab_size})"
             )
+        for error in self._row_errors(scores, contexts, "decode_step").values():
+            raise error
         return out.to(torch.float32)
 
     def _burst_release(self, handles: Collection[int]) -> None:
@@ -294,12 +345,14 @@ class BaseLogprobBackend:
             with self.engine_lock:
                 self.engine.decode_step({}, handles)
 
-    def _batch_fn(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor"]:
-        # each caller gets a compact row of its own; the output cache keeps its own private copy
+    def _batch_fn(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor | EngineOutputError"]:
+        # each caller gets a compact row of its own; the output cache keeps its own private
+        # copy; a row no caller may read is its caller's error, never cached
         results = self._rows(contexts)
         if self.output_cache is not None:
             for ctx, row in zip(contexts, results):
-                self.output_cache.put(ctx, row)
+                if not isinstance(row, EngineOutputError):
+                    self.output_cache.put(ctx, row)
         return results
 
     def _empty_rows(self) -> "torch.Tensor":
@@ -391,7 +444,7 @@ class BaseLogprobBackend:
         """One full forward pass, bypassing the output cache and engine caches."""
         ctx = self.validate(token_ids)
         with self.engine_lock:
-            return self._rows([ctx], uncached=True)[0]
+            return self._rows_or_raise([ctx], uncached=True)[0]
 
     # ------------------------------------------------------------------ sampling
     def sample_request(
