@@ -5,13 +5,14 @@ histograms /metrics renders. Oracles: hand-written expectations."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
-from genlm_core.serve.inputs import SampleRequest, parse_json
+from genlm_core.serve.inputs import SampleRequest, TokenizeRequest, parse_json
 from genlm_core.serve.limits import TOKEN_ENV, read_token, token_matches
 from genlm_core.serve.phases import ROUND_TRIP, ForwardClock, Histogram, RequestClock, round_trip_phases
-from genlm_core.serve.security import RequestGuard, _host_of, allowed_host_names
+from genlm_core.serve.security import RequestGuard, allowed_host_names, parse_host
 
 TOKEN = "0123456789abcdef-token"
 
@@ -43,8 +44,8 @@ def test_the_token_sources(tmp_path, monkeypatch, capsys) -> None:
 
 
 def test_host_names() -> None:
-    assert _host_of("[::1]:8765") == "::1" and _host_of("Example.COM.:80") == "example.com"
-    assert _host_of("127.0.0.1") == "127.0.0.1" and _host_of("localhost:1") == "localhost"
+    assert parse_host("[::1]:8765") == ("::1", 8765) and parse_host("Example.COM.:80") == ("example.com", 80)
+    assert parse_host("127.0.0.1") == ("127.0.0.1", None) and parse_host("localhost:1") == ("localhost", 1)
     hosts = allowed_host_names("127.0.0.1", ["box.internal"])
     assert {"127.0.0.1", "localhost", "::1", "box.internal"} <= hosts and "attacker.example" not in hosts
     guard = RequestGuard(None, hosts=hosts, any_ip=False, token=None, media_types={"/p": "application/json"})
@@ -63,6 +64,33 @@ def test_host_names() -> None:
     assert guard.problem(other_port)[0] == 403
     wild = RequestGuard(None, hosts=hosts, any_ip=True, token=None, media_types={})
     assert wild.problem(scope(host="10.1.2.3")) is None and wild.problem(scope(host="x.example"))[0] == 403
+
+
+@pytest.mark.parametrize(
+    ("host", "fault"),
+    [
+        ("localhost:evil.com", "port 'evil.com'"),
+        ("localhost:18765@evil.com", "port '18765@evil.com'"),
+        ("[::1]evil.com", "'evil.com' follows ']'"),
+        ("localhost..", "not a host name"),
+        ("localhost:8765:1", "port '8765:1'"),
+        ("[::1", "no ']' closes"),
+        ("[localhost]:1", "not an IPv6 address"),
+        ("::1", "in brackets"),
+        ("localhost:65536", "port '65536'"),
+        ("", "no Host"),
+    ],
+)
+def test_a_host_that_is_not_exactly_host_port_is_refused(host, fault) -> None:
+    """The whole header is parsed (RFC 3986 host, RFC 7230 ``host[:port]``): a header that
+    starts with an allowed name but goes on otherwise is a 403 naming the fault, never the
+    name it started with."""
+    with pytest.raises(ValueError, match=re.escape(fault)):
+        parse_host(host)
+    guard = RequestGuard(None, hosts=allowed_host_names("127.0.0.1"), any_ip=True, token=None, media_types={})
+    status, message, kind = guard.problem({"type": "http", "method": "GET", "path": "/v1/stats",
+                                           "headers": [(b"host", host.encode())]})  # fmt: skip
+    assert (status, kind) == (403, "HostNotAllowed") and fault in message and "HOST[:PORT]" in message
 
 
 @pytest.mark.parametrize(
@@ -88,6 +116,19 @@ def test_a_sample_request_names_every_bad_field() -> None:
         assert field in str(err.value)
     ok = SampleRequest.parse({"prompts": [[1]], "max_tokens": 2, "temperature": 0, "seed": -5}, "sample")
     assert ok.temperature == 0.0 and ok.seed == -5 and ok.batch
+
+
+def test_tokenize_text_is_characters_not_lone_surrogates() -> None:
+    """JSON's \\ud800 escape decodes to a lone surrogate, which no tokenizer takes: a 400
+    naming the field and the code point, before any tokenizer sees it."""
+    for raw, at in (
+        (b'{"text": "\\ud800"}', "U+D800 at character 0"),
+        (b'{"text": "ab\\udfff"}', "U+DFFF at character 2"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(f"field 'text': Value error, lone surrogate {at}")):
+            TokenizeRequest.parse(parse_json(raw), "tokenize")
+    pair = TokenizeRequest.parse(parse_json(b'{"text": "\\ud83d\\ude00"}'), "tokenize")
+    assert pair.text == "\U0001f600"  # an escaped pair is one character
 
 
 def test_the_phases_tile_a_round_trip() -> None:

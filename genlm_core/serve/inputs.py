@@ -13,7 +13,7 @@ import asyncio
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from genlm_core.serve.limits import ServeLimits
 
@@ -119,6 +119,21 @@ class SampleRequest(_Strict):
 class TokenizeRequest(_Strict):
     text: str
     add_special_tokens: bool = True
+
+    @field_validator("text")
+    @classmethod
+    def _characters_only(cls, text: str) -> str:
+        """JSON's ``\\ud800`` escapes decode to lone surrogates, which are no characters:
+        no tokenizer takes them (the Rust ones raise TypeError)."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"lone surrogate U+{ord(text[exc.start]):04X} at character {exc.start} is not a Unicode "
+                "character; send valid text (a character above U+FFFF escaped as a surrogate pair, "
+                "e.g. \\ud83d\\ude00)"
+            ) from None
+        return text
 
 
 class DetokenizeRequest(_Strict):

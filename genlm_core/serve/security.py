@@ -8,7 +8,9 @@ CVE-2024-28224), same-origin requests whose ``Host`` is the attacker's name. So:
 
 * ``Host`` must name the server as it is bound: ``127.0.0.1``, ``localhost``, ``[::1]``,
   the ``--host`` value, the names given with ``--allow-host``; any IP literal when it
-  listens on every interface (a rebinding attack always carries a DNS name);
+  listens on every interface (a rebinding attack always carries a DNS name). It is
+  parsed whole, as ``host[:port]`` (:func:`parse_host`): ``localhost:x@evil.com`` or
+  ``[::1]evil.com`` is refused, not read as its first part;
 * a request carrying an ``Origin`` other than the server's own is refused, and so is every
   ``OPTIONS`` (a browser's preflight);
 * a POST must declare the endpoint's media type (``application/x-genlm-frame`` or
@@ -24,13 +26,14 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from genlm_core.serve.limits import token_matches
 
-__all__ = ["RequestGuard", "allowed_host_names"]
+__all__ = ["RequestGuard", "allowed_host_names", "parse_host"]
 
 Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]], Awaitable[None]]
@@ -48,13 +51,46 @@ def allowed_host_names(bind_host: str, extra: Iterable[str] = ()) -> frozenset[s
     return frozenset(names)
 
 
-def _host_of(value: str) -> str:
-    """``"[::1]:8765"`` -> ``"::1"``, ``"Example.COM.:80"`` -> ``"example.com"``."""
-    value = value.strip().lower()
-    if value.startswith("["):
-        return value[1 : value.find("]")] if "]" in value else value
-    host = value.rsplit(":", 1)[0] if value.count(":") == 1 else value
-    return host.rstrip(".")
+#: a name (RFC 3986 reg-name, restricted to what DNS and /etc/hosts hold) or an IPv4
+#: address: labels of letters, digits, ``-`` and ``_`` between single dots, one final dot
+_NAME = re.compile(r"(?:[a-z0-9_-]+\.)*[a-z0-9_-]+\.?")
+
+
+def parse_host(value: str) -> tuple[str, int | None]:
+    """A ``Host`` header (RFC 7230: ``uri-host [":" port]``, RFC 3986's host) as ``(host,
+    port)``: the host in lower case, without brackets or the final dot; the port, or None.
+    ``"[::1]:8765"`` -> ``("::1", 8765)``, ``"Example.COM.:80"`` -> ``("example.com", 80)``.
+    Anything else (text after the port, a second colon, ``@``, empty labels, an unclosed
+    or misplaced bracket) is a ``ValueError`` naming the fault: the host is never taken
+    from part of a header."""
+    text = value.strip().lower()
+    if not text:
+        raise ValueError("the request has no Host")
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise ValueError("'[' opens an IPv6 address that no ']' closes")
+        host, rest = text[1:end], text[end + 1 :]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} in brackets is not an IPv6 address") from None
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"{rest!r} follows ']': only ':PORT' may")
+    else:
+        host, colon, port = text.partition(":")
+        rest = colon + port
+        if _is_ip(text) and ":" in text:
+            raise ValueError(f"an IPv6 address goes in brackets: '[{text}]'")
+        if not _NAME.fullmatch(host):
+            raise ValueError(
+                f"{host!r} is not a host name or IPv4 address (labels of letters, digits, '-' "
+                "between single dots)"
+            )
+    port = rest[1:]
+    if rest and not (port == "" or (port.isascii() and port.isdigit() and int(port) <= 65535)):
+        raise ValueError(f"port {port!r} is not a number from 0 to 65535")
+    return host.removesuffix("."), int(port) if port else None
 
 
 def _is_ip(host: str) -> bool:
@@ -95,11 +131,20 @@ class RequestGuard:
         headers: dict[str, str] = {}
         for k, v in scope.get("headers", []):
             headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
-        host = _host_of(headers.get("host", ""))
+        given = headers.get("host", "")
+        try:
+            host, _ = parse_host(given)
+        except ValueError as exc:
+            return (
+                403,
+                f"Host {given!r} is not HOST[:PORT] ({exc}); send the name or address the server "
+                "was reached by, e.g. 'localhost:8765' or '[::1]:8765'",
+                "HostNotAllowed",
+            )
         if not (host in self.hosts or (self.any_ip and _is_ip(host))):
             return (
                 403,
-                f"Host {headers.get('host', '')!r} is not a name this server answers to "
+                f"Host {given!r} is not a name this server answers to "
                 f"({', '.join(sorted(self.hosts))}); connect by one of them, or start the server "
                 "with --allow-host NAME",
                 "HostNotAllowed",

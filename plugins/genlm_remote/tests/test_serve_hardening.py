@@ -212,6 +212,22 @@ def test_tokenize_has_a_text_limit(server) -> None:
     assert status == 200 and body["ids"]
 
 
+def test_tokenize_refuses_a_lone_surrogate_naming_it() -> None:
+    """The JSON string "\\ud800" is no character: a Rust tokenizer raised TypeError on it
+    (HTTP 500); it is a 400 naming the field and the code point, and an escaped
+    surrogate pair (one character) is tokenized."""
+    from genlm_core.testing.models import tiny_llama
+
+    with ServerProcess("mock", model=str(tiny_llama())) as srv:  # the model lends its HF tokenizer
+        for raw in (b'{"text": "\\ud800"}', b'{"text": "a\\ud800b"}', b'{"text": "\\udc00"}'):
+            status, body = request(srv.url, "POST", "/v1/tokenize", raw)
+            assert status == 400, (raw, status, body)
+            error = json.loads(body)["error"]
+            assert "field 'text'" in error and "lone surrogate U+D" in error, error
+        status, body = post_json(srv.url, "/v1/tokenize", {"text": "\U0001f600 hi"})
+        assert status == 200 and body["ids"], body
+
+
 # ---------------------------------------------------------------- 5: malformed sample bodies
 @pytest.mark.parametrize(
     ("raw", "field"),
@@ -333,6 +349,23 @@ def test_foreign_host_origin_and_media_type_are_refused(server, oracle) -> None:
         assert llm.server_stats()["rejections"]["HostNotAllowed"]["127.0.0.1"] >= 3
     finally:
         llm.close()
+
+
+def test_a_host_header_is_parsed_whole(server) -> None:
+    """A Host that starts with an allowed name and goes on (a port that is not a number,
+    userinfo, text after ']', empty labels) is a 403 naming the fault, not the name it
+    started with."""
+    port = server.url.rsplit(":", 1)[1]
+    ctx = frame.encode_contexts([[1]])
+    for host in ("localhost:evil.com", f"localhost:{port}@evil.com", "[::1]evil.com", "localhost..",
+                 f"[::1]evil.com:{port}", f"127.0.0.1:{port}:80"):  # fmt: skip
+        for method, path, body in (("GET", "/v1/stats", None), ("POST", "/v1/logprobs", ctx)):
+            status, reply = request(server.url, method, path, body, headers={"Host": host})
+            assert status == 403, (host, path, status, reply)
+            error = json.loads(reply)
+            assert error["type"] == "HostNotAllowed" and "HOST[:PORT]" in error["error"], error
+    for host in (f"localhost:{port}", f"[::1]:{port}", "localhost.", f"LOCALHOST.:{port}"):
+        assert request(server.url, "POST", "/v1/logprobs", ctx, headers={"Host": host})[0] == 200, host
 
 
 def test_allow_host_adds_a_name() -> None:
