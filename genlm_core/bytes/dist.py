@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+from genlm_core.engine.sampling import check_temperature
 
 __all__ = ["EOS", "EOT", "EOT_INDEX", "EOS_INDEX", "ByteDistribution", "symbol_name", "check_temperature"]
 
@@ -26,20 +27,6 @@ def _index(key: int | None) -> int:
     if not 0 <= k < SIZE:
         raise KeyError(f"{key!r} is not a byte (0-255), None (EOT) or 257 (EOS)")
     return k
-
-
-def check_temperature(temperature: Any) -> float:
-    """``temperature`` as a float, or a ``ValueError``/``TypeError`` naming it and
-    the accepted range: a finite real number >= 0 (0 = the most probable key)."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)):
-        raise TypeError(
-            f"temperature must be a real number >= 0 (0: greedy), got {type(temperature).__name__} "
-            f"{temperature!r}"
-        )
-    t = float(temperature)
-    if not (0 <= t < math.inf):
-        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
-    return t
 
 
 def symbol_name(key: int | None) -> str:

@@ -46,7 +46,7 @@ from genlm_core.engine.contract import Engine, SampleRequest, check_engine, refu
 from genlm_core.engine.dtypes import UnsupportedDtypeError
 from genlm_core.engine.memory import compact
 from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadable_rows
-from genlm_core.engine.sampling import drawing
+from genlm_core.engine.sampling import drawing, sampling_temperature
 from genlm_core.engine.validation import validate_context
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -478,9 +478,18 @@ class BaseLogprobBackend:
     ) -> list[int]:
         """Sample up to ``max_tokens`` tokens; stops before any token in ``eos_token_ids``.
 
-        ``seed`` makes the draw reproducible. ``temperature=0`` is greedy. The EOS
-        token itself is not included in the result. An engine with a sampler of its own
-        draws (concurrent calls batched into one engine call); otherwise each token is
+        ``seed`` makes the draw reproducible. ``temperature`` must be a finite real number
+        >= 0 (else ``ValueError``; ``TypeError`` for no number); ``0`` is greedy (the
+        argmax), and so is any temperature below
+        :data:`~genlm_core.engine.sampling.MIN_TEMPERATURE` (1e-30): dividing float32 scores
+        by one overflows, and greedy is the distribution's limit there. A temperature above
+        float32's largest value (:data:`~genlm_core.engine.sampling.MAX_TEMPERATURE`) draws as
+        that value does (uniformly over the tokens with a finite score). An engine's own
+        sampler gets the temperature so resolved, and ``/v1/sample`` calls this method: the
+        same draws in process and on a server.
+
+        The EOS token itself is not included in the result. An engine with a sampler of its
+        own draws (concurrent calls batched into one engine call); otherwise each token is
         drawn from the backend's own rows.
         """
         req = self.sample_request(prompt_token_ids, max_tokens, eos_token_ids, temperature, seed)
@@ -546,10 +555,9 @@ class BaseLogprobBackend:
     ) -> tuple[int, float, set[int]]:
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
-        if not temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        temperature = sampling_temperature(temperature)
         eos = set(self.eos_token_ids if eos_token_ids is None else (int(e) for e in eos_token_ids))
-        return max_tokens, float(temperature), eos
+        return max_tokens, temperature, eos
 
     # ------------------------------------------------------------------ bursts
     @property

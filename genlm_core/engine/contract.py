@@ -63,7 +63,10 @@ DEFAULTED_CAPABILITIES: frozenset[str] = frozenset({"decode"})
 class SampleRequest:
     """One ``sample`` call, checked and clamped by the core: ``prompt`` is a valid context,
     ``max_tokens`` >= 1 fits the context limit, ``eos`` are the ids that stop it (the EOS
-    token itself is not returned), ``temperature`` >= 0 (0: greedy), ``seed`` None or an int."""
+    token itself is not returned), ``temperature`` 0 (greedy) or between
+    :data:`~genlm_core.engine.sampling.MIN_TEMPERATURE` and ``MAX_TEMPERATURE`` (a finite
+    float32 divisor: :func:`~genlm_core.engine.sampling.sampling_temperature`), ``seed``
+    None or an int."""
 
     prompt: tuple[int, ...]
     max_tokens: int

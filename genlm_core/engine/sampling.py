@@ -8,15 +8,62 @@ engine's sampler or drives :func:`drawing` with the backend's rows (async or syn
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Generator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from genlm_core.engine.contract import SampleRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["draw", "draw_rows", "drawing"]
+__all__ = [
+    "MAX_TEMPERATURE",
+    "MIN_TEMPERATURE",
+    "check_temperature",
+    "draw",
+    "draw_rows",
+    "drawing",
+    "sampling_temperature",
+]
+
+#: the smallest temperature drawn as one: any below it draws greedily, as 0 does. A draw
+#: divides float32 scores by the temperature; a normalised row's top log-probability lies
+#: in [-log(vocab), 0] (above -21 for any vocabulary under 10^9 tokens), so above this
+#: bound the divided scores stay finite (float32 ends at 3.4e38), with room for an engine
+#: sampler dividing raw logits. Below it they can overflow to -inf (a softmax of NaN), and
+#: the distribution is its temperature-0 limit, the argmax, anyway: two scores more than
+#: 1e-28 apart are over ``exp(100)`` times apart in probability there.
+MIN_TEMPERATURE = 1e-30
+#: the largest temperature used as given: float32's largest value. A larger one divides
+#: every finite score to 0 as this one does (a uniform draw over the tokens with a finite
+#: score), but would divide a -inf score into NaN.
+MAX_TEMPERATURE = 3.4028234663852886e38
+
+
+def check_temperature(temperature: Any) -> float:
+    """``temperature`` as a float, or a ``ValueError``/``TypeError`` naming it and
+    the accepted range: a finite real number >= 0 (0 = the most probable token)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(
+            f"temperature must be a real number >= 0 (0: greedy), got {type(temperature).__name__} "
+            f"{temperature!r}"
+        )
+    t = float(temperature)
+    if not (0 <= t < math.inf):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
+    return t
+
+
+def sampling_temperature(temperature: Any) -> float:
+    """The temperature a draw uses for ``temperature`` (:func:`check_temperature`'s; 0:
+    greedy): below :data:`MIN_TEMPERATURE` it is 0 (greedy), above :data:`MAX_TEMPERATURE`
+    that bound."""
+    value = check_temperature(temperature)
+    if value < MIN_TEMPERATURE:
+        return 0.0
+    return min(value, MAX_TEMPERATURE)
 
 
 def drawing(req: SampleRequest) -> Generator[tuple[int, ...], "torch.Tensor", list[int]]:
