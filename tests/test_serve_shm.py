@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import gc
+import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -112,3 +115,49 @@ def test_caps_token_and_peer_refuse_a_segment() -> None:
         for seg in held:
             seg.close()
         srv.close()
+
+
+def _exchange(address: str, raw: bytes) -> bytes:
+    """The server's reply line to ``raw`` sent on its socket (b"" if it closed without one)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(60)
+    try:
+        s.connect("\0" + address[1:])
+        s.sendall(raw)
+        data = b""
+        while b"\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        return data
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "fault"),
+    [
+        (b"[" * 4000 + b"\n", "nested too deeply"),  # was a RecursionError in a task nobody awaited
+        (b"[1]\n", "must be a JSON object"),
+        (b'{"rows": NaN}\n', "NaN is not a JSON number"),
+        (b"{rows: 1}\n", "is not JSON"),
+        (b"x" * 5000 + b"\n", "longer than 4096 bytes"),
+    ],
+)
+def test_a_malformed_segment_request_is_refused_with_its_fault(server, raw, fault) -> None:
+    """The socket answers a malformed request line with an error naming the fault (and
+    the request it wants), logs no unretrieved task exception, and keeps serving."""
+    seen: list[dict] = []
+    server.loop.call_soon_threadsafe(server.loop.set_exception_handler, lambda loop, ctx: seen.append(ctx))
+    reply = _exchange(server.address, raw)
+    assert reply, "the server closed the socket without an answer"
+    error = json.loads(reply)["error"]
+    assert error.startswith("malformed: the segment request") and fault in error, error
+    assert '{"rows": N}' in error, error
+    assert server.server.stats()["refused"] == {"malformed": 1}
+    seg = shm.ClientSegment.request(server.address, ROWS, WIDTH, None, None)  # still serving
+    seg.close()
+    gc.collect()  # a task that died with an exception nobody retrieved reports it when freed
+    time.sleep(0.1)
+    assert seen == [], seen

@@ -71,16 +71,18 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def parse_json(body: bytes) -> dict[str, Any]:
-    """A JSON object, or a ``ValueError`` saying what is wrong with it."""
+def parse_json(body: bytes, what: str = "request body") -> dict[str, Any]:
+    """A JSON object, or a ``ValueError`` saying what is wrong with ``what``."""
     try:
         data = json.loads(body, parse_constant=_no_constant)
     except RecursionError:
-        raise ValueError("request body is not JSON the server accepts: nested too deeply") from None
+        raise ValueError(f"{what} is not JSON the server accepts: nested too deeply") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"request body is not JSON: {exc}") from None
+        raise ValueError(f"{what} is not JSON: {exc}") from None
+    except ValueError as exc:  # NaN, Infinity
+        raise ValueError(f"{what} is not JSON the server accepts: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError("request body must be a JSON object")
+        raise ValueError(f"{what} must be a JSON object")
     return data
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from genlm_core.serve.frame import row_array
+from genlm_core.serve.inputs import parse_json
 
 __all__ = ["HEADER", "ClientSegment", "SegmentServer", "available"]
 
@@ -159,7 +160,11 @@ class SegmentServer:
             pid, uid, _ = _peer(conn)
             try:
                 request = await asyncio.wait_for(self._read_message(conn), 10.0)
-            except (TimeoutError, ValueError):
+            except (TimeoutError, EOFError):
+                return
+            except ValueError as exc:  # malformed: refused, saying how
+                problem = f'{self._refuse("malformed")}: {exc}; send one line, a JSON object {{"rows": N}}'
+                await loop.sock_sendall(conn, json.dumps({"error": problem}).encode() + b"\n")
                 return
             problem = self._check(request, pid)
             if problem is not None:
@@ -184,17 +189,19 @@ class SegmentServer:
             conn.close()
 
     async def _read_message(self, conn: socket.socket) -> dict[str, Any]:
+        """The client's one line: a JSON object, parsed as strictly as a request body
+        (:func:`~genlm_core.serve.inputs.parse_json`: bounded nesting, no NaN). ``ValueError``
+        naming the fault; ``EOFError`` when the client sent no line."""
         loop = asyncio.get_running_loop()
         data = b""
         while b"\n" not in data:
             chunk = await loop.sock_recv(conn, _MAX_MESSAGE)
-            if not chunk or len(data) + len(chunk) > _MAX_MESSAGE:
-                raise ValueError("no request")
+            if not chunk:
+                raise EOFError("no request")
+            if len(data) + len(chunk) > _MAX_MESSAGE:
+                raise ValueError(f"the segment request is longer than {_MAX_MESSAGE} bytes")
             data += chunk
-        message = json.loads(data.split(b"\n", 1)[0])
-        if not isinstance(message, dict):
-            raise ValueError("not an object")
-        return message
+        return parse_json(data.split(b"\n", 1)[0], "the segment request")
 
     def _check(self, request: dict[str, Any], pid: int) -> str | None:
         if self.token is not None:
