@@ -26,7 +26,8 @@ the backend computes in its batcher's thread (forced here whatever the backend p
 in-process), and decoding, tokenizing and encoding run in worker threads, so health,
 stats and every other client's request are answered while a forward pass runs. A
 request counts as in flight once its body is read (within ``body_timeout_s``); a client
-that disconnects has its waiting work dropped at the next batch boundary.
+that disconnects has its waiting work dropped at the next batch boundary (an ``uncached``
+request's: at the next context).
 
 Every logprobs request goes through the backend's own async path (its one AutoBatcher,
 output cache and KV reuse), so rows asked by different clients at the same time share
@@ -326,7 +327,7 @@ def build_app(
         client = request.headers.get(CLIENT_HEADER)
         if req.uncached:
             clock.stamp("released")
-            rows = await unless_departed(request, asyncio.to_thread(_uncached_rows, backend, contexts))
+            rows = await unless_departed(request, _uncached_rows(backend, contexts))
         else:
             await state.gatherer.arrive(client)
             clock.stamp("released")
@@ -473,9 +474,12 @@ def _clear(backend: Any) -> None:
         backend.clear_cache()
 
 
-def _uncached_rows(backend: Any, contexts: list[tuple[int, ...]]) -> Any:
+async def _uncached_rows(backend: Any, contexts: list[tuple[int, ...]]) -> Any:
+    """Each context's uncached pass in a worker thread of its own, one after the other:
+    cancelled (its client gone), the request stops at the next context boundary (a thread
+    cannot be interrupted: the pass running finishes, no other starts)."""
     import torch
 
     if not contexts:
         return torch.empty((0, len(backend.byte_vocab)), dtype=torch.float32)
-    return [backend.next_token_logprobs_uncached(c) for c in contexts]
+    return [await asyncio.to_thread(backend.next_token_logprobs_uncached, c) for c in contexts]

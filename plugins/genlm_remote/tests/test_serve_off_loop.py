@@ -144,3 +144,57 @@ def test_a_departed_clients_queued_work_is_dropped_at_the_next_batch_boundary() 
         st = stats()
         assert st["backend"]["batcher"]["batches"] <= 2, st["backend"]["batcher"]
         assert st["errors"].get("client_disconnect") == 1, st["errors"]
+
+
+def test_a_departed_clients_uncached_request_stops_at_the_next_context() -> None:
+    """40 uncached contexts of 400 tokens, computed one by one: the client disconnects
+    while the first is held; once it is released no other context is computed (the
+    server used to run them all in one worker thread, which nothing can stop)."""
+    import socket
+
+    from serve_http import host_port
+
+    llm = genlm_core.load("mock")
+    plain = llm.next_token_logprobs_uncached
+    computed: list[tuple[int, ...]] = []
+    entered, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def held(ctx: Any) -> Any:
+        computed.append(tuple(ctx))
+        entered.set()
+        release.wait(300)
+        try:
+            return plain(ctx)
+        finally:
+            finished.set()
+
+    llm.next_token_logprobs_uncached = held
+    try:
+        with InProcessServer(build_app(llm, close_backend=False)) as srv:
+            contexts = [[(7 * i + j) % 200 + 1 for j in range(400)] for i in range(40)]
+            body = frame.encode_contexts(contexts, uncached=True)
+            host, port = host_port(srv.url)
+            s = socket.create_connection((host, port), timeout=60)
+            head = (
+                f"POST /v1/logprobs HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                f"Content-Type: {frame.MEDIA_TYPE}\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
+            s.sendall(head.encode() + body)
+            assert entered.wait(300), "the first context was not computed"
+            s.close()  # while the first context is held
+
+            def stats() -> dict:
+                return json.loads(request(srv.url, "GET", "/v1/stats", timeout=60)[1])
+
+            deadline = time.monotonic() + 120
+            while stats()["errors"].get("client_disconnect") != 1:  # the server saw it go
+                assert time.monotonic() < deadline, stats()
+                time.sleep(0.05)
+            release.set()
+            assert finished.wait(300)
+            time.sleep(1.0)  # the old thread went straight on to the next context
+            assert len(computed) == 1, f"{len(computed)} of 40 contexts computed after the client left"
+            assert stats()["inflight_requests"] == 0
+    finally:
+        release.set()
+        llm.close()
