@@ -7,6 +7,7 @@ import asyncio
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from genlm_mock.engine import MockEngine
@@ -71,7 +72,7 @@ def test_aborts_adds_and_max_steps_per_row(llm) -> None:
 
     def after(step: int, handles: list[int]) -> None:
         if step == 1:
-            control.aborts += [0, 999]  # 999: never added, ignored
+            control.aborts.append(0)
             control.adds.append((2, [3, 3], None))
         if step == 2:
             control.aborts.append(0)  # already gone: ignored
@@ -104,8 +105,22 @@ def test_adds_after_the_loop_are_reported_not_run(llm) -> None:
     ("adds", "pick", "match"),
     [
         ([(0, [1], None)], lambda h, r: [1, 2], "2 token ids for 1 rows"),
-        ([(0, [1], None)], lambda h, r: 10**9, "row 0 token id 1000000000, outside the vocabulary"),
-        ([(0, [1], None)], lambda h, r: 1.5, "must be integers"),
+        ([(0, [1], None)], lambda h, r: [10**9], "row 0 token id 1000000000, outside the vocabulary"),
+        ([(0, [1], None)], lambda h, r: [1.5], "must be integers"),
+        # the documented shape and dtype only: one int64/int32 id per row
+        (
+            [(0, [1], None)],
+            lambda h, r: np.array([[1]]),
+            r"returned shape \(1, 1\) for 1 rows; expected .*\(1,\)",
+        ),
+        ([(0, [1], None)], lambda h, r: 1, r"returned shape \(\) for 1 rows; expected .*\(1,\)"),
+        (
+            [(0, [1], None)],
+            lambda h, r: np.array([1], dtype=np.uint8),
+            "torch.uint8 values; .* int64 or int32",
+        ),
+        ([(0, [1], None)], lambda h, r: torch.tensor([1], dtype=torch.int16), "torch.int16 values"),
+        ([(0, [1], None)], lambda h, r: [True], "torch.bool values"),
         ([(0, [1], None), (0, [2], None)], None, "row 0 was added while live"),
         ([(0, [1], "adapter")], None, "LoRA adapter 'adapter'"),
         ([(0, [10**9], None)], None, "the prompt of row 0"),
@@ -122,6 +137,27 @@ def test_bad_controls_get_clear_errors_and_the_backend_stays_usable(llm, adds, p
     assert llm.run_burst(Scripted([(0, [1], None)]), max_steps=2).rows_drawn == 2
     with pytest.raises(ValueError, match="max_steps must be a non-negative int"):
         llm.run_burst(Scripted([]), max_steps=-1)
+
+
+@pytest.mark.parametrize("when", ["before the first step", "after a step"])
+def test_an_abort_of_a_handle_never_added_is_an_error_naming_it(llm, when: str) -> None:
+    """A handle this burst never added (a typo, another burst's, one aborted before its add
+    was applied) is named; a handle whose row ended meanwhile is not an error; the
+    backend stays exact after."""
+    control = Scripted([(0, [1], None), (1, [2], None)])
+    if when == "before the first step":
+        control.aborts.append(999)
+    else:
+        control.after_step = lambda step, handles: control.aborts.extend([0, 999])
+    with pytest.raises(ValueError, match="drain_aborts\\(\\) gave handle 999, which no row of this burst"):
+        llm.run_burst(control, max_steps=3)
+    capped = Scripted([(0, [1], None)])
+    capped.after_step = lambda step, handles: capped.aborts.append(0)  # the row ends by max_steps first
+    assert llm.run_burst(capped, max_steps=1).capped == [0]
+    control = Scripted([(0, [1, 2], None)])
+    report = llm.run_burst(control, max_steps=2)
+    assert report.rows_drawn == 2
+    assert torch.equal(control.seen[1][1][0], llm.next_token_logprobs_uncached([1, 2, report.tokens[0][0]]))
 
 
 def test_async_burst_with_draws_on_the_event_loop(llm) -> None:

@@ -27,7 +27,10 @@ by aborting it).
 
 ``draw`` receives a ``(rows, vocab)`` float32 tensor of *normalised* log-probabilities
 (logits up to a per-row constant, which is all a sampler needs) and returns one token id
-per row (a list, numpy array or tensor).
+per row: a list of ints, or an int64/int32 numpy array or tensor of shape ``(rows,)``
+(another shape or dtype is an error: a ``(rows, 1)`` array or ``uint8`` ids are a bug of
+the control's, not a draw). An abort names a handle added in this burst (a row that
+already ended is ignored; a handle never added is an error).
 
 An engine offers bursts with the capability ``"decode"`` (:attr:`Engine.supports
 <genlm_core.engine.contract.Engine.supports>`). Without its own
@@ -61,8 +64,9 @@ class EngineControl(Protocol):
     """What drives a burst: genlm-backend's ``EngineControl`` protocol."""
 
     def draw(self, logits: "torch.Tensor", handles: Sequence[int]) -> Any:
-        """One token id per row of ``logits`` (``(len(handles), vocab)`` log-probabilities);
-        ``handles[i]`` is the control's own handle of row ``i``."""
+        """One token id per row of ``logits`` (``(len(handles), vocab)`` log-probabilities),
+        in row order: a list of ints, or an int64/int32 array or tensor of shape
+        ``(len(handles),)``; ``handles[i]`` is the control's own handle of row ``i``."""
         ...
 
     def drain_adds(self) -> Iterable[tuple[int, Sequence[int], str | None]]:
@@ -70,7 +74,8 @@ class EngineControl(Protocol):
         ...
 
     def drain_aborts(self) -> Iterable[int]:
-        """Handles of rows to drop, queued since the last call."""
+        """Handles of rows to drop, queued since the last call: handles added in this burst
+        (one whose row already ended is ignored; any other is an error)."""
         ...
 
     def on_burst_end(self) -> None:
@@ -102,23 +107,38 @@ def _handle(value: Any, what: str) -> int:
         ) from None
 
 
+#: what a draw returns, for errors
+_DRAW_SHAPE = (
+    "one token id per row, in the order of `handles`: a list of ints, or an int64/int32 array or tensor"
+)
+
+
 def _tokens(drawn: Any, handles: Sequence[int], vocab_size: int) -> list[int]:
-    """The control's draw as a list of ints, or a ValueError naming the row."""
+    """The control's draw as a list of ints, or a ValueError saying what was expected,
+    what came, and the row where an id is outside the vocabulary."""
     import torch
 
+    n = len(handles)
+    expected = f"{_DRAW_SHAPE} of shape ({n},)"
     try:
-        ids = torch.as_tensor(drawn).reshape(-1)
+        ids = torch.as_tensor(drawn)
     except (TypeError, ValueError, RuntimeError) as e:
         raise ValueError(
-            f"run_burst: draw() returned {type(drawn).__name__}, not one token id per row ({e})"
+            f"run_burst: draw() returned {type(drawn).__name__}; expected {expected} ({e})"
         ) from None
-    if ids.numel() != len(handles):
+    if ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(
-            f"run_burst: draw() returned {ids.numel()} token ids for {len(handles)} rows; "
-            "return one id per row, in the order of `handles`"
+            f"run_burst: draw() returned {ids.dtype} values; token ids must be integers of dtype int64 or "
+            f"int32 (a narrower or unsigned dtype wraps ids around): expected {expected}"
         )
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dtype.is_complex:
-        raise ValueError(f"run_burst: draw() returned {ids.dtype} values; token ids must be integers")
+    if tuple(ids.shape) != (n,):
+        if ids.ndim == 1:
+            raise ValueError(
+                f"run_burst: draw() returned {ids.numel()} token ids for {n} rows; expected {expected}"
+            )
+        raise ValueError(
+            f"run_burst: draw() returned shape {tuple(ids.shape)} for {n} rows; expected {expected}"
+        )
     out = [int(t) for t in ids.tolist()]
     for h, t in zip(handles, out):
         if not 0 <= t < vocab_size:
@@ -159,6 +179,12 @@ def drive(
             if h in live:
                 drop(h)
                 report.aborted += 1
+            elif h not in report.tokens:  # added in this burst: a row that ended meanwhile
+                raise ValueError(
+                    f"run_burst: drain_aborts() gave handle {h}, which no row of this burst was added "
+                    "with; abort only handles drain_adds() gave in this burst (aborting a row that "
+                    "already ended, by max_steps or the context limit, is fine)"
+                )
 
     def apply_adds(run: bool) -> None:
         for add in control.drain_adds() or ():
