@@ -366,5 +366,6 @@ class LlamaCppEngine(Engine):
             "weights_type": self.context.weights_type,
             "kv_cache_type": self.context.kv_cache_type,
             "cpu_extra_buffers": self.context.extra_buffers,
+            "cpu_extra_buffers_reason": self.context.extra_buffers_reason,
             "system_info": self.context.system_info,
         }

@@ -11,14 +11,15 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import llama_cpp as L
 import numpy as np
 
-__all__ = ["LlamaContext", "NoKVSpace", "Row", "amx_buffer_in", "kv_type_for", "use_extra_buffers"]
+from genlm_llamacpp.cpu_buffers import extra_buffers_choice
+
+__all__ = ["LlamaContext", "NoKVSpace", "Row", "kv_type_for"]
 
 _backend_ready = False
 
@@ -31,25 +32,6 @@ def kv_type_for(dtype: str, weights_type: str) -> str:
     if dtype == "auto":  # the checkpoint's own precision
         return {"F32": "f32", "BF16": "bf16"}.get(weights_type, "f16")
     return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[dtype]
-
-
-def amx_buffer_in(system_info: str) -> bool:
-    """Whether a llama.cpp build with this system info (``llama_print_system_info()``)
-    puts quantised weights into its AMX buffer: it was compiled for AMX (``AMX_INT8 = 1``).
-
-    That buffer's matmul crashes or computes garbage on Q4_0/Q4_1 weights on some AMX
-    CPUs (segfault in ``ggml_backend_amx_mul_mat`` at the first decode of a Q4_1 GGUF on
-    a Sapphire-Rapids-class Xeon; llama.cpp issue #20824, PR #16315)."""
-    return re.search(r"\bAMX_INT8\s*=\s*1\b", system_info) is not None
-
-
-def use_extra_buffers(setting: bool | None, system_info: str) -> bool:
-    """``use_extra_bufts`` for the model: the config's choice, else off exactly where the
-    build has the AMX buffer (the extra buffer types are AMX and CPU_REPACK; llama.cpp
-    cannot drop one alone, and REPACK has no x86 kernel for Q4_1 or F16/F32 weights)."""
-    if setting is not None:
-        return setting
-    return not amx_buffer_in(system_info)
 
 
 class NoKVSpace(RuntimeError):
@@ -92,8 +74,8 @@ class LlamaContext:
             _backend_ready = True
         #: llama.cpp's build and CPU features ("CPU : SSE3 = 1 | ... | AMX_INT8 = 1 | ...")
         self.system_info = L.llama_print_system_info().decode(errors="replace").strip()
-        #: weights may go to llama.cpp's extra CPU buffer types (AMX, REPACK)
-        self.extra_buffers = use_extra_buffers(extra_buffers, self.system_info)
+        #: weights may go to llama.cpp's extra CPU buffer types (AMX, REPACK), and why
+        self.extra_buffers, self.extra_buffers_reason = extra_buffers_choice(extra_buffers, self.system_info)
         mparams = L.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.use_extra_bufts = self.extra_buffers

@@ -24,3 +24,10 @@ def genlm_register_backends(register: Callable[..., Any]) -> None:
         description="llama.cpp (GGUF files): batched logprobs, one KV sequence per context, prefix reuse",
         model_formats=["gguf"],  # a .gguf file or a folder holding one (a hub id needs gguf_file=)
     )
+
+
+@hookimpl
+def genlm_doctor(hardware: Any) -> dict[str, Any]:
+    from genlm_llamacpp.doctor import doctor_section
+
+    return doctor_section(hardware)

@@ -5,10 +5,13 @@ info, so it holds for any llama-cpp-python build, ours or one a user compiled.""
 
 from __future__ import annotations
 
+import json
+
 import llama_cpp
 import pytest
 import torch
-from genlm_llamacpp.llama_context import amx_buffer_in, use_extra_buffers
+from genlm_llamacpp.cpu_buffers import amx_buffer_in, extra_buffers_choice, use_extra_buffers
+from genlm_llamacpp.doctor import buffers_section
 
 import genlm_core
 
@@ -42,8 +45,43 @@ def test_the_backend_applies_the_decision_for_this_build(tiny_gguf) -> None:
         engine = llm.stats()["engine"]
         assert engine["system_info"] == info.strip()
         assert engine["cpu_extra_buffers"] is use_extra_buffers(None, info)
+        assert engine["cpu_extra_buffers_reason"] == extra_buffers_choice(None, info)[1]
     finally:
         llm.close()
+
+
+def test_genlm_doctor_reports_the_decision_for_this_build_and_why(capsys) -> None:
+    """`genlm doctor` (through the plugin's genlm_doctor hook, no engine imported in its
+    process) says what a model loaded here gets: off with the AMX reason on an AMX build,
+    on with its reason elsewhere; the JSON holds the decision and the system info read."""
+    from genlm_core.tools.cli import main
+
+    info = llama_cpp.llama_print_system_info().decode().strip()
+    use = use_extra_buffers(None, info)
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "llama.cpp CPU buffers (genlm-llamacpp):" in out
+    assert f"extra buffer types (AMX, REPACK): {'on' if use else 'off'} by default: " in out
+    assert ("reports no AMX_INT8" if use else "reports AMX_INT8 = 1") in out
+    assert main(["doctor", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["sections"]["llamacpp"]["data"]
+    assert data == {
+        "cpu_extra_buffers": use,
+        "reason": extra_buffers_choice(None, info)[1],
+        "system_info": info,
+    }
+
+
+def test_the_doctor_section_names_each_decision_and_its_reason() -> None:
+    off = buffers_section(AMX_XEON)
+    assert off["lines"] == [f"extra buffer types (AMX, REPACK): off by default: {off['data']['reason']}"]
+    assert "AMX_INT8 = 1" in off["data"]["reason"] and "#20824" in off["data"]["reason"]
+    assert "cpu_extra_buffers=True" in off["data"]["reason"]  # how to override it
+    on = buffers_section(AVX2_EPYC)
+    assert on["lines"][0].startswith("extra buffer types (AMX, REPACK): on by default: ")
+    assert on["data"]["cpu_extra_buffers"] is True and "no AMX_INT8" in on["data"]["reason"]
+    unknown = buffers_section(None, "llama_cpp did not load (ImportError: nope)")
+    assert unknown["data"]["cpu_extra_buffers"] is None and "did not load" in unknown["lines"][0]
 
 
 @pytest.mark.slow
