@@ -25,7 +25,8 @@ the Origin, the media type of a POST and the token. The event loop only moves re
 the backend computes in its batcher's thread (forced here whatever the backend prefers
 in-process), and decoding, tokenizing and encoding run in worker threads, so health,
 stats and every other client's request are answered while a forward pass runs. A
-request counts as in flight once its body is read (within ``body_timeout_s``); a client
+request counts as in flight once its body is read (:mod:`genlm_core.serve.bodies`: bytes
+must keep coming, and the bodies read at once are capped over all clients); a client
 that disconnects has its waiting work dropped at the next batch boundary (an ``uncached``
 request's: at the next context).
 
@@ -34,9 +35,9 @@ output cache and KV reuse), so rows asked by different clients at the same time 
 forward passes. Errors are JSON ``{"error": message, "type": name}`` with a status: 400
 bad input (malformed frame or JSON, a field of the wrong type or range, token out of
 range, context too long, batch too large), 401 wrong token, 403 foreign Host or Origin,
-408 body too slow, 413 body or token budget too large, 415 wrong media type, 503 too
-many concurrent requests (of all clients, or of one client) or shutting down, 500
-anything else. An error concerns its own request only.
+408 body too slow (or stalled: dropped), 413 body or token budget too large, 415 wrong
+media type, 503 too many concurrent requests (of all clients, or of one client) or
+shutting down, 500 anything else. An error concerns its own request only.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from genlm_core.serve import frame
+from genlm_core.serve.bodies import OpenBodies, read_body
 from genlm_core.serve.departure import unless_departed
 from genlm_core.serve.gather import Gatherer
 from genlm_core.serve.inputs import (
@@ -64,7 +66,6 @@ from genlm_core.serve.inputs import (
     SampleRequest,
     TokenizeRequest,
     parse_json,
-    read_body,
     token_budget,
 )
 from genlm_core.serve.limits import ServeLimits
@@ -104,6 +105,7 @@ class ServerState:
         self.max_context_length = mine if model_limit is None else min(model_limit, mine or model_limit)
         self.vocab_size = len(backend.byte_vocab)
         self.segments = SegmentServer(self.vocab_size, limits.max_batch, limits.max_shm_segments, token)
+        self.bodies = OpenBodies(limits.max_open_bodies, limits.max_open_body_bytes)
         self.replica = f"{socket.gethostname()}:{os.getpid()}"
         batcher = getattr(backend, "batcher", None)
         if batcher is not None:
@@ -113,7 +115,7 @@ class ServerState:
         self.counters.forwards.install(backend)
 
     def stats(self) -> dict[str, Any]:
-        return server_stats(self.backend, self.counters, self.gatherer, self.segments)
+        return server_stats(self.backend, self.counters, self.gatherer, self.segments, self.bodies)
 
 
 def _tokenizer_info(tok: Any) -> dict[str, Any]:
@@ -168,35 +170,34 @@ def build_app(
                 clock = RequestClock()
                 if not counted:
                     return await handler(request, b"", clock)
+                data = await read_body(request, lim, state.bodies) if body else b""
                 peer = request.client.host if request.client else "local"
-                if counters.reading[peer] >= lim.max_requests_per_client:
+                if counters.computing[peer] >= lim.max_requests_per_client:
                     counters.reject("client_limit", peer)
                     raise HTTPError(
                         503,
-                        f"this client ({peer}) has {lim.max_requests_per_client} requests open already; "
-                        "wait for them, or start the server with a higher --max-requests-per-client",
+                        f"this client ({peer}) has {lim.max_requests_per_client} requests being computed "
+                        "already; wait for their answers, or start the server with a higher "
+                        "--max-requests-per-client",
                         "ServerBusy",
                     )
-                counters.reading[peer] += 1
+                if counters.inflight >= lim.max_concurrent_requests:
+                    counters.reject("busy", peer)
+                    raise HTTPError(
+                        503,
+                        f"the server is at its limit of {lim.max_concurrent_requests} concurrent requests; "
+                        "retry later, or start it with a higher --max-concurrent-requests",
+                        "ServerBusy",
+                    )
+                counters.inflight += 1
+                counters.computing[peer] += 1
                 try:
-                    data = await read_body(request, lim) if body else b""
-                    if counters.inflight >= lim.max_concurrent_requests:
-                        counters.reject("busy", peer)
-                        raise HTTPError(
-                            503,
-                            f"the server is at its limit of {lim.max_concurrent_requests} concurrent requests; "
-                            "retry later, or start it with a higher --max-concurrent-requests",
-                            "ServerBusy",
-                        )
-                    counters.inflight += 1
-                    try:
-                        return await handler(request, data, clock)
-                    finally:
-                        counters.inflight -= 1
+                    return await handler(request, data, clock)
                 finally:
-                    counters.reading[peer] -= 1
-                    if counters.reading[peer] <= 0:
-                        del counters.reading[peer]
+                    counters.inflight -= 1
+                    counters.computing[peer] -= 1
+                    if counters.computing[peer] <= 0:
+                        del counters.computing[peer]
 
             async def guarded(request: Request) -> Response:
                 counters.requests[name] += 1

@@ -1,15 +1,13 @@
-"""Reading what a request sends and checking it, before it counts as in flight.
+"""Checking what a request sends, before it counts as in flight.
 
-A body must arrive whole within ``body_timeout_s`` (HTTP 408, the connection closed) and
-stay under ``max_body_bytes`` (413). JSON bodies are parsed strictly (no ``NaN`` /
-``Infinity``, bounded nesting) into pydantic models whose errors name the field; every
-size limit is checked before any work: token budgets (``max_request_tokens``), batch
-sizes, text lengths.
+(Its body is read by :mod:`genlm_core.serve.bodies`.) JSON bodies are parsed strictly
+(no ``NaN`` / ``Infinity``, bounded nesting) into pydantic models whose errors name the
+field; every size limit is checked before any work: token budgets
+(``max_request_tokens``), batch sizes, text lengths.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -23,7 +21,6 @@ __all__ = [
     "SampleRequest",
     "TokenizeRequest",
     "parse_json",
-    "read_body",
     "token_budget",
 ]
 
@@ -37,34 +34,6 @@ class HTTPError(Exception):
         super().__init__(message)
         self.status, self.message, self.kind = status, message, kind
         self.headers = headers or {}
-
-
-async def read_body(request: Any, limits: ServeLimits) -> bytes:
-    """The whole body, within ``limits.body_timeout_s`` and ``limits.max_body_bytes``."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-        raise HTTPError(
-            413, f"request body of {declared} bytes is above the server's limit of {limits.max_body_bytes}"
-        )
-    chunks, total = [], 0
-    try:
-        async with asyncio.timeout(limits.body_timeout_s):
-            async for chunk in request.stream():
-                total += len(chunk)
-                if total > limits.max_body_bytes:
-                    raise HTTPError(
-                        413, f"request body is above the server's limit of {limits.max_body_bytes} bytes"
-                    )
-                chunks.append(chunk)
-    except TimeoutError:
-        raise HTTPError(
-            408,
-            f"the request body did not arrive within {limits.body_timeout_s:g} s (got {total} bytes); "
-            "send it whole, or start the server with a longer --body-timeout-s",
-            "RequestTimeout",
-            {"connection": "close"},
-        ) from None
-    return b"".join(chunks)
 
 
 def _no_constant(name: str) -> Any:

@@ -9,7 +9,7 @@ import socket
 import stat
 import sys
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["TOKEN_ENV", "ServeLimits", "check_bind", "is_loopback", "read_token", "token_matches"]
 
@@ -50,12 +50,37 @@ class ServeLimits(BaseModel):
         128,
         ge=1,
         description=(
-            "requests of one peer address being read or computed at once; more get HTTP 503 "
-            "(every local client shares the loopback address)"
+            "requests of one peer address computed at once (their bodies read); more get HTTP 503. "
+            "Bodies being read are capped over all clients (max_open_bodies): a local client may "
+            "connect from any loopback address"
         ),
     )
     body_timeout_s: float = Field(
         30.0, gt=0, description="seconds a request's whole body may take to arrive; slower ones get HTTP 408"
+    )
+    body_idle_s: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "seconds a request body may go without a byte arriving (counted between reads, as nginx's "
+            "client_body_timeout); a stalled body gets HTTP 408"
+        ),
+    )
+    max_open_bodies: int = Field(
+        256,
+        ge=1,
+        description=(
+            "request bodies being read at once, over all clients; when all are taken, a new request "
+            "takes the place of the one idle longest (HTTP 408 to it)"
+        ),
+    )
+    max_open_body_bytes: int = Field(
+        256 * 2**20,
+        ge=1024,
+        description=(
+            "bytes of the request bodies being read at once, over all clients (at least "
+            "max_body_bytes); when full, the bodies idle longest are dropped (HTTP 408) to make room"
+        ),
     )
     max_shm_segments: int = Field(
         64,
@@ -75,6 +100,16 @@ class ServeLimits(BaseModel):
     graceful_shutdown_s: float = Field(
         30.0, gt=0, description="on shutdown, how long in-flight requests may finish before they are failed"
     )
+
+    @model_validator(mode="after")
+    def _one_body_fits(self) -> "ServeLimits":
+        if self.max_open_body_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_open_body_bytes ({self.max_open_body_bytes}) is below max_body_bytes "
+                f"({self.max_body_bytes}): no body of the largest size could be read; raise "
+                "--max-open-body-bytes or lower --max-body-bytes"
+            )
+        return self
 
 
 def is_loopback(host: str) -> bool:

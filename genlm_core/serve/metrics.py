@@ -20,6 +20,7 @@ import numpy as np
 from genlm_core.serve.phases import LATENCY_BUCKETS, PHASES, ForwardClock, Histogram
 
 if TYPE_CHECKING:  # pragma: no cover
+    from genlm_core.serve.bodies import OpenBodies
     from genlm_core.serve.gather import Gatherer
     from genlm_core.serve.shm import SegmentServer
 
@@ -35,7 +36,7 @@ class ServerCounters:
     def __init__(self) -> None:
         self.started = time.time()
         self.inflight = 0
-        self.reading: Counter[str] = Counter()  # requests of each peer being read or computed
+        self.computing: Counter[str] = Counter()  # requests of each peer being computed
         self.requests: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.rows: Counter[str] = Counter()
@@ -72,7 +73,11 @@ def _cache_rates(backend_stats: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def server_stats(
-    backend: Any, counters: ServerCounters, gatherer: "Gatherer", segments: "SegmentServer"
+    backend: Any,
+    counters: ServerCounters,
+    gatherer: "Gatherer",
+    segments: "SegmentServer",
+    bodies: "OpenBodies | None" = None,
 ) -> dict[str, Any]:
     """Everything ``/v1/stats`` answers (and ``/metrics`` renders)."""
     c = counters
@@ -83,7 +88,8 @@ def server_stats(
     out: dict[str, Any] = {
         "uptime_s": uptime,
         "inflight_requests": c.inflight,
-        "open_requests": sum(c.reading.values()),
+        "open_requests": c.inflight + (len(bodies) if bodies is not None else 0),
+        "bodies": bodies.stats() if bodies is not None else {"open": 0, "bytes": 0, "dropped": {}},
         "rejected_busy": sum(n for (reason, _), n in c.rejections.items() if reason == "busy"),
         "rejections": rejections,
         "requests": dict(c.requests),
@@ -142,6 +148,8 @@ def prometheus_text(stats: dict[str, Any]) -> tuple[bytes, str]:
         gauge("uptime_seconds", "seconds since the server started", stats["uptime_s"])
         gauge("inflight_requests", "requests being computed (their bodies read)", stats["inflight_requests"])
         gauge("open_requests", "requests being read or computed", stats["open_requests"])
+        gauge("open_bodies", "request bodies being read", stats["bodies"]["open"])
+        gauge("open_body_bytes", "bytes of the request bodies being read", stats["bodies"]["bytes"])
         gauge("queue_depth", "contexts waiting in the backend's batcher", stats.get("queue_depth", 0))
         gauge(
             "active_clients", "clients that sent a rows request recently", stats["gather"]["active_clients"]
@@ -151,6 +159,12 @@ def prometheus_text(stats: dict[str, Any]) -> tuple[bytes, str]:
         counter("errors", "error answers per kind (HTTP status or cause)", "kind", stats["errors"])
         counter("rows", "rows answered per transport", "transport", stats["rows"])
         counter("bytes_out", "reply bytes per endpoint", "endpoint", stats["bytes_out"])
+        counter(
+            "bodies_dropped",
+            "request bodies dropped (HTTP 408): stalled (idle), too slow (whole), to make room (room)",
+            "reason",
+            stats["bodies"]["dropped"],
+        )
         rej = CounterMetricFamily(
             "genlm_serve_rejections", "requests refused, per reason and client", labels=["reason", "client"]
         )

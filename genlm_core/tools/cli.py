@@ -252,6 +252,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_concurrent_requests=args.max_concurrent_requests,
         max_requests_per_client=args.max_requests_per_client,
         body_timeout_s=args.body_timeout_s,
+        body_idle_s=args.body_idle_s,
+        max_open_bodies=args.max_open_bodies,
+        max_open_body_bytes=args.max_open_body_bytes,
         graceful_shutdown_s=args.graceful_shutdown_s,
         gather_s=args.gather_ms / 1000,
     )
@@ -425,10 +428,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-requests-per-client",
         type=POSITIVE,
         default=128,
-        help="requests of one peer address being read or computed at once; more get HTTP 503",
+        help="requests of one peer address computed at once (their bodies read); more get HTTP 503",
     )
     sv.add_argument(
         "--body-timeout-s", type=float, default=30.0, help="a request body slower than this gets HTTP 408"
+    )
+    sv.add_argument(
+        "--body-idle-s",
+        type=float,
+        default=10.0,
+        help="a request body with no byte arriving for this long (between reads) gets HTTP 408",
+    )
+    sv.add_argument(
+        "--max-open-bodies",
+        type=POSITIVE,
+        default=256,
+        help="request bodies read at once, over all clients; a new one takes the place of the idlest",
+    )
+    sv.add_argument(
+        "--max-open-body-bytes",
+        type=int_option(1024),
+        default=256 * 2**20,
+        help="bytes of the request bodies read at once, over all clients (the idlest dropped to make room)",
     )
     sv.add_argument("--graceful-shutdown-s", type=float, default=30.0, help="in-flight grace on shutdown")
     sv.add_argument(

@@ -9,16 +9,19 @@ rows: the mock computed in this process."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
 import torch
-from serve_http import post_json, read_status, request, stalled_body
+from serve_http import host_port, post_json, read_status, request, stalled_body
 
 import genlm_core
 from genlm_core.serve import frame
@@ -169,15 +172,137 @@ def test_a_stalled_body_is_answered_408_after_its_timeout() -> None:
                 s.close()
 
 
-def test_one_clients_open_requests_are_capped_others_served(oracle) -> None:
-    """A client (peer address 127.0.0.2) holding its limit of open requests gets a 503
-    naming the per-client limit for one more; a client at 127.0.0.1 is served."""
-    with ServerProcess("mock", args=["--max-requests-per-client", "8", "--body-timeout-s", "120"]) as srv:
-        stalled = [stalled_body(srv.url, source="127.0.0.2") for _ in range(8)]
+def test_a_body_is_dropped_after_an_idle_gap_not_while_its_bytes_keep_coming(oracle) -> None:
+    """The idle gap counts between reads (as nginx's client_body_timeout): a body that
+    stops gets 408 naming --body-idle-s once no byte came for that long, long before the
+    whole-body timeout; a body sent a byte at a time, 0.05 s apart, for longer than the
+    gap is read and answered."""
+    with ServerProcess("mock", args=["--body-idle-s", "3", "--body-timeout-s", "600"]) as srv:
+        host, port = host_port(srv.url)
+        started = time.monotonic()
+        stalled = stalled_body(srv.url, sent=1, declared=40)
+        try:
+            stalled.settimeout(300)
+            data = b""
+            while chunk := stalled.recv(4096):
+                data += chunk
+            waited = time.monotonic() - started
+        finally:
+            stalled.close()
+        assert data.startswith(b"HTTP/1.1 408 ") and b"--body-idle-s" in data, data
+        assert 2.9 <= waited < 300, waited  # the gap, not the 600 s whole-body timeout
+        body = frame.encode_contexts([[4, 5, 6]])
+        conn = http.client.HTTPConnection(host, port, timeout=300)
+        try:
+            conn.connect()
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.putrequest("POST", "/v1/logprobs")
+            conn.putheader("Content-Type", frame.MEDIA_TYPE)
+            conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders()
+            for i in range(len(body)):  # ~90 bytes over ~4.5 s: longer than the gap
+                conn.send(body[i : i + 1])
+                time.sleep(0.05)
+            reply = conn.getresponse()
+            rows = reply.read()
+            assert reply.status == 200, rows
+        finally:
+            conn.close()
+        assert torch.equal(
+            torch.from_numpy(frame.decode_rows(rows).rows[0]), oracle.next_token_logprobs_sync([4, 5, 6])
+        )
+        assert _stats(srv.url)["bodies"]["dropped"] == {"idle": 1}
+
+
+def _loopback_sources() -> list[str]:
+    """127.0.0.1 .. 127.0.0.254 where all of 127.0.0.0/8 is this machine (Linux), else 127.0.0.1."""
+    probe = socket.socket()
+    try:
+        probe.bind(("127.0.0.2", 0))
+    except OSError:
+        return ["127.0.0.1"]
+    finally:
+        probe.close()
+    return [f"127.0.0.{i}" for i in range(1, 255)]
+
+
+def test_stalled_bodies_from_any_loopback_address_never_keep_a_request_out(oracle) -> None:
+    """500 connections send headers and 1 byte of their body, then stall: 130 from
+    127.0.0.1 (they filled its per-address cap of 128: every other local client got 503
+    for the whole body timeout, renewable), the rest from 127.0.0.2..254 (a client picks
+    any loopback address). What is read at once is capped over all clients (256 bodies),
+    each new request taking the place of the idlest: a client that sends its body is
+    answered at once, and every stalled connection gets 408 (dropped to make room, or
+    after the idle gap)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:  # the sockets here and the server's (a subprocess: it inherits the limit)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1200, hard), hard))
+    n = min(500, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 300)
+    args = [] if n > 300 else ["--max-open-bodies", str(n // 2)]  # fewer descriptors: the cap still bites
+    sources = _loopback_sources()
+    stalled = []
+    try:
+        with ServerProcess("mock", args=args) as srv:
+            for i in range(n):
+                source = "127.0.0.1" if i < 130 else sources[i % len(sources)]
+                stalled.append(stalled_body(srv.url, sent=1, declared=40, source=source))
+            deadline = time.monotonic() + 120
+            while _stats(srv.url)["requests"].get("logprobs", 0) < n:  # the server has seen them all
+                assert time.monotonic() < deadline, _stats(srv.url)
+                time.sleep(0.05)
+            for source in ("127.0.0.1", sources[-1]):
+                started = time.monotonic()
+                status, body = request(
+                    srv.url, "POST", "/v1/logprobs", frame.encode_contexts([[1, 2, 3]]), source=source
+                )
+                answered = time.monotonic() - started
+                assert status == 200, (source, status, body)
+                assert torch.equal(
+                    torch.from_numpy(frame.decode_rows(body).rows[0]),
+                    oracle.next_token_logprobs_sync([1, 2, 3]),
+                )
+                assert answered < 10, f"answered in {answered:.2f} s with {n} stalled bodies"
+                print(f"{n} stalled bodies: a request from {source} answered in {answered:.3f} s")
+            bodies = _stats(srv.url)["bodies"]
+            cap = 256 if n > 300 else n // 2
+            assert bodies["open"] <= cap and bodies["open"] + sum(bodies["dropped"].values()) == n, bodies
+            statuses = {read_status(s) for s in stalled}  # each within the idle gap (10 s) + the machine
+            assert statuses == {408}, statuses
+            bodies = _stats(srv.url)["bodies"]
+            assert bodies["open"] == 0 and sum(bodies["dropped"].values()) == n, bodies
+    finally:
+        for s in stalled:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_one_clients_requests_in_computation_are_capped_others_served(oracle) -> None:
+    """A client (peer address 127.0.0.2) with its limit of requests being computed gets a
+    503 naming the per-client limit for one more; a client at 127.0.0.1 is served. Its
+    stalled bodies do not count (what is read is capped over all clients)."""
+    args = ["--max-requests-per-client", "2", "--body-timeout-s", "600", "--body-idle-s", "600"]
+    with ServerProcess("mock", opts={"work_s": 5.0}, args=args) as srv:
+        stalled = [stalled_body(srv.url, source="127.0.0.2") for _ in range(4)]
+        got: dict[int, tuple[int, bytes]] = {}
+
+        def ask(i: int) -> None:
+            got[i] = request(
+                srv.url, "POST", "/v1/logprobs", frame.encode_contexts([[i + 1, 9]]), source="127.0.0.2"
+            )
+
+        slow = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
         try:
             deadline = time.monotonic() + 60
-            while _stats(srv.url)["open_requests"] < 8 and time.monotonic() < deadline:
+            while _stats(srv.url)["bodies"]["open"] < 4:
+                assert time.monotonic() < deadline
                 time.sleep(0.05)
+            for t in slow:
+                t.start()
+            while _stats(srv.url)["inflight_requests"] < 2:  # both computing (5 s a pass)
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
             status, body = request(
                 srv.url, "POST", "/v1/logprobs", frame.encode_contexts([[1]]), source="127.0.0.2"
             )
@@ -186,7 +311,15 @@ def test_one_clients_open_requests_are_capped_others_served(oracle) -> None:
             assert status == 200 and torch.equal(
                 torch.from_numpy(frame.decode_rows(body).rows[0]), oracle.next_token_logprobs_sync([1])
             )
+            for t in slow:
+                t.join(300)
+            assert [got[i][0] for i in range(2)] == [200, 200], got
             assert _stats(srv.url)["rejections"]["client_limit"] == {"127.0.0.2": 1}
+            status, body = request(
+                srv.url, "POST", "/v1/logprobs", frame.encode_contexts([[2]]), source="127.0.0.2"
+            )
+            assert status == 200, body  # its 4 stalled bodies still open
+            assert _stats(srv.url)["bodies"]["open"] == 4
         finally:
             for s in stalled:
                 s.close()
