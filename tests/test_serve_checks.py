@@ -1,16 +1,18 @@
 """genlm serve's pieces without a server: the token's scheme and sources, the Host names,
-the strict JSON and request models, the phase stamps that tile a round trip, and the
+the strict JSON and request models, the cap on the bodies read at once, the phase stamps that tile a round trip, and the
 histograms /metrics renders. Oracles: hand-written expectations."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 
 import pytest
 
-from genlm_core.serve.inputs import SampleRequest, TokenizeRequest, parse_json
-from genlm_core.serve.limits import TOKEN_ENV, read_token, token_matches
+from genlm_core.serve.bodies import OpenBodies, read_body
+from genlm_core.serve.inputs import HTTPError, SampleRequest, TokenizeRequest, parse_json
+from genlm_core.serve.limits import TOKEN_ENV, ServeLimits, read_token, token_matches
 from genlm_core.serve.phases import ROUND_TRIP, ForwardClock, Histogram, RequestClock, round_trip_phases
 from genlm_core.serve.security import RequestGuard, allowed_host_names, parse_host
 
@@ -168,3 +170,42 @@ def test_a_histogram_is_cumulative_with_an_infinite_bucket() -> None:
         h.observe(v)
     assert h.cumulative() == [(1, 2), (10, 3), (float("inf"), 4)]
     assert h.as_dict()["buckets"] == {"1": 2, "10": 3, "+Inf": 4} and h.sum == 56.5
+
+
+class _Body:
+    """A request whose body is ``chunks``, then (before its end) waits for ``more``."""
+
+    def __init__(self, chunks: list[bytes], more: asyncio.Event) -> None:
+        self.headers: dict[str, str] = {}
+        self.chunks, self.more = chunks, more
+
+    async def stream(self):  # type: ignore[no-untyped-def]
+        for chunk in self.chunks:
+            yield chunk
+        await self.more.wait()
+        yield b""
+
+
+@pytest.mark.parametrize(("count", "total"), [(2, 1 << 20), (10, 2048)])
+async def test_the_bodies_read_at_once_make_room_from_the_idlest(count, total) -> None:
+    """At most ``count`` bodies of ``total`` bytes together: a third body (by count, or by
+    bytes) takes the place of the one idle longest, which gets a 408 naming the limits;
+    the others are read whole."""
+    limits = ServeLimits(max_body_bytes=1024, max_open_bodies=count, max_open_body_bytes=total)
+    bodies = OpenBodies(count, total)
+    more = asyncio.Event()
+    reads = []
+    for i in range(3):
+        reads.append(asyncio.create_task(read_body(_Body([bytes([i]) * 1000], more), limits, bodies)))
+        await asyncio.sleep(0.05)  # each idle from a later time than the one before
+    more.set()
+    first, *others = await asyncio.gather(*reads, return_exceptions=True)
+    assert isinstance(first, HTTPError) and first.status == 408, first
+    assert "dropped to make room" in first.message and "--max-open-bodies" in first.message
+    assert others == [b"\x01" * 1000, b"\x02" * 1000]
+    assert bodies.stats() == {"open": 0, "bytes": 0, "dropped": {"room": 1}}
+
+
+def test_one_body_of_the_largest_size_fits_in_the_bodies_read_at_once() -> None:
+    with pytest.raises(ValueError, match="raise --max-open-body-bytes or lower --max-body-bytes"):
+        ServeLimits(max_body_bytes=4096, max_open_body_bytes=2048)
