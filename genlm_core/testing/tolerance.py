@@ -115,7 +115,7 @@ def _from_gguf(path: Path) -> ModelShape | None:
     from genlm_core.engine.gguf_metadata import read_gguf_metadata
 
     meta = read_gguf_metadata(path)
-    arch = meta.architecture()
+    arch = meta.architecture
     hidden = meta.get(f"{arch}.embedding_length")
     layers = meta.get(f"{arch}.block_count")
     if not hidden or not layers:
@@ -144,7 +144,7 @@ def model_shape(source: Any) -> ModelShape:
                 "a config.json, a .gguf file, or ModelShape(width=..., layers=...)"
             )
         return shape
-    from genlm_core.testing.conformance import find_checkpoint
+    from genlm_core.testing.checkpoints import find_checkpoint
 
     found = find_checkpoint(source)
     if found.kind == "none":
