@@ -41,9 +41,8 @@ def unreadable_rows(scores: "torch.Tensor | Sequence[torch.Tensor]") -> list[int
         top = scores.amax(dim=-1)
     elif len(scores) == 0:
         return []
-    else:  # the rows' maxima in one fused call (torch < 2.4 has no _foreach_max)
-        foreach_max = getattr(torch, "_foreach_max", None)
-        top = torch.stack(foreach_max(list(scores)) if foreach_max else [r.amax() for r in scores])
+    else:  # each row's maximum (public API only; a batch is tens of rows), one sync below
+        top = torch.stack([r.amax() for r in scores])
     finite = torch.isfinite(top)
     if bool(finite.all()):
         return []
