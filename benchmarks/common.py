@@ -13,7 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-OUT_DIR = Path(__file__).resolve().parent / "out"
+#: where every benchmark writes its JSON + Markdown: ``$GENLM_BENCH_OUT`` when set (the GPU
+#: check, scripts/gpu_check.py, runs the benchmarks into a folder of its own), else benchmarks/out
+OUT_DIR = Path(os.environ.get("GENLM_BENCH_OUT") or Path(__file__).resolve().parent / "out")
 
 
 def machine() -> dict[str, Any]:
@@ -36,6 +38,53 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return info
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_info(device: str = "cpu", dtype: str | None = None, model: str | None = None) -> dict[str, Any]:
+    """What a benchmark's figures ran on, named: ``device`` ("cpu", "cuda", "cuda:1", ...)
+    with its name (the GPU's ``torch.cuda.get_device_name``, its memory and the CUDA
+    version; the CPU's model), the dtype and the model folder's name. Imports torch."""
+    import torch
+
+    info: dict[str, Any] = {"device": device, "dtype": dtype, "torch": torch.__version__}
+    if model is not None:
+        info["model"] = Path(str(model)).name
+    if torch.device(device).type == "cuda":
+        index = torch.device(device).index or 0
+        props = torch.cuda.get_device_properties(index)
+        info.update(
+            device_name=torch.cuda.get_device_name(index),
+            gpu_memory_gb=round(props.total_memory / 2**30, 1),
+            capability=f"{props.major}.{props.minor}",
+            cuda=torch.version.cuda,
+        )
+    else:
+        info["device_name"] = cpu_model() if torch.device(device).type == "cpu" else device
+    return info
+
+
+def device_line(info: dict[str, Any]) -> str:
+    """One Markdown line naming the device, dtype and model of :func:`device_info`."""
+    parts = [f"Device: {info.get('device_name')} (`{info.get('device')}`)"]
+    if info.get("dtype"):
+        parts.append(f"dtype {info['dtype']}")
+    if info.get("model"):
+        parts.append(f"model {info['model']}")
+    if info.get("cuda"):
+        parts.append(f"CUDA {info['cuda']}")
+    return ", ".join(parts) + f", torch {info.get('torch')}"
 
 
 def median_time(fn: Callable[[], Any], repeat: int = 20, warmup: int = 2) -> float:
@@ -66,15 +115,24 @@ def markdown_table(rows: list[dict[str, Any]], cols: list[str] | None = None) ->
 
 
 def write_results(
-    name: str, rows: list[dict[str, Any]], extra: dict[str, Any] | None = None, cols: list[str] | None = None
+    name: str,
+    rows: list[dict[str, Any]],
+    extra: dict[str, Any] | None = None,
+    cols: list[str] | None = None,
+    device: dict[str, Any] | None = None,
 ) -> Path:
+    """``OUT_DIR/name.json`` (the machine, ``device`` - :func:`device_info` - the rows and
+    ``extra``) and ``name.md`` (the device's line, then the rows' table)."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     path = OUT_DIR / f"{name}.json"
-    payload = {"benchmark": name, "machine": machine(), "rows": rows, **(extra or {})}
+    payload = {"benchmark": name, "machine": machine(), **({"device": device} if device else {})}
+    payload["rows"] = rows
+    payload.update(extra or {})  # (bench_burst's extra carries its rows whole: they win)
     path.write_text(json.dumps(payload, indent=2))
     table = markdown_table(rows, cols)
-    (OUT_DIR / f"{name}.md").write_text(f"## {name}\n\n{table}\n")
-    print(f"\n## {name}\n\n{table}\n\n(JSON: {path})")
+    head = f"{device_line(device)}\n\n" if device else ""
+    (OUT_DIR / f"{name}.md").write_text(f"## {name}\n\n{head}{table}\n")
+    print(f"\n## {name}\n\n{head}{table}\n\n(JSON: {path})")
     return path
 
 
