@@ -128,9 +128,17 @@ def run_turns(
             core_request.prompt_token_ids = list(request.prompt_token_ids or ())
             llm_engine.engine_core.add_request(core_request)
         computed = reused = 0
+        # every engine step computes at least one token of a pending turn while one can be
+        # scheduled: past this many, none can (a bound on live sessions failed), and a
+        # waiting session keeps has_unfinished_requests() true: raise rather than spin
+        steps_left = sum(len(t.tokens) for t in turns) + 2 * len(turns) + 1000
         while pending:
-            if not llm_engine.has_unfinished_requests():
-                raise RuntimeError(f"vllm: {len(pending)} rows were dropped by the engine")
+            steps_left -= 1
+            if not llm_engine.has_unfinished_requests() or steps_left < 0:
+                raise RuntimeError(
+                    f"vllm: {len(pending)} rows were dropped by the engine or never scheduled "
+                    f"({llm_engine.get_num_unfinished_requests()} requests unfinished)"
+                )
             for out in llm_engine.step():
                 if out.request_id not in pending or not out.outputs or out.outputs[0].finish_reason is None:
                     continue  # a partial prefill's output (chunked), or not ours
