@@ -115,6 +115,7 @@ class VLLMEngine(Engine):
         self.resident: ResidentSessions | None = (
             ResidentSessions(self, config.resident_rows, config.resident_idle_s) if config.resident else None
         )
+        _close_sessions_before_direct_calls(self)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -407,6 +408,34 @@ class VLLMEngine(Engine):
         removed = remove_engine_segments(self._engine_segments, idents)
         if removed:
             note(f"vllm: removed {len(removed)} shared-memory segment(s) the engine's processes left")
+
+
+def _close_sessions_before_direct_calls(engine: VLLMEngine) -> None:
+    """Code holding the ``vllm.LLM`` itself (``llm.llm.generate(...)``, test oracles, a
+    user's own calls) would wait forever on the live sessions (``LLM.generate`` runs the
+    engine until no request is unfinished), and ``reset_prefix_cache`` cannot drop the
+    blocks they hold: this instance's ``_run_engine`` (what every offline entry point of
+    ``LLM`` runs) and ``reset_prefix_cache`` end the sessions first. A weak reference: the
+    ``LLM`` does not keep its engine alive."""
+    import weakref
+
+    ref = weakref.ref(engine)
+    llm = engine.llm
+    for name in ("_run_engine", "reset_prefix_cache"):
+        original = getattr(llm, name, None)
+        if original is None:
+            continue
+
+        def guarded(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            owner = ref()
+            if owner is not None and owner.llm is not None and owner._dead is None:
+                owner.close_sessions()
+            return _original(*args, **kwargs)
+
+        try:
+            setattr(llm, name, guarded)
+        except (AttributeError, TypeError):  # an LLM that takes no instance attributes
+            pass
 
 
 def _others_open() -> bool:

@@ -236,3 +236,25 @@ def test_switched_off_and_close(tiny_path) -> None:
     finally:
         llm.close()
     assert len(engine.resident.rows) == 0 and engine.llm is None
+
+
+def test_a_direct_generate_on_the_vllm_llm_ends_the_rows_first(llm) -> None:
+    """Code holding the ``vllm.LLM`` (``llm.llm.generate``) would otherwise wait forever on
+    the live sessions; the rows restart after it, same numbers."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    ctxs = particles(2)
+    call(llm, ctxs)
+    assert engine_stats(llm)["resident_rows"] == 2
+    with llm.engine_lock:
+        out = llm.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(PROMPT))], SamplingParams(max_tokens=1), use_tqdm=False
+        )
+        assert len(out) == 1 and llm.llm.reset_prefix_cache() in (True, None)
+    assert engine_stats(llm)["resident_rows"] == 0
+    nxt = [c + (5,) for c in ctxs]
+    before = engine_stats(llm)
+    rows = call(llm, nxt)
+    assert delta(engine_stats(llm), before, "rows_restarted") == 2
+    assert_uncached(llm, nxt, rows)
