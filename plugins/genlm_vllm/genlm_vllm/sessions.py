@@ -89,6 +89,7 @@ def run_turns(
     pending: dict[str, int] = {}  # external id -> turn index
     new: dict[str, int] = {}  # external id -> its prompt length (requests started now)
     fed: dict[str, int] = {}  # external id -> tokens appended (sessions resumed now)
+    kept: dict[str, int] = {}  # external id -> tokens its KV held (sessions resumed now)
     sessions: list[Session | None] = []
     added: list[str] = []  # internal ids: what a failure aborts
     try:
@@ -118,6 +119,7 @@ def run_turns(
             else:
                 request.external_req_id = s.external_id
                 fed[s.external_id] = len(turn.tokens)
+                kept[s.external_id] = len(turn.context) - len(turn.tokens)
             s.context = turn.context
             added.append(s.request_id)
             sessions.append(s if resumable else None)
@@ -144,8 +146,9 @@ def run_turns(
                     continue  # a partial prefill's output (chunked), or not ours
                 del pending[out.request_id]
                 prompt = new.get(out.request_id)
-                if prompt is None:
+                if prompt is None:  # a resumed session: its kept KV is reused
                     computed += fed[out.request_id]
+                    reused += kept[out.request_id]
                 else:
                     cached = int(getattr(out, "num_cached_tokens", None) or 0)
                     computed += prompt - cached

@@ -78,6 +78,7 @@ def test_the_next_call_on_a_context_plus_one_token_runs_one_token(llm) -> None:
     rows = call(llm, nxt)
     after = engine_stats(llm)
     assert delta(after, before, "tokens_computed") == 4  # one token a row
+    assert delta(after, before, "tokens_reused") == 4 * len(first[0])  # the rows' kept KV
     assert delta(after, before, "rows_resumed") == 4 and delta(after, before, "rows_restarted") == 0
     assert after["resident_rows"] == 4
     assert_uncached(llm, nxt, rows)
