@@ -71,6 +71,27 @@ class VLLMConfig(BackendConfig):
     cpu_kvcache_gib: int = Field(
         1, ge=1, description="VLLM_CPU_KVCACHE_SPACE default on CPU when the variable is unset"
     )
+    resident: bool = Field(
+        True,
+        description="resident path: every row of an ordinary call stays a vLLM streaming-input "
+        "session after it, and a later call whose context extends a live row's by up to 16 tokens "
+        "continues that row, running only its new tokens (a particle's next step: one token); "
+        "rows that extend none start from their prompt through the prefix cache; same numbers; "
+        "False (debugging): every call is a new request per context (LLM.generate)",
+    )
+    resident_rows: int = Field(
+        128,
+        ge=1,
+        description="most rows live at once on the resident path, also at most max_num_seqs - 1 "
+        "less a burst's rows and half the KV cache's tokens; the least recently extended row "
+        "is ended first",
+    )
+    resident_idle_s: float | None = Field(
+        60.0,
+        gt=0,
+        description="a resident row not extended for this many seconds is ended at the next "
+        "engine call (None: never)",
+    )
     engine_opts: dict[str, Any] = Field(
         default_factory=dict,
         description="extra keyword arguments for vllm.LLM (e.g. tensor_parallel_size, "

@@ -7,7 +7,14 @@ import importlib.metadata as md
 import os
 from typing import Any
 
-__all__ = ["SCALE_OUT_ENV", "doctor_section", "scale_out"]
+__all__ = ["RESIDENT_LINE", "SCALE_OUT_ENV", "doctor_section", "scale_out"]
+
+#: the resident path's default and where a running backend says what it did
+RESIDENT_LINE = (
+    "resident rows: on by default (VLLMConfig.resident; a call extending a live row's context "
+    "continues its vLLM session); stats()['engine'] says rows_resumed / rows_restarted / "
+    "resident_rows / resident_evicted / resident_expired"
+)
 
 #: environment variables that decide how a vLLM engine is laid out over processes/machines
 SCALE_OUT_ENV = (
@@ -49,5 +56,6 @@ def doctor_section(hw: Any) -> dict[str, Any]:
         f"ranks on this node: up to {so['max_ranks_on_this_node']} ({so['note']})",
         f"ray: {so['ray'] or 'not installed (pip install ray: distributed_executor_backend=ray)'}",
         *(f"{k}={v}" for k, v in so["env"].items()),
+        RESIDENT_LINE,
     ]
     return {"title": "Scale-out (vLLM; docs/scale-out.md)", "lines": lines, "data": {"scale_out": so}}

@@ -9,7 +9,13 @@ the batch as it likes (chunked prefill, preemption, prefix-cache hits); the resu
 is always in request order.
 
 A burst (``decode_step``) keeps each row as a vLLM streaming-input session that runs
-one token a step over its kept KV (:mod:`genlm_vllm.sessions`).
+one token a step over its kept KV (:mod:`genlm_vllm.sessions`). So do ordinary calls
+(the resident path, ``VLLMConfig.resident``, on by default): ``forward`` drives
+``LLMEngine`` itself, every row a session kept after the call, and a later call whose
+context extends a live row's by a token or a few continues that row and runs only its
+new tokens (:class:`~genlm_vllm.sessions.ResidentSessions` over the core's
+:class:`~genlm_core.engine.resident.ResidentRows`). Off, each call is one
+``LLM.generate``.
 
 Sampling uses vLLM's own sampler (seeded per request, stop on token ids:
 :mod:`genlm_vllm.sampling`). The backend holding the engine runs every engine call -
@@ -36,7 +42,7 @@ from genlm_core.engine import Checkpoint, Engine, SampleRequest, note, summarise
 from genlm_vllm import launch, lifecycle, sampling
 from genlm_vllm.config import VLLMConfig
 from genlm_vllm.lifecycle import EngineDiedError
-from genlm_vllm.sessions import DecodeSessions
+from genlm_vllm.sessions import DecodeSessions, ResidentSessions, Turn, run_turns
 
 __all__ = ["VLLMEngine"]
 
@@ -105,6 +111,11 @@ class VLLMEngine(Engine):
         self.lora_request: Any = None
         #: a burst's rows as vLLM streaming-input sessions (:mod:`genlm_vllm.sessions`)
         self.sessions = DecodeSessions(self)
+        #: ordinary calls' rows as sessions kept between calls (None: the resident path is off)
+        self.resident: ResidentSessions | None = (
+            ResidentSessions(self, config.resident_rows, config.resident_idle_s) if config.resident else None
+        )
+        _close_sessions_before_direct_calls(self)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -144,11 +155,37 @@ class VLLMEngine(Engine):
         return [f"{self._namespace}:{next(self._counter)}" for _ in range(n)]
 
     def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
-        return self.capture(contexts, read_prefix_cache=True)
+        """The rows of ``contexts``: on the resident path each continues the live row its
+        context extends, or starts a session from its prompt (the prefix cache supplies
+        its full blocks); else one ``LLM.generate``."""
+        if self.resident is None:
+            return self.capture(contexts, read_prefix_cache=True)
+        self.check_healthy()
+        try:
+            return self.resident.forward(contexts, len(self.sessions.live))
+        except BaseException as exc:
+            self.check_healthy(exc)
+            raise
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
-        """The same engine step, reading no KV block from vLLM's prefix cache."""
-        return self.capture(contexts, read_prefix_cache=False)
+        """The same engine step, reading no KV block from vLLM's prefix cache (on the
+        resident path: requests that end with the call, the live sessions left waiting)."""
+        if self.resident is None:
+            return self.capture(contexts, read_prefix_cache=False)
+        self.check_healthy()
+        try:
+            turns = [Turn(None, tuple(c), tuple(c), resumable=False) for c in contexts]
+            return run_turns(self, turns, read_prefix_cache=False)[0]
+        except BaseException as exc:
+            self.check_healthy(exc)
+            raise
+
+    def close_sessions(self) -> None:
+        """End every session (burst and resident): before ``LLM.generate``, which waits
+        for every unfinished request, a cache reset or close."""
+        self.sessions.close_all()
+        if self.resident is not None:
+            self.resident.close_all()
 
     def capture(self, contexts: list[tuple[int, ...]], read_prefix_cache: bool) -> torch.Tensor:
         """One ``LLM.generate`` over ``contexts``; the rows its capture processor recorded."""
@@ -171,7 +208,7 @@ class VLLMEngine(Engine):
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
         self.check_healthy()
-        self.sessions.close_all()  # LLM.generate waits for every request, sessions too
+        self.close_sessions()  # LLM.generate waits for every request, sessions too
         try:
             results = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
             out, missing = self.fetch(tags)
@@ -237,6 +274,8 @@ class VLLMEngine(Engine):
         between steps and runs only the token drawn last (:mod:`genlm_vllm.sessions`)."""
         self.check_healthy()
         try:
+            if self.resident is not None and rows:
+                self.resident.make_room(len(rows))  # request slots for the burst's sessions
             return self.sessions.step(rows, released)
         except BaseException as exc:
             self.check_healthy(exc)
@@ -246,7 +285,7 @@ class VLLMEngine(Engine):
     def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
         """vLLM's sampler: one ``LLM.generate`` for the batch (:func:`genlm_vllm.sampling.sample`)."""
         self.check_healthy()
-        self.sessions.close_all()
+        self.close_sessions()
         try:
             return sampling.sample(self.llm, self.device, requests, self.lora_request)
         except BaseException as exc:
@@ -318,10 +357,12 @@ class VLLMEngine(Engine):
             "tokens_reused": self.tokens_reused,
             "prefix_caching": self.prefix_caching,
             **self.sessions.stats(),
+            "resident": self.resident is not None,
+            **(self.resident.stats() if self.resident is not None else {}),
         }
 
     def clear_cache(self) -> None:
-        self.sessions.close_all()  # their blocks would keep the prefix cache from resetting
+        self.close_sessions()  # their blocks would keep the prefix cache from resetting
         self.llm.reset_prefix_cache()
 
     # ------------------------------------------------------------------ shutdown
@@ -330,7 +371,7 @@ class VLLMEngine(Engine):
             return
         self.closed = True
         if self.llm is not None and self._dead is None:
-            self.sessions.close_all()
+            self.close_sessions()
         if self._watchdog is not None:
             self._watchdog.stop()
         llm, self.llm = self.llm, None
@@ -367,6 +408,34 @@ class VLLMEngine(Engine):
         removed = remove_engine_segments(self._engine_segments, idents)
         if removed:
             note(f"vllm: removed {len(removed)} shared-memory segment(s) the engine's processes left")
+
+
+def _close_sessions_before_direct_calls(engine: VLLMEngine) -> None:
+    """Code holding the ``vllm.LLM`` itself (``llm.llm.generate(...)``, test oracles, a
+    user's own calls) would wait forever on the live sessions (``LLM.generate`` runs the
+    engine until no request is unfinished), and ``reset_prefix_cache`` cannot drop the
+    blocks they hold: this instance's ``_run_engine`` (what every offline entry point of
+    ``LLM`` runs) and ``reset_prefix_cache`` end the sessions first. A weak reference: the
+    ``LLM`` does not keep its engine alive."""
+    import weakref
+
+    ref = weakref.ref(engine)
+    llm = engine.llm
+    for name in ("_run_engine", "reset_prefix_cache"):
+        original = getattr(llm, name, None)
+        if original is None:
+            continue
+
+        def guarded(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            owner = ref()
+            if owner is not None and owner.llm is not None and owner._dead is None:
+                owner.close_sessions()
+            return _original(*args, **kwargs)
+
+        try:
+            setattr(llm, name, guarded)
+        except (AttributeError, TypeError):  # an LLM that takes no instance attributes
+            pass
 
 
 def _others_open() -> bool:

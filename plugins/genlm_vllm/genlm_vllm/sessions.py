@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["DecodeSessions", "Session"]
+__all__ = ["DecodeSessions", "Session", "Turn", "run_turns"]
 
 Context = tuple[int, ...]
 
@@ -58,6 +58,119 @@ class Session:
     lora: Any  # the LoRARequest it was started under
 
 
+@dataclass
+class Turn:
+    """One row of an engine step: ``session`` resumed with ``tokens`` (None: a new request
+    whose prompt is ``tokens``), leaving it at ``context``; a new request is a session
+    (kept after its turn) when ``resumable``, else it ends with its turn."""
+
+    session: Session | None
+    tokens: Context
+    context: Context
+    resumable: bool = True
+
+
+def run_turns(
+    engine: Any, turns: list[Turn], *, read_prefix_cache: bool = True
+) -> "tuple[torch.Tensor, list[Session | None]]":
+    """Run ``turns`` as one batch of ``max_tokens=1`` requests through ``LLMEngine``,
+    stepping it until each has finished its turn (other sessions of the engine stay
+    waiting: nothing here waits for them, as ``LLM.generate`` would). Returns the captured
+    rows in order and each turn's session after it (None: a request that ended). Counts
+    the tokens computed and read from the prefix cache on ``engine``."""
+    from vllm import SamplingParams
+    from vllm.inputs.engine import tokens_input
+
+    from genlm_vllm.capture import TAG_KEY
+
+    llm_engine = engine.llm.llm_engine
+    tasks = llm_engine.get_supported_tasks()
+    tags = engine._new_tags(len(turns))
+    pending: dict[str, int] = {}  # external id -> turn index
+    new: dict[str, int] = {}  # external id -> its prompt length (requests started now)
+    fed: dict[str, int] = {}  # external id -> tokens appended (sessions resumed now)
+    kept: dict[str, int] = {}  # external id -> tokens its KV held (sessions resumed now)
+    sessions: list[Session | None] = []
+    added: list[str] = []  # internal ids: what a failure aborts
+    try:
+        for i, (turn, tag) in enumerate(zip(turns, tags)):
+            s = turn.session
+            params = SamplingParams(
+                max_tokens=1,
+                temperature=0.0,
+                ignore_eos=True,
+                detokenize=False,
+                extra_args={TAG_KEY: tag},
+                skip_reading_prefix_cache=None if read_prefix_cache else True,
+            )
+            resumable = s is not None or turn.resumable
+            request = llm_engine.input_processor.process_inputs(
+                request_id=s.request_id if s is not None else f"{engine._namespace}-row-{next(_IDS)}",
+                prompt=tokens_input(list(turn.tokens)),
+                params=params,
+                supported_tasks=tasks,
+                lora_request=engine.lora_request,
+                resumable=resumable,
+            )
+            if s is None:
+                llm_engine.input_processor.assign_request_id(request)
+                s = Session(request.request_id, request.external_req_id, (), engine.lora_request)
+                new[s.external_id] = len(turn.tokens)
+            else:
+                request.external_req_id = s.external_id
+                fed[s.external_id] = len(turn.tokens)
+                kept[s.external_id] = len(turn.context) - len(turn.tokens)
+            s.context = turn.context
+            added.append(s.request_id)
+            sessions.append(s if resumable else None)
+            pending[s.external_id] = i
+            llm_engine.output_processor.add_request(request, None, None, 0)
+            # the engine core's own prompt list (see the module doc)
+            core_request = copy.copy(request)
+            core_request.prompt_token_ids = list(request.prompt_token_ids or ())
+            llm_engine.engine_core.add_request(core_request)
+        computed = reused = 0
+        # every engine step computes at least one token of a pending turn while one can be
+        # scheduled: past this many, none can (a bound on live sessions failed), and a
+        # waiting session keeps has_unfinished_requests() true: raise rather than spin
+        steps_left = sum(len(t.tokens) for t in turns) + 2 * len(turns) + 1000
+        while pending:
+            steps_left -= 1
+            if not llm_engine.has_unfinished_requests() or steps_left < 0:
+                raise RuntimeError(
+                    f"vllm: {len(pending)} rows were dropped by the engine or never scheduled "
+                    f"({llm_engine.get_num_unfinished_requests()} requests unfinished)"
+                )
+            for out in llm_engine.step():
+                if out.request_id not in pending or not out.outputs or out.outputs[0].finish_reason is None:
+                    continue  # a partial prefill's output (chunked), or not ours
+                del pending[out.request_id]
+                prompt = new.get(out.request_id)
+                if prompt is None:  # a resumed session: its kept KV is reused
+                    computed += fed[out.request_id]
+                    reused += kept[out.request_id]
+                else:
+                    cached = int(getattr(out, "num_cached_tokens", None) or 0)
+                    computed += prompt - cached
+                    reused += cached
+    except BaseException:
+        try:  # the requests of a failed step: none is left waiting in the engine
+            llm_engine.abort_request(added, internal=True)
+        except Exception:  # noqa: BLE001 - an engine that died has no requests to keep
+            pass
+        raise
+    out, missing = engine.fetch(tags)
+    engine.forward_calls += 1
+    engine.tokens_computed += computed
+    engine.tokens_reused += reused
+    if missing:
+        raise RuntimeError(f"vllm: no logits were captured for {len(missing)} of {len(turns)} rows")
+    return out, sessions
+
+
+_IDS = itertools.count()
+
+
 class DecodeSessions:
     """The live sessions of one engine, keyed by burst handle (see the module doc)."""
 
@@ -66,7 +179,6 @@ class DecodeSessions:
         ``llm``, ``lora_request``, tags, ``fetch`` and counters)."""
         self.engine = engine
         self.live: dict[int, Session] = {}
-        self._ids = itertools.count()
         #: sessions started from a prompt / resumed with new tokens / closed unfinished
         self.started = 0
         self.resumed = 0
@@ -111,73 +223,15 @@ class DecodeSessions:
     def _run(
         self, plan: list[tuple[int, Session | None, Context]], rows: Mapping[int, Context]
     ) -> "torch.Tensor":
-        from vllm import SamplingParams
-        from vllm.inputs.engine import tokens_input
-
-        from genlm_vllm.capture import TAG_KEY
-
-        engine = self.engine
-        llm_engine = engine.llm.llm_engine
-        tasks = llm_engine.get_supported_tasks()
-        tags = engine._new_tags(len(plan))
-        pending: dict[str, int] = {}
-        new: dict[str, int] = {}  # external id -> its prompt length (sessions started now)
-        fed: dict[str, int] = {}  # external id -> tokens appended (sessions resumed now)
-        for (h, s, tokens), tag in zip(plan, tags):
-            params = SamplingParams(
-                max_tokens=1,
-                temperature=0.0,
-                ignore_eos=True,
-                detokenize=False,
-                extra_args={TAG_KEY: tag},
-            )
-            request = llm_engine.input_processor.process_inputs(
-                request_id=s.request_id if s is not None else f"{engine._namespace}-burst-{next(self._ids)}",
-                prompt=tokens_input(list(tokens)),
-                params=params,
-                supported_tasks=tasks,
-                lora_request=engine.lora_request,
-                resumable=True,
-            )
+        turns = [Turn(s, tokens, rows[h]) for h, s, tokens in plan]
+        out, sessions = run_turns(self.engine, turns)
+        for (h, s, _), session in zip(plan, sessions):
+            assert session is not None
+            self.live[h] = session
             if s is None:
-                llm_engine.input_processor.assign_request_id(request)
-                s = Session(request.request_id, request.external_req_id, (), engine.lora_request)
-                new[s.external_id] = len(tokens)
                 self.started += 1
             else:
-                request.external_req_id = s.external_id
-                fed[s.external_id] = len(tokens)
                 self.resumed += 1
-            s.context = rows[h]
-            self.live[h] = s
-            pending[s.external_id] = h
-            llm_engine.output_processor.add_request(request, None, None, 0)
-            # the engine core's own prompt list (see the module doc)
-            core_request = copy.copy(request)
-            core_request.prompt_token_ids = list(request.prompt_token_ids or ())
-            llm_engine.engine_core.add_request(core_request)
-        computed = reused = 0
-        while pending:
-            if not llm_engine.has_unfinished_requests():
-                raise RuntimeError(f"vllm: {len(pending)} burst rows were dropped by the engine")
-            for out in llm_engine.step():
-                h = pending.get(out.request_id)
-                if h is None or not out.outputs or out.outputs[0].finish_reason is None:
-                    continue  # a partial prefill's output (chunked), or not ours
-                del pending[out.request_id]
-                prompt = new.get(out.request_id)
-                if prompt is None:
-                    computed += fed[out.request_id]
-                else:
-                    cached = int(getattr(out, "num_cached_tokens", None) or 0)
-                    computed += prompt - cached
-                    reused += cached
-        out, missing = engine.fetch(tags)
-        engine.forward_calls += 1
-        engine.tokens_computed += computed
-        engine.tokens_reused += reused
-        if missing:
-            raise RuntimeError(f"vllm: no logits were captured for {len(missing)} of {len(plan)} burst rows")
         return out
 
     # ------------------------------------------------------------------ ending
@@ -200,3 +254,80 @@ class DecodeSessions:
             "decode_sessions_started": self.started,
             "decode_sessions_resumed": self.resumed,
         }
+
+
+class ResidentSessions:
+    """Ordinary calls' rows kept as vLLM streaming-input sessions between calls (the
+    resident path: ``VLLMConfig.resident``). The core's
+    :class:`~genlm_core.engine.resident.ResidentRows` decides which context continues
+    which live row; this class runs the call's turns and ends the sessions it drops.
+
+    Bounds: at most ``resident_rows`` rows, at most the engine's ``max_num_seqs`` less one
+    less a burst's live sessions (a paused session holds one of vLLM's request slots:
+    with every slot held nothing new is scheduled), and their tokens at most half of the
+    KV cache's (a paused session's blocks cannot be preempted). Rows idle for
+    ``resident_idle_s`` end at the next engine call."""
+
+    def __init__(self, engine: Any, max_rows: int, idle_s: float | None) -> None:
+        from genlm_core.engine.resident import ResidentRows
+
+        self.engine = engine
+        self.rows = ResidentRows(max_rows, idle_s)
+        llm_engine = engine.llm.llm_engine
+        self.max_seqs = int(llm_engine.vllm_config.scheduler_config.max_num_seqs)
+        cache = llm_engine.vllm_config.cache_config
+        blocks = getattr(cache, "num_gpu_blocks", None)
+        block_size = int(getattr(cache, "block_size", None) or 16)
+        #: tokens the rows may hold at once (None: the KV cache's size is unknown)
+        self.token_budget = int(blocks) * block_size // 2 if blocks else None
+
+    def key(self) -> Any:
+        """What a row is computed under: the adapter (its name and fresh id; vLLM's
+        ``LoRARequest`` compares by name only)."""
+        lora = self.engine.lora_request
+        return None if lora is None else (lora.lora_name, lora.lora_int_id)
+
+    def capacity(self, burst_rows: int) -> int:
+        return max(0, self.max_seqs - 1 - burst_rows)
+
+    def forward(self, contexts: list[Context], burst_rows: int) -> "torch.Tensor":
+        """The rows of ``contexts`` (a duplicate gets its first occurrence's row)."""
+        unique = list(dict.fromkeys(contexts))
+        key = self.key()
+        self._end(self.rows.expire())
+        plan = self.rows.plan(unique, key, self.capacity(burst_rows), self.token_budget)
+        self._end(plan.evicted)
+        turns = [
+            Turn(p.row.state if p.row is not None else None, p.new_tokens, p.context, p.keep)
+            for p in plan.placements
+        ]
+        try:
+            out, sessions = run_turns(self.engine, turns)
+        except BaseException:  # run_turns ended the call's requests; the rest too
+            self.close_all()
+            raise
+        self.rows.commit(plan, sessions, key)
+        if len(unique) < len(contexts):
+            where = {c: i for i, c in enumerate(unique)}
+            out = out[[where[c] for c in contexts]]
+        return out
+
+    def make_room(self, burst_rows: int) -> None:
+        """Before a burst step of ``burst_rows`` rows: end the least recently used rows
+        that would leave it no request slot."""
+        self._end(self.rows.shrink(self.capacity(burst_rows)))
+
+    def _end(self, rows: list[Any]) -> None:
+        sessions = [r.state for r in rows if r.state is not None]
+        if sessions:
+            self.engine.llm.llm_engine.abort_request([s.request_id for s in sessions], internal=True)
+
+    def close_all(self) -> None:
+        """End every row (before ``LLM.generate``, a cache reset, close)."""
+        try:
+            self._end(self.rows.clear())
+        except Exception:  # noqa: BLE001 - an engine that died has no sessions to keep
+            pass
+
+    def stats(self) -> dict[str, Any]:
+        return self.rows.stats()

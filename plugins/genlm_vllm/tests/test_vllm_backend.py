@@ -247,6 +247,8 @@ def test_engine_stats_count_prefix_cache_hits(tiny_backend) -> None:
     a lost prefix cache shows in the counters (the benchmark smoke reads them)."""
     ctx = _ids(tiny_backend, 70, 3)
     tiny_backend.next_token_logprobs_sync(ctx)
+    with tiny_backend.engine_lock:  # else ctx + [5] continues ctx's live row (resident path)
+        tiny_backend.engine.close_sessions()
     before = dict(tiny_backend.stats()["engine"])
     tiny_backend.next_token_logprobs_sync(ctx + [5])
     after = tiny_backend.stats()["engine"]

@@ -18,9 +18,8 @@ def test_burst_seam_matches_steps(tiny_backend) -> None:
 
 def test_burst_rows_keep_their_kv_in_vllm_sessions(tiny_backend) -> None:
     """A burst's rows are vLLM streaming-input sessions: each step runs one token per row
-    over the KV the session kept (a resampled particle resumes its parent's session), where
-    the step loop's new requests re-prefill every context's tail past its last full 32-token
-    block; no session outlives the burst. Then every row a burst hands the control is the
+    over the KV the session kept (a resampled particle resumes its parent's session), as the
+    step loop's calls do on the resident path; no session outlives the burst. Then every row a burst hands the control is the
     uncached model's, with another caller's calls between steps (which close the sessions),
     a cache reset mid-burst, and a control that fails (:func:`check_decode_rows`)."""
     from genlm_core.testing.burst import SMCProgram, check_decode_rows, run_burst, run_steps
@@ -47,5 +46,7 @@ def test_burst_rows_keep_their_kv_in_vllm_sessions(tiny_backend) -> None:
     assert started + resumed == report.rows_drawn and resumed > report.rows_drawn // 2
     # a resampled particle took over its parent's session: fewer starts than rows added
     assert started < report.added
-    assert computed[1] < computed[0], computed
+    # the step loop's calls continue their rows' sessions too (the resident path): the
+    # burst computes no more than they do (before the resident path: fewer)
+    assert computed[1] <= computed[0], computed
     check_decode_rows(llm, prompt)

@@ -1,0 +1,208 @@
+"""Resident rows: which context of an ordinary call continues which live engine row.
+
+A program's particles call ``next_token_logprobs`` once a step, each on its context of the
+step before plus one token. An engine that can keep a row's state alive between calls (a
+vLLM streaming-input session, a KV slot) runs only that token when it knows which live
+row the new context extends. :class:`ResidentRows` is that bookkeeping, engine-free: the
+engine supplies the row state (an opaque payload) and runs the rows; this class decides,
+for the distinct contexts of a call,
+
+* which live row each context continues: the row of the same ``key`` (the adapter in
+  use: a row computed under another adapter never continues) holding the context's
+  longest proper prefix, at most ``max_gap`` tokens shorter; each row continues one
+  context per call (two particles that shared a row and now differ: the first continues
+  it, the other starts afresh);
+* which contexts start afresh (the engine runs them from their prompt: its prefix cache
+  supplies what it holds) and which of those stay resident after the call: rows live at
+  once are at most ``capacity`` (the engine's bound of the call, at most ``max_rows``),
+  the least recently used rows no context continues are evicted first to make room,
+  and fresh contexts past the bound run once and end;
+* which rows have been idle longer than ``idle_s`` (:meth:`expire`, checked at every
+  call: an engine that gets no calls keeps its rows until the next one).
+
+Identical contexts in a call share one row (pass distinct contexts; the engine maps the
+duplicates). A row's context is the context whose output the engine returned last, so a
+later call on exactly that context (no new token to run) starts afresh.
+
+Counters (:meth:`stats`): rows resumed (a context continued a live row), restarted (a
+context ran from its prompt), evicted (by the bound), expired (idle), and the live rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Placement", "ResidentRow", "ResidentRows"]
+
+Context = tuple[int, ...]
+
+
+@dataclass(eq=False)
+class ResidentRow:
+    """A live engine row: ``context`` is what its state holds, ``state`` the engine's
+    payload, ``key`` what it was computed under (the adapter)."""
+
+    context: Context
+    state: Any
+    key: Hashable
+    last_used: float = 0.0
+
+
+@dataclass
+class Placement:
+    """One context of a call: the live ``row`` it continues (None: it starts afresh) and
+    whether it is resident after the call (``keep``)."""
+
+    context: Context
+    row: ResidentRow | None
+    keep: bool
+    #: tokens of ``context`` the row holds (0: none)
+    depth: int = 0
+
+    @property
+    def new_tokens(self) -> Context:
+        """The tokens the engine runs for it."""
+        return self.context[self.depth :]
+
+
+@dataclass
+class Plan:
+    """A call's placements (in the order of its contexts) and the rows evicted to make
+    room (the engine ends them)."""
+
+    placements: list[Placement]
+    evicted: list[ResidentRow] = field(default_factory=list)
+
+
+class ResidentRows:
+    """The live rows of one engine, least recently used first (see the module doc)."""
+
+    def __init__(
+        self,
+        max_rows: int,
+        idle_s: float | None = None,
+        *,
+        max_gap: int = 16,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_rows = max(0, int(max_rows))
+        self.idle_s = idle_s
+        self.max_gap = max(1, int(max_gap))
+        self.clock = clock
+        #: live rows by context, least recently used first
+        self.rows: OrderedDict[Context, ResidentRow] = OrderedDict()
+        self.resumed = 0
+        self.restarted = 0
+        self.evicted = 0
+        self.expired = 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    # ------------------------------------------------------------------ one call
+    def expire(self) -> list[ResidentRow]:
+        """Remove and return the rows idle longer than ``idle_s``."""
+        if self.idle_s is None or not self.rows:
+            return []
+        cutoff = self.clock() - self.idle_s
+        old = [c for c, r in self.rows.items() if r.last_used < cutoff]
+        self.expired += len(old)
+        return [self.rows.pop(c) for c in old]
+
+    def plan(
+        self,
+        contexts: Sequence[Context],
+        key: Hashable,
+        capacity: int | None = None,
+        token_budget: int | None = None,
+    ) -> Plan:
+        """Place the distinct ``contexts`` of a call (see the module doc). Continued rows
+        leave the index until :meth:`commit`; evicted rows leave it for good. ``capacity``:
+        the most rows live after the call (None: ``max_rows``); ``token_budget``: the most
+        tokens they hold (None: no bound; continued rows count, whatever it is)."""
+        cap = self.max_rows if capacity is None else max(0, min(capacity, self.max_rows))
+        placements = []
+        for ctx in contexts:
+            row = self._parent(ctx, key)
+            if row is not None:
+                del self.rows[row.context]
+            placements.append(Placement(ctx, row, row is not None, len(row.context) if row else 0))
+        continued = sum(p.row is not None for p in placements)
+        fresh = [p for p in placements if p.row is None]
+        # a context a live row holds exactly (no new token to run over it): replaced
+        evicted = [self.rows.pop(p.context) for p in placements if p.context in self.rows]
+        room = max(0, cap - continued)  # rows for the fresh contexts and the idle ones
+        budget = (
+            None if token_budget is None else token_budget - sum(len(p.context) for p in placements if p.row)
+        )
+        want = kept_tokens = 0
+        for p in fresh:
+            if want >= room or (budget is not None and kept_tokens + len(p.context) > budget):
+                break
+            p.keep = True
+            want += 1
+            kept_tokens += len(p.context)
+        idle_tokens = sum(map(len, self.rows)) if budget is not None else 0
+        while self.rows and (
+            len(self.rows) + want > room or (budget is not None and idle_tokens + kept_tokens > budget)
+        ):
+            row = self.rows.popitem(last=False)[1]
+            idle_tokens -= len(row.context)
+            evicted.append(row)
+        self.evicted += len(evicted)
+        self.resumed += continued
+        self.restarted += len(fresh)
+        return Plan(placements, evicted)
+
+    def _parent(self, ctx: Context, key: Hashable) -> ResidentRow | None:
+        for n in range(len(ctx) - 1, max(0, len(ctx) - 1 - self.max_gap), -1):
+            row = self.rows.get(ctx[:n])
+            if row is not None and row.key == key:
+                return row
+        return None
+
+    def commit(self, plan: Plan, states: Sequence[Any], key: Hashable) -> None:
+        """The call ran: ``states[i]`` is the engine state of placement ``i`` (read where
+        it is kept). Kept placements become the most recently used rows."""
+        now = self.clock()
+        for p, state in zip(plan.placements, states):
+            if not p.keep:
+                continue
+            row = p.row if p.row is not None else ResidentRow(p.context, state, key)
+            row.context, row.state, row.last_used = p.context, state, now
+            self.rows[p.context] = row
+
+    def shrink(self, capacity: int, token_budget: int | None = None) -> list[ResidentRow]:
+        """Evict the least recently used rows until at most ``capacity`` are live, holding
+        at most ``token_budget`` tokens (room the engine needs for something else, e.g. a
+        burst's rows)."""
+        out = []
+        tokens = sum(map(len, self.rows)) if token_budget is not None else 0
+        while self.rows and (
+            len(self.rows) > max(0, capacity) or (token_budget is not None and tokens > token_budget)
+        ):
+            row = self.rows.popitem(last=False)[1]
+            tokens -= len(row.context)
+            out.append(row)
+        self.evicted += len(out)
+        return out
+
+    def clear(self) -> list[ResidentRow]:
+        """Remove and return every row (the engine ends them: a cache reset, close, a
+        failed call)."""
+        out = list(self.rows.values())
+        self.rows.clear()
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "resident_rows": len(self.rows),
+            "rows_resumed": self.resumed,
+            "rows_restarted": self.restarted,
+            "resident_evicted": self.evicted,
+            "resident_expired": self.expired,
+        }
