@@ -52,6 +52,9 @@ Usage::
     .venv/bin/python benchmarks/bench_serve.py                       # SmolLM2-135M, 4 clients
     .venv/bin/python benchmarks/bench_serve.py --quick               # tiny model, smoke run
     python benchmarks/bench_serve.py --device cuda --dtype bfloat16 --model DIR --runs 1
+
+Kept in one module: it is one benchmark script (one workload in its three set-ups and
+its report), run as a file; its shared pieces already live in common.py.
 """
 
 from __future__ import annotations

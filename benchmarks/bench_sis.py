@@ -34,6 +34,9 @@ Usage::
     .venv/bin/python benchmarks/bench_sis.py                 # hf, SmolLM2-135M, CPU float32
     .venv/bin/python benchmarks/bench_sis.py --backend mlx --no-anchor --no-uncached
     python benchmarks/bench_sis.py --device cuda --dtype bfloat16 --model DIR --anchor-python python3
+
+Kept in one module: it is one benchmark script (one workload, its sides and its
+report), run as a file; its shared pieces already live in common.py and sis_workload.py.
 """
 
 from __future__ import annotations
