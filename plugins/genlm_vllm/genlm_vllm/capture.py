@@ -244,3 +244,19 @@ def is_reply_rank() -> bool:
 def capture_args(tag: str) -> dict[str, Any]:
     """``SamplingParams.extra_args`` asking for ``tag`` to be captured."""
     return {TAG_KEY: tag}
+
+
+def row_params(tag: str, read_prefix_cache: bool) -> Any:
+    """The ``SamplingParams`` of one captured row: a one-token greedy turn whose row the
+    capture processor records under ``tag`` (the sampled token is never used), reading
+    vLLM's prefix cache or not."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=1,
+        temperature=0.0,
+        ignore_eos=True,
+        detokenize=False,
+        extra_args=capture_args(tag),
+        skip_reading_prefix_cache=None if read_prefix_cache else True,
+    )

@@ -189,23 +189,12 @@ class VLLMEngine(Engine):
 
     def capture(self, contexts: list[tuple[int, ...]], read_prefix_cache: bool) -> torch.Tensor:
         """One ``LLM.generate`` over ``contexts``; the rows its capture processor recorded."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from genlm_vllm.capture import TAG_KEY
+        from genlm_vllm.capture import row_params
 
         tags = self._new_tags(len(contexts))
-        params = [
-            SamplingParams(
-                max_tokens=1,
-                temperature=0.0,
-                ignore_eos=True,
-                detokenize=False,
-                extra_args={TAG_KEY: tag},
-                skip_reading_prefix_cache=None if read_prefix_cache else True,
-            )
-            for tag in tags
-        ]
+        params = [row_params(tag, read_prefix_cache) for tag in tags]
         prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
         self.check_healthy()
         self.close_sessions()  # LLM.generate waits for every request, sessions too

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -70,18 +70,53 @@ class Turn:
     resumable: bool = True
 
 
+def _unstall(
+    llm_engine: Any,
+    on_stall: "Callable[[], bool] | None",
+    sessions: "list[Session | None]",
+    pending: Mapping[str, int],
+    may_release: bool,
+) -> bool:
+    """Free what stalled turns may wait on: paused sessions of other calls first, then
+    (``may_release``) this call's finished ones. True when something was ended."""
+    if on_stall is not None and on_stall():
+        return True
+    if not may_release:
+        return False
+    done = [i for i, s in enumerate(sessions) if s is not None and s.external_id not in pending]
+    if done:
+        llm_engine.abort_request([sessions[i].request_id for i in done], internal=True)  # type: ignore[union-attr]
+        for i in done:
+            sessions[i] = None
+    return bool(done)
+
+
+#: consecutive engine steps that return nothing for a pending turn before ``on_stall``:
+#: paused sessions hold KV blocks and request slots vLLM cannot preempt, so the call's
+#: rows may wait for them forever (a small KV cache, a burst beside resident rows)
+STALL_STEPS = 8
+
+
 def run_turns(
-    engine: Any, turns: list[Turn], *, read_prefix_cache: bool = True
+    engine: Any,
+    turns: list[Turn],
+    *,
+    read_prefix_cache: bool = True,
+    on_stall: "Callable[[], bool] | None" = None,
+    may_release: bool = False,
 ) -> "tuple[torch.Tensor, list[Session | None]]":
     """Run ``turns`` as one batch of ``max_tokens=1`` requests through ``LLMEngine``,
     stepping it until each has finished its turn (other sessions of the engine stay
     waiting: nothing here waits for them, as ``LLM.generate`` would). Returns the captured
     rows in order and each turn's session after it (None: a request that ended). Counts
-    the tokens computed and read from the prefix cache on ``engine``."""
-    from vllm import SamplingParams
+    the tokens computed and read from the prefix cache on ``engine``. ``on_stall``: called
+    after :data:`STALL_STEPS` steps in a row with no output for a pending turn, to end
+    paused sessions that may hold what the turns wait for; True when it ended some. If
+    it ended none and ``may_release``, the sessions of this call's finished turns end
+    (their rows are captured already; their session comes back None)."""
     from vllm.inputs.engine import tokens_input
 
-    from genlm_vllm.capture import TAG_KEY
+    from genlm_vllm.capture import row_params
 
     llm_engine = engine.llm.llm_engine
     tasks = llm_engine.get_supported_tasks()
@@ -95,14 +130,7 @@ def run_turns(
     try:
         for i, (turn, tag) in enumerate(zip(turns, tags)):
             s = turn.session
-            params = SamplingParams(
-                max_tokens=1,
-                temperature=0.0,
-                ignore_eos=True,
-                detokenize=False,
-                extra_args={TAG_KEY: tag},
-                skip_reading_prefix_cache=None if read_prefix_cache else True,
-            )
+            params = row_params(tag, read_prefix_cache)
             resumable = s is not None or turn.resumable
             request = llm_engine.input_processor.process_inputs(
                 request_id=s.request_id if s is not None else f"{engine._namespace}-row-{next(_IDS)}",
@@ -134,6 +162,7 @@ def run_turns(
         # scheduled: past this many, none can (a bound on live sessions failed), and a
         # waiting session keeps has_unfinished_requests() true: raise rather than spin
         steps_left = sum(len(t.tokens) for t in turns) + 2 * len(turns) + 1000
+        idle_steps = 0
         while pending:
             steps_left -= 1
             if not llm_engine.has_unfinished_requests() or steps_left < 0:
@@ -141,7 +170,12 @@ def run_turns(
                     f"vllm: {len(pending)} rows were dropped by the engine or never scheduled "
                     f"({llm_engine.get_num_unfinished_requests()} requests unfinished)"
                 )
-            for out in llm_engine.step():
+            outputs = llm_engine.step()
+            idle_steps = 0 if any(o.request_id in pending for o in outputs) else idle_steps + 1
+            if idle_steps >= STALL_STEPS and _unstall(llm_engine, on_stall, sessions, pending, may_release):
+                idle_steps = 0
+                steps_left += STALL_STEPS  # those steps waited on paused sessions, now ended
+            for out in outputs:
                 if out.request_id not in pending or not out.outputs or out.outputs[0].finish_reason is None:
                     continue  # a partial prefill's output (chunked), or not ours
                 del pending[out.request_id]
@@ -224,7 +258,10 @@ class DecodeSessions:
         self, plan: list[tuple[int, Session | None, Context]], rows: Mapping[int, Context]
     ) -> "torch.Tensor":
         turns = [Turn(s, tokens, rows[h]) for h, s, tokens in plan]
-        out, sessions = run_turns(self.engine, turns)
+        resident = self.engine.resident  # ordinary calls' paused rows: ended if the burst waits on them
+        out, sessions = run_turns(
+            self.engine, turns, on_stall=resident.end_idle if resident is not None else None
+        )
         for (h, s, _), session in zip(plan, sessions):
             assert session is not None
             self.live[h] = session
@@ -302,15 +339,25 @@ class ResidentSessions:
             for p in plan.placements
         ]
         try:
-            out, sessions = run_turns(self.engine, turns)
+            out, sessions = run_turns(self.engine, turns, on_stall=self.end_idle, may_release=True)
         except BaseException:  # run_turns ended the call's requests; the rest too
             self.close_all()
             raise
+        for p, session in zip(plan.placements, sessions):
+            p.keep = p.keep and session is not None  # a row released to unstall the call
         self.rows.commit(plan, sessions, key)
         if len(unique) < len(contexts):
             where = {c: i for i, c in enumerate(unique)}
             out = out[[where[c] for c in contexts]]
         return out
+
+    def end_idle(self) -> bool:
+        """The call's turns wait on what paused rows hold (KV blocks, request slots): end
+        the rows this call does not continue (its continued rows are out of the index
+        until commit). True when some were ended."""
+        idle = self.rows.shrink(0)
+        self._end(idle)
+        return bool(idle)
 
     def make_room(self, burst_rows: int) -> None:
         """Before a burst step of ``burst_rows`` rows: end the least recently used rows
