@@ -44,6 +44,7 @@ from genlm_core.engine.caches import output_cache_for
 from genlm_core.engine.checkpoint import Checkpoint, engine_context_limit, read_checkpoint
 from genlm_core.engine.contract import Engine, SampleRequest, check_engine, refuse_unsupported_dtype
 from genlm_core.engine.dtypes import UnsupportedDtypeError
+from genlm_core.engine.lora import LoraAdapters
 from genlm_core.engine.memory import compact
 from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadable_rows
 from genlm_core.engine.sampling import drawing, sampling_temperature
@@ -55,7 +56,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from genlm_core.engine.burst import BurstReport, EngineControl
     from genlm_core.protocols import PrefixKVCache
 
-__all__ = ["BaseLogprobBackend"]
+__all__ = ["BaseLogprobBackend", "backend_class", "registered_name"]
+
+
+def registered_name(engine_class: type) -> str | None:
+    """The name under which a plugin registered ``engine_class`` (None: not registered)."""
+    from genlm_core.registry import get_registry
+
+    target = f"{engine_class.__module__}:{engine_class.__qualname__}"
+    for reg in get_registry().all("backend"):
+        if reg.target == target:
+            return reg.name
+    return None
 
 
 class BaseLogprobBackend:
@@ -78,9 +90,16 @@ class BaseLogprobBackend:
         """Hold ``engine`` (loaded from ``checkpoint``; None: what the engine itself loaded,
         :attr:`Engine.model_config`, for an engine built by hand)."""
         check_engine(engine)
+        if name is None and type(self).backend_name == "backend":
+            name = registered_name(type(engine))
         if name is not None:
             self.backend_name = name  # type: ignore[misc]
-        self.config = config if config is not None else self.config_class()
+        if config is None:
+            config_class = (
+                self.config_class if self.config_class is not BackendConfig else engine.config_class
+            )
+            config = config_class()
+        self.config = config
         self.engine = engine
         checkpoint = checkpoint if checkpoint is not None else Checkpoint("none", self.config.model)
         self.checkpoint = checkpoint.completed(engine.model_config, engine.generation_config)
@@ -95,12 +114,13 @@ class BaseLogprobBackend:
         self.byte_vocab = byte_vocab
         self.str_vocab = str_vocab
         self.vocab_size = len(byte_vocab)
+        engine.vocab_size = self.vocab_size  # the one width of a row, for the engine too
         tokenizer_eos = engine.eos_token_ids
         if tokenizer_eos is None:
             tokenizer_eos = getattr(engine.tokenizer, "eos_token_id", None)
         self.eos_token_ids: list[int] = self.checkpoint.eos_token_ids(tokenizer_eos, self.vocab_size)
         self._max_context_length = engine_context_limit(
-            self.checkpoint.max_context_length, engine.max_context_length
+            self.checkpoint.max_context_length, engine.max_context_length, engine.max_positions
         )
         requested = self.config.requested_dtype()
         wanted = self.checkpoint.dtype or (None if requested == "auto" else requested)
@@ -109,6 +129,12 @@ class BaseLogprobBackend:
                 self.backend_name, wanted, str(engine.device), f"the engine computes in {engine.dtype}"
             )
         cfg = self.config
+        if "kv" in engine.supports:  # the engine resumes from cached prefixes: the core wires its cache
+            from genlm_core.engine.kv_reuse import KVReuse
+
+            engine.kv = KVReuse.for_engine(engine, cfg)
+        #: the LoRA adapters loaded, by name, and the active one (capability "lora")
+        self.adapters = LoraAdapters()
         #: held by every call into the engine: batches, samples, cache resets, adapters, close
         self.engine_lock = threading.RLock()
         self.output_cache = output_cache_for(cfg)
@@ -155,10 +181,16 @@ class BaseLogprobBackend:
         refuse_unsupported_dtype(engine_class, checkpoint, config, name)
         engine = engine_class.load(checkpoint, config)
         try:
-            return cls(engine, config, checkpoint, name=name)
+            backend = cls(engine, config, checkpoint, name=name)
         except BaseException:
             engine.close()
             raise
+        lora_path = getattr(config, "lora_path", None)
+        if lora_path is not None:  # an adapter loaded and activated at start
+            lora_name = getattr(config, "lora_name", "default")
+            backend.load_lora(lora_path, lora_name)
+            backend.set_lora(lora_name)
+        return backend
 
     @classmethod
     def from_config(cls, config: BackendConfig) -> "BaseLogprobBackend":
@@ -180,18 +212,27 @@ class BaseLogprobBackend:
 
     # ------------------------------------------------------------------ what the engine says
     def __getattr__(self, name: str) -> Any:
-        """The engine's own public attributes (``llm.weights_type``, ``llm.in_process``...)
-        are the backend's too: only what the backend does not define is looked up there."""
+        """Deprecated: the engine's own public attributes (``llm.weights_type``,
+        ``llm.in_process``...) read through the backend; read ``llm.engine.<name>``."""
         engine = self.__dict__.get("engine")
         if engine is None or name.startswith("_"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         try:
-            return getattr(engine, name)
+            value = getattr(engine, name)
         except AttributeError:
             raise AttributeError(
                 f"{type(self).__name__!r} object and its engine {type(engine).__name__!r} have no "
                 f"attribute {name!r}"
             ) from None
+        import warnings
+
+        warnings.warn(
+            f"reading the engine's {name!r} through the backend (llm.{name}) is deprecated and "
+            f"will be removed in genlm-core 0.3: read llm.engine.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return value
 
     @property
     def max_context_length(self) -> int | None:
@@ -267,9 +308,14 @@ class BaseLogprobBackend:
         """The engine's scores as normalised float32 rows, each compact (see :meth:`_rows`)."""
         import torch
 
-        if self.engine.returns == "logits":
+        if self.engine.returns == "logits" and not isinstance(out, torch.Tensor):
+            # rows one by one (an engine handing back each row as it comes): each row is
+            # normalised into a tensor of its own, no batch and no copy after it
+            scores = [torch.as_tensor(r) for r in out]
+            rows = self._normalised_rows(scores)
+        elif self.engine.returns == "logits":
             scores = self._logits(out)
-            rows: Sequence[Any] = self._finalize(scores).unbind(0)
+            rows = self._finalize(scores).unbind(0)
         else:
             rows = list(out.unbind(0)) if hasattr(out, "unbind") else list(out)
             for row in rows:
@@ -286,6 +332,22 @@ class BaseLogprobBackend:
             )
         errors = self._row_errors(scores, contexts, "forward")
         return [errors[i] if i in errors else compact(r) for i, r in enumerate(rows)]
+
+    def _normalised_rows(self, out: Sequence["torch.Tensor"]) -> list["torch.Tensor"]:
+        """Each of an engine's rows of logits normalised alone: the float32 ``log_softmax``
+        of its first ``vocab_size`` scores (the kernel normalises a row alike alone or in a
+        batch), each a tensor of its own."""
+        import torch
+
+        rows = []
+        for row in out:
+            if row.shape[-1] < self.vocab_size:
+                raise EngineOutputError(
+                    f"{self.backend_name}: the model returned {row.shape[-1]} scores per row, "
+                    f"fewer than the {self.vocab_size} tokens of its tokenizer"
+                )
+            rows.append(torch.log_softmax(row[..., : self.vocab_size].to(torch.float32), dim=-1))
+        return rows
 
     def _row_errors(
         self, scores: Any, contexts: Sequence[tuple[int, ...]], call: str
@@ -628,6 +690,64 @@ class BaseLogprobBackend:
             with self.engine_lock:
                 self.engine.kv.clear()
 
+    # ------------------------------------------------------------------ LoRA (capability "lora")
+    @property
+    def supports_lora(self) -> bool:
+        """Whether LoRA adapters load here (the engine declares ``"lora"``)."""
+        return "lora" in self.engine.supports
+
+    def _require_lora(self) -> None:
+        if not self.supports_lora:
+            raise NotImplementedError(
+                f"{self.backend_name}: this backend loads no LoRA adapters (its engine "
+                f"{type(self.engine).__name__} does not declare the 'lora' capability); use a backend "
+                "that does (hf, vllm)"
+            )
+
+    @property
+    def active_lora(self) -> str | None:
+        """The active adapter's name (None: the base model)."""
+        return self.adapters.active
+
+    @property
+    def loras(self) -> dict[str, str]:
+        """Loaded adapters: name -> folder."""
+        return dict(self.adapters.paths)
+
+    def load_lora(self, path: Any, name: str = "default") -> None:
+        """Load the LoRA adapter folder ``path`` under ``name``; the active adapter does not
+        change (no result changes, no cache is dropped)."""
+        self._require_lora()
+        folder = self.adapters.check_new(path, name)
+        with self.engine_lock:
+            self.engine.load_adapter(name, folder)
+            self.adapters.add(folder, name)
+
+    def add_new_lora(self, lora_path: Any, lora_name: str = "default") -> None:
+        """genlm-backend's name of :meth:`load_lora`."""
+        self.load_lora(lora_path, lora_name)
+
+    def set_lora(self, name: str = "default") -> None:
+        """Compute with the loaded adapter ``name`` from now on; drops the cached rows (and
+        the engine's KV, unless the engine keys it by adapter)."""
+        self._require_lora()
+        self.adapters.require(name)
+        self._switch_adapter(name)
+
+    def clear_lora(self) -> None:
+        """Back to the base model; drops the cached rows as :meth:`set_lora` does."""
+        self._require_lora()
+        self._switch_adapter(None)
+
+    def _switch_adapter(self, name: str | None) -> None:
+        with self.engine_lock:
+            self.engine.use_adapter(name)
+            self.adapters.active = name
+            if self.output_cache is not None:
+                self.output_cache.clear()
+            if not self.engine.adapter_keyed_kv:
+                self.engine.clear_cache()
+
     def reset_async_queries(self) -> None:
         """genlm-backend's name: fail and drop waiting requests. Not needed after errors."""
         self.batcher.reset()
@@ -661,6 +781,8 @@ class BaseLogprobBackend:
         if kv is not None and kv.cache is not None:
             out["prefix_cache"] = kv.cache.stats()
         engine = {**(kv.stats() if kv is not None else {}), **self.engine.stats()}
+        if self.supports_lora:
+            engine["active_lora"] = self.active_lora
         if engine:
             out["engine"] = engine
         return out
@@ -706,3 +828,39 @@ class BaseLogprobBackend:
             f"<{type(self).__name__} {self.backend_name} model={self.config.model!r} "
             f"dtype={self.dtype} vocab={self.vocab_size}>"
         )
+
+
+def backend_class(
+    name: str, engine_class: type[Engine], *, deprecated: str | None = None
+) -> type[BaseLogprobBackend]:
+    """A :class:`BaseLogprobBackend` class whose ``from_name``/``from_config`` load
+    ``engine_class`` under the name ``name``. With ``deprecated`` (the old name, e.g.
+    ``"genlm_hf.HFBackend"``) making or loading one warns that it goes in genlm-core 0.3
+    (``genlm_core.load(name, ...)`` and ``BaseLogprobBackend(engine, config)`` replace it)."""
+
+    def warn() -> None:
+        if deprecated is not None:
+            import warnings
+
+            warnings.warn(
+                f"{deprecated} is deprecated and will be removed in genlm-core 0.3: use "
+                f"genlm_core.load({name!r}, model=...), or BaseLogprobBackend({engine_class.__name__}(...), "
+                "config) around an engine you built",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+
+    class Backend(BaseLogprobBackend):
+        config_class = engine_class.config_class
+        backend_name = name
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            warn()
+            super().__init__(*args, **kwargs)
+
+    Backend.engine_class = engine_class
+    Backend.__name__ = Backend.__qualname__ = (deprecated or f"{engine_class.__name__}Backend").rsplit(".")[
+        -1
+    ]
+    Backend.__doc__ = f"The {name!r} backend: a BaseLogprobBackend holding a {engine_class.__name__}."
+    return Backend

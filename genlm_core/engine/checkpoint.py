@@ -117,15 +117,23 @@ def positions(config: Mapping[str, Any]) -> int | None:
     return None
 
 
-def context_limit(config: Mapping[str, Any]) -> int | None:
-    """The longest context (``N - 1`` tokens: the predicted token needs a position too)."""
-    n = positions(config)
+def positions_limit(n: int | None) -> int | None:
+    """The longest context in ``n`` token positions: ``N - 1`` tokens (the predicted token
+    needs a position too), the one rule for checkpoints and engines."""
     return None if n is None else max(n - 1, 1)
 
 
-def engine_context_limit(checkpoint_limit: int | None, engine_limit: int | None) -> int | None:
-    """The checkpoint's limit lowered by the engine's own (``None``: no bound from that side)."""
-    limits = [x for x in (checkpoint_limit, engine_limit) if x is not None]
+def context_limit(config: Mapping[str, Any]) -> int | None:
+    """The longest context of a checkpoint's ``config.json`` (:func:`positions_limit`)."""
+    return positions_limit(positions(config))
+
+
+def engine_context_limit(
+    checkpoint_limit: int | None, engine_limit: int | None, engine_positions: int | None = None
+) -> int | None:
+    """The checkpoint's limit lowered by the engine's own: a context limit it states, or the
+    token positions it holds (:func:`positions_limit`). ``None``: no bound from that side."""
+    limits = [x for x in (checkpoint_limit, engine_limit, positions_limit(engine_positions)) if x is not None]
     return min(limits) if limits else None
 
 

@@ -20,8 +20,20 @@ EOS ids, dtype refusals, validation, batching, caching, normalisation, the sampl
 checks and clamps, locking, statistics and shutdown.
 
 Optional capabilities are declared in :attr:`Engine.supports` (a set of the names in
-:data:`CAPABILITIES`); the core calls the matching method only for an engine that
-declares it, and refuses an engine that declares one without writing its method.
+:data:`CAPABILITIES`); the core calls the matching methods only for an engine that
+declares it, and refuses an engine that declares one without writing its methods:
+
+* ``"sample"``: :meth:`Engine.sample`, the engine's own sampler;
+* ``"decode"``: bursts (:mod:`genlm_core.engine.burst`);
+* ``"kv"``: the engine resumes a context from the KV state of a prefix. The core builds
+  its :class:`~genlm_core.engine.kv_reuse.KVReuse` (the registered prefix cache the
+  config names, under the config's budget) and hands it to the engine as :attr:`Engine.kv`
+  before the first call; the engine says what a payload costs (:meth:`Engine.kv_sizeof`),
+  which engine resource it reads (:meth:`Engine.kv_owner`) and how to free one
+  (:meth:`Engine.release_kv`), and why a model cannot reuse KV (:meth:`Engine.kv_problem`);
+* ``"lora"``: LoRA adapters, :meth:`Engine.load_adapter` and :meth:`Engine.use_adapter`;
+  the backend keeps the names, the lock, and drops the caches an adapter switch makes
+  stale (:attr:`Engine.adapter_keyed_kv`).
 """
 
 from __future__ import annotations
@@ -49,14 +61,16 @@ __all__ = [
     "refuse_unsupported_dtype",
 ]
 
-#: optional capability -> the :class:`Engine` method it promises
-CAPABILITIES: dict[str, str] = {
-    "sample": "sample",  # a sampler of the engine's own, called with batches of SampleRequest
-    "decode": "decode_step",  # bursts (genlm_core.engine.burst): the default runs forward
+#: optional capability -> the :class:`Engine` methods it promises
+CAPABILITIES: dict[str, tuple[str, ...]] = {
+    "sample": ("sample",),  # a sampler of the engine's own, called with batches of SampleRequest
+    "decode": ("decode_step",),  # bursts (genlm_core.engine.burst): the default runs forward
+    "kv": (),  # KV prefix reuse, wired by the core (the methods have defaults)
+    "lora": ("load_adapter", "use_adapter"),  # LoRA adapters, kept by the backend
 }
 
-#: capabilities whose method has a default the core writes: declaring one is enough
-DEFAULTED_CAPABILITIES: frozenset[str] = frozenset({"decode"})
+#: capabilities whose methods have a default the core writes: declaring one is enough
+DEFAULTED_CAPABILITIES: frozenset[str] = frozenset({"decode", "kv"})
 
 
 @dataclass(frozen=True)
@@ -102,6 +116,10 @@ class Engine:
     eos_token_ids: list[int] | None = None
     #: the longest context the engine itself accepts (None: no bound of its own)
     max_context_length: int | None = None
+    #: the token positions the engine holds (its KV cells, ``max_model_len``): the core's
+    #: context limit is then ``N - 1``, as for a checkpoint's (the predicted token needs a
+    #: position too); None: no bound of its own
+    max_positions: int | None = None
     #: what the engine computes in (``"float32"``, ``"float16"``, ``"bfloat16"``), read from it
     dtype: str = "float32"
     #: where it computes (``"cpu"``, ``"cuda"``, ``"mps"``...)
@@ -116,9 +134,16 @@ class Engine:
     #: memory): the core reads the context limit and EOS ids from it then
     model_config: Mapping[str, Any] | None = None
     generation_config: Mapping[str, Any] | None = None
-    #: KV prefix reuse of an engine that keeps its own KV (:class:`~genlm_core.engine.kv_reuse.KVReuse`):
+    #: the width of a row the core reads: ``len(byte_vocab)``, set by the core when it holds
+    #: the engine (an engine's logits may be wider: padded vocabularies are cut)
+    vocab_size: int | None = None
+    #: KV prefix reuse (capability ``"kv"``): the core's :class:`~genlm_core.engine.kv_reuse.KVReuse`,
+    #: set before the first call (a disabled one when reuse is off or the model cannot);
     #: the backend then offers ``cache_kv``, ``clear_kv_cache``, ``prefix_cache`` and their counters
     kv: "KVReuse | None" = None
+    #: capability ``"lora"``: whether the engine keys its KV by adapter (vLLM), so that
+    #: switching adapters keeps it; else the core drops the engine's caches on a switch
+    adapter_keyed_kv: bool = False
     #: whether :meth:`decode_step` computes each row as :meth:`forward` computes it (the
     #: core's decode step and decode batches over the engine's own KV: the same kernels
     #: and shapes). False where a burst runs other kernels (vLLM's one-token decode over
@@ -172,6 +197,45 @@ class Engine:
         sampler, stopping before (and without) any token of ``request.eos``."""
         raise NotImplementedError(f"{type(self).__name__} declares no sampler")
 
+    # ------------------------------------------------------------------ KV reuse ("kv")
+    def kv_problem(self) -> str | None:
+        """Why this model cannot resume from cached KV (recurrent or sliding-window layers,
+        a batch-invariant mode), or None when it can. The core then keeps no prefix cache."""
+        return None
+
+    def kv_budget(self, config: BackendConfig) -> int | None:
+        """The prefix cache's bound, in the unit :meth:`kv_sizeof` counts (default: the
+        config's ``kv_cache_bytes``, in bytes; None: no bound; 0: no reuse)."""
+        return getattr(config, "kv_cache_bytes", None)
+
+    def kv_sizeof(self, payload: Any) -> int:
+        """What one cached payload costs against :meth:`kv_budget` (default: the bytes it
+        keeps alive)."""
+        from genlm_core.engine.memory import sizeof
+
+        return sizeof(payload)
+
+    def kv_owner(self, payload: Any) -> Any:
+        """The engine resource ``payload`` reads (a llama.cpp KV sequence that several
+        cached prefixes share), or None for a payload that owns its memory. The core counts
+        the cached entries and the running calls reading each owner and calls
+        :meth:`release_kv` when none is left."""
+        return None
+
+    def release_kv(self, owner: Any) -> None:
+        """Free ``owner`` (see :meth:`kv_owner`): no cached prefix reads it any more."""
+
+    # ------------------------------------------------------------------ LoRA ("lora")
+    def load_adapter(self, name: str, folder: str) -> None:
+        """Load the LoRA adapter in ``folder`` under ``name`` without activating it (the
+        backend has checked the name and the folder)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no LoRA support")
+
+    def use_adapter(self, name: str | None) -> None:
+        """Compute with the loaded adapter ``name`` from the next call on (None: the base
+        model). The backend holds the engine lock and drops the caches it makes stale."""
+        raise NotImplementedError(f"{type(self).__name__} declares no LoRA support")
+
     # ------------------------------------------------------------------ housekeeping
     def clear_cache(self) -> None:
         """Drop engine-side caches (KV)."""
@@ -202,14 +266,17 @@ def check_engine(engine: Any) -> None:
     unknown capability (the message names it and what to write)."""
     cls = type(engine)
     for name in getattr(cls, "supports", ()):
-        method = CAPABILITIES.get(name)
-        if method is None:
+        methods = CAPABILITIES.get(name)
+        if methods is None:
             raise TypeError(
                 f"{cls.__name__}.supports names {name!r}, which is not a capability "
                 f"(known: {', '.join(sorted(CAPABILITIES))})"
             )
-        if name not in DEFAULTED_CAPABILITIES and getattr(cls, method, None) is getattr(Engine, method):
-            raise TypeError(f"{cls.__name__}.supports declares {name!r} but does not define {method}()")
+        if name in DEFAULTED_CAPABILITIES:
+            continue
+        for method in methods:
+            if getattr(cls, method, None) is getattr(Engine, method):
+                raise TypeError(f"{cls.__name__}.supports declares {name!r} but does not define {method}()")
     if getattr(cls, "returns", "logits") not in ("logits", "logprobs"):
         raise TypeError(f"{cls.__name__}.returns must be 'logits' or 'logprobs', got {cls.returns!r}")
 

@@ -76,15 +76,22 @@ def prefix_cache_class(name: str) -> type:
 
 
 class KVReuse:
-    """A prefix cache of engine KV payloads and the counters of the model calls using it.
+    """A prefix cache of engine KV payloads, the engine resources they read, and the
+    counters of the model calls using it.
 
     Args:
         budget: the cache's bound, in the unit ``sizeof`` counts (bytes by default;
             ``None``: no bound). ``0`` or ``enabled=False``: no reuse (no cache).
         sizeof: the size of a payload (default: the memory it keeps alive).
-        on_evict: told of every payload the cache drops (payloads that are handles on
-            engine memory, e.g. a llama.cpp KV sequence).
+        on_evict: told of every payload the cache drops.
         impl: the registered prefix cache to keep the payloads in (``prefix_cache_impl``).
+        owner: the engine resource a payload reads (None: the payload owns its memory).
+            Several cached payloads and running calls may read one owner (llama.cpp:
+            prefixes of one KV sequence); :meth:`hold` counts the calls. When nothing
+            reads an owner any more, ``release(owner)`` frees it.
+        release: frees an owner nothing reads.
+
+    Engines get theirs from the core (:meth:`for_engine`, capability ``"kv"``).
     """
 
     def __init__(
@@ -95,15 +102,49 @@ class KVReuse:
         sizeof: Callable[[Any], int] = default_sizeof,
         on_evict: Callable[[Any], None] | None = None,
         impl: str = "prefix",
+        owner: Callable[[Any], Any] | None = None,
+        release: Callable[[Any], None] | None = None,
     ) -> None:
+        self._on_evict = on_evict
+        self._owner = owner
+        self._release = release
+        #: id(owner) -> [owner, readers]: cached payloads plus calls holding it
+        self._readers: dict[int, list[Any]] = {}
         self.cache: PrefixKVCache | None = (
-            prefix_cache_class(impl)(budget, sizeof=sizeof, on_evict_kv=on_evict)
+            prefix_cache_class(impl)(budget, sizeof=sizeof, on_evict_kv=self._evicted)
             if enabled and budget != 0
             else None
         )
         self.forward_calls = 0
         self.tokens_computed = 0
         self.tokens_reused = 0
+
+    @classmethod
+    def for_engine(cls, engine: Any, config: Any) -> "KVReuse":
+        """The KV reuse of ``engine`` (capability ``"kv"``) under ``config``'s options
+        (:class:`KVCacheOptions`): on when ``prefix_cache`` is, the budget allows it and
+        the engine's :meth:`~genlm_core.engine.contract.Engine.kv_problem` is None.
+        A model that cannot reuse KV while reuse was asked for gets a warning."""
+        import warnings
+
+        budget = engine.kv_budget(config)
+        wanted = bool(getattr(config, "prefix_cache", True)) and budget != 0
+        problem = engine.kv_problem() if wanted else None
+        if problem is not None:
+            warnings.warn(
+                f"{type(engine).__name__}: this model cannot reuse KV state ({problem}); "
+                "prefix caching is disabled",
+                UserWarning,
+                stacklevel=3,
+            )
+        return cls(
+            budget,
+            enabled=wanted and problem is None,
+            sizeof=engine.kv_sizeof,
+            impl=getattr(config, "prefix_cache_impl", "prefix"),
+            owner=engine.kv_owner,
+            release=engine.release_kv,
+        )
 
     @property
     def enabled(self) -> bool:
@@ -119,14 +160,46 @@ class KVReuse:
 
     def store(self, context: Sequence[int], kv: Any) -> bool:
         """Keep ``kv`` (the state of the whole ``context``); False when it is not kept
-        (reuse off, no payload, or a payload larger than the whole budget)."""
+        (reuse off, no payload, or a payload larger than the whole budget). Storing may
+        evict older payloads; an owner the stored payload reads is counted first, so it
+        is not released by that eviction."""
         cache = self.cache
         if cache is None or kv is None:
             return False
         if cache.budget is not None and cache.sizeof(kv) > cache.budget:
             return False
+        self._read(kv, +1)
         cache.insert(context, kv=kv)
         return True
+
+    def hold(self, owners: Sequence[Any]) -> "_Held":
+        """``with kv.hold(owners):`` a call reading ``owners`` (engine resources, see
+        ``owner``) keeps them from being released while it stores and evicts payloads;
+        on exit, an owner nothing else reads is released."""
+        return _Held(self, owners)
+
+    def _read(self, payload: Any, delta: int) -> None:
+        owner = self._owner(payload) if self._owner is not None else None
+        if owner is not None:
+            self._count(owner, delta)
+
+    def _count(self, owner: Any, delta: int) -> None:
+        entry = self._readers.setdefault(id(owner), [owner, 0])
+        entry[1] += delta
+        if entry[1] <= 0:
+            del self._readers[id(owner)]
+            if self._release is not None:
+                self._release(owner)
+
+    def _evicted(self, payload: Any) -> None:
+        if self._on_evict is not None:
+            self._on_evict(payload)
+        self._read(payload, -1)
+
+    def readers(self, owner: Any) -> int:
+        """How many cached payloads and running calls read ``owner``."""
+        entry = self._readers.get(id(owner))
+        return entry[1] if entry is not None else 0
 
     def count(self, computed: int, reused: int, calls: int = 1) -> None:
         """A model call (``calls``) that ran ``computed`` tokens and resumed ``reused`` from
@@ -136,9 +209,20 @@ class KVReuse:
         self.tokens_reused += int(reused)
 
     def clear(self) -> None:
-        """Drop every payload (``on_evict`` is told of each)."""
+        """Drop every payload (``on_evict`` is told of each; owners nothing reads are released)."""
         if self.cache is not None:
             self.cache.clear()
+
+    def forget(self) -> None:
+        """Drop every payload and owner count without releasing anything: the engine has
+        freed all of its KV memory itself (llama.cpp emptied its whole KV cache)."""
+        release, self._release = self._release, None
+        on_evict, self._on_evict = self._on_evict, None
+        try:
+            self.clear()
+        finally:
+            self._release, self._on_evict = release, on_evict
+            self._readers.clear()
 
     def stats(self) -> dict[str, Any]:
         """``{"forward_calls", "tokens_computed", "tokens_reused", "kv_reuse"}``."""
@@ -148,3 +232,20 @@ class KVReuse:
             "tokens_reused": self.tokens_reused,
             "kv_reuse": self.enabled,
         }
+
+
+class _Held:
+    """:meth:`KVReuse.hold`'s context manager."""
+
+    def __init__(self, kv: KVReuse, owners: Sequence[Any]) -> None:
+        self.kv = kv
+        self.owners = list({id(o): o for o in owners}.values())
+
+    def __enter__(self) -> "_Held":
+        for owner in self.owners:
+            self.kv._count(owner, +1)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner in self.owners:
+            self.kv._count(owner, -1)

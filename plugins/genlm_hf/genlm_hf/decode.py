@@ -53,20 +53,19 @@ class HFDecodeOps:
             engine.model,
             rows,
             use_cache=True,
-            logits_to_keep=engine._logits_to_keep,
-            pad_id=engine._pad_id,
+            logits_to_keep=engine.logits_to_keep,
+            pad_id=engine.pad_id,
             headroom=self.headroom,
         )
         assert slots is not None and slots.buf is not None
-        logprobs = engine.normalised_batch(logits)
         new = {len(r.ctx) - r.depth for r in rows}
         if len(new) == 1:  # every row ends at the same column: keep the buffer
-            return logprobs, KeptBuffer(slots.buf, 0, slots.filled + new.pop())
+            return logits, KeptBuffer(slots.buf, 0, slots.filled + new.pop())
         # rows of several lengths (a prompt added beside running rows): store them
         kv: KVReuse = engine.kv
         for r, payload in zip(rows, copy_out(slots, rows)):
             kv.store(r.ctx, payload)
-        return logprobs, None
+        return logits, None
 
     def resume(self, batch: KeptBatch, contexts: list[Context]) -> Any:
         kept: KeptBuffer = batch.state
@@ -76,10 +75,10 @@ class HFDecodeOps:
         slots = Slots.resume(kept.buf, start, kept.end)
         engine = self.engine
         logits = resume_rows(
-            engine.model, slots, [c[-1] for c in contexts], depths, logits_to_keep=engine._logits_to_keep
+            engine.model, slots, [c[-1] for c in contexts], depths, logits_to_keep=engine.logits_to_keep
         )
         kept.start, kept.end = start, kept.end + 1
-        return engine.normalised_batch(logits)
+        return logits
 
     def row_kv(self, batch: KeptBatch, i: int, depth: int, copy: bool) -> Any:
         kept: KeptBuffer = batch.state

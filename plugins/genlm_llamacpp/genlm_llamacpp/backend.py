@@ -1,20 +1,12 @@
-"""LlamaCppBackend: genlm-core's backend holding a :class:`~genlm_llamacpp.engine.LlamaCppEngine`.
-
-Importing this module does not import llama_cpp; creating a backend does.
-"""
+"""Deprecated: ``LlamaCppBackend`` (genlm-core 0.3 removes it). A plugin registers its engine,
+:class:`~genlm_llamacpp.engine.LlamaCppEngine`; ``genlm_core.load("llamacpp", ...)`` builds the backend, and
+``BaseLogprobBackend(LlamaCppEngine(...), config)`` holds an engine built by hand."""
 
 from __future__ import annotations
 
-from genlm_core.engine import BaseLogprobBackend
-from genlm_llamacpp.config import LlamaCppConfig
+from genlm_core.engine.backend import backend_class
 from genlm_llamacpp.engine import LlamaCppEngine
 
 __all__ = ["LlamaCppBackend"]
 
-
-class LlamaCppBackend(BaseLogprobBackend):
-    """Batched, prefix-reusing next-token log-probabilities from a GGUF model on llama.cpp."""
-
-    config_class = LlamaCppConfig
-    backend_name = "llamacpp"
-    engine_class = LlamaCppEngine
+LlamaCppBackend = backend_class("llamacpp", LlamaCppEngine, deprecated="genlm_llamacpp.LlamaCppBackend")

@@ -31,7 +31,7 @@ class LlamaCppConfig(BackendConfig):
     n_ctx: int | None = Field(
         None,
         ge=1,
-        description="the longest context accepted (None: the model's training context, at most 4096)",
+        description="token positions of a context (the longest context accepted is n_ctx - 1; None: the model's training context, at most 4096)",
     )
     kv_cells: int | None = Field(
         None,

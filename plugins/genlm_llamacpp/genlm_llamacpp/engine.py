@@ -5,12 +5,14 @@ Importing this module does not import llama_cpp; creating an engine does.
 * ``forward`` computes many contexts per engine call: every context gets a KV
   sequence of its own, its new tokens go into one ``llama_decode`` batch (split in
   ``n_batch``-token decodes when longer) and the logits of its last position are read
-  and normalised straight from llama.cpp's output buffer into a row of its own (no
-  logits copy, no batch tensor: ``returns = "logprobs"``).
-* KV prefix reuse: each computed context keeps its sequence, recorded in the core
-  :class:`~genlm_core.engine.kv_reuse.KVReuse` (the payload names the sequence and how
-  many of its positions the context covers; its size is that token count, bounded by
-  ``kv_cache_tokens``). A later context extends the sequence of its deepest cached
+  copied out of llama.cpp's output buffer into a row of its own (no batch tensor); the
+  core normalises each row.
+* KV prefix reuse (capability ``"kv"``): each computed context keeps its sequence,
+  recorded in the core's :class:`~genlm_core.engine.kv_reuse.KVReuse` (the payload names
+  the sequence and how many of its positions the context covers; its size is that token
+  count, bounded by ``kv_cache_tokens``). The sequence is the payload's owner: the core
+  counts the cached prefixes and running calls reading it and frees it
+  (:meth:`LlamaCppEngine.release_kv`) when none is left. A later context extends the sequence of its deepest cached
   proper prefix in place when that prefix is where the sequence ends (a particle's
   one-token step: one token computed, no new sequence, the shorter prefix still
   cached), or copies the prefix into a sequence of its own (``llama_memory_seq_cp``:
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from genlm_core.engine import Checkpoint, Engine, KVReuse, note
+from genlm_core.engine import BackendConfig, Checkpoint, Engine, note
 from genlm_llamacpp.config import LlamaCppConfig
 from genlm_llamacpp.kv_cells import CellLedger
 
@@ -44,12 +46,10 @@ __all__ = ["LlamaCppEngine"]
 
 @dataclass(eq=False)
 class KVSequence:
-    """A KV sequence of the llama.cpp context: ``length`` positions decoded, ``views``
-    prefix-cache entries reading it."""
+    """A KV sequence of the llama.cpp context: ``length`` positions decoded."""
 
     seq_id: int
     length: int = 0
-    views: int = 0
 
 
 @dataclass(eq=False)
@@ -65,9 +65,8 @@ class LlamaCppEngine(Engine):
     """Batched, prefix-reusing next-token log-probabilities from a GGUF model on llama.cpp."""
 
     config_class = LlamaCppConfig
-    returns = "logprobs"
     #: bursts: the core's decode step over forward; each row resumes its sequence
-    supports = frozenset({"decode"})
+    supports = frozenset({"decode", "kv"})
     forward_in_thread = False  # llama.cpp computes on every core already
 
     def __init__(self, context: "LlamaContext", config: LlamaCppConfig | None = None) -> None:
@@ -77,18 +76,11 @@ class LlamaCppEngine(Engine):
         self.context = context
         self.byte_vocab, self.str_vocab = byte_vocab(context)
         self.tokenizer = GGUFTokenizer(context, self.byte_vocab)
-        self.n_vocab = len(self.byte_vocab)
-        self.max_context_length = context.max_context
+        self.max_positions = context.max_context
         self.free_sequences: list[int] = list(range(context.n_seq_max))
         self.ledger = CellLedger(context.n_ctx)
         #: every context computed alone in an emptied KV cache (see LlamaCppConfig.batch_invariant)
         self.batch_invariant: bool = context.batch_invariant
-        self.kv = KVReuse(
-            config.kv_cache_tokens,  # in tokens: sizeof counts an entry's tokens
-            enabled=not self.batch_invariant,
-            sizeof=lambda seq: seq.n_tokens,
-            on_evict=self._release,
-        )
         self.decode_calls = 0
 
     @classmethod
@@ -123,30 +115,42 @@ class LlamaCppEngine(Engine):
         """The GGUF's weight type as llama.cpp names it: ``"F32"``, ``"F16"``, ``"Q4_1"``..."""
         return self.context.weights_type
 
+    # ------------------------------------------------------------------ KV reuse ("kv")
+    def kv_budget(self, config: BackendConfig) -> int | None:
+        """``kv_cache_tokens`` (:meth:`kv_sizeof` counts tokens); 0, no reuse, when every
+        context is computed alone (``batch_invariant``)."""
+        return 0 if self.batch_invariant else config.kv_cache_tokens  # type: ignore[attr-defined]
+
+    def kv_sizeof(self, payload: "CachedPrefix") -> int:
+        return payload.n_tokens
+
+    def kv_owner(self, payload: "CachedPrefix") -> KVSequence:
+        return payload.kv
+
+    def release_kv(self, owner: KVSequence) -> None:
+        """No cached prefix or running call reads the sequence: its KV removed from
+        llama.cpp, its cells and id free."""
+        self._free_kv(owner)
+
     # ------------------------------------------------------------------ model calls
     def forward(self, contexts: list[tuple[int, ...]]) -> "list[torch.Tensor]":
-        """Each row normalised straight from llama.cpp's output buffer into a tensor of
-        its own (float32 ``log_softmax``). ``contexts`` are distinct."""
-        return self._compute(contexts, self.kv.enabled, self._normalised)
+        """Each context's logits copied out of llama.cpp's output buffer into a row of its
+        own (the core normalises each). ``contexts`` are distinct."""
+        return self._compute(contexts, self.kv.enabled, _row)
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> "list[torch.Tensor]":
         """Each context alone in an emptied KV cache (see :meth:`_alone`): the reference
         computation, the same bits whatever was cached before (the KV cache is dropped)."""
         self.kv.count(0, 0)
-        return [self._alone(c, self._normalised) for c in contexts]
+        return [self._alone(c, _row) for c in contexts]
 
     def logits(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
-        """Raw logits (float32, ``(len(contexts), n_vocab)``), copied out of llama.cpp."""
+        """Raw logits (float32, ``(len(contexts), model vocabulary)``), copied out of llama.cpp."""
         import numpy as np
         import torch
 
         rows = self._compute(contexts, self.kv.enabled, lambda logits: logits.copy())
         return torch.from_numpy(np.stack(rows))
-
-    def _normalised(self, logits: "np.ndarray") -> "torch.Tensor":
-        import torch
-
-        return torch.log_softmax(torch.from_numpy(logits[: self.n_vocab]), dim=-1)
 
     def _compute(
         self, contexts: list[tuple[int, ...]], reuse: bool, convert: "Callable[[np.ndarray], Any]"
@@ -234,21 +238,16 @@ class LlamaCppEngine(Engine):
                     f"llamacpp: the {self.context.n_ctx} KV cells (kv_cells) cannot hold this batch even "
                     "with every cached prefix evicted; raise kv_cells or lower batch_size"
                 ) from None
-        # Every sequence of the chunk is pinned while the chunk's entries are stored: storing
+        # Every sequence of the chunk is held while the chunk's entries are stored: storing
         # one may evict the older entry that kept another's sequence (a context decoded in
-        # place), which must not be freed before its own entry is stored.
+        # place), which must not be freed before its own entry is stored. A sequence that
+        # no stored entry reads is freed when the hold ends.
         for c, (_, kv) in zip(chunk, plan):
             kv.length = len(c)
-            kv.views += 1
-        for c, (_, kv) in zip(chunk, plan):
+        with self.kv.hold([kv for _, kv in plan]):
             if reuse and self.kv.enabled:
-                kv.views += 1
-                if not self.kv.store(c, CachedPrefix(kv, len(c))):  # may evict (and release) older entries
-                    kv.views -= 1  # longer than the whole budget: not kept
-        for _, kv in plan:
-            kv.views -= 1
-            if kv.views == 0:
-                self._free_kv(kv)
+                for c, (_, kv) in zip(chunk, plan):
+                    self.kv.store(c, CachedPrefix(kv, len(c)))  # may evict (and release) older entries
         return rows
 
     def _plan(self, chunk: list[tuple[int, ...]], reuse: bool) -> Any:
@@ -325,20 +324,10 @@ class LlamaCppEngine(Engine):
 
     def _drop_all_kv(self) -> None:
         """Evict every cached entry and empty llama.cpp's KV cache."""
-        if self.kv.cache is not None:
-            on_evict, self.kv.cache.on_evict_kv = self.kv.cache.on_evict_kv, None
-            self.kv.cache.clear()
-            self.kv.cache.on_evict_kv = on_evict
+        self.kv.forget()  # llama.cpp's whole KV cache goes next: nothing to free one by one
         self.context.clear()
         self.ledger.clear()
         self.free_sequences = list(range(self.context.n_seq_max))
-
-    def _release(self, seq: CachedPrefix) -> None:
-        """PrefixCache's ``on_evict_kv``: one entry fewer reads the sequence; the last one
-        frees it (its KV removed from llama.cpp, its cells and id free)."""
-        seq.kv.views -= 1
-        if seq.kv.views == 0:
-            self._free_kv(seq.kv)
 
     def _free_kv(self, kv: KVSequence) -> None:
         self.context.seq_remove(kv.seq_id)
@@ -349,10 +338,8 @@ class LlamaCppEngine(Engine):
         self._drop_all_kv()
 
     def close(self) -> None:
-        cache = self.kv.cache
-        if cache is not None:
-            cache.on_evict_kv = None
-            cache.clear()
+        if self.kv is not None:
+            self.kv.forget()
         self.context.close()
 
     def stats(self) -> dict[str, Any]:
@@ -369,3 +356,10 @@ class LlamaCppEngine(Engine):
             "cpu_extra_buffers_reason": self.context.extra_buffers_reason,
             "system_info": self.context.system_info,
         }
+
+
+def _row(logits: "np.ndarray") -> "torch.Tensor":
+    """A row of logits copied out of llama.cpp's output buffer (valid only during the call)."""
+    import torch
+
+    return torch.from_numpy(logits.copy())

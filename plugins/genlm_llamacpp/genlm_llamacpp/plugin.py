@@ -12,7 +12,7 @@ from genlm_core import hookimpl
 def genlm_register_backends(register: Callable[..., Any]) -> None:
     register(
         "llamacpp",
-        "genlm_llamacpp.backend:LlamaCppBackend",
+        "genlm_llamacpp.engine:LlamaCppEngine",
         config="genlm_llamacpp.config:LlamaCppConfig",
         devices=["cpu"],
         # below transformers (50), which wins a folder holding both config.json and a .gguf;

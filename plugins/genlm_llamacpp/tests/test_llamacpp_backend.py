@@ -174,13 +174,14 @@ def test_kv_cells_full_evicts_and_stays_correct(tiny_gguf, oracle):
 def test_too_long_context_is_a_clear_error_and_backend_stays_healthy(tiny_gguf):
     llm = genlm_core.load("llamacpp", model=str(tiny_gguf), kv_cache_type="f32", n_threads=2, n_ctx=32)
     try:
-        assert llm.max_context_length == 32
-        with pytest.raises(ValueError, match="at most 32"):
-            llm.next_token_logprobs_sync([1] * 33)
+        # 32 positions: contexts of N - 1 = 31 tokens (the core's one rule, as for a checkpoint)
+        assert llm.max_context_length == 31
+        with pytest.raises(ValueError, match="at most 31"):
+            llm.next_token_logprobs_sync([1] * 32)
         with pytest.raises(ValueError):
             llm.next_token_logprobs_sync([1, 5000])
-        row = llm.next_token_logprobs_sync([1] * 32)
-        assert_tiny_close(row, llm.next_token_logprobs_uncached([1] * 32))
+        row = llm.next_token_logprobs_sync([1] * 31)
+        assert_tiny_close(row, llm.next_token_logprobs_uncached([1] * 31))
     finally:
         llm.close()
 
@@ -222,17 +223,18 @@ async def test_sampling_seeded_with_eos(llm):
     assert len(many) == 2
 
 
-def test_rows_normalised_from_llamacpp_buffer_equal_the_default_path(llm):
-    """The engine normalises each row straight from llama.cpp's output buffer
-    (``returns = "logprobs"``); the core's path for logits copies them out
-    (``engine.logits``) and normalises the batch. Same logits, same float32 log_softmax:
-    equal within the derived bound (bitwise here). Every row is a tensor of its own. (Contexts reach
-    the engine distinct: the batcher and the sync path de-duplicate.)"""
+def test_rows_normalised_one_by_one_equal_the_batch_normalised(llm):
+    """The engine copies each row of logits out of llama.cpp's output buffer and the core
+    normalises each row alone (``BaseLogprobBackend._rows``); ``engine.logits`` copies the
+    same logits into one batch, which the core normalises as a batch. Same logits, same
+    float32 log_softmax: equal within the derived bound (bitwise here). Every row is a
+    tensor of its own. (Contexts reach the engine distinct: the batcher and the sync path
+    de-duplicate.)"""
     rng = random.Random(6)
     ctxs = list(dict.fromkeys(tuple(c) for c in _contexts(rng, 6, 1, 30)))
     llm.clear_cache()
     with llm.engine_lock:
-        ours = llm.engine.forward(ctxs)
+        ours = llm._rows_or_raise(ctxs)
     llm.clear_cache()
     with llm.engine_lock:
         default = llm._finalize(llm.engine.logits(ctxs))

@@ -1,21 +1,12 @@
-"""MLXBackend: genlm-core's backend holding an :class:`~genlm_mlx.engine.MLXEngine`.
-
-Importing this module does not import mlx; creating a backend does. Around a model
-loaded by hand: ``MLXBackend(MLXEngine(model, tokenizer, config), config)``.
-"""
+"""Deprecated: ``MLXBackend`` (genlm-core 0.3 removes it). A plugin registers its engine,
+:class:`~genlm_mlx.engine.MLXEngine`; ``genlm_core.load("mlx", ...)`` builds the backend, and
+``BaseLogprobBackend(MLXEngine(...), config)`` holds an engine built by hand."""
 
 from __future__ import annotations
 
-from genlm_core.engine import BaseLogprobBackend
-from genlm_mlx.config import MLXConfig
+from genlm_core.engine.backend import backend_class
 from genlm_mlx.engine import MLXEngine
 
 __all__ = ["MLXBackend"]
 
-
-class MLXBackend(BaseLogprobBackend):
-    """Batched, prefix-caching next-token log-probabilities from an mlx-lm model."""
-
-    config_class = MLXConfig
-    backend_name = "mlx"
-    engine_class = MLXEngine
+MLXBackend = backend_class("mlx", MLXEngine, deprecated="genlm_mlx.MLXBackend")

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from genlm_core.engine.decode_batches import KeptBatch
+from genlm_mlx import prefill
 
 __all__ = ["KeptCaches", "MLXDecodeOps"]
 
@@ -38,7 +39,7 @@ class MLXDecodeOps:
 
     def assemble(self, contexts: list[Context], sources: list[tuple[int, Any]]) -> tuple[Any, Any]:
         engine = self.engine
-        out = engine._prefill.forward(
+        out = prefill.forward(
             engine.mlx_model,
             contexts,
             [payload for _, payload in sources],
@@ -52,9 +53,9 @@ class MLXDecodeOps:
 
     def resume(self, batch: KeptBatch, contexts: list[Context]) -> Any:
         kept: KeptCaches = batch.state
-        logits = self.engine._prefill.resume(self.engine.mlx_model, kept.caches, [c[-1] for c in contexts])
+        logits = prefill.resume(self.engine.mlx_model, kept.caches, [c[-1] for c in contexts])
         return torch.from_numpy(logits)
 
     def row_kv(self, batch: KeptBatch, i: int, depth: int, copy: bool) -> Any:
         kept: KeptCaches = batch.state
-        return self.engine._prefill.row_payload(kept.caches, i, kept.left_padding[i], depth, copy)
+        return prefill.row_payload(kept.caches, i, kept.left_padding[i], depth, copy)

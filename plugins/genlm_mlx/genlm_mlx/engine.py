@@ -17,13 +17,12 @@ Importing this module does not import mlx; creating an engine does.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genlm_core.config import ConfigError
-from genlm_core.engine import Checkpoint, Engine, KVReuse, SampleRequest, decode_vocab, note
+from genlm_core.engine import Checkpoint, Engine, SampleRequest, note
 from genlm_core.engine.decode_batches import DecodeBatches
 from genlm_mlx.config import MLXConfig
 
@@ -45,7 +44,7 @@ class MLXEngine(Engine):
     """
 
     config_class = MLXConfig
-    supports = frozenset({"sample", "decode"})
+    supports = frozenset({"sample", "decode", "kv"})
     rows_device = "cpu"  # rows come back from mlx as numpy arrays
 
     def __init__(
@@ -57,38 +56,26 @@ class MLXEngine(Engine):
         model_config: dict[str, Any] | None = None,
     ) -> None:
         from genlm_mlx import prefill  # imports mlx
+        from genlm_mlx.decode import MLXDecodeOps
 
-        self._prefill = prefill
         config = config or MLXConfig()
         self.mlx_model = model
         self.mlx_tokenizer = tokenizer
-        self.tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
-        self.byte_vocab, self.str_vocab = decode_vocab(self.tokenizer)
+        self.tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)  # the core decodes its vocabulary
         if not model_config:  # built by hand: the model's own arguments hold the same keys
             args = getattr(model, "args", None)
             model_config = dict(vars(args)) if hasattr(args, "__dict__") else {}
         self.model_config = model_config
         self.prefill_step_size = config.prefill_step_size
         self._batch_size = config.batch_size
-        from genlm_mlx.decode import MLXDecodeOps
-
         self._decode = DecodeBatches(MLXDecodeOps(self))  # a burst's rows, KV kept between steps
         self.kv_cache_bytes = config.kv_cache_bytes
+        #: why the model's caches cannot be resumed (None: they can)
         self.kv_reuse_problem = prefill.kv_reuse_problem(model)
         self._kv_token_bytes = 0  # KV bytes per token, known after the first payload
-        wanted = config.prefix_cache and config.kv_cache_bytes != 0
-        self.kv = KVReuse(
-            config.kv_cache_bytes,
-            enabled=wanted and self.kv_reuse_problem is None,
-            impl=config.prefix_cache_impl,
-        )
-        if wanted and self.kv_reuse_problem is not None:
-            warnings.warn(
-                f"genlm-mlx: model {type(model).__module__}.{type(model).__name__} cannot reuse "
-                f"KV state ({self.kv_reuse_problem}); prefix caching is disabled.",
-                UserWarning,
-                stacklevel=2,
-            )
+
+    def kv_problem(self) -> str | None:
+        return self.kv_reuse_problem
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -127,6 +114,8 @@ class MLXEngine(Engine):
     def forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         import torch
 
+        from genlm_mlx import prefill
+
         if not self.kv.enabled:
             return self.forward_uncached(contexts)
         starts = self.kv.lookup(contexts)
@@ -134,7 +123,7 @@ class MLXEngine(Engine):
         max_kv_tokens = (
             budget // self._kv_token_bytes if budget is not None and self._kv_token_bytes else None
         )
-        out = self._prefill.forward(
+        out = prefill.forward(
             self.mlx_model,
             contexts,
             [kv for _, kv in starts],
@@ -164,7 +153,9 @@ class MLXEngine(Engine):
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         import torch
 
-        out = self._prefill.forward(self.mlx_model, contexts, None, self.prefill_step_size)
+        from genlm_mlx import prefill
+
+        out = prefill.forward(self.mlx_model, contexts, None, self.prefill_step_size)
         self.kv.count(out.computed, out.reused)
         return torch.from_numpy(out.logits)
 
@@ -173,7 +164,7 @@ class MLXEngine(Engine):
         seeds mlx's generator, so none interleaves its draws with another's)."""
         from genlm_mlx.sampling import sample_tokens
 
-        vocab = len(self.byte_vocab)
+        vocab = self.vocab_size
         return [
             sample_tokens(
                 self.mlx_model,

@@ -12,7 +12,7 @@ from genlm_core import hookimpl
 def genlm_register_backends(register: Callable[..., Any]) -> None:
     register(
         "mlx",
-        "genlm_mlx.backend:MLXBackend",
+        "genlm_mlx.engine:MLXEngine",
         config="genlm_mlx.config:MLXConfig",
         devices=["mps", "cpu"],
         priority={"mps": 100, "cpu": 0},

@@ -1,17 +1,12 @@
-"""MockBackend: the core's backend holding a :class:`~genlm_mock.engine.MockEngine`."""
+"""Deprecated: ``MockBackend`` (genlm-core 0.3 removes it). A plugin registers its engine,
+:class:`~genlm_mock.engine.MockEngine`; ``genlm_core.load("mock", ...)`` builds the backend, and
+``BaseLogprobBackend(MockEngine(...), config)`` holds an engine built by hand."""
 
 from __future__ import annotations
 
-from genlm_core.engine import BaseLogprobBackend
-from genlm_mock.config import MockConfig
+from genlm_core.engine.backend import backend_class
 from genlm_mock.engine import MockEngine
 
 __all__ = ["MockBackend"]
 
-
-class MockBackend(BaseLogprobBackend):
-    """A LogprobBackend whose distributions are pseudo-random but fixed per context."""
-
-    config_class = MockConfig
-    backend_name = "mock"
-    engine_class = MockEngine
+MockBackend = backend_class("mock", MockEngine, deprecated="genlm_mock.MockBackend")

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from genlm_core.engine import Checkpoint, Engine, Token, decode_vocab
+from genlm_core.engine import Checkpoint, Engine, Token
 from genlm_mock.byte_tokenizer import ByteTokenizer
 from genlm_mock.config import MockConfig
 
@@ -30,10 +30,8 @@ class MockEngine(Engine):
     def __init__(self, tokenizer: Any = None, config: MockConfig | None = None) -> None:
         config = config or MockConfig()
         self.tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
-        if isinstance(self.tokenizer, ByteTokenizer):
+        if isinstance(self.tokenizer, ByteTokenizer):  # else the core decodes the tokenizer's
             self.byte_vocab = [Token(i, b) for i, b in enumerate(self.tokenizer.byte_vocab_bytes)]
-        else:
-            self.byte_vocab, self.str_vocab = decode_vocab(self.tokenizer)
         self.max_context_length = config.max_context_length
         self.scale = np.float32(config.scale)
         self.work_s = config.work_s
@@ -54,7 +52,7 @@ class MockEngine(Engine):
 
     def logits_for(self, context: tuple[int, ...]) -> np.ndarray:
         rng = np.random.default_rng(np.random.SeedSequence(list(context) or [0]))
-        return rng.random(len(self.byte_vocab), dtype=np.float32) * self.scale  # type: ignore[arg-type]
+        return rng.random(self.vocab_size, dtype=np.float32) * self.scale  # type: ignore[arg-type]
 
     def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         self.forward_calls += 1

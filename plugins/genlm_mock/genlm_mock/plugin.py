@@ -7,7 +7,7 @@ from genlm_core import hookimpl
 def genlm_register_backends(register):
     register(
         "mock",
-        "genlm_mock.backend:MockBackend",
+        "genlm_mock.engine:MockEngine",
         config="genlm_mock.config:MockConfig",
         devices=["cpu"],
         auto=False,  # never picked by load("auto"): it is not a language model

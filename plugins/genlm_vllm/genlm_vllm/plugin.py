@@ -7,7 +7,7 @@ from genlm_core import hookimpl
 def genlm_register_backends(register):
     register(
         "vllm",
-        "genlm_vllm.backend:VLLMBackend",
+        "genlm_vllm.engine:VLLMEngine",
         config="genlm_vllm.config:VLLMConfig",
         devices=["cuda", "cpu"],
         # never auto-picked on a CPU-only machine over hf; first choice on a GPU
