@@ -99,6 +99,14 @@ class BaseLogprobBackend:
                 self.config_class if self.config_class is not BackendConfig else engine.config_class
             )
             config = config_class()
+        served = engine.serves_model
+        if served is not None and config.model is not None and str(config.model) != served:
+            raise ValueError(
+                f"{self.backend_name}: model={config.model!r}, but the engine serves {served!r}: leave "
+                "model out (the engine decides it) or point the backend at an engine serving that model"
+            )
+        if served is not None and config.model is None:
+            config = config.model_copy(update={"model": served})
         self.config = config
         self.engine = engine
         checkpoint = checkpoint if checkpoint is not None else Checkpoint("none", self.config.model)
@@ -226,6 +234,10 @@ class BaseLogprobBackend:
             ) from None
         import warnings
 
+        import os as _os, sys as _sys  # TEMP-TRACE
+        if _os.environ.get("GENLM_TRACE_GETATTR"):  # TEMP-TRACE
+            f = _sys._getframe(1)  # TEMP-TRACE
+            open(_os.environ["GENLM_TRACE_GETATTR"], "a").write(f"{name} {f.f_code.co_filename}:{f.f_lineno}\n")  # TEMP-TRACE
         warnings.warn(
             f"reading the engine's {name!r} through the backend (llm.{name}) is deprecated and "
             f"will be removed in genlm-core 0.3: read llm.engine.{name}",
@@ -785,6 +797,7 @@ class BaseLogprobBackend:
             engine["active_lora"] = self.active_lora
         if engine:
             out["engine"] = engine
+        out.update(self.engine.stats_sections())
         return out
 
     @property

@@ -114,6 +114,9 @@ class Engine:
     #: the EOS ids of the engine's tokenizer (None: ``tokenizer.eos_token_id``); the
     #: checkpoint's ``generation_config.json`` / ``config.json`` win over them
     eos_token_ids: list[int] | None = None
+    #: the model the engine runs whatever ``model=`` said (a server's): the core refuses a
+    #: config naming another one, and ``model=None`` becomes this one (None: the checkpoint's)
+    serves_model: str | None = None
     #: the longest context the engine itself accepts (None: no bound of its own)
     max_context_length: int | None = None
     #: the token positions the engine holds (its KV cells, ``max_model_len``): the core's
@@ -249,6 +252,11 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """The engine's own counters (``stats()["engine"]`` adds the KV-reuse counters)."""
+        return {}
+
+    def stats_sections(self) -> dict[str, Any]:
+        """Sections of ``stats()`` of the engine's own beside ``"engine"`` (a client's
+        ``"transport"``): name -> dict."""
         return {}
 
     def info(self) -> dict[str, Any]:

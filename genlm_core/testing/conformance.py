@@ -318,6 +318,69 @@ class LogprobBackendConformance:
         assert info["vocab_size"] == backend.vocab_size and info["device"] == str(backend.device)
         assert callable(backend.close)
 
+    # ------------------------------------------------------------------ LoRA
+    def lora_adapters(self, backend: Any) -> list[str] | None:
+        """Two LoRA adapter folders for the backend's model, for a class whose engine
+        declares the capability ``"lora"`` (None: this class does not check LoRA; another
+        class of the plugin's, with a backend that loads adapters, does)."""
+        return None
+
+    def test_lora(self, backend: Any) -> None:
+        """LoRA adapters (capability ``"lora"``, bookkept by the core): loading one changes
+        no row; activating it changes the rows, which then equal the adapter's uncached
+        rows; switching back and forth never serves a row cached under another adapter;
+        ``clear_lora`` brings back the base rows; bad names and folders are clear errors.
+        A backend whose engine does not declare it refuses ``load_lora``."""
+        if not backend.supports_lora:
+            with pytest.raises(NotImplementedError, match="LoRA"):
+                backend.load_lora("/nonexistent", "x")
+            return
+        folders = self.lora_adapters(backend)
+        if folders is None:
+            return
+        assert len(folders) >= 2, "lora_adapters returns two adapter folders"
+        ctxs = self.contexts(backend, seed=11)[:3]
+        names = [f"kit-{i}-{id(self)}" for i in range(2)]
+
+        def rows() -> Any:
+            return backend.batch_next_token_logprobs_sync(ctxs)
+
+        def uncached() -> Any:
+            import torch
+
+            return torch.stack([backend.next_token_logprobs_uncached(c) for c in ctxs])
+
+        backend.clear_lora()
+        base = rows()
+        backend.load_lora(folders[0], names[0])
+        self.assert_close(backend, rows(), base, "rows after loading an adapter (not active)")
+        assert backend.active_lora is None and names[0] in backend.loras
+        with pytest.raises(ValueError, match="already loaded"):
+            backend.load_lora(folders[0], names[0])
+        with pytest.raises(ValueError, match="not found"):
+            backend.load_lora(folders[0] + "-missing", "other")
+        with pytest.raises(ValueError, match="no LoRA adapter named"):
+            backend.set_lora("never-loaded")
+        backend.load_lora(folders[1], names[1])
+        try:
+            backend.set_lora(names[0])
+            assert backend.active_lora == names[0] and backend.stats()["engine"]["active_lora"] == names[0]
+            first = rows()
+            self.assert_close(backend, first, uncached(), f"rows under adapter {names[0]} against uncached")
+            assert (first - base).abs().max() > 100 * backend_bound(self, backend, base), (
+                "activating the adapter changed no row: the adapter is not applied"
+            )
+            backend.set_lora(names[1])
+            second = rows()
+            self.assert_close(backend, second, uncached(), f"rows under adapter {names[1]} against uncached")
+            assert (second - first).abs().max() > 100 * backend_bound(self, backend, base)
+            backend.set_lora(names[0])
+            self.assert_close(backend, rows(), first, f"rows under {names[0]} again (no row of {names[1]})")
+        finally:
+            backend.clear_lora()
+        assert backend.active_lora is None
+        self.assert_close(backend, rows(), base, "base rows after clear_lora")
+
     # ------------------------------------------------------------------ bursts
     def test_burst_matches_steps(self, backend: Any) -> None:
         """An SMC program (:mod:`genlm_core.testing.burst`: proposals at temperature 1.3,
@@ -407,3 +470,13 @@ class LogprobBackendConformance:
             else:
                 want = checkpoint.resolve_dtype("auto", source.path if source.kind == "folder" else None)
             assert want is None or backend.dtype == want, (backend.dtype, want, source)
+
+
+def backend_bound(kit: LogprobBackendConformance, backend: Any, rows: Any) -> float:
+    """The tolerance ``kit`` applies to ``backend``'s ``rows`` (its ``atol``, else the
+    derived bound of the largest row): a difference far above it is a real one."""
+    from genlm_core.testing.tolerance import row_atol, row_magnitude
+
+    if kit.atol is not None:
+        return kit.atol
+    return row_atol(kit.model_shape(backend), row_magnitude(rows), backend.dtype)

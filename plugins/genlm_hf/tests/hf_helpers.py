@@ -26,3 +26,22 @@ def reference(llm: Any, contexts: list[list[int]]) -> Any:
     import torch
 
     return torch.stack([llm.next_token_logprobs_uncached(c) for c in contexts])
+
+
+def make_lora_adapter(base_path: str, out: Any, seed: int) -> Any:
+    """A tiny random LoRA adapter (peft) for the model in ``base_path``, saved in ``out``:
+    random, non-zero B matrices, so the adapter changes the outputs."""
+    import peft
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    cfg = peft.LoraConfig(
+        r=4,
+        lora_alpha=16,
+        target_modules=["q_proj", "v_proj", "down_proj"],
+        init_lora_weights=False,
+    )
+    peft.get_peft_model(model, cfg).save_pretrained(str(out))
+    return out

@@ -1,7 +1,7 @@
 """The genlm-core conformance kit against the real transformers engine."""
 
 import pytest
-from hf_helpers import load_hf
+from hf_helpers import load_hf, make_lora_adapter
 
 from genlm_core.testing import LogprobBackendConformance
 
@@ -10,10 +10,17 @@ class TestHFLlamaConformance(LogprobBackendConformance):
     max_len = 12
 
     @pytest.fixture(scope="class")
-    def backend(self, tiny_llama_path):
+    def backend(self, tiny_llama_path, tmp_path_factory):
         llm = load_hf(tiny_llama_path)
+        root = tmp_path_factory.mktemp("kit-lora")
+        type(self).adapter_folders = [
+            str(make_lora_adapter(tiny_llama_path, root / f"a{seed}", seed)) for seed in (1, 2)
+        ]
         yield llm
         llm.close()
+
+    def lora_adapters(self, backend):
+        return self.adapter_folders
 
 
 class TestHFGPT2Conformance(LogprobBackendConformance):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_helpers import load_hf, max_diff
+from hf_helpers import load_hf, make_lora_adapter, max_diff
 
 from genlm_core.testing.tolerance import assert_tiny_close
 
@@ -17,18 +17,7 @@ CONTEXTS = [[5, 6, 7], [5, 6, 7, 8, 9], [40, 41]]
 
 
 def _make_adapter(base_path: str, out: Path, seed: int) -> Path:
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    cfg = peft.LoraConfig(
-        r=4,
-        lora_alpha=16,
-        target_modules=["q_proj", "v_proj", "down_proj"],
-        init_lora_weights=False,  # random, non-zero B: the adapter changes the outputs
-    )
-    peft.get_peft_model(model, cfg).save_pretrained(str(out))
-    return out
+    return make_lora_adapter(base_path, out, seed)
 
 
 def _peft_reference(base_path: str, adapter: Path, contexts: list[list[int]]) -> torch.Tensor:

@@ -60,16 +60,16 @@ def tiny_tokenizer(tiny_llama_path):
 @pytest.mark.parametrize("build, problem", [(_sliding_llama, "RotatingKVCache"), (_mamba, "recurrent")])
 def test_batches_are_exact_without_prefix_reuse(build, problem, tiny_tokenizer):
     import mlx.core as mx
-    from genlm_mlx.backend import MLXBackend
+    from genlm_core.engine import BaseLogprobBackend
     from genlm_mlx.engine import MLXEngine
 
     mx.random.seed(0)
     model = build()
     mx.eval(model.parameters())
     with pytest.warns(UserWarning, match="prefix caching is disabled"):
-        llm = MLXBackend(MLXEngine(model, tiny_tokenizer, MLXBackend.config_class(prefill_step_size=3)))
+        llm = BaseLogprobBackend(MLXEngine(model, tiny_tokenizer, MLXEngine.config_class(prefill_step_size=3)))
     try:
-        assert llm.prefix_cache is None and problem in llm.kv_reuse_problem
+        assert llm.prefix_cache is None and problem in llm.engine.kv_reuse_problem
         # longer than the window, mixed lengths (padding), and equal lengths (one group)
         ctxs = [list(range(5, 17)), [3, 4], [100, 200, 300, 400, 500, 600], [7, 8], [9, 10, 11, 12, 13, 14]]
         rows = llm.batch_next_token_logprobs_sync(ctxs)

@@ -84,11 +84,11 @@ class CountingModel:
 
 
 def test_cache_kv_prefix_is_reused(llm):
-    from genlm_mlx.backend import MLXBackend
+    from genlm_core.engine import BaseLogprobBackend
     from genlm_mlx.engine import MLXEngine
 
     counting = CountingModel(llm.mlx_model)
-    backend = MLXBackend(MLXEngine(counting, llm.mlx_tokenizer, llm.config), llm.config)
+    backend = BaseLogprobBackend(MLXEngine(counting, llm.mlx_tokenizer, llm.config), llm.config)
     try:
         prompt = _contexts(3, 1, 20, 20)[0]
         backend.cache_kv(prompt)
@@ -201,13 +201,13 @@ async def test_bad_inputs_fail_alone(llm):
 
 def test_bfloat16_model_gives_float32(tiny_llama_path):
     import mlx.core as mx
-    from genlm_mlx.backend import MLXBackend
+    from genlm_core.engine import BaseLogprobBackend
     from genlm_mlx.engine import MLXEngine
     from mlx_lm import load
 
     model, tok = load(str(tiny_llama_path))
     model.set_dtype(mx.bfloat16)
-    llm = MLXBackend(MLXEngine(model, tok))
+    llm = BaseLogprobBackend(MLXEngine(model, tok))
     ref = genlm_core.load("mlx", model=str(tiny_llama_path))
     try:
         ctx = [5, 6, 7, 8]
@@ -227,22 +227,22 @@ def test_bfloat16_model_gives_float32(tiny_llama_path):
 
 def test_unreusable_caches_warn_and_still_compute(tiny_llama_path):
     from genlm_mlx import prefill
-    from genlm_mlx.backend import MLXBackend
+    from genlm_core.engine import BaseLogprobBackend
     from genlm_mlx.engine import MLXEngine
     from mlx_lm import load
     from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
     model, tok = load(str(tiny_llama_path))
     ctxs = _contexts(5, 3, 1, 12)
-    plain = MLXBackend(MLXEngine(model, tok))
+    plain = BaseLogprobBackend(MLXEngine(model, tok))
     expected = [plain.next_token_logprobs_uncached(c) for c in ctxs]
     plain.close()
     # Sliding window with pinned tokens (keep > 0): not reusable, not batchable.
     model.make_cache = lambda: [RotatingKVCache(max_size=512, keep=4) for _ in model.layers]
     with pytest.warns(UserWarning, match="prefix caching is disabled"):
-        llm = MLXBackend(MLXEngine(model, tok))
+        llm = BaseLogprobBackend(MLXEngine(model, tok))
     try:
-        assert llm.prefix_cache is None and "keep=4" in llm.kv_reuse_problem
+        assert llm.prefix_cache is None and "keep=4" in llm.engine.kv_reuse_problem
         rows = llm.batch_next_token_logprobs_sync(ctxs)
         for exp, row in zip(expected, rows):
             assert_tiny_close(row, exp)
@@ -260,4 +260,5 @@ def test_unreusable_caches_warn_and_still_compute(tiny_llama_path):
     model.make_cache = lambda: [RotatingKVCache(max_size=512, keep=4) for _ in model.layers]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        MLXBackend(MLXEngine(model, tok, genlm_core.backend_config("mlx", prefix_cache=False))).close()
+        off = genlm_core.backend_config("mlx", prefix_cache=False)
+        BaseLogprobBackend(MLXEngine(model, tok, off), off).close()

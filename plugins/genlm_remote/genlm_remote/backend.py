@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from genlm_core.engine import BaseLogprobBackend, Checkpoint, Engine, SampleRequest, Token
+from genlm_core.engine import Checkpoint, Engine, SampleRequest, Token
+from genlm_core.engine.backend import backend_class
 from genlm_core.serve import frame, shm
 from genlm_core.serve.limits import is_loopback
 from genlm_core.serve.phases import ROUND_TRIP, round_trip_phases
@@ -59,16 +60,7 @@ class RemoteEngine(Engine):
                 "install matching versions of genlm-core on both sides"
             )
         self.server_info = info
-        if config.model is not None and str(config.model) != info.get("model"):
-            raise ValueError(
-                f"model={config.model!r} but the server at {config.url} serves {info.get('model')!r}: "
-                "leave model out (the server decides it) or connect to the right server"
-            )
-        if config.dtype not in ("auto", info["dtype"]):
-            raise ValueError(
-                f"dtype={config.dtype!r} but the server at {config.url} computes in {info['dtype']}: "
-                "leave dtype out, or start the server with --opt dtype=..."
-            )
+        self.serves_model = info.get("model")  # the core refuses another model=
         byte_vocab, str_vocab = frame.decode_vocab(self.conn.request("GET", "/v1/vocab"))
         if len(byte_vocab) != info["vocab_size"]:
             raise RuntimeError(
@@ -244,6 +236,9 @@ class RemoteEngine(Engine):
         """The server's /v1/stats (queue depth, batch sizes, cache hit rates)."""
         return self.conn.get_json("/v1/stats")
 
+    def stats_sections(self) -> dict[str, Any]:
+        return {"transport": self.transport_stats()}
+
     def transport_stats(self) -> dict[str, Any]:
         return {
             "kind": self.transport,
@@ -283,16 +278,5 @@ def _continues(first: SampleRequest, other: SampleRequest, i: int) -> bool:
     return same and seeds
 
 
-class RemoteBackend(BaseLogprobBackend):
-    """The core's backend holding a :class:`RemoteEngine`: ``clear_cache()`` is this
-    client's own output cache; ``clear_server_cache()`` the server's (every client's)."""
-
-    config_class = RemoteConfig
-    backend_name = "remote"
-    engine_class = RemoteEngine
-    engine: RemoteEngine
-
-    def stats(self) -> dict[str, Any]:
-        out = super().stats()
-        out["transport"] = self.engine.transport_stats()
-        return out
+#: deprecated (genlm-core 0.3 removes it): ``genlm_core.load("remote", url=...)``
+RemoteBackend = backend_class("remote", RemoteEngine, deprecated="genlm_remote.RemoteBackend")

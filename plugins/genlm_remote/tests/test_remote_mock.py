@@ -76,17 +76,17 @@ def test_the_default_url_form_picks_shm_on_loopback(server, oracle) -> None:
     llm = genlm_core.load("remote", url=server.url)
     probe = genlm_core.load("remote", url=server.url, transport="frame")
     try:
-        assert llm.transport == "shm" and llm.info()["shm_segments"] == 1, llm.info()
+        assert llm.engine.transport == "shm" and llm.info()["shm_segments"] == 1, llm.info()
         assert torch.equal(llm.next_token_logprobs_sync([1, 2]), oracle.next_token_logprobs_sync([1, 2]))
         assert llm.stats()["transport"]["replies"] == {"shm": 1, "frame": 0}
-        held = probe.server_stats()["shm"]["segments"]
+        held = probe.engine.server_stats()["shm"]["segments"]
         assert held >= 1
         assert [n for n in os.listdir("/dev/shm") if n.startswith(f"genlm-remote-{os.getpid()}-")] == []
         llm.close()
         deadline = time.monotonic() + 60  # the server notices the closed socket on its loop
-        while probe.server_stats()["shm"]["segments"] != held - 1 and time.monotonic() < deadline:
+        while probe.engine.server_stats()["shm"]["segments"] != held - 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert probe.server_stats()["shm"]["segments"] == held - 1
+        assert probe.engine.server_stats()["shm"]["segments"] == held - 1
     finally:
         llm.close()
         probe.close()
@@ -147,7 +147,7 @@ def test_many_clients_share_forward_passes(gather_ms) -> None:
             for k in range(4):
                 for step in range(6):
                     assert torch.equal(results[k][step], oracle.batch_next_token_logprobs_sync(ctxs[k][step]))
-            stats = clients[0].server_stats()
+            stats = clients[0].engine.server_stats()
             assert stats["requests"]["logprobs"] == 24 and stats["batch_sizes"]["recent"] <= 24
             assert stats["batch_sizes"]["max"] > 2, stats["batch_sizes"]
             assert stats["queue_depth"] == 0 and "output_cache" in stats["cache_hit_rate"]
@@ -165,14 +165,14 @@ def test_many_clients_share_forward_passes(gather_ms) -> None:
 def test_clear_cache_is_local_clear_server_cache_is_the_servers(server, oracle) -> None:
     llm = genlm_core.load("remote", url=server.url)
     try:
-        llm.clear_server_cache()
+        llm.engine.clear_server_cache()
         llm.next_token_logprobs_sync([42, 43])
-        assert llm.server_stats()["backend"]["output_cache"]["entries"] >= 1
+        assert llm.engine.server_stats()["backend"]["output_cache"]["entries"] >= 1
         llm.clear_cache()  # this client's own cache only
         assert llm.output_cache.stats()["entries"] == 0
-        assert llm.server_stats()["backend"]["output_cache"]["entries"] >= 1
-        llm.clear_server_cache()
-        assert llm.server_stats()["backend"]["output_cache"]["entries"] == 0
+        assert llm.engine.server_stats()["backend"]["output_cache"]["entries"] >= 1
+        llm.engine.clear_server_cache()
+        assert llm.engine.server_stats()["backend"]["output_cache"]["entries"] == 0
         assert torch.equal(llm.next_token_logprobs_sync([42, 43]), oracle.next_token_logprobs_sync([42, 43]))
     finally:
         llm.close()

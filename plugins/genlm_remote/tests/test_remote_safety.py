@@ -135,7 +135,7 @@ def test_concurrency_limit_is_a_clear_busy_error() -> None:
             first = threading.Thread(target=llm.next_token_logprobs_sync, args=([1, 2],))
             first.start()
             deadline = time.monotonic() + 60
-            while llm.server_stats()["inflight_requests"] < 1 and time.monotonic() < deadline:
+            while llm.engine.server_stats()["inflight_requests"] < 1 and time.monotonic() < deadline:
                 time.sleep(0.02)  # stats are not counted: this is the slow request
             with pytest.raises(ServerBusy, match="limit of 1 concurrent"):
                 other.next_token_logprobs_sync([3])
@@ -182,7 +182,7 @@ def test_misbehaving_clients_do_not_disturb_others(oracle) -> None:
             for _ in range(5):
                 _check_rows(good, oracle)
             assert time.monotonic() - start < 120  # bounded; typically well under a second
-            stats = good.server_stats()
+            stats = good.engine.server_stats()
             assert stats["errors"].get("400", 0) >= 5
             lazy.close()
             assert good.healthy
@@ -200,7 +200,7 @@ def test_server_restart_fails_calls_fast_then_recovers(oracle) -> None:
     llm = genlm_core.load("remote", url=srv.url, cache_size=0, request_timeout_s=60)
     try:
         _check_rows(llm, oracle)
-        assert llm.transport == "shm" and llm.stats()["transport"]["segments"] == 1
+        assert llm.engine.transport == "shm" and llm.stats()["transport"]["segments"] == 1
         assert srv.stop() == 0  # graceful: exit status 0
         start = time.monotonic()
         with pytest.raises(ConnectionError):
@@ -223,7 +223,7 @@ def test_graceful_shutdown_answers_in_flight_requests(oracle) -> None:
         t = threading.Thread(target=lambda: got.append(llm.next_token_logprobs_sync([1, 2, 3])))
         t.start()
         deadline = time.monotonic() + 60
-        while llm.server_stats()["inflight_requests"] < 1 and time.monotonic() < deadline:
+        while llm.engine.server_stats()["inflight_requests"] < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert srv.stop() == 0
         t.join(timeout=120)
@@ -251,15 +251,15 @@ def test_a_killed_client_leaves_nothing_behind(oracle) -> None:
         probe = genlm_core.load("remote", url=srv.url, transport="frame")
         try:
             assert child.stdout.readline().strip() == "1"
-            assert probe.server_stats()["shm"]["segments"] == 1
+            assert probe.engine.server_stats()["shm"]["segments"] == 1
         finally:
             child.kill()
             child.wait(timeout=60)
         try:
             deadline = time.monotonic() + 60
-            while probe.server_stats()["shm"]["segments"] and time.monotonic() < deadline:
+            while probe.engine.server_stats()["shm"]["segments"] and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert probe.server_stats()["shm"]["segments"] == 0
+            assert probe.engine.server_stats()["shm"]["segments"] == 0
             assert [n for n in os.listdir("/dev/shm") if str(child.pid) in n] == []
             llm = genlm_core.load("remote", url=srv.url)
             try:

@@ -114,7 +114,7 @@ def test_a_client_cannot_resize_its_segment_under_the_server(server, oracle) -> 
     before = set(_segment_fds())
     llm = genlm_core.load("remote", url=server.url, cache_size=0)
     try:
-        assert llm.transport == "shm" and llm.info()["shm_segments"] == 1
+        assert llm.engine.transport == "shm" and llm.info()["shm_segments"] == 1
         fds = set(_segment_fds()) - before
         assert len(fds) == 1
         fd = fds.pop()
@@ -152,7 +152,7 @@ def test_stalled_bodies_hold_no_slot(oracle) -> None:
                     assert torch.equal(
                         llm.next_token_logprobs_sync(ctx), oracle.next_token_logprobs_sync(ctx)
                     )
-                stats = llm.server_stats()
+                stats = llm.engine.server_stats()
                 assert stats["inflight_requests"] == 0 and stats["open_requests"] == 64
             finally:
                 llm.close()
@@ -440,7 +440,7 @@ def test_the_token_comes_from_the_environment_or_a_file_and_warns_on_the_command
         with pytest.raises(PermissionError):
             genlm_core.load("remote", url=srv.url)
         llm = genlm_core.load("remote", url=srv.url, token=TOKEN)
-        assert llm.transport == "shm" and llm.info()["shm_segments"] == 1  # the segment socket wants it too
+        assert llm.engine.transport == "shm" and llm.info()["shm_segments"] == 1  # the segment socket wants it too
         llm.close()
     with ServerProcess("mock", args=["--token", TOKEN]) as srv:
         assert "visible to every user" in srv.stderr
@@ -454,7 +454,7 @@ def test_foreign_host_origin_and_media_type_are_refused(server, oracle) -> None:
     llm = genlm_core.load("remote", url=server.url)
     try:
         llm.next_token_logprobs_sync([42, 43])
-        entries = llm.server_stats()["backend"]["output_cache"]["entries"]
+        entries = llm.engine.server_stats()["backend"]["output_cache"]["entries"]
         assert entries >= 1
         ctx = frame.encode_contexts([[1]])
         evil = "http://attacker.example.com"
@@ -473,14 +473,14 @@ def test_foreign_host_origin_and_media_type_are_refused(server, oracle) -> None:
             status, reply = request(server.url, method, path, body, headers=headers)
             assert status == want, (method, path, headers, status, reply)
             assert json.loads(reply)["type"], reply
-        assert llm.server_stats()["backend"]["output_cache"]["entries"] == entries  # not cleared
+        assert llm.engine.server_stats()["backend"]["output_cache"]["entries"] == entries  # not cleared
         port = server.url.rsplit(":", 1)[1]
         for host in (f"localhost:{port}", f"[::1]:{port}", f"127.0.0.1:{port}", "LOCALHOST"):
             status, reply = request(server.url, "POST", "/v1/logprobs", ctx, headers={"Host": host})
             assert status == 200, (host, reply)
         own = {"Host": f"127.0.0.1:{port}", "Origin": f"http://127.0.0.1:{port}"}
         assert request(server.url, "POST", "/v1/logprobs", ctx, headers=own)[0] == 200
-        assert llm.server_stats()["rejections"]["HostNotAllowed"]["127.0.0.1"] >= 3
+        assert llm.engine.server_stats()["rejections"]["HostNotAllowed"]["127.0.0.1"] >= 3
     finally:
         llm.close()
 
@@ -564,7 +564,7 @@ def test_a_round_trip_is_accounted_phase_by_phase() -> None:
             assert all(v >= 0 for v in parts.values()), parts
             assert sum(parts.values()) <= wall
             assert parts["computing"] >= 3 * 0.3  # each pass sleeps 0.3 s
-            server = llm.server_stats()
+            server = llm.engine.server_stats()
             assert server["phases"]["computing"]["count"] == 3 and server["phases"]["computing"]["sum"] >= 0.9
             assert server["forward"]["passes"] == 3 and server["forward"]["busy_s"] >= 0.9
         finally:
@@ -581,7 +581,7 @@ def test_the_segment_socket_refuses_beyond_its_caps() -> None:
         try:
             held = [c.info()["shm_segments"] for c in clients]
             assert held == [1] * shm.PER_PROCESS + [0], held
-            assert "process_limit" in clients[-1].shm_problem
+            assert "process_limit" in clients[-1].engine.shm_problem
             assert clients[-1].next_token_logprobs_sync([3]).shape == (len(clients[-1].byte_vocab),)
             assert clients[-1].stats()["transport"]["replies"] == {"shm": 0, "frame": 1}
             assert _stats(srv.url)["shm"]["refused"] == {"process_limit": 1}

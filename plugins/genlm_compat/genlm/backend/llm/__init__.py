@@ -15,14 +15,14 @@ from typing import Any
 from genlm.backend._surface import placeholder
 from genlm.backend.cache import TokenTrie
 from genlm.backend.llm.calls import UNKNOWN_ADAPTER, ReferenceCalls
-from genlm_hf.backend import HFBackend, HFEngine
+from genlm_hf.backend import HFEngine
 from genlm_hf.config import HFConfig
 from genlm_hf.loading import load_model_and_tokenizer
-from genlm_mock.backend import MockBackend
 from genlm_mock.engine import MockEngine
 
 from genlm_core.engine import DTYPES, Checkpoint, checkpoint, normalize_dtype, read_checkpoint
 from genlm_core.engine.backend import BaseLogprobBackend as AsyncLM
+from genlm_core.engine.backend import backend_class
 from genlm_core.engine.contract import refuse_unsupported_dtype
 
 __all__ = ["AsyncLM", "AsyncMlxLM", "AsyncRemoteLM", "AsyncSGLTransformer", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM",
@@ -40,7 +40,7 @@ def _dtype(value: Any) -> str:
     return name
 
 
-class AsyncTransformer(ReferenceCalls, HFBackend):
+class AsyncTransformer(ReferenceCalls, backend_class("hf", HFEngine)):  # type: ignore[misc]
     """genlm-hf's backend: ``AsyncTransformer(hf_model, hf_tokenizer, batch_size=, timeout=)``.
     ``None`` keeps genlm-core's defaults (see docs/migration.md). A context may fill the
     model's whole window (``n_positions`` tokens: scoring the next token needs no
@@ -89,9 +89,9 @@ class AsyncTransformer(ReferenceCalls, HFBackend):
         if lora_name not in self.loras:
             raise ValueError(UNKNOWN_ADAPTER.format(lora_name))
         if self.active_lora == lora_name:
-            HFBackend.clear_lora(self)
+            AsyncLM.clear_lora(self)
         with self.engine_lock:
-            self.model.delete_adapter(lora_name)
+            self.engine.model.delete_adapter(lora_name)
             del self.adapters.paths[lora_name]
 
     @classmethod
@@ -117,18 +117,18 @@ class AsyncTransformer(ReferenceCalls, HFBackend):
         return cls(model, tokenizer, config=config)
 
 
-class MockAsyncLM(ReferenceCalls, MockBackend):
+class MockAsyncLM(ReferenceCalls, backend_class("mock", MockEngine)):  # type: ignore[misc]
     """genlm-core's mock backend over a tokenizer's vocabulary (fixed pseudo-random
     distributions per context)."""
 
     def __init__(self, tokenizer: Any = None, config: Any = None, **options: Any) -> None:
-        config = config or MockBackend.config_class.build("mock", **options)
+        config = config or MockEngine.config_class.build("mock", **options)
         super().__init__(MockEngine(tokenizer, config), config)
 
     @classmethod
     def from_name(cls, model_name: str, **kwargs: Any) -> "MockAsyncLM":  # type: ignore[override]
         # options and the folder are checked before the tokenizer load can reach the network
-        config = MockBackend.config_class.build("mock", model=_model_name(model_name), **kwargs)
+        config = MockEngine.config_class.build("mock", model=_model_name(model_name), **kwargs)
         config.check_model()
         from transformers import AutoTokenizer
 
@@ -144,10 +144,10 @@ def _model_name(name: Any) -> Any:
     )
 
 
-def _engine(name: str, module: str, attr: str, dist: str) -> type:
-    """A subclass of a plugin's backend, or a stand-in that says what to install."""
+def _engine(name: str, module: str, attr: str, backend: str, dist: str) -> type:
+    """A backend class over a plugin's engine, or a stand-in that says what to install."""
     try:
-        base = getattr(importlib.import_module(module), attr)
+        base = backend_class(backend, getattr(importlib.import_module(module), attr))
     except ImportError as exc:
         extra = dist.removeprefix("genlm-")
         hint = f'{__name__}.{name} needs {dist}: pip install "genlm-compat[{extra}]" ({exc})'
@@ -162,10 +162,10 @@ def _engine(name: str, module: str, attr: str, dist: str) -> type:
 #: AsyncVirtualLM: vLLM (``from_name(model_name, engine_opts=None, **kwargs)``: genlm-vllm options);
 #: AsyncMlxLM: MLX (``from_name(model_name, **kwargs)``: genlm-mlx options). Built on first use, so
 #: importing genlm.backend starts neither engine. SGLang has no genlm-core backend.
-_ENGINES = {"AsyncVirtualLM": ("genlm_vllm.backend", "VLLMBackend", "genlm-vllm"),
-            "AsyncMlxLM": ("genlm_mlx.backend", "MLXBackend", "genlm-mlx"),
+_ENGINES = {"AsyncVirtualLM": ("genlm_vllm.engine", "VLLMEngine", "vllm", "genlm-vllm"),
+            "AsyncMlxLM": ("genlm_mlx.engine", "MLXEngine", "mlx", "genlm-mlx"),
             # a model served by `genlm serve` (from_name(model_name, url=..., token=None))
-            "AsyncRemoteLM": ("genlm_remote.backend", "RemoteBackend", "genlm-remote")}  # fmt: skip
+            "AsyncRemoteLM": ("genlm_remote.backend", "RemoteEngine", "remote", "genlm-remote")}  # fmt: skip
 _SGL = "genlm_core.load('vllm', ...) / AsyncVirtualLM (genlm-core has no SGLang backend)"
 
 
