@@ -97,7 +97,9 @@ class LogprobBackend(Protocol):
 @runtime_checkable
 class LoraBackend(LogprobBackend, Protocol):
     """A LogprobBackend whose engine applies LoRA adapters (genlm-hf through peft,
-    genlm-vllm through vLLM's LoRA support); the same names and meaning on each.
+    genlm-vllm through vLLM's LoRA support); the same names and meaning on each, kept by
+    :class:`~genlm_core.engine.backend.BaseLogprobBackend` for every engine declaring the
+    capability ``"lora"`` (``supports_lora``; the others refuse ``load_lora``).
 
     * ``load_lora(path, name="default")``: register the adapter folder ``path`` under
       ``name``. The active adapter does not change, so no result changes and no cache

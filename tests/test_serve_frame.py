@@ -20,7 +20,7 @@ FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCh
 
 def _any_decode(data: bytes) -> None:
     """Every decoder on ``data``: each must return or raise FrameError."""
-    for decode in (frame.decode_contexts, frame.decode_rows, frame.decode_vocab, frame.parse):
+    for decode in (frame.decode_contexts, frame.decode_rows, frame.vocab_from_frame, frame.parse):
         try:
             decode(data)
         except FrameError:
@@ -93,7 +93,7 @@ def test_rows_round_trip_bit_for_bit(n, width, noise) -> None:
 @given(st.lists(st.binary(max_size=6), min_size=1, max_size=20), st.data())
 def test_vocab_round_trip(tokens, data) -> None:
     strs = [data.draw(st.text(max_size=4)) for _ in tokens]
-    assert frame.decode_vocab(frame.encode_vocab(tokens, strs)) == (tokens, strs)
+    assert frame.vocab_from_frame(frame.encode_vocab(tokens, strs)) == (tokens, strs)
 
 
 def _valid_frames() -> list[bytes]:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 EXPORTS: dict[str, str] = {
     # the surface every backend shares
     "BaseLogprobBackend": "genlm_core.engine.backend",
+    "backend_class": "genlm_core.engine.backend",
     "Engine": "genlm_core.engine.contract",
     "SampleRequest": "genlm_core.engine.contract",
     "EngineControl": "genlm_core.engine.burst",
@@ -127,7 +128,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; never run
     from genlm_core.config import BackendConfig, GenlmConfig
-    from genlm_core.engine.backend import BaseLogprobBackend
+    from genlm_core.engine.backend import BaseLogprobBackend, backend_class
     from genlm_core.engine.batching import AutoBatcher, BatcherClosed, BatcherStats
     from genlm_core.engine.burst import BurstReport, EngineControl
     from genlm_core.engine.caches import OutputCache, OutputCacheConfig, output_cache_for

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from genlm_core.config import BackendConfig
     from genlm_core.protocols import RowCache
 
-__all__ = ["OutputCache", "OutputCacheConfig", "output_cache_for", "sizeof"]
+__all__ = ["OutputCache", "OutputCacheConfig", "output_cache_for", "registered_cache", "sizeof"]
 
 
 class OutputCacheConfig(GenlmConfig):
@@ -153,18 +153,12 @@ def output_cache_for(config: "BackendConfig") -> "RowCache | None":
     (None when ``cache_size`` is 0)."""
     if config.cache_size == 0:
         return None
-    from genlm_core.registry import get_registry
-
-    reg = get_registry().get("cache", config.output_cache_impl)
-    cls = reg.load_target()
-    missing = [
-        m for m in ("from_config", "get", "put", "__contains__", "clear", "stats") if not hasattr(cls, m)
-    ]
-    if missing:
-        raise ConfigError(
-            f"cache {reg.name!r} ({reg.target}) cannot keep next-token rows: it has no {', '.join(missing)}; "
-            "name a row cache such as 'output' in output_cache_impl"
-        )
+    cls, reg = registered_cache(
+        config.output_cache_impl,
+        ("from_config", "get", "put", "__contains__", "clear", "stats"),
+        "keep next-token rows",
+        "a row cache such as 'output' in output_cache_impl",
+    )
     cfg_cls = reg.load_config_class() or OutputCacheConfig
     options = {
         "max_entries": config.cache_size,
@@ -172,3 +166,19 @@ def output_cache_for(config: "BackendConfig") -> "RowCache | None":
         "to_cpu": config.cache_to_cpu,
     }
     return cls.from_config(cfg_cls.build(reg.name, **options))
+
+
+def registered_cache(name: str, methods: tuple[str, ...], role: str, fix: str) -> tuple[type, Any]:
+    """The registered cache ``name`` (kind ``cache``) and its registration, checked to have
+    ``methods``; else a :class:`ConfigError` saying it cannot ``role`` and to name ``fix``.
+    The one lookup of both cache roles (output rows, KV prefixes)."""
+    from genlm_core.registry import get_registry
+
+    reg = get_registry().get("cache", name)
+    cls = reg.load_target()
+    missing = [m for m in methods if not hasattr(cls, m)]
+    if missing:
+        raise ConfigError(
+            f"cache {reg.name!r} ({reg.target}) cannot {role}: it has no {', '.join(missing)}; name {fix}"
+        )
+    return cls, reg

@@ -33,7 +33,6 @@ from pydantic import Field
 
 from genlm_core.config import GenlmConfig
 from genlm_core.engine.memory import sizeof as default_sizeof
-from genlm_core.errors import ConfigError
 from genlm_core.protocols import PrefixKVCache
 
 __all__ = ["KVCacheOptions", "KVReuse", "prefix_cache_class"]
@@ -62,16 +61,14 @@ class KVCacheOptions(GenlmConfig):
 
 def prefix_cache_class(name: str) -> type:
     """The registered cache ``name`` (kind ``cache``), checked to be a prefix KV cache."""
-    from genlm_core.registry import get_registry
+    from genlm_core.engine.caches import registered_cache
 
-    reg = get_registry().get("cache", name)
-    cls = reg.load_target()
-    missing = [m for m in ("deepest_kv", "insert", "evict_lru_kv", "clear", "stats") if not hasattr(cls, m)]
-    if missing:
-        raise ConfigError(
-            f"cache {name!r} ({reg.target}) cannot keep KV prefixes: it has no {', '.join(missing)}; "
-            "name a prefix cache such as 'prefix' in prefix_cache_impl"
-        )
+    cls, _ = registered_cache(
+        name,
+        ("deepest_kv", "insert", "evict_lru_kv", "clear", "stats"),
+        "keep KV prefixes",
+        "a prefix cache such as 'prefix' in prefix_cache_impl",
+    )
     return cls
 
 

@@ -60,7 +60,7 @@ __all__ = [
     "Frame",
     "decode_contexts",
     "decode_rows",
-    "decode_vocab",
+    "vocab_from_frame",
     "encode_contexts",
     "encode_rows",
     "encode_vocab",
@@ -327,7 +327,7 @@ def encode_vocab(byte_vocab: list[bytes], str_vocab: list[str]) -> bytes:
     return _build(VOCAB, {"n": len(byte_vocab)}, [blens.tobytes(), slens.tobytes(), *byte_vocab, *strs])
 
 
-def decode_vocab(data: bytes) -> tuple[list[bytes], list[str]]:
+def vocab_from_frame(data: bytes) -> tuple[list[bytes], list[str]]:
     frame = parse(data, expect=VOCAB)
     n = _count(frame.header, "n")
     payload = frame.payload

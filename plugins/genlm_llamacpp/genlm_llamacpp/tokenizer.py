@@ -18,7 +18,7 @@ def byte_vocab(context: "LlamaContext") -> tuple[list[Token], list[str]]:
 
     Byte-level BPE pieces are mapped back to their bytes, sentencepiece ``▁`` is a space
     and ``<0xNN>`` the byte ``NN``, special tokens are their text: the conventions of
-    :func:`genlm_core.engine.vocab.decode_vocab` (the tests check equality on Hugging Face
+    the core's decoding of tokenizers, :mod:`genlm_core.engine.vocab` (the tests check equality on Hugging Face
     tokenizers of the same models).
     """
     values = [context.token_bytes(i) for i in range(context.n_vocab)]

@@ -60,8 +60,9 @@ def tiny_tokenizer(tiny_llama_path):
 @pytest.mark.parametrize("build, problem", [(_sliding_llama, "RotatingKVCache"), (_mamba, "recurrent")])
 def test_batches_are_exact_without_prefix_reuse(build, problem, tiny_tokenizer):
     import mlx.core as mx
-    from genlm_core.engine import BaseLogprobBackend
     from genlm_mlx.engine import MLXEngine
+
+    from genlm_core.engine import BaseLogprobBackend
 
     mx.random.seed(0)
     model = build()

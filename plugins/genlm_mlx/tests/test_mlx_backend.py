@@ -84,8 +84,9 @@ class CountingModel:
 
 
 def test_cache_kv_prefix_is_reused(llm):
-    from genlm_core.engine import BaseLogprobBackend
     from genlm_mlx.engine import MLXEngine
+
+    from genlm_core.engine import BaseLogprobBackend
 
     counting = CountingModel(llm.mlx_model)
     backend = BaseLogprobBackend(MLXEngine(counting, llm.mlx_tokenizer, llm.config), llm.config)
@@ -201,9 +202,10 @@ async def test_bad_inputs_fail_alone(llm):
 
 def test_bfloat16_model_gives_float32(tiny_llama_path):
     import mlx.core as mx
-    from genlm_core.engine import BaseLogprobBackend
     from genlm_mlx.engine import MLXEngine
     from mlx_lm import load
+
+    from genlm_core.engine import BaseLogprobBackend
 
     model, tok = load(str(tiny_llama_path))
     model.set_dtype(mx.bfloat16)
@@ -227,10 +229,11 @@ def test_bfloat16_model_gives_float32(tiny_llama_path):
 
 def test_unreusable_caches_warn_and_still_compute(tiny_llama_path):
     from genlm_mlx import prefill
-    from genlm_core.engine import BaseLogprobBackend
     from genlm_mlx.engine import MLXEngine
     from mlx_lm import load
     from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+
+    from genlm_core.engine import BaseLogprobBackend
 
     model, tok = load(str(tiny_llama_path))
     ctxs = _contexts(5, 3, 1, 12)

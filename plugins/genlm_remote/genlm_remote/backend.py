@@ -61,7 +61,7 @@ class RemoteEngine(Engine):
             )
         self.server_info = info
         self.serves_model = info.get("model")  # the core refuses another model=
-        byte_vocab, str_vocab = frame.decode_vocab(self.conn.request("GET", "/v1/vocab"))
+        byte_vocab, str_vocab = frame.vocab_from_frame(self.conn.request("GET", "/v1/vocab"))
         if len(byte_vocab) != info["vocab_size"]:
             raise RuntimeError(
                 f"the server sent {len(byte_vocab)} tokens, its info says {info['vocab_size']}"
