@@ -15,11 +15,10 @@ from typing import Any
 
 import torch
 
+from genlm_core.engine.contexts import Context
 from genlm_core.engine.decode_batches import KeptBatch
 
 __all__ = ["KeptCaches", "MLXDecodeOps"]
-
-Context = tuple[int, ...]
 
 
 @dataclass
