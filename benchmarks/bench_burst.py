@@ -80,13 +80,11 @@ class EngineClock:
     outermost call (a GPU's ``torch.cuda.synchronize``: the kernels' time, not their launch)."""
 
     def __init__(self, engine: Any, sync: Any = None) -> None:
-        from genlm_core.engine import Engine
-
         self.seconds = 0.0
         self._depth = 0
         self._sync = sync
         names = ["forward"]
-        if type(engine).decode_step is not Engine.decode_step:
+        if "decode" in engine.supports:  # a decode step of the engine's own
             names.append("decode_step")
         for name in names:
             setattr(engine, name, self._timed(getattr(engine, name)))

@@ -27,9 +27,9 @@ class Scripted:
         self.ends = 0
         self.after_step = lambda step, handles: None
 
-    def draw(self, logits, handles):
-        self.seen.append((list(handles), logits.clone()))
-        out = [self.pick(h, logits[i]) for i, h in enumerate(handles)]
+    def draw(self, logprobs, handles):
+        self.seen.append((list(handles), logprobs.clone()))
+        out = [self.pick(h, logprobs[i]) for i, h in enumerate(handles)]
         self.after_step(len(self.seen), list(handles))
         return out
 
@@ -192,24 +192,105 @@ class KeptRows(MockEngine):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[dict[int, tuple[int, ...]], set[int]]] = []
+        self.ended: list[set[int]] = []
 
     def decode_step(self, rows, released):
         self.calls.append((dict(rows), set(released)))
-        return self.forward(list(rows.values())) if rows else None
+        return self.forward(list(rows.values()))
+
+    def end_burst(self, released):
+        self.ended.append(set(released))
 
 
 def test_an_engine_decode_step_gets_rows_and_releases() -> None:
+    """Every step has rows; the burst's end is one end_burst with the handles still held."""
     engine = KeptRows()
     llm = BaseLogprobBackend(engine)
     try:
         control = Scripted([(0, [1], None), (1, [1], None)], pick=lambda h, r: 3)
         control.after_step = lambda step, handles: control.aborts.append(0) if step == 1 else None
         llm.run_burst(control, max_steps=3)
-        assert [set(rows) for rows, _ in engine.calls] == [{0, 1}, {1}, {1}, set()]
-        assert [released for _, released in engine.calls] == [set(), {0}, set(), {1}]
+        assert [set(rows) for rows, _ in engine.calls] == [{0, 1}, {1}, {1}]
+        assert [released for _, released in engine.calls] == [set(), {0}, set()]
+        assert engine.ended == [{1}]
         assert engine.calls[1][0][1] == (1, 3)  # duplicate contexts are each handle's own row
+        # a failing control: the burst still ends once, with every handle it held
+        engine.ended.clear()
+        control = Scripted([(0, [1], None), (1, [2], None)])
+
+        def fail(step: int, handles: list[int]) -> None:
+            raise RuntimeError("control")
+
+        control.after_step = fail
+        with pytest.raises(RuntimeError, match="control"):
+            llm.run_burst(control, max_steps=3)
+        assert engine.ended == [{0, 1}]
     finally:
         llm.close()
+
+
+class DeclaresBurst(KeptRows):
+    """Writes a decode step but declares "burst": the core's path, chosen from supports alone."""
+
+    supports = frozenset({"burst"})
+
+
+def test_the_path_is_chosen_from_supports_alone() -> None:
+    """ "burst" runs the core's decode step (forward, never the engine's decode_step or
+    end_burst); "decode" runs the engine's; both give the mock's rows, the uncached model's."""
+    for cls, own in ((DeclaresBurst, False), (KeptRows, True)):
+        engine = cls()
+        llm = BaseLogprobBackend(engine)
+        try:
+            assert llm.supports_burst
+            control = Scripted([(0, [1, 2], None), (1, [4], None)])
+            llm.run_burst(control, max_steps=3)
+            assert bool(engine.calls) is own and bool(engine.ended) is own
+            contexts = {0: [1, 2], 1: [4]}
+            for handles, rows in control.seen:
+                for h, row in zip(handles, rows):
+                    want = llm.next_token_logprobs_uncached(contexts[h])
+                    assert torch.equal(row, want)
+                    contexts[h].append(int(torch.argmax(row)))
+        finally:
+            llm.close()
+
+
+def test_decode_needs_both_methods_and_the_error_says_what_to_write() -> None:
+    class StepOnly(MockEngine):
+        supports = frozenset({"decode"})
+
+        def decode_step(self, rows, released):
+            return self.forward(list(rows.values()))
+
+    class Nothing(MockEngine):
+        supports = frozenset({"decode"})
+
+    for cls, missing in ((StepOnly, "end_burst"), (Nothing, "decode_step")):
+        with pytest.raises(
+            TypeError, match=f"declares 'decode' but does not define {missing}\\(\\).*'burst'"
+        ):
+            BaseLogprobBackend(cls())
+
+
+def test_drive_takes_its_old_keyword_names_with_a_warning(llm) -> None:
+    from genlm_core.engine.burst import drive
+
+    ended: list[frozenset[int]] = []
+    with pytest.warns(DeprecationWarning, match="next_logprobs"):
+        report = drive(
+            Scripted([(0, [1], None)]),
+            2,
+            validate=llm.validate,
+            step=llm._burst_logprobs,
+            release=ended.append,
+            vocab_size=llm.vocab_size,
+            max_context_length=None,
+        )
+    assert report.rows_drawn == 2 and ended == [frozenset({0})]
+    with pytest.raises(TypeError, match="unexpected keyword arguments stride"):
+        drive(Scripted([]), 1, validate=llm.validate, next_logprobs=None, end_burst=None,
+              vocab_size=4, max_context_length=None, stride=1)  # fmt: skip
 
 
 def test_backends_without_the_capability_say_so() -> None:

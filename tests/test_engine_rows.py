@@ -32,7 +32,7 @@ class Tok:
 class BadRowsEngine(Engine):
     """Logits of a fixed table by last token; a NaN row after token 5, all -inf after 6."""
 
-    supports = frozenset({"decode"})
+    supports = frozenset({"burst"})
 
     def __init__(self, returns: str = "logits") -> None:
         self.tokenizer = Tok()
@@ -60,8 +60,13 @@ class BadRowsEngine(Engine):
 class KeptBadRows(BadRowsEngine):
     """The same rows through a decode step of the engine's own."""
 
+    supports = frozenset({"decode"})
+
     def decode_step(self, rows, released):
-        return self.forward(list(rows.values())) if rows else None
+        return self.forward(list(rows.values()))
+
+    def end_burst(self, released):
+        pass
 
 
 def good(llm: BaseLogprobBackend, last: int) -> torch.Tensor:
@@ -127,8 +132,8 @@ class Recorder:
         self.pick = pick
         self.seen: list[torch.Tensor] = []
 
-    def draw(self, logits: torch.Tensor, handles: list[int]) -> list[int]:
-        self.seen.append(logits.clone())
+    def draw(self, logprobs: torch.Tensor, handles: list[int]) -> list[int]:
+        self.seen.append(logprobs.clone())
         return [self.pick] * len(handles)
 
     def drain_adds(self):

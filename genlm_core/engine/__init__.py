@@ -16,6 +16,7 @@ The modules, one mechanism each, shared by every backend:
 ``burst``          an SMC decode loop run in the backend, a control drawing each step
 ``batching``       :class:`AutoBatcher`: concurrent calls become one batch
 ``validation``     token-id contexts checked before they join a batch
+``contexts``       :data:`Context`, and distinct contexts run in batches (one helper)
 ``row_checks``     engine rows no caller may read (NaN, no finite score): one check
 ``caches``         :class:`OutputCache`: next-token rows by whole context, LRU, bounded;
                    a backend's output cache resolved by name
@@ -63,6 +64,8 @@ EXPORTS: dict[str, str] = {
     "BatcherClosed": "genlm_core.engine.batching",
     "BatcherStats": "genlm_core.engine.batching",
     "validate_context": "genlm_core.engine.validation",
+    "Context": "genlm_core.engine.contexts",
+    "run_distinct": "genlm_core.engine.contexts",
     "EngineOutputError": "genlm_core.engine.row_checks",
     # caches and KV reuse
     "OutputCache": "genlm_core.engine.caches",
@@ -144,6 +147,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never run
         read_generation_config,
         resolve_gguf,
     )
+    from genlm_core.engine.contexts import Context, run_distinct
     from genlm_core.engine.contract import Engine, SampleRequest
     from genlm_core.engine.dtypes import (
         DTYPES,

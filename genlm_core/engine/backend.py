@@ -16,8 +16,8 @@ engine:
   :mod:`~genlm_core.engine.row_checks`), the sync and batch entry points;
 * sampling: the checks and the clamp to the context limit, then the engine's sampler
   (capability ``"sample"``, batched) or draws from the rows;
-* bursts (capability ``"decode"``): an SMC decode loop run here, the program drawing
-  (:mod:`genlm_core.engine.burst`);
+* bursts (capability ``"burst"``: the core's decode step; ``"decode"``: the engine's
+  own): an SMC decode loop run here, the program drawing (:mod:`genlm_core.engine.burst`);
 * one engine lock (:attr:`engine_lock`) that every engine call holds, cache controls
   (KV reuse for an engine keeping a :class:`~genlm_core.engine.kv_reuse.KVReuse`),
   counters, ``info``, health and shutdown.
@@ -42,7 +42,14 @@ from genlm_core.config import BackendConfig
 from genlm_core.engine.batching import AutoBatcher
 from genlm_core.engine.caches import output_cache_for
 from genlm_core.engine.checkpoint import Checkpoint, engine_context_limit, read_checkpoint
-from genlm_core.engine.contract import Engine, SampleRequest, check_engine, refuse_unsupported_dtype
+from genlm_core.engine.contexts import run_distinct
+from genlm_core.engine.contract import (
+    BURST_CAPABILITIES,
+    Engine,
+    SampleRequest,
+    check_engine,
+    refuse_unsupported_dtype,
+)
 from genlm_core.engine.dtypes import UnsupportedDtypeError
 from genlm_core.engine.lora import LoraAdapters
 from genlm_core.engine.memory import compact
@@ -371,25 +378,26 @@ class BaseLogprobBackend:
             for i in unreadable_rows(scores)
         }
 
-    def _burst_step(self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]) -> "torch.Tensor":
-        """A burst step's ``(rows, vocab)`` log-probabilities, under the engine lock. The
-        core's decode step computes the rows' distinct contexts as a step loop's call
-        does (same contexts, same order, batches of ``batch_size``), so both give the same
-        numbers."""
+    def _burst_logprobs(
+        self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]
+    ) -> "torch.Tensor":
+        """A burst step's ``(rows, vocab)`` log-probabilities, under the engine lock: the
+        engine's own decode step (capability ``"decode"``), else the core's, which computes
+        the rows' distinct contexts as a step loop's call does (same contexts, same order,
+        batches of ``batch_size``: :func:`~genlm_core.engine.contexts.run_distinct`), so
+        both give the same numbers."""
         import torch
 
         with self.engine_lock:
             if self._closed:
                 raise RuntimeError(f"{self.backend_name}: the backend is closed")
-            contexts = list(rows.values())
-            if type(self.engine).decode_step is not Engine.decode_step:
-                return self._normalised_batch(self.engine.decode_step(rows, released), contexts)
-            unique = list(dict.fromkeys(contexts))
-            bs = self.config.batch_size  # the batches a step loop's call makes
-            computed = {}
-            for i in range(0, len(unique), bs):
-                computed.update(zip(unique[i : i + bs], self._rows_or_raise(unique[i : i + bs])))
-            return torch.stack([computed[c] for c in contexts])
+            if "decode" in self.engine.supports:
+                return self._normalised_batch(self.engine.decode_step(rows, released), list(rows.values()))
+            return torch.stack(run_distinct(list(rows.values()), self.config.batch_size, self._chunk_rows))
+
+    def _chunk_rows(self, chunks: list[list[tuple[int, ...]]]) -> list["torch.Tensor"]:
+        """The rows of distinct contexts, one engine call per chunk (the core's decode step)."""
+        return [row for chunk in chunks for row in self._rows_or_raise(chunk)]
 
     def _normalised_batch(self, out: Any, contexts: Sequence[tuple[int, ...]]) -> "torch.Tensor":
         """An engine's decode-step scores of ``contexts`` as one ``(n, vocab)`` float32 tensor
@@ -414,10 +422,11 @@ class BaseLogprobBackend:
             raise error
         return out.to(torch.float32)
 
-    def _burst_release(self, handles: Collection[int]) -> None:
-        if type(self.engine).decode_step is not Engine.decode_step and not self._closed:
+    def _end_burst(self, handles: Collection[int]) -> None:
+        """The burst ended: the engine's own decode step frees its rows' state."""
+        if "decode" in self.engine.supports and not self._closed:
             with self.engine_lock:
-                self.engine.decode_step({}, handles)
+                self.engine.end_burst(handles)
 
     def _batch_fn(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor | EngineOutputError"]:
         # each caller gets a compact row of its own; the output cache keeps its own private
@@ -496,23 +505,20 @@ class BaseLogprobBackend:
         contexts = [self.validate(t) for t in token_ids_list]
         if not contexts:
             return self._empty_rows()
-        results: dict[tuple[int, ...], Any] = {}
-        todo: dict[tuple[int, ...], None] = {}
-        for ctx in contexts:
-            if ctx in results or ctx in todo:
-                continue
-            hit = self.output_cache.get(ctx) if self.output_cache is not None else None
-            if hit is not None:
-                results[ctx] = hit
-            else:
-                todo[ctx] = None
-        unique_todo = list(todo)
-        bs = self.config.batch_size
-        for i in range(0, len(unique_todo), bs):
-            chunk = unique_todo[i : i + bs]
-            for ctx, row in zip(chunk, self.batcher.run_sync(chunk)):
-                results[ctx] = row
-        return torch.stack([results[c] for c in contexts])
+        hits: dict[tuple[int, ...], Any] = {}
+        if self.output_cache is not None:
+            for ctx in dict.fromkeys(contexts):
+                hit = self.output_cache.get(ctx)
+                if hit is not None:
+                    hits[ctx] = hit
+        computed = iter(
+            run_distinct([c for c in contexts if c not in hits], self.config.batch_size, self._batched_rows)
+        )
+        return torch.stack([hits[c] if c in hits else next(computed) for c in contexts])
+
+    def _batched_rows(self, chunks: list[list[tuple[int, ...]]]) -> list["torch.Tensor"]:
+        """The rows of distinct contexts through the batcher, one batch per chunk (the sync path)."""
+        return [row for chunk in chunks for row in self.batcher.run_sync(chunk)]
 
     def next_token_logprobs_uncached(self, token_ids: Sequence[int]) -> "torch.Tensor":
         """One full forward pass, bypassing the output cache and engine caches."""
@@ -636,8 +642,9 @@ class BaseLogprobBackend:
     # ------------------------------------------------------------------ bursts
     @property
     def supports_burst(self) -> bool:
-        """Whether :meth:`run_burst` runs here (the engine declares ``"decode"``)."""
-        return "decode" in self.engine.supports and not self._closed
+        """Whether :meth:`run_burst` runs here: the engine declares ``"burst"`` (the core's
+        decode step) or ``"decode"`` (its own)."""
+        return not BURST_CAPABILITIES.isdisjoint(self.engine.supports) and not self._closed
 
     def run_burst(self, control: "EngineControl", max_steps: int) -> "BurstReport":
         """Run an SMC decode loop in the backend, ``control`` drawing every step's tokens
@@ -654,8 +661,8 @@ class BaseLogprobBackend:
             control,
             max_steps,
             validate=self.validate,
-            step=self._burst_step,
-            release=self._burst_release,
+            next_logprobs=self._burst_logprobs,
+            end_burst=self._end_burst,
             vocab_size=self.vocab_size,
             max_context_length=self.max_context_length,
         )

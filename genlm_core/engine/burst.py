@@ -32,15 +32,21 @@ per row: a list of ints, or an int64/int32 numpy array or tensor of shape ``(row
 the control's, not a draw). An abort names a handle added in this burst (a row that
 already ended is ignored; a handle never added is an error).
 
-An engine offers bursts with the capability ``"decode"`` (:attr:`Engine.supports
-<genlm_core.engine.contract.Engine.supports>`). Without its own
-:meth:`~genlm_core.engine.contract.Engine.decode_step` it gets the core's: the live
-rows' distinct contexts go through :meth:`~genlm_core.engine.contract.Engine.forward`,
-whose KV reuse computes each row's new token only - the same call, with the same
-contexts in the same order, that a step loop makes, so a burst and its step loop give
-the same numbers. An engine that keeps a decode batch between steps writes its own
-(genlm-hf: :mod:`genlm_hf.decode`). Backends without the capability (the remote
-backend) say ``supports_burst = False``, and programs run steps.
+An engine offers bursts with one of two capabilities (:attr:`Engine.supports
+<genlm_core.engine.contract.Engine.supports>`), and the backend picks the path from
+them alone. ``"burst"``: the engine writes nothing more; the core's decode step runs
+the live rows' distinct contexts through
+:meth:`~genlm_core.engine.contract.Engine.forward`, whose KV reuse computes each row's
+new token only - the same call, with the same contexts in the same order, that a step
+loop makes (:func:`~genlm_core.engine.contexts.run_distinct`), so a burst and its step
+loop give the same numbers. ``"decode"``: the engine keeps its rows between steps and
+writes :meth:`~genlm_core.engine.contract.Engine.decode_step` (the rows of a step, by
+handle) and :meth:`~genlm_core.engine.contract.Engine.end_burst` (the handles whose
+state it may free when the burst ends; genlm-hf and genlm-mlx over
+:class:`~genlm_core.engine.decode_batches.DecodeBatches`, genlm-vllm over its
+sessions). A row is its handle for every engine: the engine matches a step's rows to
+what it kept by handle. Backends with neither capability (the remote backend) say
+``supports_burst = False``, and programs run steps.
 
 A control draws all rows of a step at once: :func:`genlm_core.engine.sampling.draw_rows`
 is a batched sampler for it.
@@ -53,6 +59,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from genlm_core.engine.contexts import Context
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -63,8 +71,9 @@ __all__ = ["BurstReport", "EngineControl", "drive"]
 class EngineControl(Protocol):
     """What drives a burst: genlm-backend's ``EngineControl`` protocol."""
 
-    def draw(self, logits: "torch.Tensor", handles: Sequence[int]) -> Any:
-        """One token id per row of ``logits`` (``(len(handles), vocab)`` log-probabilities),
+    def draw(self, logprobs: "torch.Tensor", handles: Sequence[int]) -> Any:
+        """One token id per row of ``logprobs`` (``(len(handles), vocab)`` normalised
+        log-probabilities, float32),
         in row order: a list of ints, or an int64/int32 array or tensor of shape
         ``(len(handles),)``; ``handles[i]`` is the control's own handle of row ``i``."""
         ...
@@ -152,16 +161,21 @@ def drive(
     control: EngineControl,
     max_steps: int,
     *,
-    validate: Callable[[Any], tuple[int, ...]],
-    step: Callable[[Mapping[int, tuple[int, ...]], Collection[int]], "torch.Tensor"],
-    release: Callable[[Collection[int]], None],
+    validate: Callable[[Any], Context],
+    next_logprobs: Callable[[Mapping[int, Context], Collection[int]], "torch.Tensor"] | None = None,
+    end_burst: Callable[[Collection[int]], None] | None = None,
     vocab_size: int,
     max_context_length: int | None,
+    **deprecated: Any,
 ) -> BurstReport:
     """Run one burst of ``control``: the loop above, over a backend's ``validate`` (a
-    prompt, checked), ``step`` (the live rows ``handle -> context`` and the handles
-    released since the last step -> their ``(rows, vocab)`` log-probabilities) and
-    ``release`` (handles no step will see again)."""
+    prompt, checked), ``next_logprobs`` (the live rows ``handle -> context`` and the
+    handles released since the last step -> their ``(rows, vocab)`` log-probabilities)
+    and ``end_burst`` (called once at the end, also after an error, with the handles
+    released since the last step and the rows still live: no step sees them again).
+    ``step=`` and ``release=`` are the deprecated names of ``next_logprobs=`` and
+    ``end_burst=``."""
+    next_logprobs, end_burst = _renamed(deprecated, next_logprobs, end_burst)
     if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 0:
         raise ValueError(f"run_burst: max_steps must be a non-negative int, got {max_steps!r}")
     report = BurstReport()
@@ -219,7 +233,7 @@ def drive(
         apply_adds(run=max_steps > 0)
         while live:
             handles = list(live)
-            rows = step({h: tuple(live[h]) for h in handles}, frozenset(released))
+            rows = next_logprobs({h: tuple(live[h]) for h in handles}, frozenset(released))
             released.clear()
             tokens = _tokens(control.draw(rows, handles), handles, vocab_size)
             report.steps += 1
@@ -242,5 +256,32 @@ def drive(
         released.update(live)
         live.clear()
         if released:
-            release(frozenset(released))
+            end_burst(frozenset(released))
     return report
+
+
+def _renamed(
+    deprecated: dict[str, Any], next_logprobs: Callable[..., Any] | None, end_burst: Callable[..., Any] | None
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``drive``'s callables under their names, taking the deprecated ``step=`` /
+    ``release=`` (with a DeprecationWarning); a TypeError for anything else missing or unknown."""
+    import warnings
+
+    for old, new in (("step", "next_logprobs"), ("release", "end_burst")):
+        if old not in deprecated:
+            continue
+        warnings.warn(
+            f"drive({old}=...) is deprecated and will be removed in genlm-core 0.3: pass {new}=...",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        value = deprecated.pop(old)
+        if new == "next_logprobs":
+            next_logprobs = next_logprobs or value
+        else:
+            end_burst = end_burst or value
+    if deprecated:
+        raise TypeError(f"drive() got unexpected keyword arguments {', '.join(sorted(deprecated))}")
+    if next_logprobs is None or end_burst is None:
+        raise TypeError("drive() needs next_logprobs= and end_burst=")
+    return next_logprobs, end_burst

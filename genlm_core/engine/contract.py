@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from genlm_core.token import Token
 
 __all__ = [
+    "BURST_CAPABILITIES",
     "CAPABILITIES",
     "DEFAULTED_CAPABILITIES",
     "Engine",
@@ -64,13 +65,20 @@ __all__ = [
 #: optional capability -> the :class:`Engine` methods it promises
 CAPABILITIES: dict[str, tuple[str, ...]] = {
     "sample": ("sample",),  # a sampler of the engine's own, called with batches of SampleRequest
-    "decode": ("decode_step",),  # bursts (genlm_core.engine.burst): the default runs forward
+    # bursts (genlm_core.engine.burst) through the core's decode step: the rows' distinct
+    # contexts through forward (no method)
+    "burst": (),
+    # bursts through the engine's own decode step, keeping rows between steps
+    "decode": ("decode_step", "end_burst"),
     "kv": (),  # KV prefix reuse, wired by the core (the methods have defaults)
     "lora": ("load_adapter", "use_adapter"),  # LoRA adapters, kept by the backend
 }
 
 #: capabilities whose methods have a default the core writes: declaring one is enough
-DEFAULTED_CAPABILITIES: frozenset[str] = frozenset({"decode", "kv"})
+DEFAULTED_CAPABILITIES: frozenset[str] = frozenset({"burst", "kv"})
+
+#: the capabilities that offer bursts (``supports_burst``): either one
+BURST_CAPABILITIES: frozenset[str] = frozenset({"burst", "decode"})
 
 
 @dataclass(frozen=True)
@@ -181,19 +189,31 @@ class Engine:
 
     def decode_step(
         self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]
-    ) -> "torch.Tensor | Sequence[torch.Tensor] | None":
-        """The capability ``"decode"``: one step of a burst (:mod:`genlm_core.engine.burst`).
+    ) -> "torch.Tensor | Sequence[torch.Tensor]":
+        """The capability ``"decode"``: one step of a burst (:mod:`genlm_core.engine.burst`),
+        over rows the engine keeps between steps.
 
-        ``rows`` maps each live row's handle to its context (its context at the previous
-        step plus the token drawn there, or a prompt just added); ``released`` holds the
-        handles dropped since the last step, whose state the engine may free. Returns the
-        scores of every row in the order of ``rows`` (see :attr:`returns`). At the end of
-        a burst it is called with no rows and the remaining handles, and returns None.
+        ``rows`` (never empty) maps each live row's handle to its context: its context at
+        the previous step plus the token drawn there, or a prompt just added (a handle
+        not seen before, or one released and added again). ``released`` holds the handles
+        dropped since the last step, whose state the engine may free or hand to a new row
+        whose context extends theirs. Returns the scores of every row in the order of
+        ``rows`` (see :attr:`returns`); a row repeating another's context gets its own row.
+        A row is its handle: an engine matches a step's rows to what it kept by handle,
+        never by context alone. The burst ends with :meth:`end_burst`.
 
-        An engine declaring ``"decode"`` without writing this method gets the core's: the
-        rows' distinct contexts through :meth:`forward` (whose KV reuse computes each row's
-        new token only). Write it for a decode batch kept between steps."""
-        raise NotImplementedError(f"{type(self).__name__} uses the core's decode step")
+        An engine without state of its own between steps writes no decode step: it
+        declares ``"burst"`` and the core's decode step runs the rows' distinct contexts
+        through :meth:`forward` (whose KV reuse computes each row's new token only)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no decode step of its own")
+
+    def end_burst(self, released: Collection[int]) -> None:
+        """The capability ``"decode"``: the burst ended; ``released`` holds every handle the
+        engine may still keep state for (those released since the last step, and the rows
+        live at the end). Free their state (an engine keeping KV hands it to its prefix
+        cache first, where a later call finds it). Called once per burst that ran, also
+        when the burst failed, under the engine lock."""
+        raise NotImplementedError(f"{type(self).__name__} declares no decode step of its own")
 
     def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
         """The capability ``"sample"``: the tokens of every request, drawn by the engine's own
@@ -269,6 +289,16 @@ class Engine:
             self.kv.clear()
 
 
+#: what to write instead, after the error naming a missing method
+_CAPABILITY_HINTS: dict[str, str] = {
+    "decode": (
+        ": an engine keeping a burst's rows between steps writes both decode_step(rows, released) "
+        "and end_burst(released) (a burst's end, formerly decode_step({}, released)); an engine "
+        "without state between steps declares 'burst' instead and gets the core's decode step"
+    ),
+}
+
+
 def check_engine(engine: Any) -> None:
     """Refuse an engine that declares a capability without writing its method, or an
     unknown capability (the message names it and what to write)."""
@@ -284,7 +314,10 @@ def check_engine(engine: Any) -> None:
             continue
         for method in methods:
             if getattr(cls, method, None) is getattr(Engine, method):
-                raise TypeError(f"{cls.__name__}.supports declares {name!r} but does not define {method}()")
+                raise TypeError(
+                    f"{cls.__name__}.supports declares {name!r} but does not define {method}()"
+                    + _CAPABILITY_HINTS.get(name, "")
+                )
     if getattr(cls, "returns", "logits") not in ("logits", "logprobs"):
         raise TypeError(f"{cls.__name__}.returns must be 'logits' or 'logprobs', got {cls.returns!r}")
 

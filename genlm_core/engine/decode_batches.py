@@ -12,38 +12,43 @@ run one more token per row over a kept batch (:meth:`~DecodeOps.resume`), and cu
 row's KV out of a kept batch (:meth:`~DecodeOps.row_kv`).
 
 The contexts of a step are computed as the step loop computes them: distinct contexts,
-in order, in batches of ``batch_size``. A batch whose contexts each extend, in order,
-the contexts of a kept batch by one token resumes it; the engine shows the model what a
-fresh pass would show it (mask, positions, past), so a burst and the step loop give the
-same numbers. Any other batch (rows added, ended or resampled) is assembled from the
-kept batches' KV where a context's parent is live (a resampled particle copies its
-parent's), else from the prefix cache. Rows of dropped batches that no context of the
-step extends go to the prefix cache, where a later step or a step loop finds them; so
-do all rows when the burst ends (:meth:`DecodeBatches.flush`).
+in order, in batches of ``batch_size`` (:func:`~genlm_core.engine.contexts.run_distinct`).
+A row is its handle, as for every engine's decode step: a kept batch knows the handles
+of its rows, and a batch of the step resumes a kept batch when each of its rows
+continues the kept row at the same position - one of its handles was there, and its
+context is the kept one plus one token. The engine shows the model what a fresh pass
+would show it (mask, positions, past), so a burst and the step loop give the same
+numbers. Any other batch (rows added, ended or resampled) is assembled from the kept
+batches' KV where a context's parent is live, whatever its handle (a resampled
+particle, re-added under a new handle, copies its parent's), else from the prefix
+cache. Rows of dropped batches that no context of the step extends go to the prefix
+cache, where a later step or a step loop finds them; so do all rows when the burst
+ends (:meth:`DecodeBatches.end_burst`).
 
 Kept batches live outside the prefix cache's budget for the length of a burst.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from genlm_core.engine.contexts import Context, run_distinct
 from genlm_core.engine.kv_reuse import KVReuse
 
 __all__ = ["DecodeBatches", "DecodeOps", "KeptBatch"]
-
-Context = tuple[int, ...]
 
 
 @dataclass
 class KeptBatch:
     """A batch kept between steps: the contexts whose KV its engine ``state`` holds, in
-    row order."""
+    row order, and the handles of each row (the burst's rows whose context it is)."""
 
     contexts: list[Context]
     state: Any
+    handles: list[frozenset[int]] = field(default_factory=list)
 
 
 class DecodeOps(Protocol):
@@ -81,44 +86,58 @@ class DecodeBatches:
     def decode_step(
         self,
         rows: Mapping[int, Context],
+        released: Collection[int] = (),
         *,
         batch_size: int,
         kv: KVReuse,
         forward: Callable[[list[Context]], Any],
         cat: Callable[[list[Any]], Any],
     ) -> Any:
-        """An engine's whole :meth:`~genlm_core.engine.contract.Engine.decode_step`: None
-        when the burst ended (``rows`` empty: every kept row flushed); else the output of
-        every row in order (``cat`` joins the batches' outputs; a row repeating a context
-        gets its row). The rows' distinct contexts run in the step loop's batches, over
-        kept batches when ``kv`` is on, else through ``forward`` (the engine's own, whose
-        outputs must be the same kind as its :class:`DecodeOps`')."""
+        """An engine's whole :meth:`~genlm_core.engine.contract.Engine.decode_step`: the
+        output of every row of ``rows`` (handle -> context, never empty) in order (``cat``
+        joins the batches' outputs; a row repeating a context gets its row). ``released``:
+        handles dropped since the last step (their kept rows continue no row now). The
+        rows' distinct contexts run in the step loop's batches, over kept batches when
+        ``kv`` is on, else through ``forward`` (the engine's own, whose outputs must be the
+        same kind as its :class:`DecodeOps`'). The burst ends with :meth:`end_burst`."""
         if not rows:
-            self.flush(kv)
-            return None
-        contexts = list(rows.values())
-        unique = list(dict.fromkeys(contexts))
+            raise ValueError(
+                "DecodeBatches.decode_step: a decode step has rows; a burst ends with "
+                "end_burst(released) (formerly decode_step({}, released))"
+            )
+        self._release(released)
         if kv.enabled:
-            outs = self.step(unique, batch_size, kv)
-        else:
-            outs = [forward(unique[i : i + batch_size]) for i in range(0, len(unique), batch_size)]
-        out = outs[0] if len(outs) == 1 else cat(outs)
-        if len(unique) < len(contexts):
-            where = {c: i for i, c in enumerate(unique)}
-            out = out[[where[c] for c in contexts]]
-        return out
+            handles: dict[Context, set[int]] = {}
+            for h, c in rows.items():
+                handles.setdefault(c, set()).add(h)
 
-    def step(self, contexts: Sequence[Context], batch_size: int, kv: KVReuse) -> list[Any]:
-        """The outputs of distinct ``contexts`` in batches of ``batch_size``, one per batch,
-        in order. Counts each batch's tokens on ``kv``."""
+            def run(chunks: list[list[Context]]) -> Any:
+                return _joined(self.run_batches(chunks, handles, kv), cat)
+        else:
+
+            def run(chunks: list[list[Context]]) -> Any:
+                return _joined([forward(chunk) for chunk in chunks], cat)
+
+        return run_distinct(list(rows.values()), batch_size, run)
+
+    def run_batches(
+        self, chunks: Sequence[list[Context]], handles: Mapping[Context, Collection[int]], kv: KVReuse
+    ) -> list[Any]:
+        """The outputs of the batches ``chunks`` (distinct contexts), one per batch, in
+        order; ``handles[c]``: the handles whose context is ``c``. Counts each batch's
+        tokens on ``kv``."""
         old = self.batches
         live = {c: (b, i) for b in old for i, c in enumerate(b.contexts)}
-        chunks = [list(contexts[i : i + batch_size]) for i in range(0, len(contexts), batch_size)]
+        at: dict[int, list[tuple[KeptBatch, int]]] = {}
+        for b in old:
+            for i, hs in enumerate(b.handles):
+                for h in hs:
+                    at.setdefault(h, []).append((b, i))
         # plan every batch against the kept state before any of them runs
         plans: list[tuple[list[Context], KeptBatch | None, list[tuple[int, Any]] | None]] = []
         resumed: set[int] = set()
         for chunk in chunks:
-            batch = self._resumable(chunk, live, resumed)
+            batch = self._resumable(chunk, handles, at, resumed)
             if batch is not None:
                 resumed.add(id(batch))
                 plans.append((chunk, batch, None))
@@ -126,10 +145,11 @@ class DecodeBatches:
                 plans.append((chunk, None, self._sources(chunk, live, kv)))
         outputs, kept = [], []
         for chunk, batch, sources in plans:
+            row_handles = [frozenset(handles.get(c, ())) for c in chunk]
             if batch is not None:
                 outputs.append(self.ops.resume(batch, chunk))
                 kv.count(len(chunk), sum(len(c) - 1 for c in chunk))
-                batch.contexts = chunk
+                batch.contexts, batch.handles = chunk, row_handles
                 kept.append(batch)
                 self.resumed += 1
                 continue
@@ -138,24 +158,50 @@ class DecodeBatches:
             kv.count(sum(map(len, chunk)) - reused, reused)
             outputs.append(out)
             if state is not None:
-                kept.append(KeptBatch(chunk, state))
+                kept.append(KeptBatch(chunk, state, row_handles))
             self.assembled += 1
         self.batches = kept
-        self._store_ended(old, kept, contexts, kv)
+        self._store_ended(old, kept, [c for chunk in chunks for c in chunk], kv)
         return outputs
+
+    def step(self, contexts: Sequence[Context], batch_size: int, kv: KVReuse) -> list[Any]:
+        """Deprecated: :meth:`run_batches`. Without the rows' handles no kept batch
+        resumes (every batch is assembled, from its parents' kept KV where live)."""
+        warnings.warn(
+            "DecodeBatches.step is deprecated and will be removed in genlm-core 0.3: call "
+            "decode_step(rows, released, ...) or run_batches(chunks, handles, kv)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        chunks = [list(contexts[i : i + batch_size]) for i in range(0, len(contexts), batch_size)]
+        return self.run_batches(chunks, {}, kv)
+
+    def _release(self, released: Collection[int]) -> None:
+        """Released handles continue no kept row (a handle may be added again, as a new row)."""
+        if not released:
+            return
+        gone = frozenset(released)
+        for b in self.batches:
+            b.handles = [hs - gone for hs in b.handles]
 
     @staticmethod
     def _resumable(
-        chunk: list[Context], live: dict[Context, tuple[KeptBatch, int]], taken: set[int]
+        chunk: list[Context],
+        handles: Mapping[Context, Collection[int]],
+        at: Mapping[int, list[tuple[KeptBatch, int]]],
+        taken: set[int],
     ) -> KeptBatch | None:
-        """The kept batch whose contexts ``chunk`` extends row by row, in order."""
-        parent = live.get(chunk[0][:-1])
-        if parent is None or parent[1] != 0:
-            return None
-        batch = parent[0]
-        if id(batch) in taken or len(batch.contexts) != len(chunk):
-            return None
-        return batch if all(c[:-1] == p for c, p in zip(chunk, batch.contexts)) else None
+        """The kept batch whose rows ``chunk`` continues row by row, in order: each row's
+        handle was at the same row of it, and its context extends that row's by one token."""
+        for batch, i in (p for h in handles.get(chunk[0], ()) for p in at.get(h, ())):
+            if i != 0 or id(batch) in taken or not len(batch.contexts) == len(batch.handles) == len(chunk):
+                continue
+            if all(
+                len(c) == len(p) + 1 and c[:-1] == p and not hs.isdisjoint(handles.get(c, ()))
+                for c, p, hs in zip(chunk, batch.contexts, batch.handles)
+            ):
+                return batch
+        return None
 
     def _sources(
         self, chunk: list[Context], live: dict[Context, tuple[KeptBatch, int]], kv: KVReuse
@@ -189,8 +235,14 @@ class DecodeBatches:
                 if c not in parents:
                     kv.store(c, self.ops.row_kv(b, i, len(c), True))
 
+    def end_burst(self, released: Collection[int], kv: KVReuse) -> None:
+        """An engine's whole :meth:`~genlm_core.engine.contract.Engine.end_burst`: every
+        kept row to the prefix cache, the states freed (``released``: the burst's last
+        handles; every kept row is theirs)."""
+        self.flush(kv)
+
     def flush(self, kv: KVReuse) -> None:
-        """The burst ended: every kept row to the prefix cache, the states freed."""
+        """Every kept row to the prefix cache, the states freed."""
         old, self.batches = self.batches, []
         self._store_ended(old, [], [], kv)
 
@@ -205,3 +257,8 @@ class DecodeBatches:
             "decode_batches_resumed": self.resumed,
             "decode_batches_assembled": self.assembled,
         }
+
+
+def _joined(outs: list[Any], cat: Callable[[list[Any]], Any]) -> Any:
+    """The batches' outputs as one (no join for one batch)."""
+    return outs[0] if len(outs) == 1 else cat(outs)

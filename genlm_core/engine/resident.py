@@ -36,9 +36,9 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Placement", "ResidentRow", "ResidentRows"]
+from genlm_core.engine.contexts import Context
 
-Context = tuple[int, ...]
+__all__ = ["Placement", "ResidentRow", "ResidentRows"]
 
 
 @dataclass(eq=False)

@@ -131,11 +131,11 @@ class _Recorder(ProgramControl):
         super().__init__(program)
         self.seen: list[tuple[tuple[int, ...], Any]] = []
 
-    def draw(self, logits: Any, handles: Sequence[int]) -> list[int]:
+    def draw(self, logprobs: Any, handles: Sequence[int]) -> list[int]:
         self.seen += [
-            (tuple(self.program.context(self.particle[h])), r) for h, r in zip(handles, logits.clone())
+            (tuple(self.program.context(self.particle[h])), r) for h, r in zip(handles, logprobs.clone())
         ]
-        return super().draw(logits, handles)
+        return super().draw(logprobs, handles)
 
 
 def _paired(llm: Any, make: Any, seed: int) -> tuple[SMCResult, SMCResult, bool]:
@@ -230,9 +230,9 @@ class RecordingControl(ProgramControl):
         self.other: list[tuple[list[int], Any]] = []
         self.calls = 0
 
-    def draw(self, logits: Any, handles: Sequence[int]) -> list[int]:
+    def draw(self, logprobs: Any, handles: Sequence[int]) -> list[int]:
         contexts = [tuple(self.program.context(self.particle[h])) for h in handles]
-        self.seen += list(zip(contexts, logits.clone()))
+        self.seen += list(zip(contexts, logprobs.clone()))
         if self.interleave:
             other = self.program.prompt[:3] + [self.calls + 5]
             self.other.append((other, self.llm.next_token_logprobs_sync(other)))
@@ -241,7 +241,7 @@ class RecordingControl(ProgramControl):
         if self.calls == self.fail_at:
             raise RuntimeError("the control failed")
         self.calls += 1
-        return super().draw(logits, handles)
+        return super().draw(logprobs, handles)
 
 
 class AdapterSwitchControl(ProgramControl):
@@ -254,12 +254,12 @@ class AdapterSwitchControl(ProgramControl):
         self.llm, self.adapter, self.at = llm, adapter, at
         self.seen: list[tuple[list[int], Any, str | None]] = []
 
-    def draw(self, logits: Any, handles: Sequence[int]) -> list[int]:
-        for h, row in zip(handles, logits):
+    def draw(self, logprobs: Any, handles: Sequence[int]) -> list[int]:
+        for h, row in zip(handles, logprobs):
             self.seen.append((self.program.context(self.particle[h]), row.clone(), self.llm.active_lora))
         if self.program.steps == self.at:
             self.llm.set_lora(self.adapter)
-        return super().draw(logits, handles)
+        return super().draw(logprobs, handles)
 
 
 def check_decode_rows(

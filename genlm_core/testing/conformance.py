@@ -402,20 +402,19 @@ class LogprobBackendConformance:
         check_parity(backend, prompt, atol=self.atol, seeds=(0, 1))
 
     def test_decode_batches(self, backend: Any) -> None:
-        """An engine with its own decode step (a ``decode_step`` keeping batches between a
-        burst's steps, with KV reuse on) resumes its kept batches, runs each token once,
+        """An engine with its own decode step (capability ``"decode"``: ``decode_step`` and
+        ``end_burst`` keeping batches between a burst's steps, with KV reuse on) resumes its kept batches, runs each token once,
         hands every row's KV to the prefix cache when the burst ends, and every row it
         returns is the uncached model's - with another caller's calls between its steps, a
         cache clear in the middle, and a control that fails
         (:func:`~genlm_core.testing.burst.check_decode_batches`)."""
-        from genlm_core.engine import Engine
         from genlm_core.testing.burst import check_decode_batches
 
         engine = getattr(backend, "engine", None)
         kv = getattr(engine, "kv", None)
         if (
             not getattr(backend, "supports_burst", False)
-            or type(engine).decode_step is Engine.decode_step
+            or "decode" not in getattr(engine, "supports", ())
             or kv is None
             or not kv.enabled
         ):

@@ -52,7 +52,7 @@ class SMCResult:
 
 class SMCProgram:
     """The program (see the module docstring). ``live()`` lists the live particles in
-    order; :meth:`step` takes their rows and draws."""
+    order; :meth:`advance` takes their rows, draws, weighs and resamples."""
 
     def __init__(
         self,
@@ -85,9 +85,11 @@ class SMCProgram:
     def context(self, i: int) -> list[int]:
         return self.prompt + self.tokens[i]
 
-    def step(self, logprobs: Any, particles: Sequence[int]) -> tuple[list[int], list[int], bool]:
-        """Draw the tokens of ``particles`` (rows of ``logprobs`` in that order). Returns the
-        drawn ids, the particles that ended, and whether the live ones were resampled."""
+    def advance(self, logprobs: Any, particles: Sequence[int]) -> tuple[list[int], list[int], bool]:
+        """Advance ``particles`` by one token: draw each one's token from its row of
+        ``logprobs`` (in that order), weigh it, end the particles at EOS or ``max_tokens``,
+        and resample when due. Returns the drawn ids, the particles that ended, and whether
+        the live ones were resampled."""
         import torch
 
         lp = logprobs.detach().to("cpu", torch.float64)
@@ -120,6 +122,17 @@ class SMCProgram:
             resampled = True
         return [int(t) for t in drawn], ended, resampled
 
+    def step(self, logprobs: Any, particles: Sequence[int]) -> tuple[list[int], list[int], bool]:
+        """Deprecated: :meth:`advance`."""
+        import warnings
+
+        warnings.warn(
+            "SMCProgram.step is deprecated and will be removed in genlm-core 0.3: call advance()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.advance(logprobs, particles)
+
     def result(self, **extra: Any) -> SMCResult:
         w = self.log_w
         m = max(w)
@@ -131,7 +144,7 @@ def run_steps(backend: Any, program: SMCProgram) -> SMCResult:
     """The program through per-step calls: one ``batch_next_token_logprobs_sync`` a step."""
     while live := program.live():
         rows = backend.batch_next_token_logprobs_sync([program.context(i) for i in live])
-        program.step(rows, live)
+        program.advance(rows, live)
     return program.result()
 
 
@@ -154,9 +167,9 @@ class ProgramControl:
         self.particle[h] = i
         self.adds.append((h, self.program.context(i), None))
 
-    def draw(self, logits: Any, handles: Sequence[int]) -> list[int]:
+    def draw(self, logprobs: Any, handles: Sequence[int]) -> list[int]:
         particles = [self.particle[h] for h in handles]
-        drawn, ended, resampled = self.program.step(logits, particles)
+        drawn, ended, resampled = self.program.advance(logprobs, particles)
         by_particle = {i: h for h, i in self.particle.items()}
         for i in ended:
             h = by_particle[i]
@@ -200,16 +213,16 @@ class LoopControl(ProgramControl):
         super().__init__(program)
         self.loop = loop
 
-    def draw(self, logits: Any, handles: Sequence[int]) -> Any:
+    def draw(self, logprobs: Any, handles: Sequence[int]) -> Any:
         import asyncio
 
         import torch
 
         async def on_loop() -> list[int]:
-            return ProgramControl.draw(self, logits, handles)
+            return ProgramControl.draw(self, logprobs, handles)
 
         drawn = asyncio.run_coroutine_threadsafe(on_loop(), self.loop).result()
-        return torch.tensor(drawn, dtype=torch.int64, device=logits.device)
+        return torch.tensor(drawn, dtype=torch.int64, device=logprobs.device)
 
 
 async def run_burst_on_loop(llm: Any, program: SMCProgram) -> SMCResult:

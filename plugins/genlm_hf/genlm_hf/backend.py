@@ -106,22 +106,26 @@ class HFEngine(Engine):
             self.kv.store(row.ctx, kv)
         return list(logits)  # normalised row by row by the core, each a tensor of its own
 
-    def decode_step(
-        self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]
-    ) -> torch.Tensor | None:
+    def decode_step(self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]) -> torch.Tensor:
         """A burst step (:mod:`genlm_hf.decode`): the rows' distinct contexts in the step
-        loop's batches, each batch resuming the kept KV of the step before when its
-        contexts extend that batch's by one token. Returns one ``(rows, vocab)`` tensor of
-        logits. Without KV reuse (``prefix_cache=False``, or a model whose cache is not
+        loop's batches, each batch resuming the kept KV of the step before when its rows
+        (by handle) continue that batch's by one token. Returns one ``(rows, vocab)``
+        tensor of logits. Without KV reuse (``prefix_cache=False``, or a model whose cache is not
         plain full-attention KV) every step runs :meth:`forward`."""
         with torch.inference_mode():
             return self._decode.decode_step(
                 rows,
+                released,
                 batch_size=self._batch_size,
                 kv=self.kv,
                 forward=lambda contexts: torch.stack(self.forward(contexts)),
                 cat=torch.cat,
             )
+
+    def end_burst(self, released: Collection[int]) -> None:
+        """The burst ended: every kept row's KV to the prefix cache, the buffers freed."""
+        with torch.inference_mode():
+            self._decode.end_burst(released, self.kv)
 
     def stats(self) -> dict[str, Any]:
         return self._decode.stats()

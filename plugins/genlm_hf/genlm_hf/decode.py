@@ -20,12 +20,11 @@ from typing import Any
 import torch
 
 from genlm_core.engine import KVReuse
+from genlm_core.engine.contexts import Context
 from genlm_core.engine.decode_batches import KeptBatch
 from genlm_hf.kv import Row, Slots, copy_out, resume_rows, run_rows
 
 __all__ = ["HFDecodeOps", "KeptBuffer"]
-
-Context = tuple[int, ...]
 
 
 @dataclass

@@ -66,7 +66,7 @@ class LlamaCppEngine(Engine):
 
     config_class = LlamaCppConfig
     #: bursts: the core's decode step over forward; each row resumes its sequence
-    supports = frozenset({"decode", "kv"})
+    supports = frozenset({"burst", "kv"})
     forward_in_thread = False  # llama.cpp computes on every core already
 
     def __init__(self, context: "LlamaContext", config: LlamaCppConfig | None = None) -> None:

@@ -139,7 +139,7 @@ def test_storing_a_chunk_never_frees_a_sequence_it_just_extended(tiny_gguf) -> N
                 contexts = [program.context(i) for i in live]
                 rows = llm.batch_next_token_logprobs_sync(contexts)
                 seen += zip(contexts, rows)
-                program.step(rows, live)
+                program.advance(rows, live)
             for ctx, row in seen:  # afterwards: the uncached path empties the KV cache
                 assert_tiny_close(row, llm.next_token_logprobs_uncached(ctx))
     finally:

@@ -15,12 +15,11 @@ from typing import Any
 
 import torch
 
+from genlm_core.engine.contexts import Context
 from genlm_core.engine.decode_batches import KeptBatch
 from genlm_mlx import prefill
 
 __all__ = ["KeptCaches", "MLXDecodeOps"]
-
-Context = tuple[int, ...]
 
 
 @dataclass

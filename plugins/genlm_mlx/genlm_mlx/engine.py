@@ -11,7 +11,7 @@ Importing this module does not import mlx; creating an engine does.
   sliding-window layers) get a warning and no prefix caching.
 * ``sample`` uses mlx-lm's ``generate_step`` and ``make_sampler``, seeded
   (:mod:`genlm_mlx.sampling`).
-* ``decode_step`` (bursts) keeps each step's batch caches for the next step
+* ``decode_step`` and ``end_burst`` (bursts) keep each step's batch caches for the next step
   (:mod:`genlm_mlx.decode`).
 """
 
@@ -138,17 +138,20 @@ class MLXEngine(Engine):
                 self.kv.store(ctx, kv)
         return torch.from_numpy(out.logits)
 
-    def decode_step(
-        self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]
-    ) -> "torch.Tensor | None":
+    def decode_step(self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]) -> "torch.Tensor":
         """A burst step (:mod:`genlm_mlx.decode`): the rows' distinct contexts in the step
-        loop's batches, each resuming the kept caches of the step before when its contexts
-        extend that batch's by one token. Without KV reuse every step runs :meth:`forward`."""
+        loop's batches, each resuming the kept caches of the step before when its rows (by
+        handle) continue that batch's by one token. Without KV reuse every step runs
+        :meth:`forward`."""
         import torch
 
         return self._decode.decode_step(
-            rows, batch_size=self._batch_size, kv=self.kv, forward=self.forward, cat=torch.cat
+            rows, released, batch_size=self._batch_size, kv=self.kv, forward=self.forward, cat=torch.cat
         )
+
+    def end_burst(self, released: Collection[int]) -> None:
+        """The burst ended: every kept row's KV to the prefix cache, the caches freed."""
+        self._decode.end_burst(released, self.kv)
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         import torch

@@ -25,7 +25,7 @@ class MockEngine(Engine):
     """
 
     config_class = MockConfig
-    supports = frozenset({"decode"})
+    supports = frozenset({"burst"})
 
     def __init__(self, tokenizer: Any = None, config: MockConfig | None = None) -> None:
         config = config or MockConfig()

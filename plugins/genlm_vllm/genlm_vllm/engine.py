@@ -8,9 +8,9 @@ tag (see :mod:`genlm_vllm.capture` for the row-to-request mapping). vLLM schedul
 the batch as it likes (chunked prefill, preemption, prefix-cache hits); the result
 is always in request order.
 
-A burst (``decode_step``) keeps each row as a vLLM streaming-input session that runs
-one token a step over its kept KV (:mod:`genlm_vllm.sessions`). So do ordinary calls
-(the resident path, ``VLLMConfig.resident``, on by default): ``forward`` drives
+A burst (``decode_step``, ``end_burst``) keeps each row as a vLLM streaming-input
+session that runs one token a step over its kept KV (:mod:`genlm_vllm.sessions`). So do
+ordinary calls (the resident path, ``VLLMConfig.resident``, on by default): ``forward`` drives
 ``LLMEngine`` itself, every row a session kept after the call, and a later call whose
 context extends a live row's by a token or a few continues that row and runs only its
 new tokens (:class:`~genlm_vllm.sessions.ResidentSessions` over the core's
@@ -256,16 +256,24 @@ class VLLMEngine(Engine):
             pass
 
     # ------------------------------------------------------------------ bursts
-    def decode_step(
-        self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]
-    ) -> torch.Tensor | None:
-        """One step of a burst: each row a vLLM streaming-input session that keeps its KV
-        between steps and runs only the token drawn last (:mod:`genlm_vllm.sessions`)."""
+    def decode_step(self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]) -> torch.Tensor:
+        """One step of a burst: each row (by handle) a vLLM streaming-input session that
+        keeps its KV between steps and runs only the token drawn last
+        (:mod:`genlm_vllm.sessions`)."""
         self.check_healthy()
         try:
-            if self.resident is not None and rows:
+            if self.resident is not None:
                 self.resident.make_room(len(rows))  # request slots for the burst's sessions
-            return self.sessions.step(rows, released)
+            return self.sessions.take_turn(rows, released)
+        except BaseException as exc:
+            self.check_healthy(exc)
+            raise
+
+    def end_burst(self, released: Collection[int]) -> None:
+        """The burst ended: its rows' sessions end."""
+        self.check_healthy()
+        try:
+            self.sessions.end_burst(released)
         except BaseException as exc:
             self.check_healthy(exc)
             raise

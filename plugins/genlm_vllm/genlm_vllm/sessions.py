@@ -11,7 +11,8 @@ capture processor (:mod:`genlm_vllm.capture`) records the row of the turn's last
 as it does for a ``forward`` call. The token vLLM samples in the turn is thrown away by the
 next turn (the scheduler keeps computed tokens only).
 
-What :class:`DecodeSessions` does at each step (``VLLMEngine.decode_step``):
+What :class:`DecodeSessions` does at each step (``VLLMEngine.decode_step``: one turn of
+every row's session, :meth:`DecodeSessions.take_turn`; a row is its handle):
 
 * a live row whose context extends its session's by one token resumes it with that token;
 * a row added mid-burst (a resampled particle re-added with its prefix) takes over a
@@ -19,7 +20,7 @@ What :class:`DecodeSessions` does at each step (``VLLMEngine.decode_step``):
   token to run), or starts a session from its prompt (vLLM's prefix cache supplies the
   full blocks it holds);
 * released sessions nobody took over are aborted (their full blocks stay in vLLM's prefix
-  cache).
+  cache); so are the last ones when the burst ends (``VLLMEngine.end_burst``).
 
 Another call on the engine (``forward``, ``sample``, a cache reset, a LoRA switch) closes
 every session first: ``LLM.generate`` runs the engine until no request is unfinished, and
@@ -35,16 +36,17 @@ from __future__ import annotations
 
 import copy
 import itertools
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from genlm_core.engine.contexts import Context
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["DecodeSessions", "Session", "Turn", "run_turns"]
-
-Context = tuple[int, ...]
 
 
 @dataclass
@@ -216,11 +218,28 @@ class DecodeSessions:
         #: sessions started from a prompt / resumed with new tokens / closed unfinished
         self.started = 0
         self.resumed = 0
-        self.closed = 0
+        self.sessions_closed = 0
+
+    @property
+    def closed(self) -> int:
+        """Deprecated: :attr:`sessions_closed` (a count; ``VLLMEngine.closed`` is a bool)."""
+        warnings.warn(
+            "DecodeSessions.closed is deprecated and will be removed in genlm-core 0.3: read "
+            "sessions_closed (the number of sessions closed unfinished)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.sessions_closed
 
     # ------------------------------------------------------------------ one step
-    def step(self, rows: Mapping[int, Context], released: Collection[int]) -> "torch.Tensor | None":
-        """The logits of every row (in the order of ``rows``); None for an empty step."""
+    def take_turn(self, rows: Mapping[int, Context], released: Collection[int]) -> "torch.Tensor":
+        """One turn of every row's session: the logits of every row (in the order of
+        ``rows``, never empty); ``released``: handles dropped since the last step, whose
+        sessions a new row may take over (else they end)."""
+        if not rows:
+            raise ValueError(
+                "DecodeSessions.take_turn: a decode step has rows; a burst ends with end_burst(released)"
+            )
         free: list[Session] = [self.live.pop(h) for h in released if h in self.live]
         plan: list[tuple[int, Session | None, Context]] = []  # (handle, session, tokens to run)
         waiting: list[tuple[int, Context]] = []
@@ -240,8 +259,6 @@ class DecodeSessions:
             else:
                 plan.append((h, None, ctx))
         self._abort(free)
-        if not plan:
-            return None
         order = {h: i for i, h in enumerate(rows)}
         plan.sort(key=lambda p: order[p[0]])
         try:
@@ -249,6 +266,24 @@ class DecodeSessions:
         except BaseException:
             self.close_all()
             raise
+
+    def end_burst(self, released: Collection[int]) -> None:
+        """The burst ended: the sessions of ``released`` end (their full blocks stay in
+        vLLM's prefix cache)."""
+        self._abort([self.live.pop(h) for h in released if h in self.live])
+
+    def step(self, rows: Mapping[int, Context], released: Collection[int]) -> "torch.Tensor | None":
+        """Deprecated: :meth:`take_turn` (rows), :meth:`end_burst` (no rows: returns None)."""
+        warnings.warn(
+            "DecodeSessions.step is deprecated and will be removed in genlm-core 0.3: call "
+            "take_turn(rows, released), and end_burst(released) when the burst ends",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if not rows:
+            self.end_burst(released)
+            return None
+        return self.take_turn(rows, released)
 
     def _extends(self, s: Session, ctx: Context) -> bool:
         n = len(s.context)
@@ -275,7 +310,7 @@ class DecodeSessions:
     def _abort(self, sessions: list[Session]) -> None:
         if sessions:
             self.engine.llm.llm_engine.abort_request([s.request_id for s in sessions], internal=True)
-            self.closed += len(sessions)
+            self.sessions_closed += len(sessions)
 
     def close_all(self) -> None:
         """Abort every session (before another engine call, a cache reset or close)."""
