@@ -24,7 +24,9 @@ Optional capabilities are declared in :attr:`Engine.supports` (a set of the name
 declares it, and refuses an engine that declares one without writing its methods:
 
 * ``"sample"``: :meth:`Engine.sample`, the engine's own sampler;
-* ``"decode"``: bursts (:mod:`genlm_core.engine.burst`);
+* ``"burst"``: bursts (:mod:`genlm_core.engine.burst`) through the core's decode step
+  (the rows' distinct contexts through ``forward``); ``"decode"``: bursts through the
+  engine's own :meth:`Engine.decode_step` and :meth:`Engine.end_burst`, rows kept between steps;
 * ``"kv"``: the engine resumes a context from the KV state of a prefix. The core builds
   its :class:`~genlm_core.engine.kv_reuse.KVReuse` (the registered prefix cache the
   config names, under the config's budget) and hands it to the engine as :attr:`Engine.kv`
