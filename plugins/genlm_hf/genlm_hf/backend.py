@@ -26,6 +26,7 @@ from genlm_hf.config import HFConfig
 from genlm_hf.decode import HFDecodeOps
 from genlm_hf.kv import Row, Workspace, forward_rows, supports_kv_reuse
 from genlm_hf.loading import load_model_and_tokenizer, supported_dtypes
+from genlm_hf.static import make_static_decoder
 
 __all__ = ["HFBackend", "HFEngine"]
 
@@ -64,7 +65,11 @@ class HFEngine(Engine):
         self.forward_in_thread = torch.device(self._device).type != "cpu"
         self._workspace = Workspace()  # the batch KV buffer's memory, kept between passes
         self._batch_size = config.batch_size
-        self._decode = DecodeBatches(HFDecodeOps(self))  # a burst's rows, KV kept between steps
+        # a burst's rows, KV kept between steps; on static buffers when static_decode is on
+        self._static = make_static_decoder(
+            model, config, logits_to_keep=self._logits_to_keep, pad_id=self._pad_id
+        )
+        self._decode = DecodeBatches(HFDecodeOps(self, static=self._static))
 
     @classmethod
     def load(cls, checkpoint: Checkpoint, config: HFConfig) -> "HFEngine":  # type: ignore[override]
@@ -130,7 +135,10 @@ class HFEngine(Engine):
         return torch.log_softmax(logits[:, : self.vocab_size].to(torch.float32), dim=-1)
 
     def stats(self) -> dict[str, Any]:
-        return self._decode.stats()
+        out = self._decode.stats()
+        if self._static is not None:
+            out.update(self._static.stats())
+        return out
 
     def _normalised(self, logits: torch.Tensor) -> list[torch.Tensor]:
         """The float32 ``log_softmax`` of each row's first ``vocab_size`` logits, each row
@@ -159,11 +167,15 @@ class HFEngine(Engine):
         self.kv.clear()
         self._workspace.clear()
         self._decode.clear()
+        if self._static is not None:
+            self._static.clear()
 
     def close(self) -> None:
         self.kv.clear()
         self._workspace.clear()
         self._decode.clear()
+        if self._static is not None:
+            self._static.clear()
         self.model = None
         gc.collect()
         if torch.cuda.is_available():
