@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import torch
+from genlm_hf.static import MIN_COLUMNS, batch_bucket, column_bucket
 from hf_helpers import load_hf
 
 from genlm_core.testing.tolerance import assert_rows_close, model_shape
-from genlm_hf.static import MIN_COLUMNS, batch_bucket, column_bucket
 
 
 def _script(vocab: int, n: int, steps: int, seed: int) -> list[dict[int, tuple[int, ...]]]:
