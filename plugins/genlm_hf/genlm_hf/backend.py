@@ -70,6 +70,8 @@ class HFEngine(Engine):
             model, config, logits_to_keep=self._logits_to_keep, pad_id=self._pad_id
         )
         self._decode = DecodeBatches(HFDecodeOps(self, static=self._static))
+        # static buckets run other shapes (padded rows and columns) than a step's fresh pass
+        self.decode_same_arithmetic = self._static is None
 
     @classmethod
     def load(cls, checkpoint: Checkpoint, config: HFConfig) -> "HFEngine":  # type: ignore[override]
