@@ -178,6 +178,7 @@ class HFEngine(Engine):
         self._decode.clear()
         if self._static is not None:
             self._static.clear()
+            self._static.model = None  # it holds the model for its captures: let it go
         self.model = None
         gc.collect()
         if torch.cuda.is_available():
