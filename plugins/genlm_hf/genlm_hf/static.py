@@ -247,8 +247,10 @@ class StaticDecoder:
         pad_id: int,
         mask: str,
         max_columns: int | None,
+        strict: bool = False,
     ) -> None:
         self.model = model
+        self.strict = strict  # a capture that fails raises (static_decode="on"), else runs without graphs
         self.batch_size = batch_size
         self.max_bytes = max_bytes
         self.graph = graph
@@ -335,8 +337,19 @@ class StaticDecoder:
         need = max(batch.lengths) + 1
         if need > batch.slot.bucket[1]:
             self._move(batch, need)
-        fresh = self.graph and batch.slot.graph is None
-        logits = batch.slot.run(tokens, batch.lengths, self.pad_id)
+        slot = batch.slot
+        fresh = slot._use_graph and slot.graph is None
+        try:
+            logits = slot.run(tokens, batch.lengths, self.pad_id)
+        except Exception as exc:  # noqa: BLE001 - a model the capture cannot take
+            if not fresh or self.strict:
+                raise
+            note(f"hf: the static decode step could not be captured ({exc!r}); it runs without graphs")
+            self.graph = False
+            for s in [slot, *self._free.values()]:
+                s._use_graph = False
+            logits = slot.run(tokens, batch.lengths, self.pad_id)  # idempotent: the same KV again
+            fresh = False
         self.captured += fresh
         batch.lengths = [n + 1 for n in batch.lengths]
         self.steps += 1
@@ -385,8 +398,9 @@ def make_static_decoder(
     model: Any, config: Any, *, logits_to_keep: bool, pad_id: int
 ) -> StaticDecoder | None:
     """The engine's :class:`StaticDecoder` per ``config.static_decode`` ("auto": on CUDA
-    only, captured; "on": everywhere, captured on CUDA; "off": none), or None. Raises
-    ``ValueError`` for "on" with a model the static step cannot run."""
+    only, captured, and without graphs if a capture fails; "on": everywhere, captured on
+    CUDA, a failed capture raises; "off": none), or None. Raises ``ValueError`` for "on"
+    with a model the static step cannot run."""
     mode = config.static_decode
     device = torch.device(model.device)
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
@@ -413,4 +427,5 @@ def make_static_decoder(
         pad_id=pad_id,
         mask=_MASKS[impl],
         max_columns=int(limit) if limit else None,
+        strict=mode == "on",
     )

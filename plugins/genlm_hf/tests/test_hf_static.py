@@ -132,6 +132,25 @@ def test_free_buckets_are_dropped_within_the_bound(tiny_llama_path: str) -> None
         llm.close()
 
 
+def test_a_capture_that_fails_falls_back_unless_on(tiny_llama_path: str) -> None:
+    """ "auto" on a model the capture cannot take runs the static step without graphs (here:
+    a capture asked for on the CPU, where torch.cuda fails); "on" raises."""
+    llm = load_hf(tiny_llama_path, batch_size=4, static_decode="on")
+    off = load_hf(tiny_llama_path, batch_size=4, static_decode="off")
+    try:
+        static = llm.engine._static
+        static.graph = True  # the slots it makes try to capture their step
+        script = _script(llm.vocab_size, 3, 6, seed=2)
+        with pytest.raises(Exception):  # noqa: B017 - whatever torch.cuda raises without CUDA
+            _run(llm, script)
+        static.strict = False  # "auto"
+        stats = _check(llm, off, script, "float32")
+        assert not static.graph and stats["static_captured"] == 0 and stats["static_steps"] > 0
+    finally:
+        llm.close()
+        off.close()
+
+
 def test_buckets() -> None:
     assert [batch_bucket(n, 64) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
     assert batch_bucket(5, 6) == 6 and batch_bucket(7, 4) == 7  # at most batch_size, never below the rows
