@@ -7,7 +7,8 @@ On a CUDA machine, within a time budget (default 330 s from the shell script's s
    random weights from a real config and tokenizer (scripts/gpu_models.py);
 2. the ``cuda`` tests: ``pytest -m cuda`` over the project's suites (collected first:
    a suite that cannot be collected here - an engine not installed - is listed, and the
-   ``cuda`` tests that were collected still run);
+   ``cuda`` tests that were collected still run; those of :data:`REQUIRED_CUDA_TESTS`,
+   the captured static decode step among them, must be collected);
 3. the GPU benchmarks on both models, short repetitions: ``bench_hf_step`` (16 and 64
    rows), ``bench_burst`` (hf, 16 and 64 particles), ``bench_sis`` (SIS, 16 particles and
    64 in its sweep; against genlm-backend 0.3.1 where its reference stack is importable,
@@ -48,6 +49,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 #: the models of a GPU run: (shape for gpu_models.py, tag in the result names, dtype)
 GPU_MODELS = [("1.7b", "smollm2-1.7b-bf16", "bfloat16"), ("135m", "smollm2-135m-f32", "float32")]
 DRY_MODELS = [("tiny", "tiny-llama-f32", "float32")]
+#: cuda tests the check must collect (a suite that stops collecting them fails the check)
+REQUIRED_CUDA_TESTS = [
+    # issue 44: the captured static decode step against the eager one, float32 and bfloat16
+    "plugins/genlm_hf/tests/test_hf_static.py::test_static_decode_captured_on_cuda",
+]
 #: each benchmark's settings: (on a GPU, in a dry run on the CPU); short repetitions
 SIZES = {
     "hf_step": (
@@ -270,6 +276,19 @@ def main(argv: list[str] | None = None) -> int:
         tests = {"collected": ids, "collection_errors": errors}
         if errors:
             log(f"suites not collected here (their engine is missing?): {', '.join(errors)}")
+        missing = [t for t in REQUIRED_CUDA_TESTS if not any(i.startswith(t) for i in ids)]
+        if missing:
+            tests["required_missing"] = missing
+            check.steps.append(
+                Step(
+                    "tests (required)",
+                    [],
+                    0,
+                    rc=1,
+                    note=f"required cuda tests not collected: {', '.join(missing)}",
+                )
+            )
+            log(check.steps[-1].note)
         if dry:
             check.steps.append(
                 Step("tests (collected only)", [], 0, rc=0 if ids else 1, seconds=time.perf_counter() - t0)

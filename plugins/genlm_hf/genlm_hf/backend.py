@@ -29,6 +29,7 @@ from genlm_hf.config import HFConfig
 from genlm_hf.decode import HFDecodeOps
 from genlm_hf.kv import Row, Workspace, forward_rows, supports_kv_reuse
 from genlm_hf.loading import load_model_and_tokenizer, supported_dtypes
+from genlm_hf.static import make_static_decoder
 
 __all__ = ["HFBackend", "HFEngine"]
 
@@ -56,9 +57,16 @@ class HFEngine(Engine):
         # on CPU torch's intra-op threads already use every core: a worker thread only
         # adds a hop (the SIS benchmark ran 7% slower with one, benchmarks/bench_sis.py)
         self.forward_in_thread = torch.device(self._device).type != "cpu"
-        self._workspace = Workspace()  # the batch KV buffer's memory, kept between passes
+        #: the batch KV buffer's memory, kept between passes
+        self.workspace = Workspace()
         self._batch_size = config.batch_size
-        self._decode = DecodeBatches(HFDecodeOps(self))  # a burst's rows, KV kept between steps
+        # a burst's rows, KV kept between steps; on static buffers when static_decode is on
+        self.static = make_static_decoder(
+            model, config, logits_to_keep=self.logits_to_keep, pad_id=self.pad_id
+        )
+        self._decode = DecodeBatches(HFDecodeOps(self, static=self.static))
+        # static buckets run other shapes (padded rows and columns) than a step's fresh pass
+        self.decode_same_arithmetic = self.static is None
         self._adapters_loaded = False
         self._active_adapter: str | None = None
 
@@ -99,7 +107,7 @@ class HFEngine(Engine):
                 want_kv=self.kv.enabled,
                 logits_to_keep=self.logits_to_keep,
                 pad_id=self.pad_id,
-                workspace=self._workspace,
+                workspace=self.workspace,
             )
         self.kv.count(sum(len(r.ctx) - r.depth for r in rows), sum(r.depth for r in rows))
         for row, kv in zip(rows, kvs or []):
@@ -128,7 +136,10 @@ class HFEngine(Engine):
             self._decode.end_burst(released, self.kv)
 
     def stats(self) -> dict[str, Any]:
-        return self._decode.stats()
+        out = self._decode.stats()
+        if self.static is not None:
+            out.update(self.static.stats())
+        return out
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
         """One full forward pass per context, no padding, no cache: the reference."""
@@ -167,13 +178,18 @@ class HFEngine(Engine):
 
     def clear_cache(self) -> None:
         self.kv.clear()
-        self._workspace.clear()
+        self.workspace.clear()
         self._decode.clear()
+        if self.static is not None:
+            self.static.clear()
 
     def close(self) -> None:
         self.kv.clear()
-        self._workspace.clear()
+        self.workspace.clear()
         self._decode.clear()
+        if self.static is not None:
+            self.static.clear()
+            self.static.model = None  # it holds the model for its captures: let it go
         self.model = None
         gc.collect()
         if torch.cuda.is_available():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -40,6 +40,20 @@ class HFConfig(KVCacheOptions, BackendConfig):
     trust_remote_code: bool = Field(False, description="allow model code shipped with the checkpoint")
     lora_path: str | None = Field(None, description="LoRA adapter folder loaded (and activated) at start")
     lora_name: str = Field("default", description="name of the adapter given by `lora_path`")
+    static_decode: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description=(
+            "a burst's kept decode batches step over static KV buffers, one per (batch, length) "
+            "bucket, captured as CUDA graphs on CUDA (genlm_hf.static, docs/gpu.md): 'auto' is on "
+            "for CUDA and off elsewhere (it does not pay on the CPU), 'on' everywhere, 'off' never"
+        ),
+    )
+    static_decode_bytes: int = Field(
+        2**30,
+        ge=0,
+        description="the most bytes the static decode buffers take together (free buckets are dropped "
+        "least recently used first; a batch that finds no room runs on the eager path)",
+    )
 
     def requested_dtype(self) -> str:
         """``dtype``, or genlm-backend's ``hf_opts={"torch_dtype": ...}`` when dtype is 'auto'."""

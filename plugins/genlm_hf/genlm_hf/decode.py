@@ -23,6 +23,7 @@ from genlm_core.engine import KVReuse
 from genlm_core.engine.contexts import Context
 from genlm_core.engine.decode_batches import KeptBatch
 from genlm_hf.kv import Row, Slots, copy_out, resume_rows, run_rows
+from genlm_hf.static import StaticBatch, StaticDecoder
 
 __all__ = ["HFDecodeOps", "KeptBuffer"]
 
@@ -41,13 +42,30 @@ class KeptBuffer:
 class HFDecodeOps:
     """:class:`~genlm_core.engine.decode_batches.DecodeOps` over a transformers model."""
 
-    def __init__(self, engine: Any, headroom: int = 16) -> None:
+    def __init__(self, engine: Any, headroom: int = 16, static: StaticDecoder | None = None) -> None:
         self.engine = engine
         self.headroom = headroom
+        self.static = static  # kept batches on static buffers (genlm_hf.static), or None
 
     def assemble(self, contexts: list[Context], sources: list[tuple[int, Any]]) -> tuple[Any, Any]:
         engine = self.engine
         rows = [Row(c, depth, payload) for c, (depth, payload) in zip(contexts, sources)]
+        if self.static is not None:
+            logits, slots = run_rows(
+                engine.model,
+                rows,
+                use_cache=True,
+                logits_to_keep=engine.logits_to_keep,
+                pad_id=engine.pad_id,
+                workspace=engine.workspace,
+            )
+            assert slots is not None and slots.buf is not None
+            batch = self.static.keep(rows, slots)  # the rows join the static path
+            if batch is not None:
+                return logits, batch
+            for r, payload in zip(rows, copy_out(slots, rows)):  # no room there: store them
+                engine.kv.store(r.ctx, payload)
+            return logits, None
         logits, slots = run_rows(
             engine.model,
             rows,
@@ -67,6 +85,8 @@ class HFDecodeOps:
         return logits, None
 
     def resume(self, batch: KeptBatch, contexts: list[Context]) -> Any:
+        if isinstance(batch.state, StaticBatch):
+            return self.static.resume(batch.state, [c[-1] for c in contexts])  # type: ignore[union-attr]
         kept: KeptBuffer = batch.state
         _make_room(kept, self.headroom)
         depths = [len(c) for c in batch.contexts]
@@ -80,6 +100,8 @@ class HFDecodeOps:
         return logits
 
     def row_kv(self, batch: KeptBatch, i: int, depth: int, copy: bool) -> Any:
+        if isinstance(batch.state, StaticBatch):
+            return self.static.row_kv(batch.state, i, depth, copy)  # type: ignore[union-attr]
         kept: KeptBuffer = batch.state
         first = kept.end - len(batch.contexts[i])
         view = kept.buf[:, :, i, :, first : first + depth]

@@ -46,3 +46,17 @@ class TestHFNoPrefixCacheConformance(LogprobBackendConformance):
         assert not llm.kv_reuse
         yield llm
         llm.close()
+
+
+class TestHFStaticDecodeConformance(LogprobBackendConformance):
+    """Bursts' kept batches on the static decode step (genlm_hf.static; on the CPU it is
+    off unless asked), in batches of 3 (padded to the 4-row bucket)."""
+
+    max_len = 12
+
+    @pytest.fixture(scope="class")
+    def backend(self, tiny_llama_path):
+        llm = load_hf(tiny_llama_path, batch_size=3, static_decode="on")
+        assert llm.engine.static is not None
+        yield llm
+        llm.close()

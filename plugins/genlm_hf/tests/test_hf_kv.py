@@ -199,12 +199,12 @@ def test_a_stored_kv_is_never_the_reused_batch_buffer(llama) -> None:
     depth, first = llm.prefix_cache.deepest_kv((11, 12, 13))
     assert depth == 3
     kept = first.clone()
-    block = llm.engine._workspace._block
+    block = llm.engine.workspace._block
     assert block is not None  # the buffer's memory was kept for the next pass
     start = block.untyped_storage().data_ptr()
     assert not start <= first.data_ptr() < start + block.untyped_storage().nbytes()
     llm.next_token_logprobs_sync([21, 22, 23])  # same shape: the same memory again
-    assert llm.engine._workspace._block is block
+    assert llm.engine.workspace._block is block
     assert torch.equal(llm.prefix_cache.deepest_kv((11, 12, 13))[1], kept)
     row = llm.next_token_logprobs_sync([11, 12, 13, 14])  # resumes from the kept KV
     assert_tiny_close(row, reference(llm, [[11, 12, 13, 14]])[0])
