@@ -210,7 +210,7 @@ def _engine_child(
                 "batch": b,
                 "step_ms": 1000 * statistics.median(steps[1:]),
                 "fetch_ms": 1000 * statistics.median(fetches[1:]),
-                "bytes": 0 if llm.in_process else b * llm.engine._row_width * 4,
+                "bytes": 0 if llm.engine.in_process else b * llm.engine.captured_width * 4,
             }
         )
     out = {
@@ -218,11 +218,11 @@ def _engine_child(
         "vocab": vocab,
         "rows": rows,
         "start_s": start_s,
-        "row_width": llm.engine._row_width,
+        "row_width": llm.engine.captured_width,
         "cores": cores,
         "world_size": info.get("world_size"),
         "engine_core": info.get("engine_core"),
-        "transport_counts": dict(llm.transport_counts),
+        "transport_counts": dict(llm.engine.transport_counts),
     }
     llm.close()
     return out

@@ -35,7 +35,35 @@ from genlm_core.config import GenlmConfig
 from genlm_core.engine.memory import sizeof as default_sizeof
 from genlm_core.protocols import PrefixKVCache
 
-__all__ = ["KVCacheOptions", "KVReuse", "prefix_cache_class"]
+__all__ = ["ComputeCounters", "KVCacheOptions", "KVReuse", "prefix_cache_class"]
+
+
+class ComputeCounters:
+    """The counters every engine reports in ``stats()["engine"]``, with one meaning:
+    ``forward_calls`` model calls (one per batch), ``tokens_computed`` context tokens the
+    model ran, ``tokens_reused`` context tokens resumed from kept KV instead (a prefix
+    cache's, vLLM's prefix cache or kept sessions). :class:`KVReuse` keeps one; an engine
+    that reuses KV its own way (vLLM) keeps one of its own."""
+
+    def __init__(self) -> None:
+        self.forward_calls = 0
+        self.tokens_computed = 0
+        self.tokens_reused = 0
+
+    def count(self, computed: int, reused: int, calls: int = 1) -> None:
+        """A model call (``calls``) that ran ``computed`` tokens and resumed ``reused`` from
+        kept KV (an engine counting one call in parts passes ``calls=0`` for the rest)."""
+        self.forward_calls += calls
+        self.tokens_computed += int(computed)
+        self.tokens_reused += int(reused)
+
+    def stats(self) -> dict[str, int]:
+        """``{"forward_calls", "tokens_computed", "tokens_reused"}``."""
+        return {
+            "forward_calls": self.forward_calls,
+            "tokens_computed": self.tokens_computed,
+            "tokens_reused": self.tokens_reused,
+        }
 
 
 class KVCacheOptions(GenlmConfig):
@@ -112,9 +140,8 @@ class KVReuse:
             if enabled and budget != 0
             else None
         )
-        self.forward_calls = 0
-        self.tokens_computed = 0
-        self.tokens_reused = 0
+        #: the model calls using the cache (:class:`ComputeCounters`)
+        self.counters = ComputeCounters()
 
     @classmethod
     def for_engine(cls, engine: Any, config: Any) -> "KVReuse":
@@ -146,6 +173,18 @@ class KVReuse:
     @property
     def enabled(self) -> bool:
         return self.cache is not None
+
+    @property
+    def forward_calls(self) -> int:
+        return self.counters.forward_calls
+
+    @property
+    def tokens_computed(self) -> int:
+        return self.counters.tokens_computed
+
+    @property
+    def tokens_reused(self) -> int:
+        return self.counters.tokens_reused
 
     def lookup(self, contexts: Sequence[Sequence[int]]) -> list[tuple[int, Any]]:
         """``(depth, kv)`` of the deepest cached proper prefix of every context
@@ -201,9 +240,7 @@ class KVReuse:
     def count(self, computed: int, reused: int, calls: int = 1) -> None:
         """A model call (``calls``) that ran ``computed`` tokens and resumed ``reused`` from
         the cache (an engine counting one call in parts passes ``calls=0`` for the rest)."""
-        self.forward_calls += calls
-        self.tokens_computed += int(computed)
-        self.tokens_reused += int(reused)
+        self.counters.count(computed, reused, calls)
 
     def clear(self) -> None:
         """Drop every payload (``on_evict`` is told of each; owners nothing reads are released)."""
@@ -223,12 +260,7 @@ class KVReuse:
 
     def stats(self) -> dict[str, Any]:
         """``{"forward_calls", "tokens_computed", "tokens_reused", "kv_reuse"}``."""
-        return {
-            "forward_calls": self.forward_calls,
-            "tokens_computed": self.tokens_computed,
-            "tokens_reused": self.tokens_reused,
-            "kv_reuse": self.enabled,
-        }
+        return {**self.counters.stats(), "kv_reuse": self.enabled}
 
 
 class _Held:

@@ -24,7 +24,7 @@ script or a test module would have to travel by value). Calls are synchronous an
 thread-safe (the backend serialises engine calls), so the actor may be threaded
 (``max_concurrency`` > 1): :meth:`info`, :meth:`healthy` and :meth:`in_flight` then
 answer while a batch runs. When a worker of the engine dies, the running and later
-calls raise :class:`~genlm_vllm.backend.EngineDiedError` (Ray wraps it in a
+calls raise :class:`~genlm_vllm.lifecycle.EngineDiedError` (Ray wraps it in a
 ``RayTaskError`` whose ``cause`` it is) and :meth:`healthy` turns False: close the actor
 and start a new one. :meth:`close` (and Ray's graceful actor exit, ``__ray_shutdown__``)
 shuts the engine down and removes its shared-memory buffer.
@@ -99,7 +99,7 @@ class VLLMActor:
             )
 
     def vocab_size(self) -> int:
-        return len(self.backend.byte_vocab)
+        return self.backend.vocab_size
 
     def eos_token_ids(self) -> list[int]:
         return sorted(self.backend.eos_token_ids)

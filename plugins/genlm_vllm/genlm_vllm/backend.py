@@ -1,81 +1,47 @@
-"""VLLMBackend: genlm-core's backend holding a :class:`~genlm_vllm.engine.VLLMEngine`.
+"""Deprecated: ``VLLMBackend`` and the names re-exported here (genlm-core 0.3 removes them).
 
-The engine is the vLLM part (logits capture, vLLM's sampler, its processes, read
-through the backend: ``llm.in_process``, ``llm.workers``); this class adds LoRA
-adapters (a :class:`~genlm_core.protocols.LoraBackend`). ``EngineDiedError``, ``VLLMNotInstalledError``,
-``INSTALL_HINT``, ``engine_kwargs`` and ``check_dtype`` are importable from here too.
+A plugin registers its engine, :class:`~genlm_vllm.engine.VLLMEngine` (LoRA adapters are
+its capability ``"lora"``); ``genlm_core.load("vllm", ...)`` builds the backend, and
+``BaseLogprobBackend(VLLMEngine(llm, config), config)`` holds an engine around an ``LLM``
+started by hand with :func:`genlm_vllm.launch.engine_kwargs`. The other names live in
+:mod:`genlm_vllm.launch` (``INSTALL_HINT``, ``VLLMNotInstalledError``, ``engine_kwargs``,
+``check_dtype``) and :mod:`genlm_vllm.lifecycle` (``EngineDiedError``); read from here,
+they warn.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-from genlm_core.engine import BaseLogprobBackend, LoraAdapters
-from genlm_vllm.config import VLLMConfig
+from genlm_core.engine.backend import backend_class
 from genlm_vllm.engine import VLLMEngine
-from genlm_vllm.launch import INSTALL_HINT, VLLMNotInstalledError, check_dtype, engine_kwargs
-from genlm_vllm.lifecycle import EngineDiedError
 
-__all__ = [
-    "INSTALL_HINT",
-    "EngineDiedError",
-    "VLLMBackend",
-    "VLLMNotInstalledError",
-    "check_dtype",
-    "engine_kwargs",
-]
+#: re-exported name -> the module that defines it (read through ``__getattr__``, warning)
+_MOVED = {
+    "INSTALL_HINT": "genlm_vllm.launch",
+    "VLLMNotInstalledError": "genlm_vllm.launch",
+    "check_dtype": "genlm_vllm.launch",
+    "engine_kwargs": "genlm_vllm.launch",
+    "EngineDiedError": "genlm_vllm.lifecycle",
+}
+
+__all__ = ["VLLMBackend", *_MOVED]
+
+VLLMBackend = backend_class("vllm", VLLMEngine, deprecated="genlm_vllm.VLLMBackend")
 
 
-class VLLMBackend(BaseLogprobBackend):
-    """LogprobBackend on a ``vllm.LLM`` engine (V1).
+def __getattr__(name: str) -> Any:
+    """The re-exported names, with a deprecation warning naming their module."""
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-    Build it with ``genlm_core.load("vllm", model=...)``, ``VLLMBackend.from_name`` or
-    ``VLLMBackend(VLLMEngine(llm, config), config)`` around an ``LLM`` you made yourself
-    with :func:`engine_kwargs` (it must carry the capture processor and worker extension).
-    """
-
-    config_class = VLLMConfig
-    backend_name = "vllm"
-    engine_class = VLLMEngine
-    engine: VLLMEngine
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.adapters = LoraAdapters()
-        self._lora_requests: dict[str, Any] = {}
-
-    # ------------------------------------------------------------------ LoRA
-    def load_lora(self, path: str, name: str = "default") -> None:
-        """Register the adapter folder ``path`` under ``name`` (needs ``enable_lora=True``);
-        the active adapter does not change (no result changes, no cache is dropped)."""
-        if not self.engine.lora_enabled():
-            raise ValueError("LoRA is disabled: build the backend with enable_lora=True")
-        folder = self.adapters.check_new(path, name)
-        self._lora_requests[name] = self.engine.new_lora_request(name, folder)
-        self.adapters.add(folder, name)
-
-    def add_new_lora(self, lora_path: str, lora_name: str = "default") -> None:
-        """genlm-backend's name of :meth:`load_lora`."""
-        self.load_lora(lora_path, lora_name)
-
-    def set_lora(self, name: str = "default") -> None:
-        """Use adapter ``name`` for every later call; drops the output cache (vLLM keys its
-        prefix cache by adapter: no KV to drop)."""
-        self.adapters.require(name)
-        with self.engine_lock:
-            self.engine.lora_request = self._lora_requests[name]
-            self.adapters.active = name
-            if self.output_cache is not None:
-                self.output_cache.clear()
-
-    def clear_lora(self) -> None:
-        """Back to the base model; drops the output cache."""
-        with self.engine_lock:
-            self.engine.lora_request = None
-            self.adapters.active = None
-            if self.output_cache is not None:
-                self.output_cache.clear()
-
-    @property
-    def active_lora(self) -> str | None:
-        return self.adapters.active
+    warnings.warn(
+        f"genlm_vllm.backend.{name} is deprecated and will be removed in genlm-core 0.3: "
+        f"import it from {module}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module), name)

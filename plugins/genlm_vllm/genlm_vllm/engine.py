@@ -18,9 +18,16 @@ new tokens (:class:`~genlm_vllm.sessions.ResidentSessions` over the core's
 ``LLM.generate``.
 
 Sampling uses vLLM's own sampler (seeded per request, stop on token ids:
-:mod:`genlm_vllm.sampling`). The backend holding the engine runs every engine call -
-logprob batches, sampling batches, LoRA switches, cache resets - under its one engine
-lock: the engine is not thread-safe.
+:mod:`genlm_vllm.sampling`). LoRA adapters are the capability ``"lora"``
+(:meth:`VLLMEngine.load_adapter`, :meth:`VLLMEngine.use_adapter`; ``enable_lora=True``):
+every engine call passes the active adapter's ``LoRARequest``, and vLLM keys its prefix
+cache by adapter, so a switch keeps it (``adapter_keyed_kv``). The backend holding the
+engine runs every engine call - logprob batches, sampling batches, LoRA switches, cache
+resets - under its one engine lock: the engine is not thread-safe.
+
+Around an ``LLM`` started by hand with :func:`~genlm_vllm.launch.engine_kwargs` (it must
+carry the capture processor and worker extension):
+``BaseLogprobBackend(VLLMEngine(llm, config), config)``.
 
 Beside it: :mod:`genlm_vllm.launch` (starting the engine: environment, ``vllm.LLM``
 keyword arguments, spawn-safety checks) and :mod:`genlm_vllm.lifecycle` (the engine's
@@ -39,6 +46,7 @@ from typing import Any
 import torch
 
 from genlm_core.engine import Checkpoint, Engine, SampleRequest, note, summarise_repeats
+from genlm_core.engine.kv_reuse import ComputeCounters
 from genlm_vllm import launch, lifecycle, sampling
 from genlm_vllm.config import VLLMConfig
 from genlm_vllm.lifecycle import EngineDiedError
@@ -51,7 +59,9 @@ class VLLMEngine(Engine):
     """A ``vllm.LLM`` engine (V1) with the genlm capture processor and worker extension."""
 
     config_class = VLLMConfig
-    supports = frozenset({"sample", "decode"})
+    supports = frozenset({"sample", "decode", "lora"})
+    #: vLLM keys its prefix cache (and the sessions here) by adapter: a switch keeps them
+    adapter_keyed_kv = True
     #: a burst's rows are decoded one token over the KV their session kept; the step loop's
     #: rows prefill the tail its prefix cache lacks: other kernels, bit-identical on the
     #: machines we measured, promised by nothing in vLLM
@@ -65,8 +75,9 @@ class VLLMEngine(Engine):
         self.device = device or launch.engine_device()
         self.prefix_caching = config.enable_prefix_caching
         model_config = llm.llm_engine.model_config
-        # vLLM needs a position for the one token it generates: prompt < max_model_len
-        self.max_context_length = int(model_config.max_model_len) - 1
+        # the positions vLLM holds; the core's context limit is max_model_len - 1 (vLLM needs
+        # a position for the one token it generates: prompt < max_model_len)
+        self.max_positions = int(model_config.max_model_len)
         hf_config = getattr(model_config, "hf_config", None)
         self.model_config = hf_config.to_dict() if hf_config is not None else None
         self.dtype = launch.weight_dtype(llm)
@@ -76,10 +87,15 @@ class VLLMEngine(Engine):
             lifecycle.LIVE_IN_PROCESS.add(self)
         self.tokenizer = llm.get_tokenizer()
         self.closed = False
-        self._namespace = new_namespace()
+        #: this engine's prefix of capture tags and request ids (unique in the process):
+        #: :meth:`new_tags`, and the ids of the sessions' requests (:mod:`genlm_vllm.sessions`)
+        self.namespace = new_namespace()
         # rows from worker processes: see genlm_vllm.transport
         self.transport_counts = {"shm": 0, "bytes": 0}
-        self._row_width = int(model_config.get_vocab_size())
+        #: floats in a captured row (what the row buffer holds per row): the model's logits
+        #: width, its padded vocabulary, which may exceed :attr:`vocab_size` (the core cuts
+        #: the rows); updated to what the workers report
+        self.captured_width = int(model_config.get_vocab_size())
         self._buffer: Any = None
         self._dead: str | None = None  # why the engine is unusable (a worker died)
         self.workers: list[dict[str, Any]] = []
@@ -94,19 +110,20 @@ class VLLMEngine(Engine):
                 llm.collective_rpc("genlm_prepare_pipeline")  # see CaptureWorkerExtension
             if shm_available():
                 sweep_stale_buffers()  # what backends killed without close() left here
-                self._buffer = RowBuffer(self._namespace)
+                self._buffer = RowBuffer(self.namespace)
             self._watchdog = lifecycle.Watchdog(self)
             self._engine_procs = lifecycle.engine_processes(self.workers)
             # what the engine's processes map in /dev/shm (its message queues, the
             # executor's lock, the CPU communicator): removed at close() if left over
             self._engine_segments = lifecycle.mapped(self._engine_procs)
         self._counter = itertools.count()
-        #: engine steps and prompt tokens computed / read from vLLM's prefix cache
-        #: (``RequestOutput.num_cached_tokens``), as ``stats()["engine"]`` reports them
-        self.forward_calls = 0
-        self.tokens_computed = 0
-        self.tokens_reused = 0
+        #: model calls, and the context tokens computed / resumed from kept KV (vLLM's prefix
+        #: cache: ``RequestOutput.num_cached_tokens``; a session's kept KV), with the meaning
+        #: of every engine's ``stats()["engine"]`` counters
+        self.counters = ComputeCounters()
         self.lora_ids = itertools.count(1)
+        #: the loaded adapters' ``LoRARequest`` by name (:meth:`load_adapter`)
+        self.lora_requests: dict[str, Any] = {}
         #: the active ``LoRARequest`` every engine call passes (None: the base model)
         self.lora_request: Any = None
         #: a burst's rows as vLLM streaming-input sessions (:mod:`genlm_vllm.sessions`)
@@ -130,11 +147,10 @@ class VLLMEngine(Engine):
         launch.tolerate_llvmlite()
         note(f"vllm: importing vLLM to start an engine for {checkpoint.model}")
         device = launch.engine_device()
-        config = config.model_copy(update={"model": checkpoint.model})
         launch.prepare_environment(config, device)
         from vllm import LLM
 
-        kwargs = launch.engine_kwargs(config, device, dtype=checkpoint.dtype)
+        kwargs = launch.engine_kwargs(config, device, checkpoint=checkpoint)
         launch.check_spawn_safe(kwargs, device)
         launch.announce_start(kwargs, device)
         t0 = time.perf_counter()
@@ -150,9 +166,25 @@ class VLLMEngine(Engine):
             lifecycle.shutdown(llm, keep_distributed=_others_open())
             raise
 
+    # ------------------------------------------------------------------ counters
+    @property
+    def forward_calls(self) -> int:
+        """Model calls (one per batch): :attr:`counters`."""
+        return self.counters.forward_calls
+
+    @property
+    def tokens_computed(self) -> int:
+        return self.counters.tokens_computed
+
+    @property
+    def tokens_reused(self) -> int:
+        return self.counters.tokens_reused
+
     # ------------------------------------------------------------------ logprobs
-    def _new_tags(self, n: int) -> list[str]:
-        return [f"{self._namespace}:{next(self._counter)}" for _ in range(n)]
+    def new_tags(self, n: int) -> list[str]:
+        """``n`` fresh capture tags (``SamplingParams.extra_args``, :mod:`genlm_vllm.capture`):
+        the rows of requests carrying them are fetched with :meth:`fetch`."""
+        return [f"{self.namespace}:{next(self._counter)}" for _ in range(n)]
 
     def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         """The rows of ``contexts``: on the resident path each continues the live row its
@@ -193,7 +225,7 @@ class VLLMEngine(Engine):
 
         from genlm_vllm.capture import row_params
 
-        tags = self._new_tags(len(contexts))
+        tags = self.new_tags(len(contexts))
         params = [row_params(tag, read_prefix_cache) for tag in tags]
         prompts = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
         self.check_healthy()
@@ -216,9 +248,7 @@ class VLLMEngine(Engine):
 
     def _count(self, contexts: list[tuple[int, ...]], results: Any) -> None:
         reused = sum(int(getattr(r, "num_cached_tokens", None) or 0) for r in results or ())
-        self.forward_calls += 1
-        self.tokens_reused += reused
-        self.tokens_computed += sum(len(c) for c in contexts) - reused
+        self.counters.count(sum(len(c) for c in contexts) - reused, reused)
 
     def fetch(self, tags: list[str]) -> tuple[torch.Tensor, list[int]]:
         """The captured rows in request order, and the indices that have none."""
@@ -231,13 +261,13 @@ class VLLMEngine(Engine):
         buffer = self._buffer
         desc = None
         if buffer is not None:
-            buffer.ensure(len(tags) * self._row_width * 4)
+            buffer.ensure(len(tags) * self.captured_width * 4)
             desc = buffer.describe()
         replies = self.llm.collective_rpc("genlm_pop_captured_rows", args=(tags, desc))
         reply = next((r for r in replies if r is not None), None)
         if reply is None or not reply["width"]:
             return torch.empty(0), list(range(len(tags)))
-        width = self._row_width = int(reply["width"])
+        width = self.captured_width = int(reply["width"])
         missing = [i for i, p in enumerate(reply["present"]) if not p]
         if missing:
             return torch.empty(0), missing
@@ -289,9 +319,23 @@ class VLLMEngine(Engine):
             self.check_healthy(exc)
             raise
 
-    # ------------------------------------------------------------------ LoRA
+    # ------------------------------------------------------------------ LoRA ("lora")
     def lora_enabled(self) -> bool:
+        """Whether the engine was started with ``enable_lora=True``."""
         return bool(self.llm.llm_engine.vllm_config.lora_config)
+
+    def load_adapter(self, name: str, folder: str) -> None:
+        """Register the adapter ``folder`` under ``name`` (a fresh adapter id; vLLM loads it
+        on the first call using it); the active adapter does not change."""
+        if not self.lora_enabled():
+            raise ValueError("LoRA is disabled: build the backend with enable_lora=True")
+        self.lora_requests[name] = self.new_lora_request(name, folder)
+
+    def use_adapter(self, name: str | None) -> None:
+        """Pass the adapter ``name``'s ``LoRARequest`` with every later call (None: the base
+        model). vLLM keys its prefix cache by adapter, and a session continues a row only
+        under the adapter it was started with: nothing is dropped."""
+        self.lora_request = None if name is None else self.lora_requests[name]
 
     def new_lora_request(self, name: str, folder: str) -> Any:
         """A ``LoRARequest`` for the adapter ``folder`` (a fresh adapter id)."""
@@ -349,9 +393,7 @@ class VLLMEngine(Engine):
 
     def stats(self) -> dict[str, Any]:
         return {
-            "forward_calls": self.forward_calls,
-            "tokens_computed": self.tokens_computed,
-            "tokens_reused": self.tokens_reused,
+            **self.counters.stats(),
             "prefix_caching": self.prefix_caching,
             **self.sessions.stats(),
             "resident": self.resident is not None,
@@ -418,6 +460,8 @@ def _close_sessions_before_direct_calls(engine: VLLMEngine) -> None:
 
     ref = weakref.ref(engine)
     llm = engine.llm
+    # ``LLM._run_engine`` is vLLM's own (0.32): no public hook runs before every offline
+    # entry point of ``LLM``, and ``generate``, ``encode``, ``beam_search``... all reach it
     for name in ("_run_engine", "reset_prefix_cache"):
         original = getattr(llm, name, None)
         if original is None:
@@ -425,7 +469,7 @@ def _close_sessions_before_direct_calls(engine: VLLMEngine) -> None:
 
         def guarded(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
             owner = ref()
-            if owner is not None and owner.llm is not None and owner._dead is None:
+            if owner is not None and owner.healthy:
                 owner.close_sessions()
             return _original(*args, **kwargs)
 

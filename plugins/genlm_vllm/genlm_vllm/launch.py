@@ -1,4 +1,4 @@
-"""Starting a vLLM engine: everything ``VLLMBackend.from_config`` does before and around
+"""Starting a vLLM engine: everything ``VLLMEngine.load`` does before and around
 ``vllm.LLM(...)``.
 
 * whether vLLM is installed (:class:`VLLMNotInstalledError`, :data:`INSTALL_HINT`) and
@@ -22,13 +22,16 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from genlm_core.engine import UnsupportedDtypeError, note, resolve_dtype
+from genlm_core.engine import UnsupportedDtypeError, note
 from genlm_vllm.config import VLLMConfig
 from genlm_vllm.main_guard import check_main_guard
+
+if TYPE_CHECKING:  # pragma: no cover
+    from genlm_core.engine import Checkpoint
 
 __all__ = [
     "INSTALL_HINT",
@@ -185,25 +188,37 @@ def announce_start(kwargs: dict[str, Any], device: str) -> None:
         )
 
 
-def engine_kwargs(config: VLLMConfig, device: str, dtype: str | None = None) -> dict[str, Any]:
-    """The keyword arguments of ``vllm.LLM`` for ``config`` (engine_opts applied last);
-    ``dtype``: the dtype the checkpoint resolved (default: ``config.dtype`` resolved
-    against ``config.model``)."""
+def engine_kwargs(
+    config: VLLMConfig, device: str, dtype: str | None = None, *, checkpoint: "Checkpoint | None" = None
+) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for ``config`` (engine_opts applied last).
+
+    The model, its tokenizer and dtype are ``checkpoint``'s: what the core read
+    (``genlm_core.load``: ``model=None`` and ``dtype="auto"`` resolved there, once). Without
+    one (an ``LLM`` started by hand) ``config.model`` is needed and its checkpoint is read
+    the same way (:func:`genlm_core.engine.read_checkpoint`). ``dtype`` overrides the
+    checkpoint's."""
+    from genlm_core.engine import read_checkpoint
     from genlm_vllm.capture import CaptureLogitsProcessor
 
-    if config.model is None:
-        raise ValueError("engine_kwargs needs config.model (genlm_core.load resolves model=None first)")
+    if checkpoint is None:
+        if config.model is None:
+            raise ValueError(
+                "engine_kwargs needs config.model, or the checkpoint genlm_core.load read "
+                "(checkpoint=, where model=None is resolved)"
+            )
+        checkpoint = read_checkpoint(config, ("hf-folder", "hub-id"), "vllm")
     if "dtype" in config.engine_opts:
         raise ValueError(
             "engine_opts['dtype'] is not accepted: pass dtype= (the option every backend shares; "
             "'auto' = the checkpoint's dtype, unlike vLLM's own 'auto', which downcasts float32)"
         )
     kw: dict[str, Any] = {
-        "model": config.model,
-        "tokenizer": config.tokenizer or config.model,
+        "model": checkpoint.model,
+        "tokenizer": checkpoint.tokenizer or checkpoint.model,
         # our "auto" is the checkpoint's dtype, passed explicitly: vLLM's own "auto" runs a
         # float32 checkpoint in bfloat16 on CPU (float16/bfloat16 on GPUs)
-        "dtype": dtype or resolve_dtype(config.dtype, config.model),
+        "dtype": dtype or checkpoint.dtype,
         "enable_prefix_caching": config.enable_prefix_caching,
         "seed": config.seed,
     }

@@ -111,7 +111,7 @@ def run_turns(
     stepping it until each has finished its turn (other sessions of the engine stay
     waiting: nothing here waits for them, as ``LLM.generate`` would). Returns the captured
     rows in order and each turn's session after it (None: a request that ended). Counts
-    the tokens computed and read from the prefix cache on ``engine``. ``on_stall``: called
+    the tokens computed and read from the prefix cache in ``engine.counters``. ``on_stall``: called
     after :data:`STALL_STEPS` steps in a row with no output for a pending turn, to end
     paused sessions that may hold what the turns wait for; True when it ended some. If
     it ended none and ``may_release``, the sessions of this call's finished turns end
@@ -122,7 +122,7 @@ def run_turns(
 
     llm_engine = engine.llm.llm_engine
     tasks = llm_engine.get_supported_tasks()
-    tags = engine._new_tags(len(turns))
+    tags = engine.new_tags(len(turns))
     pending: dict[str, int] = {}  # external id -> turn index
     new: dict[str, int] = {}  # external id -> its prompt length (requests started now)
     fed: dict[str, int] = {}  # external id -> tokens appended (sessions resumed now)
@@ -135,7 +135,7 @@ def run_turns(
             params = row_params(tag, read_prefix_cache)
             resumable = s is not None or turn.resumable
             request = llm_engine.input_processor.process_inputs(
-                request_id=s.request_id if s is not None else f"{engine._namespace}-row-{next(_IDS)}",
+                request_id=s.request_id if s is not None else f"{engine.namespace}-row-{next(_IDS)}",
                 prompt=tokens_input(list(turn.tokens)),
                 params=params,
                 supported_tasks=tasks,
@@ -196,9 +196,7 @@ def run_turns(
             pass
         raise
     out, missing = engine.fetch(tags)
-    engine.forward_calls += 1
-    engine.tokens_computed += computed
-    engine.tokens_reused += reused
+    engine.counters.count(computed, reused)
     if missing:
         raise RuntimeError(f"vllm: no logits were captured for {len(missing)} of {len(turns)} rows")
     return out, sessions

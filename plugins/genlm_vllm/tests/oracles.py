@@ -186,14 +186,14 @@ def run_preemption_workload(backend: Any, tag_prefix: str) -> tuple[list[list[in
 # ---------------------------------------------------------------- LoRA
 
 
-def build_lora_adapter(model_path: str, out: Path, scale: float = 20.0) -> str:
+def build_lora_adapter(model_path: str, out: Path, scale: float = 20.0, seed: int = 0) -> str:
     """A random rank-8 LoRA adapter on ``q_proj`` / ``v_proj`` of ``model_path``, saved
     by peft to ``out`` (offline, seconds). ``scale`` multiplies its ``lora_B`` weights:
-    the adapter's effect on the log-probabilities grows with it."""
+    the adapter's effect on the log-probabilities grows with it; ``seed`` draws them."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     cfg = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     model = get_peft_model(base, cfg)

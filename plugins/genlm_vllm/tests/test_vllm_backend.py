@@ -58,9 +58,11 @@ def test_registration_is_light_and_never_auto_on_cpu() -> None:
 
 
 def test_config_rejects_unknown_keys_and_builds_engine_kwargs() -> None:
-    from genlm_vllm.backend import engine_kwargs
     from genlm_vllm.capture import CaptureLogitsProcessor
     from genlm_vllm.config import VLLMConfig
+    from genlm_vllm.launch import engine_kwargs
+
+    from genlm_core.engine import Checkpoint
 
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         VLLMConfig.build("vllm", model="m", tensor_parallel_size=2)
@@ -77,6 +79,10 @@ def test_config_rejects_unknown_keys_and_builds_engine_kwargs() -> None:
     assert engine_kwargs(VLLMConfig.build("vllm", model="m"), "cpu")["enable_prefix_caching"] is True
     with pytest.raises(ValueError, match="model="):
         engine_kwargs(VLLMConfig(), "cpu")
+    # the core's checkpoint decides the model (model=None resolved), tokenizer and dtype
+    read = Checkpoint("folder", "/ckpt/model", dtype="bfloat16", tokenizer="/ckpt/tok")
+    kw = engine_kwargs(VLLMConfig(dtype="auto"), "cpu", checkpoint=read)
+    assert (kw["model"], kw["tokenizer"], kw["dtype"]) == ("/ckpt/model", "/ckpt/tok", "bfloat16")
 
 
 def test_matches_dict_oracle_and_transformers(tiny_backend, tiny_path) -> None:
@@ -193,7 +199,7 @@ async def test_sampling_semantics(tiny_backend) -> None:
 async def test_bad_inputs_fail_alone(tiny_backend) -> None:
     good = _ids(tiny_backend, 6, 80)
     limit = tiny_backend.max_context_length
-    assert limit == 255
+    assert limit == 255 and tiny_backend.engine.max_positions == 256  # the core's N - 1
     too_long = _ids(tiny_backend, limit + 1, 81)
     tiny_backend.next_token_logprobs_sync(_ids(tiny_backend, limit, 82))  # the longest allowed works
     for bad in ([], [-1], [len(tiny_backend.byte_vocab)], [1.5], "text", too_long, [[1, 2]]):
@@ -214,8 +220,11 @@ def test_clear_error_without_vllm_or_device(monkeypatch) -> None:
     import importlib.util
 
     import vllm.platforms
-    from genlm_vllm import backend as vb
     from genlm_vllm import launch
+    from genlm_vllm.config import VLLMConfig
+    from genlm_vllm.engine import VLLMEngine
+
+    from genlm_core.engine import BaseLogprobBackend, Checkpoint
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
@@ -223,8 +232,10 @@ def test_clear_error_without_vllm_or_device(monkeypatch) -> None:
     )
     with pytest.raises(RuntimeError, match=r"pip install \"genlm-vllm\[cpu\]\""):  # the registry's check
         genlm_core.load("vllm", model="whatever")
-    with pytest.raises(ImportError, match=r"pip install \"genlm-vllm\[cpu\]\""):  # the backend's own
-        vb.VLLMBackend.from_name("whatever")
+    with pytest.raises(ImportError, match=r"pip install \"genlm-vllm\[cpu\]\""):  # the engine's own
+        BaseLogprobBackend.from_checkpoint(
+            Checkpoint("folder", "whatever"), VLLMConfig(model="whatever"), engine_class=VLLMEngine
+        )
     monkeypatch.undo()
 
     class NoDevice:
@@ -259,3 +270,68 @@ def test_engine_stats_count_prefix_cache_hits(tiny_backend) -> None:
     last = tiny_backend.stats()["engine"]
     assert last["tokens_reused"] == after["tokens_reused"]
     assert last["tokens_computed"] - after["tokens_computed"] == 71
+
+
+def test_engine_counters_are_the_cores(tiny_backend) -> None:
+    """vLLM's ``stats()["engine"]`` counters are the core's (:class:`ComputeCounters`, what
+    KV reuse counts on the other engines): the same keys, counted through one object, and
+    the backend's ``forward_calls`` / ``tokens_*`` read them."""
+    from genlm_core.engine.kv_reuse import ComputeCounters
+
+    engine = tiny_backend.engine
+    assert isinstance(engine.counters, ComputeCounters)
+    keys = set(ComputeCounters().stats())
+    ctx = _ids(tiny_backend, 9, 4)
+    tiny_backend.clear_cache()
+    before = {k: tiny_backend.stats()["engine"][k] for k in keys}
+    tiny_backend.next_token_logprobs_sync(ctx)
+    after = tiny_backend.stats()["engine"]
+    assert {k: after[k] for k in keys} == engine.counters.stats()
+    assert after["forward_calls"] == before["forward_calls"] + 1 == tiny_backend.forward_calls
+    assert (
+        after["tokens_computed"]
+        + after["tokens_reused"]
+        - before["tokens_computed"]
+        - before["tokens_reused"]
+        == 9
+    )
+    assert (tiny_backend.tokens_computed, tiny_backend.tokens_reused) == (
+        after["tokens_computed"],
+        after["tokens_reused"],
+    )
+
+
+def test_deprecated_backend_module_still_works(tiny_backend) -> None:
+    """``genlm_vllm.backend`` keeps its names for a release, each warning: ``VLLMBackend``
+    (an alias of the core's backend over ``VLLMEngine``; its rows are the backend's) and
+    the names re-exported from ``launch`` and ``lifecycle``."""
+    from genlm_vllm import backend as vb
+    from genlm_vllm import launch, lifecycle
+    from genlm_vllm.engine import VLLMEngine
+
+    from genlm_core.engine import BaseLogprobBackend
+
+    for name, module in [
+        ("EngineDiedError", lifecycle),
+        ("INSTALL_HINT", launch),
+        ("VLLMNotInstalledError", launch),
+        ("engine_kwargs", launch),
+        ("check_dtype", launch),
+    ]:
+        with pytest.warns(DeprecationWarning, match=rf"genlm_vllm.backend.{name} .*{module.__name__}"):
+            assert getattr(vb, name) is getattr(module, name)
+    with pytest.raises(AttributeError):
+        vb.nothing_here  # noqa: B018
+    assert vb.VLLMBackend.engine_class is VLLMEngine and issubclass(vb.VLLMBackend, BaseLogprobBackend)
+    with pytest.warns(DeprecationWarning, match="genlm_vllm.VLLMBackend is deprecated"):
+        alias = vb.VLLMBackend(tiny_backend.engine, tiny_backend.config)
+    try:  # the same engine: the alias's rows are the backend's uncached rows
+        ctx = _ids(tiny_backend, 11, 5)
+        assert alias.backend_name == "vllm" and alias.supports_lora
+        with tiny_backend.engine_lock:
+            got = alias.next_token_logprobs_sync(ctx)
+        assert_tiny_close(got, tiny_backend.next_token_logprobs_uncached(ctx))
+    finally:  # not alias.close(): the engine is the session's
+        alias.batcher.close()
+        if alias.sampler is not None:
+            alias.sampler.close()

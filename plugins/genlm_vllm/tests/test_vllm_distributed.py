@@ -170,7 +170,7 @@ def test_tp2_preempted_requests_and_bytes_fallback_match_tp1(tp2, tiny_backend) 
     """Decodes beside captured prompts on 6 KV blocks: requests are preempted and
     recomputed, their rows still travel back right; then the same through the bytes
     path a worker takes when it cannot open the backend's buffer (another node)."""
-    ours, rows, preempted = run_preemption_workload(tp2, tp2.engine._namespace)
+    ours, rows, preempted = run_preemption_workload(tp2, tp2.engine.namespace)
     assert preempted > 0
     want = tiny_backend.batch_next_token_logprobs_sync(ours)
     for row, ref in zip(rows, want):
@@ -229,7 +229,7 @@ def test_killed_worker_fails_callers_then_clean_close(tp2) -> None:
     """SIGKILL one rank while a batch runs: every caller (running and queued) gets a
     clear error within a bounded time, the backend says it is unhealthy, and close()
     leaves no process or segment behind."""
-    from genlm_vllm.backend import EngineDiedError
+    from genlm_vllm.lifecycle import EngineDiedError
 
     assert tp2.healthy
     segments_before = shm_segments() - {tp2.engine._buffer.name}

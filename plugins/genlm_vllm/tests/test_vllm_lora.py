@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracles import max_abs_diff
+from oracles import build_lora_adapter, max_abs_diff
 
+from genlm_core.testing import LogprobBackendConformance
 from genlm_core.testing.tolerance import assert_tiny_close
 
 
@@ -84,3 +85,34 @@ def test_switching_adapters_in_a_burst_restarts_its_sessions(
     base = torch.stack([llm.next_token_logprobs_uncached(c) for c, _ in before])
     assert_tiny_close(torch.stack([row for _, row in before]), base)
     assert llm.stats()["engine"]["decode_sessions"] == 0
+
+
+class _LoraKit(LogprobBackendConformance):
+    """The conformance kit's LoRA check on the session's LoRA engine (only that check:
+    the kit's other checks run on ``tiny_backend``, test_vllm_conformance.py)."""
+
+    n_contexts = 8
+    max_len = 40
+    folders: list[str] = []
+
+    def lora_adapters(self, backend):
+        return self.folders
+
+
+def test_lora_conformance(tiny_path, tiny_lora_backend, tmp_path) -> None:
+    """The kit's ``test_lora`` (capability ``"lora"``, bookkept by the core): loading
+    changes no row, an active adapter's rows equal its uncached rows, no row is served
+    across adapters, ``clear_lora`` restores the base."""
+    kit = _LoraKit()
+    kit.folders = [build_lora_adapter(tiny_path, tmp_path / f"a{seed}", 20.0, seed) for seed in (1, 2)]
+    tiny_lora_backend.clear_lora()
+    kit.test_lora(tiny_lora_backend)
+
+
+def test_lora_disabled_is_a_clear_error(tiny_backend, tiny_lora_adapter) -> None:
+    """An engine started without ``enable_lora`` refuses an adapter, naming the fix, and
+    keeps no trace of it."""
+    assert tiny_backend.supports_lora
+    with pytest.raises(ValueError, match="LoRA is disabled: build the backend with enable_lora=True"):
+        tiny_backend.load_lora(tiny_lora_adapter, "x")
+    assert "x" not in tiny_backend.loras and tiny_backend.active_lora is None

@@ -72,7 +72,7 @@ def test_backend_in_a_ray_actor_with_mp_workers(ray_cluster, tiny_path, tiny_bac
     then a rank is killed mid-batch, and the actor and the cluster are closed."""
     import ray
     from genlm_vllm.actor import VLLMActor
-    from genlm_vllm.backend import EngineDiedError
+    from genlm_vllm.lifecycle import EngineDiedError
 
     cluster, kids_before, segments_before = ray_cluster
     actor = (

@@ -106,7 +106,7 @@ def test_mixed_batch_matches_tp1(engine, smol_backend) -> None:
 
 def test_preempted_requests_match_tp1(engine, smol_backend) -> None:
     _, llm, _ = engine
-    ours, rows, preempted = run_preemption_workload(llm, llm.engine._namespace)
+    ours, rows, preempted = run_preemption_workload(llm, llm.engine.namespace)
     assert preempted > 0
     want = smol_backend.batch_next_token_logprobs_sync(ours)
     for row, ref in zip(rows, want):
