@@ -20,8 +20,8 @@ from typing import Any, ClassVar, Literal
 import annotated_types
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from genlm_core.engine import model_folder
-from genlm_core.engine.dtypes import DTYPES, normalize_dtype
+from genlm_core import model_files as model_folder
+from genlm_core.dtype_names import DTYPES, normalize_dtype
 from genlm_core.errors import ConfigError
 
 __all__ = [

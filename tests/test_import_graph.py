@@ -194,3 +194,52 @@ def test_the_real_graph_sees_function_level_imports() -> None:
     assert "genlm_core.tools.cli_options" in graph["genlm_core.tools.demo"]
     assert "genlm_core.errors" in graph["genlm_core.config"]
     assert "genlm_core.tools.demo" in graph["genlm_core.tools.cli"]
+
+
+def package_graph(graph: dict[str, set[str]], root: str = "genlm_core") -> dict[str, set[str]]:
+    """The graph of ``root``'s parts: its subpackages and top-level modules
+    (``genlm_core.engine``, ``genlm_core.config``, ...); an import between two modules of
+    one part is not an edge. The package's ``__init__`` (the public face, importing its
+    parts lazily) is left out."""
+    prefix = root + "."
+
+    def part(module: str) -> str | None:
+        if not module.startswith(prefix):
+            return None
+        return prefix + module[len(prefix) :].split(".")[0]
+
+    out: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        a = part(module)
+        if a is None:
+            continue
+        out.setdefault(a, set())
+        for other in imported:
+            b = part(other)
+            if b is not None and b != a:
+                out[a].add(b)
+    return out
+
+
+def test_the_cores_parts_have_no_circle() -> None:
+    """No circle between the core's parts either: config and the registry sit below the
+    engine package (they name dtypes and model folders from genlm_core.dtype_names and
+    genlm_core.model_files, not from engine modules), so no arrow points back up."""
+    parts = package_graph(import_graph())
+    cycle = find_cycle(parts)
+    assert cycle is None, "circle between the core's parts: " + " -> ".join(cycle or [])
+    assert "genlm_core.engine" not in parts["genlm_core.config"]
+    assert "genlm_core.engine" not in parts["genlm_core.registry"]
+
+
+def test_the_part_graph_sees_a_circle_between_packages() -> None:
+    # the oracle: two modules of different parts importing each other's part
+    graph = {
+        "genlm_core.config": {"genlm_core.errors"},
+        "genlm_core.engine.dtypes": {"genlm_core.errors"},
+        "genlm_core.engine.backend": {"genlm_core.config"},
+        "genlm_core.errors": set(),
+    }
+    assert find_cycle(package_graph(graph)) is None
+    graph["genlm_core.errors"] = {"genlm_core.engine.backend"}
+    assert find_cycle(package_graph(graph)) is not None

@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from genlm_core.engine.model_folder import checkpoint_file
+from genlm_core.dtype_names import DTYPES, normalize_dtype
+from genlm_core.model_files import checkpoint_file
 
 __all__ = [
     "DTYPES",
@@ -33,26 +34,6 @@ __all__ = [
     "normalize_dtype",
     "resolve_dtype",
 ]
-
-#: the values ``dtype`` accepts on every backend
-DTYPES = ("auto", "float32", "float16", "bfloat16")
-
-#: spellings found in config files and safetensors headers -> our names
-_ALIASES = {
-    "float32": "float32",
-    "float": "float32",
-    "fp32": "float32",
-    "f32": "float32",
-    "torch.float32": "float32",
-    "float16": "float16",
-    "half": "float16",
-    "fp16": "float16",
-    "f16": "float16",
-    "torch.float16": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "torch.bfloat16": "bfloat16",
-}
 
 #: safetensors header dtype codes of floating tensors
 _SAFETENSORS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -69,13 +50,6 @@ class UnsupportedDtypeError(ValueError):
         )
         self.dtype = dtype
         self.device = device
-
-
-def normalize_dtype(value: Any) -> str | None:
-    """Our name (``float32``/``float16``/``bfloat16``) for a dtype spelling, or None."""
-    if value is None:
-        return None
-    return _ALIASES.get(str(value).strip().lower())
 
 
 def checkpoint_dtype(model: str | Path | None) -> str | None:

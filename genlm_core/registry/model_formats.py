@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from genlm_core.engine.model_folder import FILE_SUFFIXES, looks_like_path
+from genlm_core.model_files import FILE_SUFFIXES, looks_like_path
 
 __all__ = ["FORMATS", "describe", "install_hint", "model_formats"]
 
