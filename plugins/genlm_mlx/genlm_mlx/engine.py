@@ -198,21 +198,47 @@ class MLXEngine(Engine):
 
 
 def _download(model: str) -> Path:
-    """mlx-lm's own resolution of a hub id to a local snapshot (its cache first)."""
-    from mlx_lm.utils import _download as download
+    """A hub id's local snapshot (the hub cache first), with the files mlx-lm reads
+    (``mlx_lm.utils.DEFAULT_ALLOW_PATTERNS``): public huggingface_hub and mlx-lm API only."""
+    from huggingface_hub import snapshot_download
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 
-    return Path(download(model))
+    return Path(snapshot_download(model, allow_patterns=DEFAULT_ALLOW_PATTERNS))
+
+
+def _model_args_class(config: dict[str, Any]) -> type:
+    """The ``ModelArgs`` class of the mlx-lm model module ``config`` names: its
+    ``model_type`` through mlx-lm's public remapping tables (by architecture first)."""
+    import importlib
+
+    from mlx_lm.utils import MODEL_ARCHITECTURE_REMAPPING, MODEL_REMAPPING
+
+    model_type = config["model_type"]
+    architectures = config.get("architectures") or ()
+    if isinstance(architectures, str):
+        architectures = (architectures,)
+    remapped = next(
+        (
+            MODEL_ARCHITECTURE_REMAPPING[(model_type, a)]
+            for a in architectures
+            if (model_type, a) in MODEL_ARCHITECTURE_REMAPPING
+        ),
+        MODEL_REMAPPING.get(model_type, model_type),
+    )
+    try:
+        return importlib.import_module(f"mlx_lm.models.{remapped}").ModelArgs
+    except ImportError as exc:
+        raise ConfigError(f"mlx: mlx-lm has no model for model_type {model_type!r} ({exc})") from exc
 
 
 def _config_overrides(folder: Path, name: str) -> dict[str, Any]:
     """Keys transformers 5 moved that mlx-lm's model class reads (see :mod:`genlm_mlx.hf_config`)."""
-    from mlx_lm.utils import _get_classes, load_config
+    from mlx_lm.utils import load_config
 
     from genlm_mlx.hf_config import args_fields, mlx_overrides
 
     config = load_config(folder)
-    _, args_class = _get_classes(config)
-    return mlx_overrides(config, args_fields(args_class), where=repr(name))
+    return mlx_overrides(config, args_fields(_model_args_class(config)), where=repr(name))
 
 
 def _weight_dtype(model: Any) -> str:

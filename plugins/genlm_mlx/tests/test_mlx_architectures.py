@@ -68,7 +68,9 @@ def test_batches_are_exact_without_prefix_reuse(build, problem, tiny_tokenizer):
     model = build()
     mx.eval(model.parameters())
     with pytest.warns(UserWarning, match="prefix caching is disabled"):
-        llm = BaseLogprobBackend(MLXEngine(model, tiny_tokenizer, MLXEngine.config_class(prefill_step_size=3)))
+        llm = BaseLogprobBackend(
+            MLXEngine(model, tiny_tokenizer, MLXEngine.config_class(prefill_step_size=3))
+        )
     try:
         assert llm.prefix_cache is None and problem in llm.engine.kv_reuse_problem
         # longer than the window, mixed lengths (padding), and equal lengths (one group)
