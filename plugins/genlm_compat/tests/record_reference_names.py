@@ -8,7 +8,8 @@ Run with a Python that has the real releases installed, e.g. the anchor venv tha
 
 A module's public names are its ``__all__``, else every attribute not starting with
 ``_`` that is a ``genlm.*`` class or function (what ``from module import name`` finds
-there, re-exports included; imported third-party modules and objects excluded).
+there, re-exports included; imported third-party modules and objects excluded). ``dirs``
+holds what ``dir(module)`` lists (its public part), for the namespace check.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 WALK = r"""
 import importlib, json, pkgutil, types
-out = {"versions": {d: importlib.metadata.version(d) for d in ("genlm-backend", "genlm-bytes")}, "modules": {}}
+out = {"versions": {d: importlib.metadata.version(d) for d in ("genlm-backend", "genlm-bytes")}, "modules": {}, "dirs": {}}
 for top in ("genlm.backend", "genlm.bytes"):
     pkg = importlib.import_module(top)
     for name in sorted([top] + [m.name for m in pkgutil.walk_packages(pkg.__path__, top + ".")]):
@@ -30,6 +31,7 @@ for top in ("genlm.backend", "genlm.bytes"):
             and (getattr(v, "__module__", "") or "").startswith("genlm.")
         ]
         out["modules"][name] = sorted(names)
+        out["dirs"][name] = sorted(k for k in dir(mod) if not k.startswith("_"))
 print(json.dumps(out, indent=1, sort_keys=True))
 """
 

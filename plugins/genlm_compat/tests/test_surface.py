@@ -94,3 +94,30 @@ def test_compat_stays_a_thin_skin() -> None:
     genlm-core's. The budget catches a second implementation creeping in."""
     total = sum(_code_lines(p) for p in PACKAGE.rglob("*.py") if "backend" in p.parts or "bytes" in p.parts)
     assert total < 1250, f"genlm-compat has {total} lines of code"
+
+
+#: public names genlm-compat lists beyond the reference module's dir(), and why
+DIR_ADDITIONS: dict[str, set[str]] = {
+    # genlm-backend defines them in genlm.backend.llm; genlm-compat's __all__ has long
+    # offered them at the top too, and the engines' classes beside AsyncVirtualLM
+    "genlm.backend": {"AsyncLM", "AsyncMlxLM", "MockAsyncLM", "errors"},
+    # a model served by `genlm serve` (genlm-remote): no reference counterpart
+    "genlm.backend.llm": {"AsyncRemoteLM", "calls", "futures"},  # two submodules of ours
+    # genlm-bytes keeps them in genlm.bytes.byte_lm; genlm-compat's __all__ offers them
+    "genlm.bytes": {"EOS", "EOT", "TrieMode"},
+    # the reference trie's node numbering, a submodule of genlm-compat's own
+    "genlm.backend.trie": {"numbering"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(REFERENCE["dirs"]))
+def test_dir_lists_the_api_only(module: str) -> None:
+    """``dir()`` of each module lists the reference's API and no helper of ours: no
+    ``Any``, ``annotations``, ``warnings`` or ``warn_if_real`` beside the API (names
+    genlm-compat adds on purpose are listed in :data:`DIR_ADDITIONS` with why)."""
+    ours = {n for n in dir(importlib.import_module(module)) if not n.startswith("_")}
+    reference = set(REFERENCE["dirs"][module])
+    missing = set(REFERENCE["modules"][module]) - ours
+    assert not missing, f"{module}: dir() lacks the reference's {sorted(missing)}"
+    extra = ours - reference - DIR_ADDITIONS.get(module, set())
+    assert not extra, f"{module}: dir() lists {sorted(extra)}, which the reference's does not"

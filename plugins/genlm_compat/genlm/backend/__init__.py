@@ -1,6 +1,7 @@
 """genlm-backend's API on genlm-core (genlm-compat). See docs/migration.md."""
 
 from genlm.backend._guard import warn_if_real
+from genlm.backend._surface import public_dir  # noqa: E402
 
 warn_if_real("genlm-backend", "genlm.backend")
 
@@ -34,3 +35,6 @@ def __getattr__(name: str) -> object:
 
         return getattr(llm, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__dir__ = public_dir(__name__)  # the API only, as the reference lists it

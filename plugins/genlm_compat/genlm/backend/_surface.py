@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 _STATE = "genlm_core.bytes.LazyTrieState / ByteBeamState (the byte LM state of genlm-core)"
@@ -101,3 +103,20 @@ def module_getattr(module: str) -> tuple[Callable[[str], Any], list[str]]:
         return resolve(module, name)
 
     return __getattr__, sorted(SURFACE[module])
+
+
+def public_dir(module: str) -> Callable[[], list[str]]:
+    """A module's ``__dir__``: its ``__all__`` and its public submodules, as the reference
+    modules list them, not the helpers and typing names it imports to do its work."""
+
+    def __dir__() -> list[str]:
+        mod = sys.modules[module]
+        names = set(getattr(mod, "__all__", ()))
+        names |= {
+            n
+            for n, v in vars(mod).items()
+            if isinstance(v, ModuleType) and v.__name__ == f"{module}.{n}" and not n.startswith("_")
+        }
+        return sorted(names)
+
+    return __dir__

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from genlm.backend._surface import public_dir  # noqa: E402
+
 from genlm_core.engine.caches import OutputCache as _CoreOutputCache
 
 __all__ = ["OutputCache", "TokenTrie"]
@@ -70,3 +72,6 @@ class TokenTrie:
             row = torch.log_softmax(logits[j - base], 0, dtype=torch.float32)
             node = node.add_token(token_ids[j], row.cpu())
         return node
+
+
+__dir__ = public_dir(__name__)  # the API only, as the reference lists it

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from genlm.backend._surface import public_dir  # noqa: E402
+
 __all__ = ["ContextWindowError", "NonIntegerTokenIdError", "TokenIdRangeError", "reference_error"]
 
 
@@ -56,3 +58,6 @@ def reference_error(exc: ValueError, token_ids: Any) -> ValueError:
     new = cls(str(exc))
     new.__cause__ = None
     return new
+
+
+__dir__ = public_dir(__name__)  # the API only, as the reference lists it

@@ -6,6 +6,7 @@ import warnings
 from typing import Any
 
 from genlm.backend._guard import warn_if_real
+from genlm.backend._surface import public_dir  # noqa: E402
 from genlm.bytes.trie import AsyncTokenByteTrie, TokenByteTrie
 from genlm.bytes.util import Chart, LazyByteProbs
 
@@ -118,3 +119,6 @@ class ByteBeamState(_CoreByteBeamState):
 
     async def logp_next(self) -> LazyByteProbs:  # type: ignore[override]
         return LazyByteProbs((await super().logp_next()).ps)
+
+
+__dir__ = public_dir(__name__)  # the API only, as the reference lists it

@@ -16,13 +16,21 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+from genlm.backend._surface import public_dir  # noqa: E402
 from genlm.backend.trie.numbering import ReferenceNumbering, reachability_matrix
 
 from genlm_core.token import Token
 from genlm_core.trie.async_trie import AsyncTokenByteTrie as _CoreAsyncTrie
 from genlm_core.trie.structure import EOS, TrieMode
 
-__all__ = ["EOS", "AsyncTokenByteTrie", "TokenByteTrie", "TrieMode", "TrieOp", "VocabularyEntryError"]
+__all__ = [
+    "EOS",
+    "AsyncTokenByteTrie",
+    "Token",
+    "TokenByteTrie",
+    "TrieMode",
+    "TrieOp",
+]  # + VocabularyEntryError (ours)
 
 
 class TrieOp(enum.Enum):
@@ -220,3 +228,6 @@ class AsyncTokenByteTrie(_CoreAsyncTrie):
     def from_vocab(cls, vocab: Sequence[Any], **kwargs: Any) -> "AsyncTokenByteTrie":  # type: ignore[override]
         """A :class:`TokenByteTrie` of ``vocab`` (``kwargs`` are its keywords), wrapped."""
         return cls(TokenByteTrie(decode=vocab, **kwargs))
+
+
+__dir__ = public_dir(__name__)  # the API only, as the reference lists it

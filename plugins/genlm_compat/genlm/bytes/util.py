@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+from genlm.backend._surface import public_dir  # noqa: E402
 
 from genlm_core.bytes.dist import ByteDistribution
 
@@ -234,3 +235,6 @@ class Chart(dict):
 
     def to_dict(self) -> dict[Any, Any]:
         return dict(self.items())
+
+
+__dir__ = public_dir(__name__)  # the API only, as the reference lists it

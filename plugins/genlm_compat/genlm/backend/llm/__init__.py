@@ -12,7 +12,7 @@ import importlib
 import os
 from typing import Any
 
-from genlm.backend._surface import placeholder
+from genlm.backend._surface import placeholder, public_dir
 from genlm.backend.cache import TokenTrie
 from genlm.backend.llm.calls import UNKNOWN_ADAPTER, ReferenceCalls
 from genlm_hf.backend import HFEngine
@@ -193,3 +193,6 @@ def load_model_by_name(name: str, backend: str | None = None, llm_opts: dict | N
         raise ValueError(f"Invalid backend: {backend}")
     cls = globals().get(_BACKENDS[backend]) or __getattr__(_BACKENDS[backend])
     return cls.from_name(_model_name(name), **(llm_opts or {}))
+
+
+__dir__ = public_dir(__name__)  # the API only, as the reference lists it

@@ -20,6 +20,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from genlm.backend._surface import public_dir  # noqa: E402
 from genlm.backend.errors import ContextWindowError, reference_error
 
 __all__ = ["AdapterTurns", "ReferenceCalls"]
@@ -192,3 +193,6 @@ class ReferenceCalls:
     @property
     def timeout(self) -> float:
         return self.config.timeout  # type: ignore[attr-defined]
+
+
+__dir__ = public_dir(__name__)  # the API only, as the reference lists it

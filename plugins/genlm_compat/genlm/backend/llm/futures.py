@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from genlm.backend._surface import public_dir  # noqa: E402
+
 __all__ = ["BatchAbandoned", "batch_abandoned", "fail_futures"]
 
 
@@ -29,3 +31,6 @@ def fail_futures(entries: Iterable[Any], exc: BaseException) -> None:
         future = entry[-1]
         if not future.done():
             future.set_exception(exc)
+
+
+__dir__ = public_dir(__name__)  # the API only, as the reference lists it

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from genlm.backend._surface import public_dir  # noqa: E402
+
 from genlm_core.engine import Token
 from genlm_core.engine.vocab import decode_vocab as _core_decode_vocab
 
@@ -48,3 +50,6 @@ def bytes_to_strs(tokenizer: Any, byte_vocab: Sequence[bytes], byte2str_fallback
             else:
                 out.append(raw.decode("utf-8", errors="replace"))
     return out
+
+
+__dir__ = public_dir(__name__)  # the API only, as the reference lists it

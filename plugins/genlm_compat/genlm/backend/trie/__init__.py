@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from genlm.backend._surface import public_dir  # noqa: E402
 from genlm.backend.trie.numbering import ReferenceNumbering, reachability_matrix
 
 from genlm_core.token import Token
@@ -168,3 +169,6 @@ class AsyncTokenCharacterTrie(AsyncTokenByteTrie):
         if backend == "parallel":
             return cls(ParallelTokenCharacterTrie(vocab, **kwargs))
         raise ValueError(f"Unknown backend: {backend}. Must be one of ['sequential', 'parallel']")
+
+
+__dir__ = public_dir(__name__)  # the API only, as the reference lists it

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from genlm.backend._surface import public_dir  # noqa: E402
 
 from genlm_core.trie.structure import EOS, TrieStructure
 
@@ -232,3 +233,6 @@ def reachability_matrix(numbering: ReferenceNumbering, device: str, rows: Any = 
     index = torch.tensor(np.stack([r, c]), dtype=torch.long, device=device)
     values = torch.ones(index.shape[1], device=device)
     return torch.sparse_coo_tensor(index, values, (n, numbering.num_nodes)).to_sparse_csr()
+
+
+__dir__ = public_dir(__name__)  # the API only, as the reference lists it
