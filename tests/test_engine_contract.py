@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import genlm_core
+from genlm_core import model_files
 from genlm_core.config import BackendConfig
 from genlm_core.engine import (
     BaseLogprobBackend,
@@ -23,7 +24,6 @@ from genlm_core.engine import (
     Engine,
     SampleRequest,
     Token,
-    model_folder,
     read_checkpoint,
 )
 from genlm_core.engine import checkpoint as checkpoint_module
@@ -141,7 +141,7 @@ def test_the_folder_is_checked_and_read_once_per_load(tiny_llama_path: Path, mon
 
         monkeypatch.setattr(module, name, spy)
 
-    counting(model_folder, "check_model_folder")
+    counting(model_files, "check_model_folder")
     counting(checkpoint_module, "read_config")
     counting(checkpoint_module, "read_generation_config")
     llm = genlm_core.load("mock", model=str(tiny_llama_path))  # a folder lending a tokenizer

@@ -241,10 +241,6 @@ class BaseLogprobBackend:
             ) from None
         import warnings
 
-        import os as _os, sys as _sys  # TEMP-TRACE
-        if _os.environ.get("GENLM_TRACE_GETATTR"):  # TEMP-TRACE
-            f = _sys._getframe(1)  # TEMP-TRACE
-            open(_os.environ["GENLM_TRACE_GETATTR"], "a").write(f"{name} {f.f_code.co_filename}:{f.f_lineno}\n")  # TEMP-TRACE
         warnings.warn(
             f"reading the engine's {name!r} through the backend (llm.{name}) is deprecated and "
             f"will be removed in genlm-core 0.3: read llm.engine.{name}",
@@ -572,7 +568,14 @@ class BaseLogprobBackend:
         own draws (concurrent calls batched into one engine call); otherwise each token is
         drawn from the backend's own rows.
         """
-        req = self.sample_request(prompt_token_ids, max_tokens, eos_token_ids, temperature, seed)
+        return await self.run_sample(
+            self.sample_request(prompt_token_ids, max_tokens, eos_token_ids, temperature, seed)
+        )
+
+    async def run_sample(self, req: SampleRequest) -> list[int]:
+        """The tokens of a checked request (:meth:`sample_request`): the engine's sampler,
+        or draws from the backend's rows. What :meth:`sample` runs; a caller that holds a
+        request (a server, an actor) passes it on whole."""
         if req.max_tokens == 0:
             return []
         if self.sampler is not None:
@@ -594,7 +597,12 @@ class BaseLogprobBackend:
         seed: int | None = None,
     ) -> list[int]:
         """Synchronous :meth:`sample`: the same tokens for the same arguments."""
-        req = self.sample_request(prompt_token_ids, max_tokens, eos_token_ids, temperature, seed)
+        return self.run_sample_sync(
+            self.sample_request(prompt_token_ids, max_tokens, eos_token_ids, temperature, seed)
+        )
+
+    def run_sample_sync(self, req: SampleRequest) -> list[int]:
+        """Synchronous :meth:`run_sample`."""
         if req.max_tokens == 0:
             return []
         if self.sampler is not None:
@@ -618,17 +626,11 @@ class BaseLogprobBackend:
         """Sample for each prompt concurrently (batched). Prompt ``i`` uses ``seed + i``.
 
         Every prompt and argument is checked before any sampling starts."""
-        for p in prompt_token_ids_list:
-            self.validate(p)
-        self._check_sample_args(max_tokens, temperature, eos_token_ids)
-        return list(
-            await asyncio.gather(
-                *(
-                    self.sample(p, max_tokens, eos_token_ids, temperature, None if seed is None else seed + i)
-                    for i, p in enumerate(prompt_token_ids_list)
-                )
-            )
-        )
+        requests = [  # every prompt and argument checked before any sampling starts
+            self.sample_request(p, max_tokens, eos_token_ids, temperature, None if seed is None else seed + i)
+            for i, p in enumerate(prompt_token_ids_list)
+        ]
+        return list(await asyncio.gather(*(self.run_sample(r) for r in requests)))
 
     def _check_sample_args(
         self, max_tokens: int, temperature: float, eos_token_ids: Sequence[int] | None

@@ -81,8 +81,9 @@ class VLLMActor:
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[int]:
+        request = self.backend.sample_request(prompt_token_ids, max_tokens, eos_token_ids, temperature, seed)
         with self._call():
-            return self.backend.sample_sync(prompt_token_ids, max_tokens, eos_token_ids, temperature, seed)
+            return self.backend.run_sample_sync(request)
 
     def batch_sample(
         self,
