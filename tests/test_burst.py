@@ -358,3 +358,13 @@ def test_the_documented_smc_program_runs_as_a_burst() -> None:
         assert max(abs(a - b) for a, b in zip(smc.log_w, expected)) <= bound, (smc.log_w, expected)
     finally:
         llm.close()
+
+
+def test_the_programs_step_is_advance_and_the_old_name_warns(llm) -> None:
+    from genlm_core.testing.smc_program import SMCProgram
+
+    rows = llm.batch_next_token_logprobs_sync([[1, 2]] * 3)
+    a, b = SMCProgram([1, 2], [], n=3, seed=5), SMCProgram([1, 2], [], n=3, seed=5)
+    with pytest.warns(DeprecationWarning, match="advance"):
+        old = b.step(rows, [0, 1, 2])
+    assert a.advance(rows, [0, 1, 2]) == old and a.log_w == b.log_w

@@ -171,8 +171,9 @@ def drive(
     """Run one burst of ``control``: the loop above, over a backend's ``validate`` (a
     prompt, checked), ``next_logprobs`` (the live rows ``handle -> context`` and the
     handles released since the last step -> their ``(rows, vocab)`` log-probabilities)
-    and ``end_burst`` (called once at the end, also after an error, with the handles
-    released since the last step and the rows still live: no step sees them again).
+    and ``end_burst`` (called once at the end of a burst that added rows, also after an
+    error, with the handles released since the last step and the rows still live: no
+    step sees them again).
     ``step=`` and ``release=`` are the deprecated names of ``next_logprobs=`` and
     ``end_burst=``."""
     next_logprobs, end_burst = _renamed(deprecated, next_logprobs, end_burst)

@@ -213,8 +213,8 @@ class Engine:
         """The capability ``"decode"``: the burst ended; ``released`` holds every handle the
         engine may still keep state for (those released since the last step, and the rows
         live at the end). Free their state (an engine keeping KV hands it to its prefix
-        cache first, where a later call finds it). Called once per burst that ran, also
-        when the burst failed, under the engine lock."""
+        cache first, where a later call finds it). Called once per burst that added rows,
+        also when the burst failed, under the engine lock."""
         raise NotImplementedError(f"{type(self).__name__} declares no decode step of its own")
 
     def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
