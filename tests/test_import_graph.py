@@ -232,6 +232,21 @@ def test_the_cores_parts_have_no_circle() -> None:
     assert "genlm_core.engine" not in parts["genlm_core.registry"]
 
 
+def test_no_package_has_a_circle_between_its_parts() -> None:
+    """At every level: within each package of the core and of every plugin
+    (``genlm_core.engine``, ``genlm_core.engine.vocab``, ``genlm_hf``...), the graph of its
+    direct parts has no circle."""
+    known = modules()
+    graph = import_graph(known)
+    packages = sorted(m for m, path in known.items() if path.name == "__init__.py")
+    circles = {}
+    for package in packages:
+        cycle = find_cycle(package_graph(graph, package))
+        if cycle is not None:
+            circles[package] = " -> ".join(cycle)
+    assert not circles, f"circles between a package's parts: {circles}"
+
+
 def test_the_part_graph_sees_a_circle_between_packages() -> None:
     # the oracle: two modules of different parts importing each other's part
     graph = {

@@ -27,7 +27,9 @@ TOP_LEVEL = {
     "_moved_modules.py",
     "api.py",
     "config.py",
+    "dtype_names.py",  # what dtype= means, below config, the registry and the engines
     "errors.py",
+    "model_files.py",  # what model= names (a folder or a hub id), below the same three
     "protocols.py",
     "token.py",
 }

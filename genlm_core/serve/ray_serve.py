@@ -4,7 +4,7 @@ Each replica is a Ray actor that loads the backend once and serves the same Star
 application as ``genlm serve`` (:func:`genlm_core.serve.app.build_app`, through Ray
 Serve's ASGI ingress). Ray Serve's HTTP proxy routes every request on its own, so one
 client's requests spread over the replicas (each ROWS reply names the replica that
-computed it: ``RemoteBackend.stats()["transport"]["replicas"]``). The client is the
+computed it: ``llm.stats()["transport"]["replicas"]`` of a remote backend). The client is the
 ordinary remote backend pointed at the proxy: ``load("remote", url=proxy_url)``.
 
 Replicas on the client's host answer through a shared-memory segment of their own

@@ -10,7 +10,7 @@ from genlm_core.engine import BackendConfig
 
 
 class LlamaCppConfig(BackendConfig):
-    """Options of :class:`genlm_llamacpp.backend.LlamaCppBackend`.
+    """Options of :class:`genlm_llamacpp.engine.LlamaCppEngine` (``genlm_core.load("llamacpp", ...)``).
 
     ``model`` is a ``.gguf`` file, a local folder holding one (name it with
     ``gguf_file`` when there are several), or a hub id with ``gguf_file``. The GGUF is

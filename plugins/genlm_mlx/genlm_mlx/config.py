@@ -8,7 +8,7 @@ from genlm_core.engine import BackendConfig, KVCacheOptions
 
 
 class MLXConfig(KVCacheOptions, BackendConfig):
-    """Options of :class:`genlm_mlx.backend.MLXBackend`.
+    """Options of :class:`genlm_mlx.engine.MLXEngine` (``genlm_core.load("mlx", ...)``).
 
     ``model`` is anything ``mlx_lm.load`` accepts: a local folder (Hugging Face
     layout; GPT-2 needs ``n_ctx`` and the hub weight names) or a hub id; ``None`` is the

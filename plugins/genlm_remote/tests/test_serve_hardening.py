@@ -440,7 +440,9 @@ def test_the_token_comes_from_the_environment_or_a_file_and_warns_on_the_command
         with pytest.raises(PermissionError):
             genlm_core.load("remote", url=srv.url)
         llm = genlm_core.load("remote", url=srv.url, token=TOKEN)
-        assert llm.engine.transport == "shm" and llm.info()["shm_segments"] == 1  # the segment socket wants it too
+        assert (
+            llm.engine.transport == "shm" and llm.info()["shm_segments"] == 1
+        )  # the segment socket wants it too
         llm.close()
     with ServerProcess("mock", args=["--token", TOKEN]) as srv:
         assert "visible to every user" in srv.stderr
