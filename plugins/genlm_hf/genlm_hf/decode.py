@@ -50,31 +50,25 @@ class HFDecodeOps:
     def assemble(self, contexts: list[Context], sources: list[tuple[int, Any]]) -> tuple[Any, Any]:
         engine = self.engine
         rows = [Row(c, depth, payload) for c, (depth, payload) in zip(contexts, sources)]
-        if self.static is not None:
-            logits, slots = run_rows(
-                engine.model,
-                rows,
-                use_cache=True,
-                logits_to_keep=engine.logits_to_keep,
-                pad_id=engine.pad_id,
-                workspace=engine.workspace,
-            )
-            assert slots is not None and slots.buf is not None
-            batch = self.static.keep(rows, slots)  # the rows join the static path
-            if batch is not None:
-                return logits, batch
-            for r, payload in zip(rows, copy_out(slots, rows)):  # no room there: store them
-                engine.kv.store(r.ctx, payload)
-            return logits, None
+        # on the static path the batch runs in the engine's workspace and joins a static
+        # slot; else it runs into a buffer of its own with headroom for the next steps
+        room = {"workspace": engine.workspace} if self.static is not None else {"headroom": self.headroom}
         logits, slots = run_rows(
             engine.model,
             rows,
             use_cache=True,
             logits_to_keep=engine.logits_to_keep,
             pad_id=engine.pad_id,
-            headroom=self.headroom,
+            **room,
         )
         assert slots is not None and slots.buf is not None
+        if self.static is not None:
+            batch = self.static.keep(rows, slots)  # the rows join the static path
+            if batch is not None:
+                return logits, batch
+            for r, payload in zip(rows, copy_out(slots, rows)):  # no room there: store them
+                engine.kv.store(r.ctx, payload)
+            return logits, None
         new = {len(r.ctx) - r.depth for r in rows}
         if len(new) == 1:  # every row ends at the same column: keep the buffer
             return logits, KeptBuffer(slots.buf, 0, slots.filled + new.pop())

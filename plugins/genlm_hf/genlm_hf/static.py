@@ -136,7 +136,8 @@ class StaticSlot:
         self._index = self.pos.view(B, 1, 1, 1).expand(B, heads, 1, head_dim)
         self._mask = mask
         self._logits_to_keep = logits_to_keep
-        self._use_graph = graph
+        #: capture the step as a CUDA graph (the decoder turns it off after a failed capture)
+        self.use_graph = graph
         self.graph: Any = None
         self.out: torch.Tensor | None = None
 
@@ -177,7 +178,7 @@ class StaticSlot:
         pad = B - n
         self.ids.copy_(torch.tensor([[t] for t in tokens] + [[pad_id]] * pad, dtype=torch.long))
         self.pos.copy_(torch.tensor([[p] for p in positions] + [[0]] * pad, dtype=torch.long))
-        if not self._use_graph:
+        if not self.use_graph:
             return self._step()[:n]
         if self.graph is None:
             self._capture()
@@ -338,7 +339,7 @@ class StaticDecoder:
         if need > batch.slot.bucket[1]:
             self._move(batch, need)
         slot = batch.slot
-        fresh = slot._use_graph and slot.graph is None
+        fresh = slot.use_graph and slot.graph is None
         try:
             logits = slot.run(tokens, batch.lengths, self.pad_id)
         except Exception as exc:  # noqa: BLE001 - a model the capture cannot take
@@ -347,7 +348,7 @@ class StaticDecoder:
             note(f"hf: the static decode step could not be captured ({exc!r}); it runs without graphs")
             self.graph = False
             for s in [slot, *self._free.values()]:
-                s._use_graph = False
+                s.use_graph = False
             logits = slot.run(tokens, batch.lengths, self.pad_id)  # idempotent: the same KV again
             fresh = False
         self.captured += fresh

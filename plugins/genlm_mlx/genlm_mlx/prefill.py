@@ -112,7 +112,7 @@ def _restore(caches: list[Any], pasts: Sequence[Any], left_padding: list[int], s
     for layer, cache in enumerate(caches):
         cache.keys = stacked[layer, 0]
         cache.values = stacked[layer, 1]
-        cache._idx = start
+        cache._idx = start  # mlx-lm 0.32 BatchKVCache has no public setter for its write index
         cache.offset = cache.offset + start
 
 

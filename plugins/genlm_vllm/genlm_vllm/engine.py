@@ -166,20 +166,6 @@ class VLLMEngine(Engine):
             lifecycle.shutdown(llm, keep_distributed=_others_open())
             raise
 
-    # ------------------------------------------------------------------ counters
-    @property
-    def forward_calls(self) -> int:
-        """Model calls (one per batch): :attr:`counters`."""
-        return self.counters.forward_calls
-
-    @property
-    def tokens_computed(self) -> int:
-        return self.counters.tokens_computed
-
-    @property
-    def tokens_reused(self) -> int:
-        return self.counters.tokens_reused
-
     # ------------------------------------------------------------------ logprobs
     def new_tags(self, n: int) -> list[str]:
         """``n`` fresh capture tags (``SamplingParams.extra_args``, :mod:`genlm_vllm.capture`):
