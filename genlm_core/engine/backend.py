@@ -753,14 +753,14 @@ class BaseLogprobBackend:
         the engine's KV, unless the engine keys it by adapter)."""
         self._require_lora()
         self.adapters.require(name)
-        self._switch_adapter(name)
+        self._activate_adapter(name)
 
     def clear_lora(self) -> None:
         """Back to the base model; drops the cached rows as :meth:`set_lora` does."""
         self._require_lora()
-        self._switch_adapter(None)
+        self._activate_adapter(None)
 
-    def _switch_adapter(self, name: str | None) -> None:
+    def _activate_adapter(self, name: str | None) -> None:
         with self.engine_lock:
             self.engine.use_adapter(name)
             self.adapters.active = name

@@ -12,15 +12,19 @@ class TestHFLlamaConformance(LogprobBackendConformance):
     @pytest.fixture(scope="class")
     def backend(self, tiny_llama_path, tmp_path_factory):
         llm = load_hf(tiny_llama_path)
-        root = tmp_path_factory.mktemp("kit-lora")
-        type(self).adapter_folders = [
-            str(make_lora_adapter(tiny_llama_path, root / f"a{seed}", seed)) for seed in (1, 2)
-        ]
+        type(self).lora_root = tmp_path_factory.mktemp("kit-lora")
         yield llm
         llm.close()
 
     def lora_adapters(self, backend):
-        return self.adapter_folders
+        """Two random adapters built offline with peft (genlm-hf[lora]); None where peft is
+        not installed (a wheel installed without the extra: its LoRA path cannot run)."""
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            return None
+        model = backend.config.model
+        return [str(make_lora_adapter(model, self.lora_root / f"a{seed}", seed)) for seed in (1, 2)]
 
 
 class TestHFGPT2Conformance(LogprobBackendConformance):
