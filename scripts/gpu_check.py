@@ -53,6 +53,8 @@ DRY_MODELS = [("tiny", "tiny-llama-f32", "float32")]
 REQUIRED_CUDA_TESTS = [
     # issue 44: the captured static decode step against the eager one, float32 and bfloat16
     "plugins/genlm_hf/tests/test_hf_static.py::test_static_decode_captured_on_cuda",
+    # ordinary calls' resident rows on the captured step (SIS/SMC shapes)
+    "plugins/genlm_hf/tests/test_hf_resident.py::test_resident_captured_on_cuda",
 ]
 #: each benchmark's settings: (on a GPU, in a dry run on the CPU); short repetitions
 SIZES = {

@@ -29,6 +29,7 @@ from genlm_hf.config import HFConfig
 from genlm_hf.decode import HFDecodeOps
 from genlm_hf.kv import Row, Workspace, forward_rows, supports_kv_reuse
 from genlm_hf.loading import load_model_and_tokenizer, supported_dtypes
+from genlm_hf.resident import ResidentBlocks
 from genlm_hf.static import make_static_decoder
 
 __all__ = ["HFBackend", "HFEngine"]
@@ -65,6 +66,9 @@ class HFEngine(Engine):
             model, config, logits_to_keep=self.logits_to_keep, pad_id=self.pad_id
         )
         self._decode = DecodeBatches(HFDecodeOps(self, static=self.static))
+        #: ordinary calls' rows continued in place on the static buffers (genlm_hf.resident),
+        #: when the static path is on and KV is reused
+        self.resident = ResidentBlocks(self, self.static) if self.static is not None else None
         # static buckets run other shapes (padded rows and columns) than a step's fresh pass
         self.decode_same_arithmetic = self.static is None
         self._adapters_loaded = False
@@ -96,9 +100,19 @@ class HFEngine(Engine):
             return None
         return "its cache is not plain full-attention KV (sliding window, recurrent state or encoder-decoder)"
 
-    def forward(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    def forward(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor] | torch.Tensor:
         """The logits of distinct contexts, one row each; the model runs only on the tokens
-        past each context's deepest cached prefix, and every context's own KV is kept."""
+        past each context's deepest cached prefix, and every context's own KV is kept.
+        On the static path (``static_decode``, with KV reuse on) the contexts that extend
+        live rows by one token run as one static step (:mod:`genlm_hf.resident`)."""
+        if self.resident is not None and self.kv.enabled:
+            with torch.inference_mode():
+                return self.resident.forward(contexts, self._active_adapter)
+        return self._forward_eager(contexts)
+
+    def _forward_eager(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        """:meth:`forward` on the eager path: one pass from the prefix cache, every row's KV
+        stored there."""
         rows = [Row(c, depth, kv) for c, (depth, kv) in zip(contexts, self.kv.lookup(contexts))]
         with torch.inference_mode():
             logits, kvs = forward_rows(
@@ -119,14 +133,17 @@ class HFEngine(Engine):
         loop's batches, each batch resuming the kept KV of the step before when its rows
         (by handle) continue that batch's by one token. Returns one ``(rows, vocab)``
         tensor of logits. Without KV reuse (``prefix_cache=False``, or a model whose cache is not
-        plain full-attention KV) every step runs :meth:`forward`."""
+        plain full-attention KV) every step runs the eager :meth:`forward`. The ordinary
+        calls' resident rows leave the static buffers first (their KV to the prefix cache)."""
         with torch.inference_mode():
+            if self.resident is not None and len(self.resident.blocks):
+                self.resident.flush()
             return self._decode.decode_step(
                 rows,
                 released,
                 batch_size=self._batch_size,
                 kv=self.kv,
-                forward=lambda contexts: torch.stack(self.forward(contexts)),
+                forward=lambda contexts: torch.stack(self._forward_eager(contexts)),
                 cat=torch.cat,
             )
 
@@ -139,6 +156,8 @@ class HFEngine(Engine):
         out = self._decode.stats()
         if self.static is not None:
             out.update(self.static.stats())
+        if self.resident is not None:
+            out.update(self.resident.stats())
         return out
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
@@ -177,6 +196,8 @@ class HFEngine(Engine):
         self._active_adapter = name
 
     def clear_cache(self) -> None:
+        if self.resident is not None:
+            self.resident.flush(store=False)
         self.kv.clear()
         self.workspace.clear()
         self._decode.clear()
@@ -184,6 +205,9 @@ class HFEngine(Engine):
             self.static.clear()
 
     def close(self) -> None:
+        if self.resident is not None:
+            self.resident.flush(store=False)
+            self.resident = None
         self.kv.clear()
         self.workspace.clear()
         self._decode.clear()

@@ -43,8 +43,9 @@ class HFConfig(KVCacheOptions, BackendConfig):
     static_decode: Literal["auto", "on", "off"] = Field(
         "auto",
         description=(
-            "a burst's kept decode batches step over static KV buffers, one per (batch, length) "
-            "bucket, captured as CUDA graphs on CUDA (genlm_hf.static, docs/gpu.md): 'auto' is on "
+            "a burst's kept decode batches, and the rows of ordinary calls that extend the call "
+            "before's by one token (SIS, SMC: genlm_hf.resident), step over static KV buffers, one "
+            "per (batch, length) bucket, captured as CUDA graphs on CUDA (docs/gpu.md): 'auto' is on "
             "for CUDA and off elsewhere (it does not pay on the CPU), 'on' everywhere, 'off' never"
         ),
     )

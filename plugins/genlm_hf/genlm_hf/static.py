@@ -266,6 +266,7 @@ class StaticDecoder:
         self.moved = 0  # batches moved to a longer bucket
         self.refused = 0  # batches left on the eager path (no room)
         self.captured = 0  # graphs captured
+        self._kv_layout: KVLayout | None = None
 
     # ------------------------------------------------------------------ the pool
     @property
@@ -274,30 +275,50 @@ class StaticDecoder:
         return self._busy_bytes + sum(s.nbytes for s in self._free.values())
 
     def _slot(self, bucket: tuple[int, int], like: torch.Tensor) -> StaticSlot | None:
+        return self.slot(bucket, _layout_of(like))
+
+    def slot(self, bucket: tuple[int, int], layout: "KVLayout", force: bool = False) -> StaticSlot | None:
+        """A slot of ``bucket`` for KV of ``layout``: a free one of that bucket, else a new
+        one within ``max_bytes`` (free slots dropped least recently used first); None when
+        there is no room, unless ``force`` (a batch that must go on: the bound is passed
+        until it ends)."""
+        n_layers, heads, head_dim, dtype, device = layout
         for key, slot in self._free.items():
-            if slot.bucket == bucket and slot.kv.dtype == like.dtype and slot.kv.device == like.device:
+            if slot.bucket == bucket and slot.kv.dtype == dtype and slot.kv.device == device:
                 del self._free[key]
                 self._busy_bytes += slot.nbytes
                 return slot
-        n_layers, _, _, heads, _, head_dim = like.shape
-        need = n_layers * 2 * bucket[0] * heads * bucket[1] * head_dim * like.element_size()
+        need = n_layers * 2 * bucket[0] * heads * bucket[1] * head_dim * dtype.itemsize
         while self._free and self.nbytes + need > self.max_bytes:
             self._free.popitem(last=False)
-        if self.nbytes + need > self.max_bytes:
+        if self.nbytes + need > self.max_bytes and not force:
             self.refused += 1
             return None
         slot = StaticSlot(
             self.model,
             bucket,
             (n_layers, heads, head_dim),
-            like.dtype,
-            like.device,
+            dtype,
+            device,
             self.mask,
             self.logits_to_keep,
             self.graph,
         )
         self._busy_bytes += slot.nbytes
         return slot
+
+    def kv_layout(self) -> "KVLayout":
+        """The model's KV layout ``(n_layers, kv_heads, head_dim, dtype, device)``, read once
+        from the cache of a one-token pass (whatever the architecture names them)."""
+        if self._kv_layout is None:
+            device = self.model.device
+            with torch.inference_mode():
+                cache = self.model(
+                    input_ids=torch.full((1, 1), self.pad_id, dtype=torch.long, device=device), use_cache=True
+                ).past_key_values
+            keys = cache.layers[0].keys
+            self._kv_layout = (len(cache.layers), keys.shape[1], keys.shape[3], keys.dtype, keys.device)
+        return self._kv_layout
 
     def give_back(self, slot: StaticSlot) -> None:
         """A batch is done with ``slot``: pooled, or dropped when the slots are over the
@@ -364,13 +385,9 @@ class StaticDecoder:
                 f"hf: a decode batch's context reached {need} tokens, past the model's "
                 f"{self.max_columns} positions (max_position_embeddings)"
             )
-        slot = self._slot((old.bucket[0], C), old.kv)
-        if slot is None:  # no room: the batch must go on, so the bound is passed until it ends
-            slot = StaticSlot(
-                self.model, (old.bucket[0], C), _kv_shape(old.kv), old.kv.dtype, old.kv.device,
-                self.mask, self.logits_to_keep, self.graph,
-            )  # fmt: skip
-            self._busy_bytes += slot.nbytes
+        # no room: the batch must go on, so the bound is passed until it ends
+        slot = self.slot((old.bucket[0], C), _layout_of(old.kv), force=True)
+        assert slot is not None
         width = old.bucket[1]
         slot.kv[..., :width, :].copy_(old.kv)
         batch.lease.swap(slot)
@@ -391,8 +408,13 @@ class StaticDecoder:
         }
 
 
-def _kv_shape(kv: torch.Tensor) -> tuple[int, int, int]:
-    return kv.shape[0], kv.shape[3], kv.shape[5]
+#: ``(n_layers, kv_heads, head_dim, dtype, device)`` of a model's KV
+KVLayout = tuple[int, int, int, torch.dtype, torch.device]
+
+
+def _layout_of(buf: torch.Tensor) -> KVLayout:
+    """The layout of a batch buffer ``[n_layers, 2, B, kv_heads, C, head_dim]``."""
+    return buf.shape[0], buf.shape[3], buf.shape[5], buf.dtype, buf.device
 
 
 def make_static_decoder(
