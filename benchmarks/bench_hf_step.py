@@ -21,6 +21,19 @@ rows of ``raw`` and ``step`` are compared once (the bound derived from the arith
 :mod:`genlm_core.testing.tolerance`: the batch runs with an attention mask and
 padding-free KV slots; the same sums, another order).
 
+``--grow`` runs the step as a SIS/SMC program does: each way keeps its own ``B`` row
+contexts (``step``'s, ``batch``'s and raw's, all started from the same pasts) and every
+call extends each row by one new token, so a way's call ``N`` asks contexts of ``past + N``
+tokens (the warmup calls count); raw's ``DynamicCache`` grows (never cropped). That is
+the shape the hf backend's resident rows continue in place (``genlm_hf.resident``: on
+the static decode path, on by default on CUDA); the fixed past above never continues a
+row. The backend is loaded with ``batch_size=max(64, B)`` in both modes; under ``--grow``
+the ``step`` and ``batch`` ways each hold ``B`` resident rows. Before timing, raw and
+``step`` run once on the same one-token extension (``batch`` once on another token of its
+own, so every way starts the timed calls at the same length), and those rows are compared.
+Every result row records ``grow``; ``--grow`` writes ``hf_step_grow.*`` (with the engine's
+resident-row counters where it has them) instead of ``hf_step.*``.
+
 ``--device``, ``--dtype`` and ``--model`` pick where and what (default: the embedded
 SmolLM2-135M, float32, on the CPU); on a GPU every timed call ends with
 ``torch.cuda.synchronize()``, the forward hooks synchronise too (the model time is the
@@ -28,13 +41,14 @@ kernels', not their launch), and each row records ``torch.cuda.max_memory_alloca
 A comparison of the rows that fails is recorded in its row (``rows_check``) and makes
 the exit status 1, after the results are written.
 
-Results: ``benchmarks/out/hf_step.json`` and ``hf_step.md`` (both name the device and
-dtype). Run on a quiet machine.
+Results: ``benchmarks/out/hf_step.json`` and ``hf_step.md`` (``hf_step_grow.*`` under
+``--grow``; both name the device and dtype). Run on a quiet machine.
 
 Usage::
 
     .venv/bin/python benchmarks/bench_hf_step.py                 # SmolLM2-135M, 16 and 64 rows
     .venv/bin/python benchmarks/bench_hf_step.py --quick         # tiny model, smoke run
+    .venv/bin/python benchmarks/bench_hf_step.py --grow          # contexts growing, as SIS's
     python benchmarks/bench_hf_step.py --device cuda --dtype bfloat16 --model DIR
 """
 
@@ -56,6 +70,8 @@ import verdicts  # noqa: E402
 from common import device_info, write_results  # noqa: E402
 
 TARGET = 1.1
+#: the hf engine's resident-row counters recorded under --grow (on the static decode path)
+RESIDENT = ("rows_resumed", "rows_restarted", "resident_joined", "resident_eager", "resident_evicted")
 
 
 def log(msg: str) -> None:
@@ -69,6 +85,7 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     import genlm_core
 
     cuda = torch.device(args.device).type == "cuda"
+    grow = args.grow
 
     def sync() -> None:  # a GPU runs the kernels after the call returns: time them whole
         if cuda:
@@ -91,7 +108,8 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
 
     def raw(tok: int) -> Any:
         with torch.inference_mode():
-            cache.crop(args.past)
+            if not grow:  # the fixed past: every step asks it again; under --grow it grows
+                cache.crop(args.past)
             out = model(
                 input_ids=torch.full((rows, 1), tok, device=model.device),
                 past_key_values=cache,
@@ -107,14 +125,25 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
 
     loop = asyncio.new_event_loop()  # one loop for every step, as a program keeps its own
 
+    # each way's own row contexts: the pasts, and under --grow every call's token after them
+    ctxs = {"step": list(pasts), "batch": list(pasts)}
+
+    def asked(way: str, tok: int) -> list[tuple[int, ...]]:
+        new = [c + (tok,) for c in ctxs[way]]
+        if grow:
+            ctxs[way] = new
+        return new
+
     def step(tok: int) -> Any:
-        return loop.run_until_complete(step_async([p + (tok,) for p in pasts]))
+        return loop.run_until_complete(step_async(asked("step", tok)))
 
     def batch(tok: int) -> Any:
-        return llm.batch_next_token_logprobs_sync([p + (tok,) for p in pasts])
+        return llm.batch_next_token_logprobs_sync(asked("batch", tok))
 
-    want = raw(vocab - 1)
+    want = raw(vocab - 1)  # (under --grow: raw and step both now at the pasts + this token)
     got = torch.stack(step(vocab - 1))
+    if grow:  # batch to the same length on a token of its own (step's rows would answer it)
+        batch(vocab - 2)
     # the same network in another batch layout: the bound derived from the arithmetic
     from genlm_core.testing.tolerance import assert_backend_close, row_diff
 
@@ -161,6 +190,7 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     timing[0] = False
     for h in hooks:
         h.remove()
+    engine = llm.stats().get("engine", {})  # (read before close)
     llm.close()
     pending = asyncio.all_tasks(loop)  # the batcher's worker, told to stop by close()
     for task in pending:
@@ -170,11 +200,15 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "rows": rows,
         "past": args.past,
+        "grow": grow,
         "max_abs_diff": max_diff,
         "rows_check": rows_check,
     }
     if detail:
         out["rows_check_detail"] = detail
+    if grow:  # the contexts' length at the last timed call; how the engine placed the rows
+        out["last_len"] = args.past + 1 + args.warmup + args.repeat
+        out.update({k: engine[k] for k in RESIDENT if k in engine})
     if cuda:
         out["gpu_max_allocated_mb"] = torch.cuda.max_memory_allocated(args.device) / 2**20
     for name in ways:
@@ -199,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
     ap.add_argument("--quick", action="store_true", help="tiny model, 4 and 16 rows, 4 repeats")
+    ap.add_argument(
+        "--grow",
+        action="store_true",
+        help="each way's row contexts grow by one token a call, as SIS's do (writes hf_step_grow.*)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         sys.path.insert(0, str(HERE.parent / "tests"))
@@ -215,18 +254,22 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     results = []
     for rows in args.rows:
-        log(
-            f"{rows} rows of {args.past} + 1 tokens ({args.model}, {args.device} {args.dtype}, {args.threads} threads)"
-        )
+        shape = f"growing from {args.past} + 1" if args.grow else f"of {args.past} + 1"
+        log(f"{rows} rows {shape} tokens ({args.model}, {args.device} {args.dtype}, {args.threads} threads)")
         results.append(measure(args, rows))
     device = device_info(args.device, args.dtype, args.model)
+    name = "hf_step_grow" if args.grow else "hf_step"
+    resident = [k for k in RESIDENT if k in results[0]]
     write_results(
-        "hf_step",
+        name,
         results,
         {"config": vars(args), "target": f"step / raw <= {TARGET}"},
         device=device,
+        title=f"{name} (grow: {str(args.grow).lower()})",
         cols=[
             "rows",
+            "grow",
+            *(["last_len"] if args.grow else []),
             "raw_ms",
             "step_ms",
             "batch_ms",
@@ -236,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             "step_model_ms",
             "step_outside_model_ms",
             *(["gpu_max_allocated_mb"] if "gpu_max_allocated_mb" in results[0] else []),
+            *resident,
             "rows_check",
         ],
     )
@@ -246,12 +290,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def headline(result: dict) -> list[dict]:
-    """The summary's rows from ``hf_step.json``: the backend's step over raw transformers."""
+    """The summary's rows from ``hf_step.json`` (or ``hf_step_grow.json``): the backend's
+    step over raw transformers."""
     out = []
     for r in result["rows"]:
+        shape = f"growing from {r['past']}+1" if r.get("grow") else f"of {r['past']}+1"
         out.append(
             verdicts.row(
-                f"hf step, {r['rows']} rows of {r['past']}+1 tokens: wall ms, backend vs raw transformers",
+                f"hf step, {r['rows']} rows {shape} tokens: wall ms, backend vs raw transformers",
                 r["step_ms"],
                 r["raw_ms"],
                 r["step_over_raw"],

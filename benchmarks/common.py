@@ -120,9 +120,11 @@ def write_results(
     extra: dict[str, Any] | None = None,
     cols: list[str] | None = None,
     device: dict[str, Any] | None = None,
+    title: str | None = None,
 ) -> Path:
     """``OUT_DIR/name.json`` (the machine, ``device`` - :func:`device_info` - the rows and
-    ``extra``) and ``name.md`` (the device's line, then the rows' table)."""
+    ``extra``) and ``name.md`` (the heading ``title``, default ``name``, the device's line,
+    then the rows' table)."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     path = OUT_DIR / f"{name}.json"
     payload = {"benchmark": name, "machine": machine(), **({"device": device} if device else {})}
@@ -131,8 +133,9 @@ def write_results(
     path.write_text(json.dumps(payload, indent=2))
     table = markdown_table(rows, cols)
     head = f"{device_line(device)}\n\n" if device else ""
-    (OUT_DIR / f"{name}.md").write_text(f"## {name}\n\n{head}{table}\n")
-    print(f"\n## {name}\n\n{head}{table}\n\n(JSON: {path})")
+    title = title or name
+    (OUT_DIR / f"{name}.md").write_text(f"## {title}\n\n{head}{table}\n")
+    print(f"\n## {title}\n\n{head}{table}\n\n(JSON: {path})")
     return path
 
 

@@ -24,6 +24,8 @@ Sections (``--only`` picks some):
   serve     four SIS client processes: a backend each vs one `genlm serve hf` (shared
             memory, network frame): calls/s, per-call latency, total RSS, where a step goes
   hf-step   the hf backend's SIS-like step vs the raw transformers forward, 16 and 64 rows
+  hf-step-grow  the same with every row's context growing a token a call, as SIS's
+            (``bench_hf_step.py --grow``: the path of genlm-hf's resident rows)
   burst     the SIS program as per-step calls vs one burst (hf f32, llama.cpp f16)
 
 Anchors (genlm-backend 0.3.1, genlm-bytes 0.2.0) are installed from PyPI into
@@ -119,6 +121,7 @@ def _sections(quick: bool) -> dict[str, list[str]]:
         "llamacpp": ["bench_llamacpp.py", *(["--quick", "--no-raw"] if q else [])],
         "serve": ["bench_serve.py", *(["--quick"] if q else [])],
         "hf-step": ["bench_hf_step.py", *(["--quick"] if q else [])],
+        "hf-step-grow": ["bench_hf_step.py", "--grow", *(["--quick"] if q else [])],
         "burst": ["bench_burst.py", *(["--quick"] if q else [])],
     }
 
@@ -133,6 +136,7 @@ NEEDS = {
     "llamacpp": "llamacpp",
     "serve": "hf",
     "hf-step": "hf",
+    "hf-step-grow": "hf",
     "burst": "hf",
 }
 # the JSON files each section writes into benchmarks/out; its verdict reads the first
@@ -148,6 +152,7 @@ FILES = {
     "llamacpp": ["llamacpp"],
     "serve": ["serve"],
     "hf-step": ["hf_step"],
+    "hf-step-grow": ["hf_step_grow"],
     "burst": ["burst"],
 }
 # keyword arguments of a section's verdict: bench_sis judges one backend's record of sis.json

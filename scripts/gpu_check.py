@@ -9,17 +9,18 @@ On a CUDA machine, within a time budget (default 330 s from the shell script's s
    a suite that cannot be collected here - an engine not installed - is listed, and the
    ``cuda`` tests that were collected still run; those of :data:`REQUIRED_CUDA_TESTS`,
    the captured static decode step among them, must be collected);
-3. the GPU benchmarks on both models, short repetitions: ``bench_hf_step`` (16 and 64
-   rows), ``bench_burst`` (hf, 16 and 64 particles), ``bench_sis`` (SIS, 16 particles and
+3. the GPU benchmarks on both models, short repetitions: ``bench_hf_step --grow`` (16
+   and 64 rows whose contexts grow by a token a call, as SIS's: the resident rows' static
+   step), ``bench_burst`` (hf, 16 and 64 particles), ``bench_sis`` (SIS, 16 particles and
    64 in its sweep; against genlm-backend 0.3.1 where its reference stack is importable,
    see :func:`anchor`), then ``bench_serve`` (four SIS clients, one server; GPU memory of
    every process), the 1.7B model first.
 
 Results: ``benchmarks/results/gpu/<device>/`` (``<device>``: the GPU's name, e.g.
 ``nvidia-h100-80gb-hbm3``): each benchmark's JSON and Markdown as
-``<benchmark>-<model>.json|md`` (each names the device and dtype), the tests' junit XML,
-``summary.md`` (the steps, then every table) and ``check.json`` (the steps, their
-commands, exit status and seconds). A step that fails or runs out of the budget is
+``<benchmark>-<model>.json|md`` (bench_hf_step's as ``hf_step_grow-<model>``; each names
+the device and dtype), the tests' junit XML, ``summary.md`` (the steps, then every table)
+and ``check.json`` (the steps, their commands, exit status and seconds). A step that fails or runs out of the budget is
 recorded and the next one runs; the exit status is 1 when any did.
 
 ``--dry-run-cpu`` runs the same steps on the CPU with the tiny offline model and the
@@ -58,9 +59,9 @@ REQUIRED_CUDA_TESTS = [
 ]
 #: each benchmark's settings: (on a GPU, in a dry run on the CPU); short repetitions
 SIZES = {
-    "hf_step": (
-        ["--rows", "16", "64", "--repeat", "5", "--warmup", "2"],
-        ["--rows", "2", "4", "--repeat", "1", "--warmup", "1", "--past", "4"],
+    "hf_step": (  # --grow: contexts growing a token a call, as SIS's (the resident rows' path)
+        ["--grow", "--rows", "16", "64", "--repeat", "5", "--warmup", "2"],
+        ["--grow", "--rows", "2", "4", "--repeat", "1", "--warmup", "1", "--past", "4"],
     ),
     "burst": (
         ["--engines", "hf", "--particles", "16", "64", "--repeats", "1"],
@@ -75,6 +76,8 @@ SIZES = {
         ["--clients", "2", "--particles", "4", "--max-tokens", "3", "--runs", "1", "--repeat", "2"],
     ),
 }
+#: the results a benchmark writes under SIZES' options, when not its own name
+WRITES = {"hf_step": "hf_step_grow"}
 #: the most seconds a step may take (and never past the budget)
 CAPS = {"hf_step": 90, "burst": 90, "sis": 90, "serve": 150}
 
@@ -247,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     check = Check(args)
     models = DRY_MODELS if dry else GPU_MODELS
-    stale = [f"{name}-{tag}.{ext}" for name in SIZES for _, tag, _ in models for ext in ("json", "md")]
+    names = [*SIZES, *WRITES.values()]  # (hf_step-<tag>: an earlier run's, before --grow)
+    stale = [f"{name}-{tag}.{ext}" for name in names for _, tag, _ in models for ext in ("json", "md")]
     for name in [*stale, "junit-cuda.xml", "summary.md", "check.json"]:  # an earlier run's
         (args.out / name).unlink(missing_ok=True)
 
@@ -332,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         for _shape, tag, dtype in models:
             if tag not in built:
                 continue
-            saved = f"{name}-{tag}"
+            written = WRITES.get(name, name)
+            saved = f"{written}-{tag}"
             cmd = [
                 py,
                 f"benchmarks/bench_{name}.py",
@@ -360,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                     str(args.out / f"{saved}.md"),
                 ]
             else:
-                step.results = [(name, saved)]
+                step.results = [(written, saved)]
             check.run(step)
     shutil.rmtree(check.scratch, ignore_errors=True)
     return report(check, info, tests, why if anchor_py is None and "sis" not in args.skip else "")
