@@ -140,7 +140,9 @@ class ResidentBlocks:
         placements = plan.placements
         sources: dict[Context, Any] = {}  # context -> its KV: a live row, or a tensor
         for row in plan.evicted:
-            sources[row.context] = self._evict(row)
+            kept = sources[row.context] = self._evict(row)
+            if len(row.context) > 1:
+                sources.setdefault(row.context[:-1], kept)
         call = _Call()
         fresh = []
         for j, p in enumerate(placements):
@@ -171,7 +173,7 @@ class ResidentBlocks:
                     call.joins[j] = payload if source is None else source[1]
                 else:
                     call.eager[j] = (depth, payload if source is None else self._view(source[1], depth))
-            self._place(placements, call, sources)
+            self._place(placements, call)
         self._gather(placements, call)
         logits = self._run(placements, call)
         self._commit(plan, call, key)
@@ -205,7 +207,7 @@ class ResidentBlocks:
         return src[:, :, :, :depth]
 
     # ------------------------------------------------------------------ placement
-    def _place(self, placements: list[Any], call: _Call, sources: dict[Context, Any]) -> None:
+    def _place(self, placements: list[Any], call: _Call) -> None:
         """A row for every fresh context to keep (joins first): ``call.static`` for joins,
         ``call.eager_rows`` for eager ones; a join without a row runs eagerly."""
         want = [j for j in call.joins] + [j for j in call.eager if placements[j].keep]

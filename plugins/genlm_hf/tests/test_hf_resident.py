@@ -213,3 +213,46 @@ def test_resident_captured_on_cuda(tiny_llama_path: str, dtype: str) -> None:  #
     finally:
         on.close()
         off.close()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_programs_under_a_tight_bound(tiny_llama_path: str, seed: int) -> None:
+    """Random programs (particles, resampling, joins, jumps, re-asks, calls of 3) with
+    buffers for about two small blocks: rows are evicted while others fork from them,
+    joins find no row and run eagerly, blocks grow and move; every row still equals the
+    eager path's and the uncached model's."""
+    g = torch.Generator().manual_seed(100 + seed)
+    probe = load_hf(tiny_llama_path, batch_size=3, static_decode="on", cache_size=0)
+    cfg = probe.engine.model.config
+    per_column = (
+        cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    )
+    probe.close()
+    on = load_hf(
+        tiny_llama_path,
+        batch_size=3,
+        static_decode="on",
+        cache_size=0,
+        static_decode_bytes=2 * 4 * 32 * per_column,
+    )
+    off = load_hf(tiny_llama_path, batch_size=3, static_decode="off", cache_size=0)
+    try:
+        n = int(torch.randint(2, 9, (1,), generator=g))
+        program = _program(
+            on.vocab_size,
+            n,
+            22,
+            seed=seed,
+            resample=int(torch.randint(2, 5, (1,), generator=g)),
+            join=int(torch.randint(3, 12, (1,), generator=g)),
+            jump=int(torch.randint(3, 15, (1,), generator=g)),
+        )
+        stats = _check(on, off, program)
+        assert stats["static_steps"] > 0
+        assert (
+            on.engine.static.nbytes <= on.engine.static.max_bytes
+            or stats["static_moved"] + stats["resident_grown"] > 0
+        )
+    finally:
+        on.close()
+        off.close()
