@@ -49,11 +49,12 @@ class HFConfig(KVCacheOptions, BackendConfig):
             "for CUDA and off elsewhere (it does not pay on the CPU), 'on' everywhere, 'off' never"
         ),
     )
-    static_decode_bytes: int = Field(
-        2**30,
+    static_decode_bytes: int | None = Field(
+        None,
         ge=0,
         description="the most bytes the static decode buffers take together (free buckets are dropped "
-        "least recently used first; a batch that finds no room runs on the eager path)",
+        "least recently used first; a batch that finds no room runs on the eager path); None: a quarter "
+        "of the device's free memory once the model is loaded, at least 1 GiB, on CUDA, and 1 GiB elsewhere",
     )
 
     def requested_dtype(self) -> str:

@@ -63,10 +63,13 @@ __all__ = [
     "batch_bucket",
     "column_bucket",
     "make_static_decoder",
+    "static_bytes",
 ]
 
 #: the smallest length bucket
 MIN_COLUMNS = 16
+#: the buffers' bound where ``static_decode_bytes`` is None, off CUDA (and at least this on it)
+DEFAULT_BYTES = 2**30
 #: attention implementations whose 4D mask this module builds (bool for sdpa, additive for eager)
 _MASKS = {"sdpa": "bool", "eager": "additive"}
 
@@ -417,6 +420,17 @@ def _layout_of(buf: torch.Tensor) -> KVLayout:
     return buf.shape[0], buf.shape[3], buf.shape[5], buf.dtype, buf.device
 
 
+def static_bytes(option: int | None, device: torch.device) -> int:
+    """The static buffers' bound: ``option``, or when it is None a quarter of the CUDA
+    device's free memory (at least 1 GiB; read once the model is loaded), 1 GiB elsewhere."""
+    if option is not None:
+        return option
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(DEFAULT_BYTES, free // 4)
+    return DEFAULT_BYTES
+
+
 def make_static_decoder(
     model: Any, config: Any, *, logits_to_keep: bool, pad_id: int
 ) -> StaticDecoder | None:
@@ -444,7 +458,7 @@ def make_static_decoder(
     return StaticDecoder(
         model,
         batch_size=config.batch_size,
-        max_bytes=config.static_decode_bytes,
+        max_bytes=static_bytes(config.static_decode_bytes, device),
         graph=device.type == "cuda",
         logits_to_keep=logits_to_keep,
         pad_id=pad_id,

@@ -160,6 +160,14 @@ def test_buckets() -> None:
     assert column_bucket(257, 256) is None and column_bucket(300, None) == 512
 
 
+def test_the_default_bound() -> None:
+    from genlm_hf.static import DEFAULT_BYTES, static_bytes
+
+    assert static_bytes(12345, torch.device("cpu")) == 12345
+    assert static_bytes(0, torch.device("cpu")) == 0
+    assert static_bytes(None, torch.device("cpu")) == DEFAULT_BYTES == 2**30
+
+
 def test_static_decode_option_is_checked() -> None:
     import genlm_core
 
@@ -185,6 +193,7 @@ def test_static_decode_captured_on_cuda(tiny_llama_path: str, dtype: str) -> Non
     on = load_hf(tiny_llama_path, batch_size=4, device="cuda", dtype=dtype)  # auto: captured on CUDA
     off = load_hf(tiny_llama_path, batch_size=4, device="cuda", dtype=dtype, static_decode="off")
     try:
+        assert on.engine.static.max_bytes >= 2**30  # a quarter of the free memory at load, >= 1 GiB
         stats = _check(on, off, _script(on.vocab_size, 6, 30, seed=11), dtype)
         assert stats["static_captured"] > 0 and stats["static_steps"] > stats["static_captured"]
         assert stats["static_moved"] > 0
