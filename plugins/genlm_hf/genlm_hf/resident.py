@@ -54,7 +54,7 @@ import torch
 from genlm_core.engine.contexts import Context
 from genlm_core.engine.resident import ResidentRow, ResidentRows
 from genlm_hf.kv import Row, run_rows
-from genlm_hf.static import KVLayout, StaticDecoder, StaticSlot, batch_bucket, column_bucket
+from genlm_hf.static import StaticDecoder, StaticSlot, batch_bucket, column_bucket
 
 __all__ = ["Block", "ResidentBlocks"]
 
@@ -335,19 +335,16 @@ class ResidentBlocks:
         if C is None:
             return None
         B = batch_bucket(rows, self.decoder.batch_size)
-        slot = self.decoder.slot((B, C), self._layout())
+        slot = self.decoder.slot((B, C), self.decoder.kv_layout())
         if slot is None:
             return None
         return Block(slot, [0] * B, [None] * B)
-
-    def _layout(self) -> KVLayout:
-        return self.decoder.kv_layout()
 
     def _regrow(self, block: Block, B: int, C: int, force: bool = False) -> bool:
         """Move ``block`` to a slot of bucket ``(B, C)`` (its rows copied); False when the
         bound refuses it (unless ``force``)."""
         old = block.slot
-        slot = self.decoder.slot((B, C), self._layout(), force=force)
+        slot = self.decoder.slot((B, C), self.decoder.kv_layout(), force=force)
         if slot is None:
             return False
         b, c = old.bucket
