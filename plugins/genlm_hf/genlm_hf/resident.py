@@ -412,13 +412,12 @@ class ResidentBlocks:
             tokens = [self.engine.pad_id] * block.rows
             for j in js:
                 tokens[call.static[j][1]] = placements[j].context[-1]
-            out = block.slot.run(tokens, list(block.lengths), self.engine.pad_id)
+            out = self.decoder.run(block.slot, tokens, list(block.lengths))
             picked = [call.static[j][1] for j in js]
             parts.append(out.index_select(0, torch.tensor(picked, device=out.device)))
             for i in picked:
                 block.lengths[i] += 1
             order += js
-            self.decoder.steps += 1
         # every part is a tensor of its own (never a view of a static output, which the
         # next replay overwrites)
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -199,7 +199,9 @@ class StaticSlot:
                 self._step()
         torch.cuda.current_stream(self.kv.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: the engine captures in its worker thread while the program's thread may
+        # copy rows off the device; "global" would break the capture on such a call
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self.out = self._step()
         self.graph = graph
         graph.replay()
@@ -362,10 +364,17 @@ class StaticDecoder:
         need = max(batch.lengths) + 1
         if need > batch.slot.bucket[1]:
             self._move(batch, need)
-        slot = batch.slot
+        logits = self.run(batch.slot, tokens, batch.lengths)
+        batch.lengths = [n + 1 for n in batch.lengths]
+        return logits
+
+    def run(self, slot: StaticSlot, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """:meth:`StaticSlot.run`, captured on its first step where graphs are on; a capture
+        the model cannot take (a host sync in its code, say) turns graphs off for every
+        slot and the step runs without one, unless ``static_decode="on"`` (it raises)."""
         fresh = slot.use_graph and slot.graph is None
         try:
-            logits = slot.run(tokens, batch.lengths, self.pad_id)
+            logits = slot.run(tokens, positions, self.pad_id)
         except Exception as exc:  # noqa: BLE001 - a model the capture cannot take
             if not fresh or self.strict:
                 raise
@@ -373,10 +382,9 @@ class StaticDecoder:
             self.graph = False
             for s in [slot, *self._free.values()]:
                 s.use_graph = False
-            logits = slot.run(tokens, batch.lengths, self.pad_id)  # idempotent: the same KV again
+            logits = slot.run(tokens, positions, self.pad_id)  # idempotent: the same KV again
             fresh = False
         self.captured += fresh
-        batch.lengths = [n + 1 for n in batch.lengths]
         self.steps += 1
         return logits
 

@@ -256,3 +256,24 @@ def test_random_programs_under_a_tight_bound(tiny_llama_path: str, seed: int) ->
     finally:
         on.close()
         off.close()
+
+
+def test_a_capture_that_fails_falls_back(tiny_llama_path: str) -> None:
+    """A capture the model cannot take (here: asked for on the CPU, where torch.cuda
+    fails) turns graphs off and the call's rows are still right under "auto"; "on" raises
+    and leaves no row behind."""
+    on = load_hf(tiny_llama_path, batch_size=4, static_decode="on", cache_size=0)
+    off = load_hf(tiny_llama_path, batch_size=4, static_decode="off", cache_size=0)
+    try:
+        static = on.engine.static
+        static.graph = True  # the slots it makes try to capture their step
+        program = _program(on.vocab_size, 5, 8, seed=13, resample=3)
+        with pytest.raises(Exception):  # noqa: B017 - whatever torch.cuda raises without CUDA
+            _drive(on, program)
+        assert not on.engine.resident.blocks
+        static.strict = False  # "auto"
+        stats = _check(on, off, program)
+        assert not static.graph and stats["static_captured"] == 0 and stats["static_steps"] > 0
+    finally:
+        on.close()
+        off.close()
