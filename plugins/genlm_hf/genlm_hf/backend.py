@@ -27,7 +27,7 @@ from genlm_core.engine.backend import backend_class
 from genlm_core.engine.decode_batches import DecodeBatches
 from genlm_hf.config import HFConfig
 from genlm_hf.decode import HFDecodeOps
-from genlm_hf.kv import Row, Workspace, forward_rows, supports_kv_reuse
+from genlm_hf.kv import Row, Slots, Workspace, forward_rows, run_rows, supports_kv_reuse
 from genlm_hf.loading import load_model_and_tokenizer, supported_dtypes
 from genlm_hf.resident import ResidentBlocks
 from genlm_hf.static import make_static_decoder
@@ -127,6 +127,15 @@ class HFEngine(Engine):
         for row, kv in zip(rows, kvs or []):
             self.kv.store(row.ctx, kv)
         return list(logits)  # normalised row by row by the core, each a tensor of its own
+
+    def run_rows(self, rows: list[Row], **room: Any) -> tuple[torch.Tensor, Slots]:
+        """One :func:`~genlm_hf.kv.run_rows` pass keeping every row's KV in its buffer
+        (``room``: the ``workspace`` it is carved from, or the ``headroom`` it leaves)."""
+        logits, slots = run_rows(
+            self.model, rows, use_cache=True, logits_to_keep=self.logits_to_keep, pad_id=self.pad_id, **room
+        )
+        assert slots is not None and slots.buf is not None
+        return logits, slots
 
     def decode_step(self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]) -> torch.Tensor:
         """A burst step (:mod:`genlm_hf.decode`): the rows' distinct contexts in the step

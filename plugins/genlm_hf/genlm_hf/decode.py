@@ -22,7 +22,7 @@ import torch
 from genlm_core.engine import KVReuse
 from genlm_core.engine.contexts import Context
 from genlm_core.engine.decode_batches import KeptBatch
-from genlm_hf.kv import Row, Slots, copy_out, resume_rows, run_rows
+from genlm_hf.kv import Row, Slots, copy_out, resume_rows
 from genlm_hf.static import StaticBatch, StaticDecoder
 
 __all__ = ["HFDecodeOps", "KeptBuffer"]
@@ -53,15 +53,7 @@ class HFDecodeOps:
         # on the static path the batch runs in the engine's workspace and joins a static
         # slot; else it runs into a buffer of its own with headroom for the next steps
         room = {"workspace": engine.workspace} if self.static is not None else {"headroom": self.headroom}
-        logits, slots = run_rows(
-            engine.model,
-            rows,
-            use_cache=True,
-            logits_to_keep=engine.logits_to_keep,
-            pad_id=engine.pad_id,
-            **room,
-        )
-        assert slots is not None and slots.buf is not None
+        logits, slots = engine.run_rows(rows, **room)
         if self.static is not None:
             batch = self.static.keep(rows, slots)  # the rows join the static path
             if batch is not None:

@@ -53,7 +53,7 @@ import torch
 
 from genlm_core.engine.contexts import Context
 from genlm_core.engine.resident import ResidentRow, ResidentRows
-from genlm_hf.kv import Row, run_rows
+from genlm_hf.kv import Row
 from genlm_hf.static import StaticDecoder, StaticSlot, batch_bucket, column_bucket
 
 __all__ = ["Block", "ResidentBlocks"]
@@ -365,15 +365,7 @@ class ResidentBlocks:
         if call.eager:
             idx = list(call.eager)
             rows = [Row(placements[j].context, *call.eager[j]) for j in idx]
-            logits, slots = run_rows(
-                engine.model,
-                rows,
-                use_cache=True,
-                logits_to_keep=engine.logits_to_keep,
-                pad_id=engine.pad_id,
-                workspace=engine.workspace,
-            )
-            assert slots is not None and slots.buf is not None
+            logits, slots = engine.run_rows(rows, workspace=engine.workspace)
             P = slots.filled
             for n, (j, r) in enumerate(zip(idx, rows)):
                 spot = call.eager_rows.get(j)
