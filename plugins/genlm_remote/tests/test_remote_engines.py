@@ -33,16 +33,20 @@ def _tiny_gguf() -> str:
 
 HF = {"model": lambda: str(tiny_llama()), "opts": {"dtype": "float32", "device": "cpu"}}
 LLAMACPP = {"model": _tiny_gguf, "opts": {"kv_cache_type": "f32", "n_threads": 2}}
-ENGINES = {"hf": HF, "llamacpp": LLAMACPP}
+# the server's hf engine with the static decode step on (on CUDA it is on by default): its
+# passes continue the clients' rows in place (genlm_hf.resident)
+HF_STATIC = {"engine": "hf", "model": HF["model"], "opts": {**HF["opts"], "static_decode": "on"}}
+ENGINES = {"hf": HF, "hf-static": HF_STATIC, "llamacpp": LLAMACPP}
 
 
 @pytest.fixture(scope="module", params=sorted(ENGINES))
 def served(request):
     """(engine name, model, options, server) for each engine."""
     spec = ENGINES[request.param]
+    engine = spec.get("engine", request.param)
     model = spec["model"]()
-    with ServerProcess(request.param, model=model, opts=spec["opts"]) as srv:
-        yield request.param, model, spec["opts"], srv
+    with ServerProcess(engine, model=model, opts=spec["opts"]) as srv:
+        yield engine, model, spec["opts"], srv
 
 
 class TestRemoteEngineConformance(LogprobBackendConformance):
@@ -71,6 +75,16 @@ def test_rows_tokenizer_and_identity_are_the_engines(served) -> None:
         batch = remote.batch_next_token_logprobs_sync(CTXS)
         ref = torch.stack([local.next_token_logprobs_uncached(c) for c in CTXS])
         assert_backend_close(local, batch, ref, "served batch against local single passes")
+        # particles a token a step (and two forked from one): served rows continue in place
+        # where the engine keeps them (hf-static)
+        ctxs = [list(c) for c in CTXS]
+        for step in range(8):
+            ctxs = [c + [20 + step + k] for k, c in enumerate(ctxs)]
+            if step == 4:
+                ctxs.append(ctxs[0][:-1] + [99])
+            got = remote.batch_next_token_logprobs_sync(ctxs)
+            ref = torch.stack([local.next_token_logprobs_uncached(c) for c in ctxs])
+            assert_backend_close(local, got, ref, f"served step {step} against local single passes")
         text = "The cat sat on the mat."
         assert remote.tokenizer.encode(text) == local.tokenizer.encode(text)
         ids = local.tokenizer.encode(text, add_special_tokens=False)
