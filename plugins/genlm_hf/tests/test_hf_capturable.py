@@ -1,0 +1,140 @@
+"""The static decode step can be captured as a CUDA graph: checked on the CPU.
+
+A CUDA graph replays kernels with the values their inputs hold at replay; a step that
+reads a device value on the host (``.item()``, ``bool(t)``, ``nonzero``, a shape that
+depends on data) or copies a host tensor in while it runs cannot be captured (the
+capture raises, or worse, bakes in the value of the capture's step). On a GPU the
+engine then falls back to the uncaptured step (slow, still right) and the speed of
+issue 44 is gone; on the CPU the step runs without graphs, so no CPU test would see it.
+
+This suite runs the step (:meth:`genlm_hf.static.StaticSlot._step`) with the model, the
+buffers and the inputs on the ``meta`` device, where tensors have shapes and no values:
+an op that needs a value raises there, and a dispatch mode records every op fed a host
+tensor of one or more dimensions (0-d host tensors are scalars to a kernel and are
+fine in a capture). Run for the architectures the tests build, SmolLM2-135M's config
+and SmolLM2-1.7B's shape (the GPU benchmarks' model, scripts/gpu_models.py), each with
+both attention implementations the static step masks for and float32 and bfloat16.
+A model that calls ``.item()`` in its forward, or mixes a host tensor in, fails the
+check (the last tests), so the check can fail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from genlm_hf.static import _MASKS, StaticSlot
+from torch.utils._python_dispatch import TorchDispatchMode
+
+META = torch.device("meta")
+ROOT = Path(__file__).resolve().parents[3]
+
+
+class HostWatch(TorchDispatchMode):
+    """Records the ops fed a host tensor of one or more dimensions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.host_inputs: list[str] = []
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        self.ops += 1
+        flat = [*args, *kwargs.values()]
+        flat += [t for a in flat if isinstance(a, (list, tuple)) for t in a]
+        if any(isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0 for t in flat):
+            self.host_inputs.append(str(func))
+        return func(*args, **kwargs)
+
+
+def _config(name: str) -> Any:
+    from transformers import AutoConfig
+
+    from genlm_core.testing import models
+
+    if name in ("llama", "gpt2"):
+        return AutoConfig.from_pretrained(models.tiny_model(name))
+    spec = importlib.util.spec_from_file_location("gpu_models", ROOT / "scripts" / "gpu_models.py")
+    assert spec is not None and spec.loader is not None
+    gpu_models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_models)
+    source = models.smollm2()
+    shape = {"smollm2-135m": "135m", "smollm2-1.7b": "1.7b"}[name]
+    config = gpu_models.shape_config(shape, source, "float32")
+    return AutoConfig.for_model(**config)
+
+
+def _meta_slot(config: Any, attn: str, dtype: torch.dtype, rows: int = 4, columns: int = 32) -> StaticSlot:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(META):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype).eval()
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return StaticSlot(
+        model,
+        (rows, columns),
+        (config.num_hidden_layers, heads, head_dim),
+        dtype,
+        META,
+        _MASKS[attn],
+        True,
+        False,
+    )
+
+
+def _run_watched(slot: StaticSlot) -> tuple[torch.Tensor, HostWatch]:
+    watch = HostWatch()
+    with torch.inference_mode(), watch:
+        out = slot._step()
+    return out, watch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("attn", sorted(_MASKS))
+@pytest.mark.parametrize("name", ["llama", "gpt2", "smollm2-135m", "smollm2-1.7b"])
+def test_the_step_reads_no_device_value_and_no_host_tensor(name: str, attn: str, dtype: torch.dtype) -> None:
+    config = _config(name)
+    slot = _meta_slot(config, attn, dtype)
+    out, watch = _run_watched(slot)
+    assert out.shape == (4, config.vocab_size)
+    assert watch.ops > 20, "the step ran too few ops to be the model's forward"
+    assert not watch.host_inputs, f"{name}/{attn}: ops fed a host tensor inside the step: {watch.host_inputs}"
+
+
+def _patched_forward(slot: StaticSlot, extra: Any) -> None:
+    model = slot.model
+    forward = model.forward
+
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        extra(kwargs)
+        return forward(*args, **kwargs)
+
+    model.forward = patched
+
+
+def test_a_step_that_reads_a_device_value_fails_the_check() -> None:
+    slot = _meta_slot(_config("llama"), "sdpa", torch.float32)
+
+    def sync(kwargs: dict) -> None:
+        if kwargs["attention_mask"].all():  # a host sync: bool() of a device tensor
+            pass
+
+    _patched_forward(slot, sync)
+    with pytest.raises((RuntimeError, NotImplementedError), match="meta"):
+        _run_watched(slot)
+
+
+def test_a_step_that_copies_a_host_tensor_in_fails_the_check() -> None:
+    slot = _meta_slot(_config("llama"), "sdpa", torch.float32)
+
+    def host(kwargs: dict) -> None:
+        kwargs["position_ids"] = kwargs["position_ids"] + torch.zeros((4, 1), dtype=torch.long).to(META)
+
+    _patched_forward(slot, host)
+    _, watch = _run_watched(slot)
+    assert watch.host_inputs, "a host tensor copied in went unseen"
