@@ -19,7 +19,9 @@ process (all threads: the work done, much less disturbed by other jobs than the 
 time), the backend's time in its model call (forward hooks) and the ratios to raw. The
 rows of ``raw`` and ``step`` are compared once (the bound derived from the arithmetic,
 :mod:`genlm_core.testing.tolerance`: the batch runs with an attention mask and
-padding-free KV slots; the same sums, another order).
+padding-free KV slots; the same sums, another order). The batch dependence: the first
+:data:`ALONE` rows of that step against each context run alone (a fresh single-row
+forward), with the smallest of their derived bounds (``batch_vs_alone_*``).
 
 ``--grow`` runs the step as a SIS/SMC program does: each way keeps its own ``B`` row
 contexts (``step``'s, ``batch``'s and raw's, all started from the same pasts) and every
@@ -71,6 +73,8 @@ from common import device_info, write_results  # noqa: E402
 
 TARGET = 1.1
 #: the hf engine's resident-row counters recorded under --grow (on the static decode path)
+#: rows of a step compared with their contexts run alone (the batch dependence)
+ALONE = 8
 RESIDENT = ("rows_resumed", "rows_restarted", "resident_joined", "resident_eager", "resident_evicted")
 
 
@@ -96,7 +100,7 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     llm = genlm_core.load(
         "hf", model=args.model, dtype=args.dtype, device=args.device, batch_size=max(64, rows)
     )
-    model, vocab = llm.model, llm.vocab_size
+    model, vocab = llm.engine.model, llm.vocab_size
     gen = torch.Generator().manual_seed(rows)
     pasts = [
         tuple(torch.randint(100, vocab - 100, (args.past,), generator=gen).tolist()) for _ in range(rows)
@@ -153,6 +157,16 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     except AssertionError as e:  # recorded, and the exit status says so after the results
         max_diff, rows_check, detail = row_diff(got, want), "FAILED", str(e)
         log(f"rows check failed: {detail}")
+    # batch dependence: the first rows of that batch against each context run alone
+    # (a fresh single-row forward in the backend's dtype), and the derived bound for them
+    from genlm_core.testing.tolerance import model_shape, row_atol, row_magnitude
+
+    k = min(rows, ALONE)
+    alone = torch.stack([llm.next_token_logprobs_uncached(list(p) + [vocab - 1]) for p in pasts[:k]])
+    alone_diff = row_diff(got[:k], alone)
+    alone_bound = min(
+        row_atol(model_shape(llm), row_magnitude(r), str(llm.dtype)) for r in alone.to(torch.float32)
+    )
     in_model: list[float] = []
     timing = [False]
 
@@ -203,6 +217,9 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
         "grow": grow,
         "max_abs_diff": max_diff,
         "rows_check": rows_check,
+        "batch_vs_alone_max_abs_diff": alone_diff,
+        "batch_vs_alone_bound": alone_bound,
+        "batch_vs_alone_rows": k,
     }
     if detail:
         out["rows_check_detail"] = detail
@@ -281,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
             *(["gpu_max_allocated_mb"] if "gpu_max_allocated_mb" in results[0] else []),
             *resident,
             "rows_check",
+            "max_abs_diff",
+            "batch_vs_alone_max_abs_diff",
+            "batch_vs_alone_bound",
         ],
     )
     failed = [r["rows"] for r in results if r["rows_check"] != "ok"]

@@ -204,7 +204,7 @@ def client_main(args: argparse.Namespace) -> int:
     asyncio.run(run_sis(llm, PROMPT, n_particles=2, max_tokens=2, seed=args.seed + 50))  # warm-up
     llm.clear_cache()
     if args.mode != "local":
-        llm.reset_timing()  # the warm-up's round trips are not the layout's
+        llm.engine.reset_timing()  # the warm-up's round trips are not the layout's
     print("READY", flush=True)
     sys.stdin.readline()  # the orchestrator starts every client at once
     timed = TimedCalls(llm)

@@ -95,8 +95,9 @@ def run_genlm_core(args: argparse.Namespace) -> dict[str, Any]:
         res["sweep"] = [sweep_point(llm, p, lengths, eos, prompt_ids, args) for p in args.sweep]
     import torch
 
-    if isinstance(getattr(llm, "model", None), torch.nn.Module):  # torch engines only
-        res["flops_per_token"] = model_flops_per_token(llm.model)
+    model = getattr(llm.engine, "model", None)
+    if isinstance(model, torch.nn.Module):  # torch engines only
+        res["flops_per_token"] = model_flops_per_token(model)
     llm.close()
     return res
 
@@ -211,6 +212,7 @@ def run_anchor(args: argparse.Namespace) -> dict[str, Any]:
             str(args.particles),
             "--max-tokens",
             str(args.max_tokens),
+            *(["--sweep", *map(str, args.sweep)] if args.sweep else []),
             "--device",
             args.device,
             "--dtype",
@@ -254,6 +256,27 @@ def anchor_worker(args: argparse.Namespace) -> None:
             llm.clear_cache,
         )
     )
+    for particles in args.sweep:  # the same particle counts as (a)'s sweep, same loaded model
+        log(f"(b) sweep: {particles} particles")
+        sub = argparse.Namespace(**{**vars(args), "particles": particles})
+        r = asyncio.run(
+            timed_runs(
+                lambda: llm.next_token_logprobs,
+                lengths,
+                llm.tokenizer.eos_token_id,
+                prompt_ids,
+                sub,
+                llm.clear_cache,
+            )
+        )
+        res.setdefault("sweep", []).append(
+            {
+                "particles": particles,
+                "calls": r["calls"],
+                "wall_s": r["wall_s"],
+                "calls_per_s": r["calls_per_s"],
+            }
+        )
     res.update(
         load_s=load_s,
         version=md.version("genlm-backend"),
@@ -359,7 +382,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         nargs="*",
         default=[],
-        help="also time (a) at these particle counts (throughput against particles; same loaded model)",
+        help="also time (a), and (b) where it runs, at these particle counts (same loaded models)",
     )
     p.add_argument("--max-tokens", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
@@ -432,6 +455,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     if "b" in figures:
         record["speedup_vs_genlm_backend"] = a["calls_per_s"] / figures["b"]["calls_per_s"]
+        theirs = {p["particles"]: p["calls_per_s"] for p in figures["b"].get("sweep", [])}
+        record["sweep_speedup_vs_genlm_backend"] = {
+            str(p["particles"]): p["calls_per_s"] / theirs[p["particles"]]
+            for p in a.get("sweep", [])
+            if theirs.get(p["particles"])
+        }
     if "c" in figures:
         record["speedup_vs_uncached"] = a["calls_per_s"] / figures["c"]["calls_per_s"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -469,6 +498,16 @@ def markdown(record: dict[str, Any]) -> str:
             f"| {names[key]} | {fig['calls']} | {fig['wall_s']:.2f} | {fig['calls_per_s']:.1f} | "
             f"{a / fig['calls_per_s']:.2f}x |"
         )
+    sweep = record["figures"]["a"].get("sweep")
+    if sweep:
+        theirs = {p["particles"]: p["calls_per_s"] for p in record["figures"].get("b", {}).get("sweep", [])}
+        lines += ["", "| particles | (a) calls/s | (b) calls/s | (a)/(b) |", "|---:|---:|---:|---:|"]
+        for p in sweep:
+            b = theirs.get(p["particles"])
+            lines.append(
+                f"| {p['particles']} | {p['calls_per_s']:.1f} | "
+                + (f"{b:.1f} | {p['calls_per_s'] / b:.2f}x |" if b else "- | - |")
+            )
     c = record["figures"].get("c")
     if c and c.get("particles") != record["workload"]["particles"]:
         lines.append("")
@@ -533,6 +572,17 @@ def headline(result: dict, backend: str = "hf") -> list[dict]:
         rows.append(
             verdicts.row("SIS genlm-hf vs uncached HF loop", a, f["c"]["calls_per_s"], r, ">= 9x", r >= 9)
         )
+    theirs = {p["particles"]: p["calls_per_s"] for p in f.get("b", {}).get("sweep", [])}
+    for p in f["a"].get("sweep", []):
+        if theirs.get(p["particles"]):
+            rows.append(
+                verdicts.row(
+                    f"SIS genlm-hf vs genlm-backend, {p['particles']} particles",
+                    p["calls_per_s"],
+                    theirs[p["particles"]],
+                    p["calls_per_s"] / theirs[p["particles"]],
+                )
+            )
     lim = f["a"].get("compute_limit")
     if lim:
         rows.append(verdicts.row("SIS genlm-hf, fraction of measured matmul rate", lim["fraction"]))

@@ -56,6 +56,11 @@ REQUIRED_CUDA_TESTS = [
     "plugins/genlm_hf/tests/test_hf_static.py::test_static_decode_captured_on_cuda",
     # ordinary calls' resident rows on the captured step (SIS/SMC shapes)
     "plugins/genlm_hf/tests/test_hf_resident.py::test_resident_captured_on_cuda",
+    # the conformance kit on CUDA: float32 and bfloat16 on the captured step, GPT-2 with a
+    # small KV budget, the eager path
+    "plugins/genlm_hf/tests/test_hf_conformance.py::TestHFCudaConformance",
+    "plugins/genlm_hf/tests/test_hf_conformance.py::TestHFCudaGPT2Conformance",
+    "plugins/genlm_hf/tests/test_hf_conformance.py::TestHFCudaEagerConformance",
 ]
 #: each benchmark's settings: (on a GPU, in a dry run on the CPU); short repetitions
 SIZES = {
@@ -69,7 +74,7 @@ SIZES = {
     ),
     "sis": (
         ["--particles", "16", "--sweep", "64"],
-        ["--particles", "4", "--max-tokens", "3", "--uncached-particles", "2"],
+        ["--particles", "4", "--max-tokens", "3", "--uncached-particles", "2", "--sweep", "6"],
     ),
     "serve": (
         ["--clients", "4", "--particles", "16", "--max-tokens", "20", "--runs", "1", "--repeat", "5"],
@@ -311,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                 Step(
                     "tests",
                     [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={junit}", *ids],
-                    cap_s=120,
+                    cap_s=150,
                 )
             )
 
@@ -374,8 +379,11 @@ def main(argv: list[str] | None = None) -> int:
 def report(check: Check, info: dict[str, Any], tests: dict[str, Any], anchor_why: str) -> int:
     """``check.json`` and ``summary.md`` into the results folder; the exit status."""
     from common import device_line, machine, markdown_table
+    from gpu_targets import markdown as targets_markdown
+    from gpu_targets import targets
 
     out = check.args.out
+    goals = targets(out, check.args.dry_run_cpu)
     failed = [s for s in check.steps if s.rc != 0]
     elapsed = time.time() - check.args.started
     rows = [
@@ -396,6 +404,7 @@ def report(check: Check, info: dict[str, Any], tests: dict[str, Any], anchor_why
         "steps": [{**r, "command": " ".join(s.cmd)} for r, s in zip(rows, check.steps)],
         "tests": tests,
         "sis_reference": anchor_why or "genlm-backend 0.3.1",
+        "targets": goals,
         "ok": not failed,
     }
     (out / "check.json").write_text(json.dumps(payload, indent=2))
@@ -409,6 +418,7 @@ def report(check: Check, info: dict[str, Any], tests: dict[str, Any], anchor_why
         "",
         markdown_table(rows, ["step", "exit", "seconds", "note"]),
         "",
+        *targets_markdown(goals, check.args.dry_run_cpu),
     ]
     if tests.get("collection_errors"):
         md += [f"Suites not collected here: {', '.join(tests['collection_errors'])}", ""]
