@@ -64,7 +64,8 @@ def load(engine: str, args: argparse.Namespace) -> Any:
 
     model = args.model or str(models.smollm2_path(progress=False))
     if engine == "hf":
-        return genlm_core.load("hf", model=model, dtype=args.dtype, device=args.device)
+        extra = {"static_decode": args.static_decode} if args.static_decode else {}
+        return genlm_core.load("hf", model=model, dtype=args.dtype, device=args.device, **extra)
     if engine in ("vllm", "vllm_nonresident"):
         return genlm_core.load("vllm", model=model, dtype=args.dtype, resident=engine == "vllm")
     from genlm_llamacpp.convert import smollm2_f16_gguf_path
@@ -251,6 +252,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", default=None, help="hf/vllm model folder (default: the embedded SmolLM2-135M)")
     p.add_argument("--device", default="cpu", help="hf's device: cpu, cuda, cuda:1, ... (default: cpu)")
     p.add_argument("--dtype", default="float32", help="hf's and vLLM's dtype (float32, bfloat16, float16)")
+    p.add_argument(
+        "--static-decode",
+        choices=["auto", "on", "off"],
+        default=None,
+        help="hf's static_decode (default: the engine's, auto: on CUDA only)",
+    )
     p.add_argument("--particles", nargs="+", type=int, default=[16, 64])
     p.add_argument("--max-tokens", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)

@@ -97,8 +97,9 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
 
     if cuda:
         torch.cuda.reset_peak_memory_stats(args.device)
+    extra = {"static_decode": args.static_decode} if args.static_decode else {}
     llm = genlm_core.load(
-        "hf", model=args.model, dtype=args.dtype, device=args.device, batch_size=max(64, rows)
+        "hf", model=args.model, dtype=args.dtype, device=args.device, batch_size=max(64, rows), **extra
     )
     model, vocab = llm.engine.model, llm.vocab_size
     gen = torch.Generator().manual_seed(rows)
@@ -250,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
     ap.add_argument("--quick", action="store_true", help="tiny model, 4 and 16 rows, 4 repeats")
+    ap.add_argument(
+        "--static-decode",
+        choices=["auto", "on", "off"],
+        default=None,
+        help="the hf engine's static_decode (default: its own, auto: on CUDA only)",
+    )
     ap.add_argument(
         "--grow",
         action="store_true",
