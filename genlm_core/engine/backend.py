@@ -51,6 +51,7 @@ from genlm_core.engine.contract import (
     refuse_unsupported_dtype,
 )
 from genlm_core.engine.dtypes import UnsupportedDtypeError
+from genlm_core.engine.heap import settle_after_load
 from genlm_core.engine.lora import LoraAdapters
 from genlm_core.engine.memory import compact
 from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadable_rows
@@ -205,6 +206,7 @@ class BaseLogprobBackend:
             lora_name = getattr(config, "lora_name", "default")
             backend.load_lora(lora_path, lora_name)
             backend.set_lora(lora_name)
+        settle_after_load()  # the first load's full collection, here rather than mid-program
         return backend
 
     @classmethod
