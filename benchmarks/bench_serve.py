@@ -134,6 +134,31 @@ def gpu_memory_by_pid() -> dict[int, float] | None:
     return used
 
 
+def device_used_mb(device: str) -> float | None:
+    """MiB in use on the whole GPU of ``device`` (every process, ``nvidia-smi``'s
+    ``memory.used``): the fallback where per-process figures are missing (a VM or sandbox
+    whose driver does not list processes); None without ``nvidia-smi``."""
+    import shutil
+
+    if not shutil.which("nvidia-smi"):
+        return None
+    index = int(device.split(":")[1]) if ":" in device else 0
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible and index < len(visible) and visible[index].strip().isdigit():
+        index = int(visible[index])
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={index}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        return float(out.strip().splitlines()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
 def tree_gpu_mb(pid: int) -> float | None:
     """GPU memory (MiB, ``nvidia-smi``) of ``pid`` and its descendants; None when unknown."""
     import psutil
@@ -169,6 +194,9 @@ def client_gpu(args: argparse.Namespace) -> dict[str, Any] | None:
     used = gpu_memory_by_pid()
     # a process nvidia-smi does not list uses none (a remote client never touches the GPU)
     out: dict[str, Any] = {"nvidia_smi_mb": None if used is None else used.get(os.getpid(), 0.0)}
+    # the whole GPU while this layout's processes are alive (each client samples at its end;
+    # the first to end sees them all): the layout's use is the largest sample less the baseline
+    out["device_used_mb"] = device_used_mb(args.device)
     if args.mode == "local":
         out["max_allocated_mb"] = torch.cuda.max_memory_allocated(args.device) / 2**20
         out["max_reserved_mb"] = torch.cuda.max_memory_reserved(args.device) / 2**20
@@ -304,7 +332,11 @@ def run_clients(
 
 
 def summarise(
-    layout: str, results: list[dict[str, Any]], server_rss: int = 0, server_gpu_mb: float | None = None
+    layout: str,
+    results: list[dict[str, Any]],
+    server_rss: int = 0,
+    server_gpu_mb: float | None = None,
+    baseline_gpu_mb: float | None = None,
 ) -> dict[str, Any]:
     lat = sorted(x for r in results for x in r["latencies"])
     span = max(r["end"] for r in results) - min(r["start"] for r in results)
@@ -330,6 +362,9 @@ def summarise(
         row["client_gpu_mb"] = sum(v or 0.0 for v in smi) if known else None
         row["server_gpu_mb"] = server_gpu_mb
         row["total_gpu_mb"] = (sum(v or 0.0 for v in smi) + (server_gpu_mb or 0.0)) if known else None
+        seen = [g["device_used_mb"] for g in gpus if g and g.get("device_used_mb") is not None]
+        if seen and baseline_gpu_mb is not None:
+            row["device_gpu_mb"] = max(seen) - baseline_gpu_mb
         peaks = [g["max_allocated_mb"] for g in gpus if g and "max_allocated_mb" in g]
         if peaks:
             row["client_max_allocated_mb"] = sum(peaks)
@@ -375,8 +410,10 @@ def orchestrate(args: argparse.Namespace) -> int:
     from genlm_core.serve.testing import ServerProcess
 
     rows = []
+    # the GPU in use before any of this benchmark's processes (the device-wide fallback's zero)
+    baseline = device_used_mb(args.device) if is_cuda(args.device) else None
     log(f"(a) {args.clients} clients, each with its own genlm-hf backend ({args.model})")
-    rows.append(summarise("(a) own backend each", run_clients(args, "local")))
+    rows.append(summarise("(a) own backend each", run_clients(args, "local"), baseline_gpu_mb=baseline))
     opts: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "batch_size": 64}
     for kv in args.server_opt or []:
         key, _, value = kv.partition("=")
@@ -401,7 +438,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             res = run_clients(args, mode, srv.url, before_go=take)
             accounts[name] = accounting(res, before[0], server_stats(srv.url))
             gpu_mb = tree_gpu_mb(srv.proc.pid) if is_cuda(args.device) else None
-            rows.append(summarise(name, res, tree_rss(srv.proc.pid), gpu_mb))
+            rows.append(summarise(name, res, tree_rss(srv.proc.pid), gpu_mb, baseline))
         server_rss = tree_rss(srv.proc.pid)
         server_gpu_mb = tree_gpu_mb(srv.proc.pid) if is_cuda(args.device) else None
         overhead = per_call_overhead(args, srv.url)
@@ -422,14 +459,24 @@ def orchestrate(args: argparse.Namespace) -> int:
     }
     if is_cuda(args.device):
         total = [r.get("total_gpu_mb") for r in rows]
+        device = [r.get("device_gpu_mb") for r in rows]
+        if device[0] and device[1] is not None:
+            figures["b_over_a_gpu_memory_device"] = device[1] / device[0]
         if all(t is not None for t in total):
             figures["b_over_a_gpu_memory"] = total[1] / total[0]
+            figures["gpu_memory"] = "per process (nvidia-smi compute apps)"
             figures["memory_model"]["engine_process_gpu_mb (M + R)"] = server_gpu_mb
             figures["memory_model"]["own_backend_process_gpu_mb"] = total[0] / args.clients
+        elif "b_over_a_gpu_memory_device" in figures:
+            figures["b_over_a_gpu_memory"] = figures["b_over_a_gpu_memory_device"]
+            figures["gpu_memory"] = (
+                "the whole GPU's memory.used while each layout ran, less the baseline before any "
+                "process (nvidia-smi lists no processes here)"
+            )
         else:
-            figures["gpu_memory"] = "nvidia-smi absent or without per-process figures: torch's peaks only"
+            figures["gpu_memory"] = "nvidia-smi absent or without figures: torch's peaks only"
     table = accounting_rows(accounts)
-    gpu_cols = ["total_gpu_mb", "client_max_allocated_mb"] if is_cuda(args.device) else []
+    gpu_cols = ["total_gpu_mb", "device_gpu_mb", "client_max_allocated_mb"] if is_cuda(args.device) else []
     write_results(
         "serve",
         rows,
