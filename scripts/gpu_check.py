@@ -58,9 +58,9 @@ REQUIRED_CUDA_TESTS = [
     "plugins/genlm_hf/tests/test_hf_resident.py::test_resident_captured_on_cuda",
     # the conformance kit on CUDA: float32 and bfloat16 on the captured step, GPT-2 with a
     # small KV budget, the eager path
-    "plugins/genlm_hf/tests/test_hf_conformance.py::TestHFCudaConformance",
-    "plugins/genlm_hf/tests/test_hf_conformance.py::TestHFCudaGPT2Conformance",
-    "plugins/genlm_hf/tests/test_hf_conformance.py::TestHFCudaEagerConformance",
+    "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaConformance",
+    "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaGPT2Conformance",
+    "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaEagerConformance",
 ]
 #: each benchmark's settings: (on a GPU, in a dry run on the CPU); short repetitions
 SIZES = {

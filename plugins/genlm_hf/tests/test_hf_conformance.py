@@ -1,7 +1,6 @@
 """The genlm-core conformance kit against the real transformers engine."""
 
 import pytest
-import torch
 from hf_helpers import load_hf, make_lora_adapter
 
 from genlm_core.testing import LogprobBackendConformance
@@ -78,63 +77,5 @@ class TestHFBFloat16StaticConformance(LogprobBackendConformance):
     def backend(self, tiny_llama_path):
         llm = load_hf(tiny_llama_path, batch_size=3, dtype="bfloat16", static_decode="on")
         assert llm.engine.static is not None and llm.engine.resident is not None
-        yield llm
-        llm.close()
-
-
-def _on_cuda(path: str, **options) -> object:
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device (the cuda marker deselects this test on such machines)")
-    return load_hf(path, device="cuda", **options)
-
-
-@pytest.mark.cuda
-class TestHFCudaConformance(LogprobBackendConformance):
-    """The kit on CUDA, float32 and bfloat16, with the defaults a GPU user gets: the static
-    decode step captured as CUDA graphs (bursts and resident rows), batches of 3. The
-    bounds are the kit's derived ones for the dtype (the same as on the CPU: two paths
-    differ by the order of their sums, whatever the device)."""
-
-    max_len = 12
-
-    @pytest.fixture(scope="class", params=["float32", "bfloat16"])
-    def backend(self, request, tiny_llama_path):  # pragma: no cover - GPU
-        llm = _on_cuda(tiny_llama_path, batch_size=3, dtype=request.param)
-        assert llm.engine.static is not None and llm.engine.static.graph
-        yield llm
-        llm.close()
-
-    def test_graphs_were_captured_and_replayed(self, backend) -> None:  # pragma: no cover - GPU
-        """Particles stepping a token a call run as replayed graphs (not the eager path)."""
-        backend.clear_cache()
-        ctxs = self.contexts(backend, seed=9)[:3]
-        for step in range(4):
-            backend.batch_next_token_logprobs_sync([c + [5] * step for c in ctxs])
-        stats = backend.stats()["engine"]
-        assert stats["static_captured"] > 0 and stats["static_steps"] > stats["static_captured"], stats
-
-
-@pytest.mark.cuda
-class TestHFCudaGPT2Conformance(LogprobBackendConformance):
-    """GPT-2 on CUDA (float32, batches of 3) with a small KV budget."""
-
-    max_len = 12
-
-    @pytest.fixture(scope="class")
-    def backend(self, tiny_gpt2_path):  # pragma: no cover - GPU
-        llm = _on_cuda(tiny_gpt2_path, batch_size=3, kv_cache_bytes=64 * 1024)
-        yield llm
-        llm.close()
-
-
-@pytest.mark.cuda
-class TestHFCudaEagerConformance(LogprobBackendConformance):
-    """The eager path on CUDA (static_decode="off"), float32."""
-
-    max_len = 12
-
-    @pytest.fixture(scope="class")
-    def backend(self, tiny_llama_path):  # pragma: no cover - GPU
-        llm = _on_cuda(tiny_llama_path, static_decode="off")
         yield llm
         llm.close()
