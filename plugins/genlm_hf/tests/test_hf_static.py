@@ -127,10 +127,30 @@ def test_free_buckets_are_dropped_within_the_bound(tiny_llama_path: str) -> None
         _run(llm, _script(llm.vocab_size, 4, 25, seed=5))
         assert 0 < static.nbytes <= static.max_bytes
         assert llm.stats()["engine"]["static_moved"] > 0
+        pooled = static.nbytes
         llm.clear_cache()
-        assert static.nbytes == 0  # every batch ended, every free bucket dropped
+        assert static.nbytes == pooled  # the pool (and its graphs) outlives the cleared caches
     finally:
         llm.close()
+
+
+def test_clear_cache_keeps_the_pooled_slots(tiny_llama_path: str) -> None:
+    """A program that clears its caches between runs finds its buckets' slots (on CUDA,
+    their captured graphs) again; the stale columns of a reused slot change no row."""
+    llm = load_hf(tiny_llama_path, batch_size=4, static_decode="on")
+    off = load_hf(tiny_llama_path, batch_size=4, static_decode="off")
+    try:
+        static = llm.engine.static
+        _run(llm, _script(llm.vocab_size, 4, 25, seed=21))  # long rows: stale KV in every column
+        pooled = {id(s) for s in static._free.values()}
+        assert pooled
+        # shorter rows, other tokens: each reused column past a row's length holds another
+        # run's KV, and every step is compared with the eager path and the uncached model
+        _check(llm, off, _script(llm.vocab_size, 4, 10, seed=22), "float32")
+        assert {id(s) for s in static._free.values()} >= pooled  # the same slots, reused
+    finally:
+        llm.close()
+        off.close()
 
 
 def test_a_capture_that_fails_falls_back_unless_on(tiny_llama_path: str) -> None:
@@ -197,6 +217,9 @@ def test_static_decode_captured_on_cuda(tiny_llama_path: str, dtype: str) -> Non
         stats = _check(on, off, _script(on.vocab_size, 6, 30, seed=11), dtype)
         assert stats["static_captured"] > 0 and stats["static_steps"] > stats["static_captured"]
         assert stats["static_moved"] > 0
+        # the same shapes again after clear_cache: the pooled graphs replay, none is captured
+        again = _check(on, off, _script(on.vocab_size, 6, 30, seed=12), dtype)
+        assert again["static_captured"] == stats["static_captured"]
     finally:
         on.close()
         off.close()
