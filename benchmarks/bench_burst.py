@@ -16,7 +16,9 @@ On a GPU the draws run on the rows' device (``burst_multinomial`` copies the row
 CPU first, as the steps program does), and the engine clock synchronises after each call.
 The results name the device and dtype.
 
-Where a step's time goes: ``engine_s`` is the time inside the engine's ``forward`` or
+Before the timed runs, one untimed run of ``steps`` and one of ``burst`` at the same
+particle count (on a GPU: the static step's graphs captured; every run then starts from
+cleared caches, which keep them). Where a step's time goes: ``engine_s`` is the time inside the engine's ``forward`` or
 ``decode_step`` (measured by wrapping them), ``draw_s`` the burst control's draws, and
 ``other_s`` the rest (batcher, row copies, the program, its draws in ``steps``).
 
@@ -214,8 +216,11 @@ def measure(llm: Any, engine: str, n: int, prompt: list[int], args: argparse.Nam
 
     clock = EngineClock(llm.engine, sync)
     rows = []
-    one_run(llm, clock, "steps", 2, prompt, args, seed=99)  # warm-up
-    one_run(llm, clock, "burst", 2, prompt, args, seed=99)
+    # warm-up at the timed runs' particle count: their batches land in the same buckets, so
+    # on a GPU the static step's graphs are captured here (clear_cache keeps them), as a
+    # program's later runs find them; the timed runs are the steady state
+    one_run(llm, clock, "steps", n, prompt, args, seed=99)
+    one_run(llm, clock, "burst", n, prompt, args, seed=99)
     for mode in MODES:
         runs = [one_run(llm, clock, mode, n, prompt, args, seed=args.seed + r) for r in range(args.repeats)]
         rate = statistics.median(r["calls"] / r["wall_s"] for r in runs)

@@ -120,7 +120,7 @@ def sweep_point(
         "calls": r["calls"],
         "wall_s": r["wall_s"],
         "calls_per_s": r["calls_per_s"],
-        # includes the warm-up run's batches (2 particles, 2 tokens): a slight underestimate
+        # includes the warm-up run's batches (the timed run's shape): the same mean
         "mean_batch_size": computed / batches if batches else None,
     }
 
@@ -150,7 +150,15 @@ def run_uncached(args: argparse.Namespace) -> dict[str, Any]:
     # sequential calls cost the same whatever the particle count: fewer particles, same rate
     sub = argparse.Namespace(**{**vars(args), "particles": args.uncached_particles or args.particles})
     res = asyncio.run(
-        timed_runs(lambda: next_lp, lengths, tok.eos_token_id, prompt_ids, sub, tokens=lambda: tokens)
+        timed_runs(
+            lambda: next_lp,
+            lengths,
+            tok.eos_token_id,
+            prompt_ids,
+            sub,
+            tokens=lambda: tokens,
+            full_warmup=False,
+        )
     )
     res["particles"] = sub.particles
     res["flops_per_token"] = model_flops_per_token(model)

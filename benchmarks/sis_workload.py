@@ -73,10 +73,19 @@ async def timed_runs(
     args: argparse.Namespace,
     reset: Callable[[], None] = lambda: None,
     tokens: Callable[[], int] = lambda: 0,
+    full_warmup: bool = True,
 ) -> dict[str, Any]:
-    """A short warm-up, then ``args.repeats`` timed runs from clean caches (median reported)."""
+    """A warm-up run, then ``args.repeats`` timed runs from clean caches (median reported).
+
+    The warm-up is the timed runs' shape (``args.particles`` x ``args.max_tokens``, another
+    seed): every batch size and length a timed run meets has run once, so what a backend
+    prepares once per shape (a GPU's captured decode graphs, which clearing the caches
+    keeps) is not in the figure, as a program's later runs do not pay it.
+    ``full_warmup=False``: 2 particles x 2 tokens (a backend with nothing to prepare per
+    shape, whose every call costs the same)."""
     reset()
-    await sis(make_next(), token_lengths, eos_id, prompt_ids, n_particles=2, max_tokens=2, seed=args.seed + 1)
+    n, k = (args.particles, args.max_tokens) if full_warmup else (2, 2)
+    await sis(make_next(), token_lengths, eos_id, prompt_ids, n_particles=n, max_tokens=k, seed=args.seed + 1)
     walls, calls, texts, ran = [], 0, [], 0
     for _ in range(args.repeats):
         reset()
