@@ -75,6 +75,22 @@ TARGET = 1.1
 #: the hf engine's resident-row counters recorded under --grow (on the static decode path)
 #: rows of a step compared with their contexts run alone (the batch dependence)
 ALONE = 8
+#: graph_account.py's figures, in the table where measured
+ACCOUNT = (
+    "account_bucket",
+    "graph_replay_ms",
+    "step_host_ms",
+    "step_kernels",
+    "step_kernel_ms",
+    "eager_step_ms",
+    "compile_s",
+    "compiled_graph_replay_ms",
+    "compiled_kernels",
+    "compiled_kernel_ms",
+    "compiled_step_ms",
+    "compiled_max_abs_diff",
+    "compiled_error",
+)
 RESIDENT = ("rows_resumed", "rows_restarted", "resident_joined", "resident_eager", "resident_evicted")
 
 
@@ -206,6 +222,11 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     for h in hooks:
         h.remove()
     engine = llm.stats().get("engine", {})  # (read before close)
+    account: dict[str, Any] = {}
+    if args.graph_account or args.compile_probe:  # the largest block's step alone
+        from graph_account import account as graph_account
+
+        account = graph_account(llm, compile_probe=args.compile_probe)
     llm.close()
     pending = asyncio.all_tasks(loop)  # the batcher's worker, told to stop by close()
     for task in pending:
@@ -234,6 +255,9 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
         out[f"{name}_cpu_ms"] = 1e3 * statistics.median(cpu[name])
     out["step_model_ms"] = 1e3 * statistics.median(model_s)
     out["step_outside_model_ms"] = out["step_ms"] - out["step_model_ms"]
+    out.update(account)
+    if "graph_replay_ms" in account:  # the host's part of a step: the rest
+        out["step_host_ms"] = out["step_ms"] - account["graph_replay_ms"]
     for name in ("step", "batch"):
         out[f"{name}_over_raw"] = out[f"{name}_ms"] / out["raw_ms"]
         out[f"{name}_over_raw_cpu"] = out[f"{name}_cpu_ms"] / out["raw_cpu_ms"]
@@ -261,6 +285,16 @@ def main(argv: list[str] | None = None) -> int:
         "--grow",
         action="store_true",
         help="each way's row contexts grow by one token a call, as SIS's do (writes hf_step_grow.*)",
+    )
+    ap.add_argument(
+        "--graph-account",
+        action="store_true",
+        help="after the steps, the largest resident block's step alone: graph replay, kernels (graph_account.py)",
+    )
+    ap.add_argument(
+        "--compile-probe",
+        action="store_true",
+        help="with --graph-account: that step under torch.compile too (compile time, kernels, replay)",
     )
     args = ap.parse_args(argv)
     if args.quick:
@@ -308,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_abs_diff",
             "batch_vs_alone_max_abs_diff",
             "batch_vs_alone_bound",
+            *[k for k in ACCOUNT if any(k in r for r in results)],
         ],
     )
     failed = [r["rows"] for r in results if r["rows_check"] != "ok"]

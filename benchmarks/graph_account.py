@@ -1,0 +1,134 @@
+"""Where a captured decode step's time goes (``bench_hf_step --graph-account``).
+
+The hf engine's step of ``B`` resident rows on CUDA is one replayed graph plus the host's
+work around it (the batcher, the rows' placement, normalising and handing out the rows).
+:func:`account` takes the engine's largest resident block after a benchmark's steps and
+measures its step alone:
+
+  graph_replay_ms     one replay of its captured graph (CUDA events, the median of a few):
+                      the device's part of a step; ``step_ms`` less this is the host's
+  step_kernels        kernels one run of the step launches, and ``step_kernel_ms`` their
+                      summed device time (``torch.profiler`` over the uncaptured step):
+                      a graph replays these kernels back to back, so many small kernels
+                      cost their count times a few microseconds each, whatever their work
+  compiled_*          with ``compile_probe``: the same step under ``torch.compile``
+                      (inductor fuses the norms, the rotary embedding and the MLP's
+                      element-wise ops), captured as a graph like the engine's: its compile
+                      seconds, its kernels and replay, and its logits against the engine's
+                      (the same arithmetic in another order: compared with the derived bound)
+
+On the CPU there is no graph: the step runs as it is (``eager_step_ms``) and, with the
+probe, compiled (``compiled_step_ms``); that is a check of this module, not a figure.
+Replaying a step writes the same KV column again (the step is idempotent), so the engine
+is left as it was; call it after the timed steps and before closing the engine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Any
+
+
+def _block_slot(llm: Any) -> Any:
+    resident = getattr(llm.engine, "resident", None)
+    blocks = list(getattr(resident, "blocks", []) or [])
+    if not blocks:
+        return None
+    return max(blocks, key=lambda b: b.slot.bucket[0]).slot
+
+
+def _kernels(fn: Any, runs: int) -> tuple[float, float]:
+    """Kernels per run of ``fn`` and their summed device ms per run (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    us = sum(getattr(e, "device_time", getattr(e, "cuda_time", 0.0)) for e in kernels)
+    return len(kernels) / runs, us / 1e3 / runs
+
+
+def _replay_ms(graph: Any, runs: int = 20) -> float:
+    import torch
+
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _capture(fn: Any, device: Any) -> tuple[Any, Any]:
+    import torch
+
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def _wall_ms(fn: Any, runs: int = 5) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def account(llm: Any, compile_probe: bool = False) -> dict[str, Any]:
+    """The figures above for ``llm``'s largest resident block (empty without one)."""
+    import torch
+
+    slot = _block_slot(llm)
+    if slot is None:
+        return {"graph_account": "no resident block"}
+    B, C = slot.bucket
+    out: dict[str, Any] = {"account_bucket": f"{B}x{C}"}
+    cuda = slot.kv.device.type == "cuda"
+    with torch.inference_mode():
+        ref = slot._step().float().clone()
+        if cuda:
+            if slot.graph is not None:
+                out["graph_replay_ms"] = _replay_ms(slot.graph)
+            else:
+                out["graph_account"] = "the block's step was not captured"
+            out["step_kernels"], out["step_kernel_ms"] = _kernels(slot._step, 3)
+        else:
+            out["eager_step_ms"] = _wall_ms(slot._step)
+        print(f"[graph_account] {out}", file=sys.stderr, flush=True)  # before a probe that may run long
+        if not compile_probe:
+            return out
+        compiled = torch.compile(slot._step, dynamic=False)
+        t0 = time.perf_counter()
+        try:
+            if cuda:
+                graph, logits = _capture(compiled, slot.kv.device)
+                out["compiled_graph_replay_ms"] = _replay_ms(graph)
+                out["compiled_kernels"], out["compiled_kernel_ms"] = _kernels(graph.replay, 3)
+            else:
+                compiled()
+                out["compiled_step_ms"] = _wall_ms(compiled)
+                logits = compiled()
+        except Exception as exc:  # noqa: BLE001 - a probe: its failure is its result
+            out["compiled_error"] = repr(exc)[:300]
+            return out
+        out["compile_s"] = time.perf_counter() - t0
+        out["compiled_max_abs_diff"] = float((logits.float() - ref).abs().max())
+    return out
