@@ -9,12 +9,14 @@ On a CUDA machine, within a time budget (default 330 s from the shell script's s
    a suite that cannot be collected here - an engine not installed - is listed, and the
    ``cuda`` tests that were collected still run; those of :data:`REQUIRED_CUDA_TESTS`,
    the captured static decode step among them, must be collected);
-3. the GPU benchmarks on both models, short repetitions: ``bench_hf_step --grow`` (16
-   and 64 rows whose contexts grow by a token a call, as SIS's: the resident rows' static
-   step), ``bench_burst`` (hf, 16 and 64 particles), ``bench_sis`` (SIS, 16 particles and
-   64 in its sweep; against genlm-backend 0.3.1 where its reference stack is importable,
-   see :func:`anchor`), then ``bench_serve`` (four SIS clients, one server; GPU memory of
-   every process), the 1.7B model first.
+3. the GPU benchmarks, short repetitions, in :data:`PLAN`'s order (item 3's figures
+   first; the runs of :data:`OPTIONAL` only while the budget lasts): ``bench_hf_step
+   --grow`` (16 and 64 rows whose contexts grow by a token a call, as SIS's: the resident
+   rows' static step), ``bench_burst`` (hf, 16 and 64 particles), ``bench_sis`` (SIS, 16
+   particles and 64 in its sweep; against genlm-backend 0.3.1 where its reference stack
+   is importable, see :func:`anchor`) and ``bench_serve`` (four SIS clients, one server;
+   GPU memory of every process). Each benchmark warms up in its timed runs' shape first
+   (the captured graphs are then the steady state's, as a program's later runs find them).
 
 Results: ``benchmarks/results/gpu/<device>/`` (``<device>``: the GPU's name, e.g.
 ``nvidia-h100-80gb-hbm3``): each benchmark's JSON and Markdown as
@@ -81,6 +83,20 @@ SIZES = {
         ["--clients", "2", "--particles", "4", "--max-tokens", "3", "--runs", "1", "--repeat", "2"],
     ),
 }
+#: the benchmark runs of a GPU check, in order: item 3's figures first (the hf step on both
+#: models, burst and SIS on the 1.7B, serve on the 135M), then the rest while the budget
+#: lasts (OPTIONAL: a run the budget leaves out is listed, not failed)
+PLAN = [
+    ("hf_step", "smollm2-1.7b-bf16"),
+    ("hf_step", "smollm2-135m-f32"),
+    ("burst", "smollm2-1.7b-bf16"),
+    ("sis", "smollm2-1.7b-bf16"),
+    ("serve", "smollm2-135m-f32"),
+    ("serve", "smollm2-1.7b-bf16"),
+    ("burst", "smollm2-135m-f32"),
+    ("sis", "smollm2-135m-f32"),
+]
+OPTIONAL = {("serve", "smollm2-1.7b-bf16"), ("burst", "smollm2-135m-f32"), ("sis", "smollm2-135m-f32")}
 #: the results a benchmark writes under SIZES' options, when not its own name
 WRITES = {"hf_step": "hf_step_grow"}
 #: the most seconds a step may take (and never past the budget)
@@ -100,6 +116,7 @@ class Step:
     name: str
     cmd: list[str]
     cap_s: float  # at most this long (and never past the budget)
+    optional: bool = False  # left out when the budget is spent, without failing the check
     results: list[tuple[str, str]] = field(default_factory=list)  # (written name, saved as)
     tables: list[str] = field(default_factory=list)  # saved names whose .md goes into summary.md
     rc: int | None = None
@@ -129,8 +146,10 @@ class Check:
     def run(self, step: Step) -> Step:
         self.steps.append(step)
         timeout = min(step.cap_s, self.left())
-        if timeout < 5:
+        if timeout < 5 or (step.optional and timeout < step.cap_s / 2):
             step.note = f"skipped: the budget ({self.args.budget:.0f} s) is spent"
+            if step.optional:
+                step.rc, step.note = 0, step.note + " (optional)"
             log(f"{step.name}: {step.note}")
             return step
         log(f"{step.name} (at most {timeout:.0f} s): {' '.join(step.cmd)}")
@@ -335,43 +354,43 @@ def main(argv: list[str] | None = None) -> int:
                 f"SIS against genlm-backend 0.3.1: {anchor_py}"
                 + (f" (PYTHONPATH {anchor_path})" if anchor_path else "")
             )
-    for name in ("hf_step", "burst", "sis", "serve"):
-        if name in args.skip:
+    dtypes = {tag: dtype for _shape, tag, dtype in models}
+    plan = [(name, models[0][1]) for name in SIZES] if dry else PLAN
+    for name, tag in plan:
+        if name in args.skip or tag not in built:
             continue
-        for _shape, tag, dtype in models:
-            if tag not in built:
-                continue
-            written = WRITES.get(name, name)
-            saved = f"{written}-{tag}"
-            cmd = [
-                py,
-                f"benchmarks/bench_{name}.py",
-                "--device",
-                device,
-                "--dtype",
-                dtype,
-                "--model",
-                built[tag],
+        dtype = dtypes[tag]
+        written = WRITES.get(name, name)
+        saved = f"{written}-{tag}"
+        cmd = [
+            py,
+            f"benchmarks/bench_{name}.py",
+            "--device",
+            device,
+            "--dtype",
+            dtype,
+            "--model",
+            built[tag],
+        ]
+        cmd += SIZES[name][1 if dry else 0]
+        step = Step(f"{name} {tag}", cmd, cap_s=CAPS[name], tables=[saved], optional=(name, tag) in OPTIONAL)
+        if name == "sis":  # bench_sis writes where it is told (and merges into that file)
+            ref = ["--anchor-python", anchor_py] if anchor_py else ["--no-anchor"]
+            ref += ["--anchor-pythonpath", anchor_path] if anchor_path else []
+            out = args.out / f"{saved}.json"
+            out.unlink(missing_ok=True)
+            step.cmd += [
+                "--backend",
+                "hf",
+                *ref,
+                "--out",
+                str(out),
+                "--md",
+                str(args.out / f"{saved}.md"),
             ]
-            cmd += SIZES[name][1 if dry else 0]
-            step = Step(f"{name} {tag}", cmd, cap_s=CAPS[name], tables=[saved])
-            if name == "sis":  # bench_sis writes where it is told (and merges into that file)
-                ref = ["--anchor-python", anchor_py] if anchor_py else ["--no-anchor"]
-                ref += ["--anchor-pythonpath", anchor_path] if anchor_path else []
-                out = args.out / f"{saved}.json"
-                out.unlink(missing_ok=True)
-                step.cmd += [
-                    "--backend",
-                    "hf",
-                    *ref,
-                    "--out",
-                    str(out),
-                    "--md",
-                    str(args.out / f"{saved}.md"),
-                ]
-            else:
-                step.results = [(written, saved)]
-            check.run(step)
+        else:
+            step.results = [(written, saved)]
+        check.run(step)
     shutil.rmtree(check.scratch, ignore_errors=True)
     return report(check, info, tests, why if anchor_py is None and "sis" not in args.skip else "")
 
