@@ -7,6 +7,9 @@ from typing import Any
 
 __all__ = ["validate_context"]
 
+#: the element types a context of plain ints has (``bool`` is not among them)
+_ALL_INT = frozenset({int})
+
 
 def _as_int_tuple(token_ids: Any) -> tuple[int, ...]:
     if isinstance(token_ids, tuple) or isinstance(token_ids, list):
@@ -30,6 +33,8 @@ def _as_int_tuple(token_ids: Any) -> tuple[int, ...]:
         seq = list(token_ids)
     else:
         raise ValueError(f"token_ids must be a sequence of integer token ids, got {type(token_ids).__name__}")
+    if _ALL_INT.issuperset(map(type, seq)):  # the common case, at C speed (a context is
+        return seq if type(seq) is tuple else tuple(seq)  # validated on every call, whole)
     for i, t in enumerate(seq):
         if type(t) is not int:
             if isinstance(t, bool) or not hasattr(t, "__index__"):
