@@ -3,7 +3,7 @@
 # GPU benchmarks (hf step, burst, SIS - against genlm-backend 0.3.1 where its reference
 # stack is importable - and serve) on models built offline from a config with random
 # weights (SmolLM2-135M float32, SmolLM2-1.7B's shape bfloat16; scripts/gpu_models.py),
-# in about 5 minutes on an H100 (a 330 s budget; --budget S changes it). Writes each
+# in under 6 minutes on an H100 (a 350 s budget; --budget S changes it). Writes each
 # benchmark's JSON and Markdown, the tests' junit XML, summary.md and check.json into
 # benchmarks/results/gpu/<device>/ (e.g. nvidia-h100-80gb-hbm3). Exits 2 without CUDA,
 # 1 when a step failed or ran out of the budget.
