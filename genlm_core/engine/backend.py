@@ -53,7 +53,7 @@ from genlm_core.engine.contract import (
 from genlm_core.engine.dtypes import UnsupportedDtypeError
 from genlm_core.engine.heap import settle_after_load
 from genlm_core.engine.lora import LoraAdapters
-from genlm_core.engine.memory import compact
+from genlm_core.engine.memory import compact, private_copies
 from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadable_rows
 from genlm_core.engine.sampling import drawing, sampling_temperature
 from genlm_core.engine.validation import validate_context
@@ -332,7 +332,12 @@ class BaseLogprobBackend:
             rows = self._normalised_rows(scores)
         elif self.engine.returns == "logits":
             scores = self._logits(out)
-            rows = self._finalize(scores).unbind(0)
+            # each row a tensor of its own, copied before _row_errors reads the batch on
+            # the host (on a GPU the copies are queued behind the step, not after it)
+            normalised = self._finalize(scores)
+            rows = normalised.unbind(0)
+            if normalised.device.type == "cuda" and len(rows) > 1:
+                rows = private_copies(list(rows))  # (on the CPU compact() below copies each)
         else:
             rows = list(out.unbind(0)) if hasattr(out, "unbind") else list(out)
             for row in rows:
@@ -430,10 +435,17 @@ class BaseLogprobBackend:
         # each caller gets a compact row of its own; the output cache keeps its own private
         # copy; a row no caller may read is its caller's error, never cached
         results = self._rows(contexts)
-        if self.output_cache is not None:
-            for ctx, row in zip(contexts, results):
-                if not isinstance(row, EngineOutputError):
-                    self.output_cache.put(ctx, row)
+        cache = self.output_cache
+        if cache is not None:
+            good = [
+                (ctx, row) for ctx, row in zip(contexts, results) if not isinstance(row, EngineOutputError)
+            ]
+            put_many = getattr(cache, "put_many", None)  # the Cache protocol asks for put only
+            if put_many is not None:
+                put_many(good)
+            else:
+                for ctx, row in good:
+                    cache.put(ctx, row)
         return results
 
     def _empty_rows(self) -> "torch.Tensor":

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from genlm_core.config import GenlmConfig
-from genlm_core.engine.memory import compact, private_copy, sizeof
+from genlm_core.engine.memory import compact, private_copies, private_copy, sizeof
 from genlm_core.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,6 +117,28 @@ class OutputCache:
             self._evict()
 
     __setitem__ = put
+
+    def put_many(self, items: list[tuple[Hashable, Any]]) -> None:
+        """:meth:`put` of each ``(key, value)``; tensors on a CUDA device are copied in one
+        batched copy (:func:`~genlm_core.engine.memory.private_copies`)."""
+        if self.max_entries == 0 or self.max_bytes == 0 or not items:
+            return
+        if self.to_cpu:
+            for key, value in items:
+                self.put(key, value)
+            return
+        copies = private_copies([value for _, value in items])
+        with self._lock:
+            for (key, _), value in zip(items, copies):
+                size = sizeof(value)
+                if self.max_bytes is not None and size > self.max_bytes:
+                    continue  # larger than the whole budget: never cached
+                old = self._data.pop(key, None)
+                if old is not None:
+                    self.nbytes -= old[1]
+                self._data[key] = (value, size)
+                self.nbytes += size
+                self._evict()  # after each, as put does (the same entries and counts)
 
     def _evict(self) -> None:
         while self._data and (

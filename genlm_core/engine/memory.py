@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["sizeof", "private_copy", "compact"]
+__all__ = ["sizeof", "private_copy", "private_copies", "compact"]
 
 
 def _is_torch_tensor(value: Any) -> bool:
@@ -102,6 +102,29 @@ def private_copy(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: private_copy(v) for k, v in value.items()}
     return value
+
+
+#: device types whose tensors :func:`private_copies` copies in one batched copy (on the CPU
+#: a copy each costs the same: the bytes, not the launches)
+BATCHED_COPY_DEVICES = {"cuda"}
+
+
+def private_copies(values: list[Any]) -> list[Any]:
+    """:func:`private_copy` of each of ``values``; torch tensors on a CUDA device are
+    copied in one batched copy (``torch._foreach_copy_`` into fresh tensors: one launch
+    for the lot, where a clone each launches a copy each - on a GPU the host's time per
+    row of a step). Each copy is compact and owns its storage."""
+    if len(values) > 1 and all(_is_torch_tensor(v) for v in values):
+        device = values[0].device
+        if device.type in BATCHED_COPY_DEVICES and all(v.device == device for v in values):
+            import torch
+
+            if hasattr(torch, "_foreach_copy_"):
+                srcs = [v.detach() for v in values]
+                out = [torch.empty(v.shape, dtype=v.dtype, device=device) for v in srcs]
+                torch._foreach_copy_(out, srcs)
+                return out
+    return [private_copy(v) for v in values]
 
 
 def compact(value: Any) -> Any:

@@ -1,0 +1,63 @@
+"""Batched private copies (genlm_core.engine.memory.private_copies, OutputCache.put_many):
+the same copies as one private_copy / put each. The batched copy runs on CUDA only; here
+the CPU is let in (BATCHED_COPY_DEVICES) so that its path runs and is compared with the
+copy-each path it replaces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from genlm_core.engine import memory
+from genlm_core.engine.caches import OutputCache
+
+
+@pytest.fixture(params=[False, True], ids=["copy-each", "batched"])
+def batched(request, monkeypatch):
+    if request.param:
+        monkeypatch.setattr(memory, "BATCHED_COPY_DEVICES", {"cuda", "cpu"})
+    return request.param
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def test_copies_are_private_and_compact(batched) -> None:
+    batch = torch.randn(5, 7)
+    rows = list(batch.unbind(0)) + [torch.arange(3.0)]  # views of a batch, and a tensor of its own
+    copies = memory.private_copies(rows)
+    assert len(copies) == len(rows)
+    for src, cp in zip(rows, copies):
+        assert torch.equal(src, cp) and cp.dtype == src.dtype and cp.shape == src.shape
+        assert memory.sizeof(cp) == cp.numel() * cp.element_size()  # compact: keeps no batch alive
+    assert len({_storage(c) for c in copies} | {_storage(batch), _storage(rows[-1])}) == len(copies) + 2
+    copies[0].add_(1.0)
+    assert torch.equal(rows[0], batch[0]) and not torch.equal(copies[0], rows[0])  # the source is untouched
+
+
+def test_mixed_values_are_copied_one_by_one(batched) -> None:
+    import numpy as np
+
+    values = [torch.ones(2), np.zeros(3), (1, 2)]
+    copies = memory.private_copies(values)
+    assert torch.equal(copies[0], values[0]) and copies[0] is not values[0]
+    assert np.array_equal(copies[1], values[1]) and copies[1] is not values[1]
+    assert copies[2] == (1, 2)
+
+
+def test_put_many_equals_put_each(batched) -> None:
+    g = torch.Generator().manual_seed(0)
+    items = [((i,), torch.randn(16, generator=g)) for i in range(12)]
+    items.append(((99,), torch.randn(1000, generator=g)))  # over the byte budget: never cached
+    items.append(((3,), torch.randn(16, generator=g)))  # a key again: replaces its entry
+    one, many = OutputCache(max_entries=8, max_bytes=2000), OutputCache(max_entries=8, max_bytes=2000)
+    for key, value in items:
+        one.put(key, value)
+    many.put_many(items)
+    assert one.keys() == many.keys() and one.nbytes == many.nbytes and one.evictions == many.evictions
+    for key in one.keys():
+        a, b = one.get(key), many.get(key)
+        assert torch.equal(a, b) and b is not dict(items)[key]
+    items[-1][1].zero_()  # the caller's tensor changes: the cached copy does not
+    assert not torch.equal(many.get((3,)), items[-1][1])
