@@ -91,7 +91,15 @@ ACCOUNT = (
     "compiled_max_abs_diff",
     "compiled_error",
 )
-RESIDENT = ("rows_resumed", "rows_restarted", "resident_joined", "resident_eager", "resident_evicted")
+RESIDENT = (
+    "rows_resumed",
+    "rows_restarted",
+    "resident_joined",
+    "resident_eager",
+    "resident_evicted",
+    "static_captured",
+    "static_capture_failed",
+)
 
 
 def log(msg: str) -> None:
@@ -187,13 +195,16 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     in_model: list[float] = []
     timing = [False]
 
+    def timed() -> bool:  # never inside a CUDA graph's capture: a sync there breaks it
+        return timing[0] and not (cuda and torch.cuda.is_current_stream_capturing())
+
     def pre(*_: Any) -> None:
-        if timing[0]:
+        if timed():
             sync()
             in_model.append(-time.perf_counter())
 
     def post(*_: Any) -> None:
-        if timing[0]:
+        if timed():
             sync()
             in_model[-1] += time.perf_counter()
 

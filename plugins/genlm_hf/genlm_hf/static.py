@@ -271,6 +271,7 @@ class StaticDecoder:
         self.moved = 0  # batches moved to a longer bucket
         self.refused = 0  # batches left on the eager path (no room)
         self.captured = 0  # graphs captured
+        self.capture_failed = 0  # captures that failed (graphs then turned off)
         self._kv_layout: KVLayout | None = None
 
     # ------------------------------------------------------------------ the pool
@@ -372,13 +373,21 @@ class StaticDecoder:
         """:meth:`StaticSlot.run`, captured on its first step where graphs are on; a capture
         the model cannot take (a host sync in its code, say) turns graphs off for every
         slot and the step runs without one, unless ``static_decode="on"`` (it raises)."""
+        if slot.use_graph and not self.graph:  # graphs turned off since this slot was made
+            slot.use_graph = False
         fresh = slot.use_graph and slot.graph is None
         try:
             logits = slot.run(tokens, positions, self.pad_id)
         except Exception as exc:  # noqa: BLE001 - a model the capture cannot take
             if not fresh or self.strict:
                 raise
-            note(f"hf: the static decode step could not be captured ({exc!r}); it runs without graphs")
+            # a warning: every later step of this engine then launches its kernels from the host
+            note(
+                f"hf: the static decode step could not be captured ({exc!r}); it runs without CUDA "
+                "graphs from now on, much slower on a GPU (static_decode='on' raises instead)",
+                advice=True,
+            )
+            self.capture_failed += 1
             self.graph = False
             for s in [slot, *self._free.values()]:
                 s.use_graph = False
@@ -415,6 +424,7 @@ class StaticDecoder:
             "static_moved": self.moved,
             "static_refused": self.refused,
             "static_captured": self.captured,
+            "static_capture_failed": self.capture_failed,
             "static_bytes": self.nbytes,
         }
 

@@ -40,6 +40,7 @@ class TestHFCudaConformance(LogprobBackendConformance):
             backend.batch_next_token_logprobs_sync([c + [5] * step for c in ctxs])
         stats = backend.stats()["engine"]
         assert stats["static_captured"] > 0 and stats["static_steps"] > stats["static_captured"], stats
+        assert stats["static_capture_failed"] == 0, stats  # no capture fell back to the eager step
 
 
 @pytest.mark.cuda

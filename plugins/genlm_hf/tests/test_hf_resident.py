@@ -211,6 +211,7 @@ def test_resident_captured_on_cuda(tiny_llama_path: str, dtype: str) -> None:  #
         stats = _check(on, off, program, dtype)
         assert stats["static_captured"] > 0 and stats["static_steps"] > stats["static_captured"]
         assert stats["resident_joined"] > 0 and stats["static_steps"] <= stats["calls"]
+        assert stats["static_capture_failed"] == 0 and on.engine.static.graph  # no silent eager fallback
     finally:
         on.close()
         off.close()
@@ -259,7 +260,7 @@ def test_random_programs_under_a_tight_bound(tiny_llama_path: str, seed: int) ->
         off.close()
 
 
-def test_a_capture_that_fails_falls_back(tiny_llama_path: str) -> None:
+def test_a_capture_that_fails_falls_back(tiny_llama_path: str, caplog) -> None:
     """A capture the model cannot take (here: asked for on the CPU, where torch.cuda
     fails) turns graphs off and the call's rows are still right under "auto"; "on" raises
     and leaves no row behind."""
@@ -273,8 +274,14 @@ def test_a_capture_that_fails_falls_back(tiny_llama_path: str) -> None:
             _drive(on, program)
         assert not on.engine.resident.blocks
         static.strict = False  # "auto"
-        stats = _check(on, off, program)
+        with caplog.at_level("WARNING", logger="genlm"):
+            stats = _check(on, off, program)
         assert not static.graph and stats["static_captured"] == 0 and stats["static_steps"] > 0
+        # the slow path is not silent: a warning every user sees, and a counter in stats
+        assert stats["static_capture_failed"] == 1
+        assert any(
+            "could not be captured" in r.getMessage() for r in caplog.records if r.levelname == "WARNING"
+        )
     finally:
         on.close()
         off.close()
