@@ -72,7 +72,6 @@ import verdicts  # noqa: E402
 from common import device_info, write_results  # noqa: E402
 
 TARGET = 1.1
-#: the hf engine's resident-row counters recorded under --grow (on the static decode path)
 #: rows of a step compared with their contexts run alone (the batch dependence)
 ALONE = 8
 #: graph_account.py's figures, in the table where measured
@@ -91,6 +90,7 @@ ACCOUNT = (
     "compiled_max_abs_diff",
     "compiled_error",
 )
+#: the hf engine's resident-row counters recorded under --grow (on the static decode path)
 RESIDENT = (
     "rows_resumed",
     "rows_restarted",

@@ -53,7 +53,7 @@ from genlm_core.engine.contract import (
 from genlm_core.engine.dtypes import UnsupportedDtypeError
 from genlm_core.engine.heap import settle_after_load
 from genlm_core.engine.lora import LoraAdapters
-from genlm_core.engine.memory import compact, private_copies
+from genlm_core.engine.memory import BATCHED_COPY_DEVICES, compact, private_copies
 from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadable_rows
 from genlm_core.engine.sampling import drawing, sampling_temperature
 from genlm_core.engine.validation import validate_context
@@ -336,8 +336,8 @@ class BaseLogprobBackend:
             # the host (on a GPU the copies are queued behind the step, not after it)
             normalised = self._finalize(scores)
             rows = normalised.unbind(0)
-            if normalised.device.type == "cuda" and len(rows) > 1:
-                rows = private_copies(list(rows))  # (on the CPU compact() below copies each)
+            if normalised.device.type in BATCHED_COPY_DEVICES and len(rows) > 1:
+                rows = private_copies(list(rows))  # (elsewhere compact() below copies each)
         else:
             rows = list(out.unbind(0)) if hasattr(out, "unbind") else list(out)
             for row in rows:

@@ -98,23 +98,7 @@ class OutputCache:
 
     def put(self, key: Hashable, value: Any) -> None:
         """Cache a private compact copy of ``value`` (the caller keeps its own object)."""
-        if self.max_entries == 0 or self.max_bytes == 0:
-            return
-        device = getattr(value, "device", None)
-        if self.to_cpu and hasattr(value, "to") and getattr(device, "type", device) not in (None, "cpu"):
-            value = compact(value.to("cpu"))  # a new tensor on the CPU
-        else:
-            value = private_copy(value)
-        size = sizeof(value)
-        if self.max_bytes is not None and size > self.max_bytes:
-            return  # larger than the whole budget: never cached
-        with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self.nbytes -= old[1]
-            self._data[key] = (value, size)
-            self.nbytes += size
-            self._evict()
+        self.put_many([(key, value)])
 
     __setitem__ = put
 
@@ -124,10 +108,9 @@ class OutputCache:
         if self.max_entries == 0 or self.max_bytes == 0 or not items:
             return
         if self.to_cpu:
-            for key, value in items:
-                self.put(key, value)
-            return
-        copies = private_copies([value for _, value in items])
+            copies = [self._cpu_copy(value) for _, value in items]
+        else:
+            copies = private_copies([value for _, value in items])
         with self._lock:
             for (key, _), value in zip(items, copies):
                 size = sizeof(value)
@@ -138,7 +121,15 @@ class OutputCache:
                     self.nbytes -= old[1]
                 self._data[key] = (value, size)
                 self.nbytes += size
-                self._evict()  # after each, as put does (the same entries and counts)
+                self._evict()
+
+    @staticmethod
+    def _cpu_copy(value: Any) -> Any:
+        """A private copy on the CPU (``to_cpu``): a device tensor moved, anything else copied."""
+        device = getattr(value, "device", None)
+        if hasattr(value, "to") and getattr(device, "type", device) not in (None, "cpu"):
+            return compact(value.to("cpu"))  # a new tensor on the CPU
+        return private_copy(value)
 
     def _evict(self) -> None:
         while self._data and (
