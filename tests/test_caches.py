@@ -261,3 +261,73 @@ def test_prefix_cache_accounts_the_storage_its_payloads_keep_alive(ops, kv_budge
         assert _real_bytes(held) <= cache.kv_bytes  # a buffer shared by two payloads counts twice
         if kv_budget is not None:
             assert cache.kv_bytes <= kv_budget
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["adopt", "adopt", "put", "get"]),
+            st.integers(0, 9),
+            st.integers(1, 5),
+            st.integers(1, 6),
+        ),
+        max_size=60,
+    ),
+    max_entries=st.one_of(st.none(), st.integers(1, 8)),
+    max_bytes=st.one_of(st.none(), st.integers(0, 200)),
+)
+def test_adopted_rows_are_one_block_counted_once(ops, max_entries, max_bytes):
+    """adopt_many keeps the rows of a batch as views of it: the batch counts once and
+    goes with its last entry; the budget holds; a block larger than the budget is copied.
+
+    Oracle: an LRU of keys whose bytes are each distinct block's size once (a brute-force
+    sum over the held entries), against what the held values' storages really are."""
+    cache = OutputCache(max_entries=max_entries, max_bytes=max_bytes)
+    model: OrderedDict[tuple, tuple[np.ndarray, object, int]] = OrderedDict()
+
+    def model_bytes() -> int:
+        return sum(dict((block, size) for _, block, size in model.values()).values())
+
+    def model_insert(key: tuple, content: np.ndarray, block: object, size: int) -> None:
+        if max_entries == 0 or max_bytes == 0 or (max_bytes is not None and size > max_bytes):
+            return
+        model.pop(key, None)
+        model[key] = (content, block, size)
+        while (max_entries is not None and len(model) > max_entries) or (
+            max_bytes is not None and model_bytes() > max_bytes
+        ):
+            model.popitem(last=False)
+
+    for step, (op, k, rows, width) in enumerate(ops):
+        batch = torch.arange(rows * width, dtype=torch.float32).view(rows, width) + step
+        if op == "adopt":
+            keys = [(k + i,) for i in range(rows)]
+            cache.adopt_many(list(zip(keys, batch.unbind(0))))
+            block_bytes = batch.numel() * 4
+            copied = max_bytes is not None and block_bytes > max_bytes
+            for i, key in enumerate(keys):
+                row = batch[i].numpy().copy()
+                if copied:  # each row a private copy of its own
+                    model_insert(key, row, ("copy", step, i), width * 4)
+                else:
+                    model_insert(key, row, ("batch", step), block_bytes)
+        elif op == "put":
+            cache.put((k,), batch[0])
+            model_insert((k,), batch[0].numpy().copy(), ("copy", step, 0), width * 4)
+        else:
+            got = cache.get((k,))
+            if (k,) in model:
+                model.move_to_end((k,))
+                assert np.array_equal(got.numpy(), model[(k,)][0])
+            else:
+                assert got is None
+        assert cache.keys() == list(model.keys())
+        held = [cache._data[key][0] for key in cache.keys()]
+        assert cache.nbytes == _real_bytes(held) == model_bytes()
+        if max_bytes is not None:
+            assert cache.nbytes <= max_bytes
+        for key, value in zip(cache.keys(), held):
+            assert np.array_equal(value.numpy(), model[key][0])
+    cache.clear()
+    assert cache.nbytes == 0 and not cache._blocks

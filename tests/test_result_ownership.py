@@ -127,6 +127,28 @@ async def test_output_cache_budget_counts_real_storage_after_batches_of_32():
     llm.close()
 
 
+async def test_a_computed_batch_is_cached_as_one_block_the_callers_never_share():
+    """The output cache adopts a batch's normalised rows (one block, no copy per row):
+    the budget counts the block once, and no caller's row is a view of it."""
+    llm = _mock(batch_size=32, timeout=0.01)
+    V = llm.vocab_size
+    ctxs = [[3, i] for i in range(32)]
+    truth = [llm.next_token_logprobs_uncached(c) for c in ctxs]
+    rows = await asyncio.gather(*(llm.next_token_logprobs(c) for c in ctxs))
+    assert llm.batcher.stats.batches == 1
+    cache = llm.output_cache
+    held = [cache._data[tuple(c)][0] for c in ctxs]
+    assert len({v.untyped_storage().data_ptr() for v in held}) == 1  # one block
+    assert cache.nbytes == _storage_bytes(held[0]) == 32 * V * 4
+    blocks = {held[0].untyped_storage().data_ptr()}
+    assert all(r.untyped_storage().data_ptr() not in blocks and _storage_bytes(r) == r.nbytes for r in rows)
+    for r in rows:
+        r.fill_(float("nan"))  # the callers scribble on their rows
+    for c, t in zip(ctxs, truth):
+        assert torch.equal(await llm.next_token_logprobs(c), t)  # hits, untouched
+    llm.close()
+
+
 async def test_returned_rows_do_not_keep_the_batch_alive():
     llm = _mock(batch_size=32, timeout=0.01, cache_size=0)
     rows = await asyncio.gather(*(llm.next_token_logprobs([9, i]) for i in range(32)))

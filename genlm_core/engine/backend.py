@@ -298,7 +298,10 @@ class BaseLogprobBackend:
         return torch.log_softmax(self._logits(out), dim=-1)
 
     def _rows(
-        self, contexts: list[tuple[int, ...]], uncached: bool = False
+        self,
+        contexts: list[tuple[int, ...]],
+        uncached: bool = False,
+        views: list["torch.Tensor"] | None = None,
     ) -> list["torch.Tensor | EngineOutputError"]:
         """The normalised row of every context, each a compact tensor of its own (not a
         view into a batch: a caller holding one row would keep the whole batch alive).
@@ -306,10 +309,13 @@ class BaseLogprobBackend:
         Logits are normalised here (float32 ``log_softmax`` of the first ``vocab_size``
         of each row); an engine returning final rows (``returns = "logprobs"``) keeps its own.
         A row no caller may read (a NaN, no finite score: :mod:`~genlm_core.engine.row_checks`)
-        is an :class:`EngineOutputError` in its place."""
+        is an :class:`EngineOutputError` in its place. ``views``: filled, where the rows
+        were normalised as one fresh batch, with that batch's rows (views nobody else
+        holds: what the output cache adopts, :meth:`OutputCache.adopt_many
+        <genlm_core.engine.caches.OutputCache.adopt_many>`)."""
         engine = self.engine
         out = engine.forward_uncached(contexts) if uncached else engine.forward(contexts)
-        return self._normalised(out, contexts)
+        return self._normalised(out, contexts, views)
 
     def _rows_or_raise(self, contexts: list[tuple[int, ...]], uncached: bool = False) -> list["torch.Tensor"]:
         """:meth:`_rows`, raising the first row's error (a caller that needs every row)."""
@@ -320,11 +326,15 @@ class BaseLogprobBackend:
         return rows  # type: ignore[return-value]
 
     def _normalised(
-        self, out: Any, contexts: Sequence[tuple[int, ...]]
+        self,
+        out: Any,
+        contexts: Sequence[tuple[int, ...]],
+        views: list["torch.Tensor"] | None = None,
     ) -> list["torch.Tensor | EngineOutputError"]:
         """The engine's scores as normalised float32 rows, each compact (see :meth:`_rows`)."""
         import torch
 
+        copied = False  # the rows are private copies already (no compact() below)
         if self.engine.returns == "logits" and not isinstance(out, torch.Tensor):
             # rows one by one (an engine handing back each row as it comes): each row is
             # normalised into a tensor of its own, no batch and no copy after it
@@ -332,12 +342,15 @@ class BaseLogprobBackend:
             rows = self._normalised_rows(scores)
         elif self.engine.returns == "logits":
             scores = self._logits(out)
-            # each row a tensor of its own, copied before _row_errors reads the batch on
-            # the host (on a GPU the copies are queued behind the step, not after it)
-            normalised = self._finalize(scores)
-            rows = normalised.unbind(0)
-            if normalised.device.type in BATCHED_COPY_DEVICES and len(rows) > 1:
-                rows = private_copies(list(rows))  # (elsewhere compact() below copies each)
+            normalised = self._finalize(scores)  # a fresh batch: nobody else holds it
+            rows = list(normalised.unbind(0))
+            if views is not None:
+                views.extend(rows)  # for the output cache; the callers get copies
+            if views is not None or (normalised.device.type in BATCHED_COPY_DEVICES and len(rows) > 1):
+                # each row a tensor of its own (one batched copy on a GPU), copied before
+                # _row_errors reads the batch on the host: on a GPU the copies are queued
+                # behind the step, not after it
+                rows, copied = private_copies(rows), True
         else:
             rows = list(out.unbind(0)) if hasattr(out, "unbind") else list(out)
             for row in rows:
@@ -353,6 +366,8 @@ class BaseLogprobBackend:
                 "contexts; forward() returns one row per context, in the order given"
             )
         errors = self._row_errors(scores, contexts, "forward")
+        if copied:
+            return [errors.get(i, r) for i, r in enumerate(rows)]
         return [errors[i] if i in errors else compact(r) for i, r in enumerate(rows)]
 
     def _normalised_rows(self, out: Sequence["torch.Tensor"]) -> list["torch.Tensor"]:
@@ -432,20 +447,24 @@ class BaseLogprobBackend:
                 self.engine.end_burst(handles)
 
     def _batch_fn(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor | EngineOutputError"]:
-        # each caller gets a compact row of its own; the output cache keeps its own private
-        # copy; a row no caller may read is its caller's error, never cached
-        results = self._rows(contexts)
+        # each caller gets a compact row of its own; the output cache adopts the rows of the
+        # normalised batch (one block, no copy) where it can, else keeps a private copy of
+        # each; a row no caller may read is its caller's error, never cached
         cache = self.output_cache
+        adopt = getattr(cache, "adopt_many", None)  # the Cache protocol asks for put only
+        views: list[Any] | None = [] if adopt is not None else None
+        results = self._rows(contexts, views=views)
         if cache is not None:
-            good = [
-                (ctx, row) for ctx, row in zip(contexts, results) if not isinstance(row, EngineOutputError)
-            ]
-            put_many = getattr(cache, "put_many", None)  # the Cache protocol asks for put only
+            good = [i for i, row in enumerate(results) if not isinstance(row, EngineOutputError)]
+            if views:
+                adopt([(contexts[i], views[i]) for i in good])  # type: ignore[misc]
+                return results
+            put_many = getattr(cache, "put_many", None)
             if put_many is not None:
-                put_many(good)
+                put_many([(contexts[i], results[i]) for i in good])
             else:
-                for ctx, row in good:
-                    cache.put(ctx, row)
+                for i in good:
+                    cache.put(contexts[i], results[i])
         return results
 
     def _empty_rows(self) -> "torch.Tensor":

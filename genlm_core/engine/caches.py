@@ -1,11 +1,14 @@
 """Bounded output cache: LRU over whole contexts, bounded by entries and by bytes.
 
 The cache keeps a private, compact copy of every value it is given
-(:func:`genlm_core.engine.memory.private_copy`), so its byte budget is what it really keeps
-alive (a row viewed out of a batch tensor would keep the whole batch) and nothing a
-producer or a caller does to its own tensor reaches the cache. :meth:`OutputCache.get`
-returns the cached object itself: read it, never modify it (the backend hands its
-callers copies).
+(:func:`genlm_core.engine.memory.private_copy`), so nothing a producer or a caller does to
+its own tensor reaches the cache. :meth:`OutputCache.adopt_many` is the producer's way
+without a copy: the backend hands over the rows of a freshly normalised batch, views of
+one tensor that nobody else holds (one block for the batch, where a copy each costs a
+row's bytes on the CPU and an allocation per row on a GPU). The byte budget counts what
+the cache really keeps alive: each storage once, however many entries view it, freed
+when its last entry goes. :meth:`OutputCache.get` returns the cached object itself: read
+it, never modify it (the backend hands its callers copies).
 
 A backend's output cache is the registered cache its config names
 (``output_cache_impl``, default ``"output"``: :class:`OutputCache`), built by
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from genlm_core.config import GenlmConfig
-from genlm_core.engine.memory import compact, private_copies, private_copy, sizeof
+from genlm_core.engine.memory import compact, private_copies, private_copy, sizeof, storage_of
 from genlm_core.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,9 +48,10 @@ class OutputCacheConfig(GenlmConfig):
 class OutputCache:
     """LRU cache of next-token results keyed by the whole token tuple.
 
-    Bounded by ``max_entries`` and by ``max_bytes`` (the sum of :func:`sizeof` of
-    the stored values: the storage they keep alive); least recently used entries are
-    evicted first. ``put`` stores a private compact copy of tensors and arrays;
+    Bounded by ``max_entries`` and by ``max_bytes`` (the storage the stored values keep
+    alive, each storage counted once: :func:`sizeof` of a value, or the block several
+    adopted rows share); least recently used entries are evicted first. ``put`` stores a
+    private compact copy of tensors and arrays, ``adopt_many`` the values themselves;
     ``get`` returns the stored object, which callers must not modify. Thread-safe:
     the batcher's worker thread and the event loop may use it at once.
     """
@@ -62,7 +66,10 @@ class OutputCache:
         self.max_entries = cfg.max_entries
         self.max_bytes = cfg.max_bytes
         self.to_cpu = cfg.to_cpu
-        self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        # key -> (value, the identity of the storage it keeps alive)
+        self._data: OrderedDict[Hashable, tuple[Any, Hashable]] = OrderedDict()
+        # storage identity -> [bytes, entries keeping it]: nbytes is the sum of the bytes
+        self._blocks: dict[Hashable, list[int]] = {}
         self._lock = threading.Lock()
         self.nbytes = 0
         self.hits = 0
@@ -111,17 +118,57 @@ class OutputCache:
             copies = [self._cpu_copy(value) for _, value in items]
         else:
             copies = private_copies([value for _, value in items])
+        self._store([(key, value, storage_of(value)) for (key, _), value in zip(items, copies)])
+
+    def adopt_many(self, items: list[tuple[Hashable, Any]]) -> None:
+        """Cache each ``(key, value)`` as it is, no copy: the producer gives the values up
+        (nobody else may hold, modify or hand them out). For rows viewed out of one fresh
+        batch tensor (the backend's normalised rows): the batch is kept as one block,
+        counted once and freed with its last entry. Where the cache moves values to the
+        CPU (``to_cpu``), or a value's block is larger than the whole byte budget, the
+        values are copied (:meth:`put_many`) instead."""
+        if self.max_entries == 0 or self.max_bytes == 0 or not items:
+            return
+        blocks = []
+        base, block = None, None
+        for _, value in items:  # views of one tensor (torch's ``_base``) share its storage
+            view_of = getattr(value, "_base", None)
+            if view_of is None or view_of is not base:
+                base, block = view_of, storage_of(value)
+            blocks.append(block)
+        if self.to_cpu or (self.max_bytes is not None and any(b[1] > self.max_bytes for b in blocks)):
+            self.put_many(items)
+            return
+        self._store([(key, value, block) for (key, value), block in zip(items, blocks)])
+
+    def _store(self, items: list[tuple[Hashable, Any, tuple[Hashable, int]]]) -> None:
+        """Insert ``(key, value, block)``: ``block`` is ``(identity, bytes)`` of the storage
+        the value keeps alive (:func:`~genlm_core.engine.memory.storage_of`)."""
         with self._lock:
-            for (key, _), value in zip(items, copies):
-                size = sizeof(value)
+            for key, value, (ident, size) in items:
                 if self.max_bytes is not None and size > self.max_bytes:
                     continue  # larger than the whole budget: never cached
-                old = self._data.pop(key, None)
-                if old is not None:
-                    self.nbytes -= old[1]
-                self._data[key] = (value, size)
-                self.nbytes += size
+                self._drop(key)
+                self._data[key] = (value, ident)
+                held = self._blocks.get(ident)
+                if held is None:
+                    self._blocks[ident] = [size, 1]
+                    self.nbytes += size
+                else:
+                    held[1] += 1
                 self._evict()
+
+    def _drop(self, key: Hashable) -> bool:
+        """Remove ``key``'s entry (its block's bytes go with the block's last entry)."""
+        old = self._data.pop(key, None)
+        if old is None:
+            return False
+        held = self._blocks[old[1]]
+        held[1] -= 1
+        if held[1] == 0:
+            del self._blocks[old[1]]
+            self.nbytes -= held[0]
+        return True
 
     @staticmethod
     def _cpu_copy(value: Any) -> Any:
@@ -136,8 +183,7 @@ class OutputCache:
             (self.max_entries is not None and len(self._data) > self.max_entries)
             or (self.max_bytes is not None and self.nbytes > self.max_bytes)
         ):
-            _, (_, size) = self._data.popitem(last=False)
-            self.nbytes -= size
+            self._drop(next(iter(self._data)))
             self.evictions += 1
 
     def keys(self) -> list[Hashable]:
@@ -148,6 +194,7 @@ class OutputCache:
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+            self._blocks.clear()
             self.nbytes = 0
 
     def stats(self) -> dict[str, int]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["sizeof", "private_copy", "private_copies", "compact"]
+__all__ = ["sizeof", "storage_of", "private_copy", "private_copies", "compact"]
 
 
 def _is_torch_tensor(value: Any) -> bool:
@@ -84,6 +84,20 @@ def _sizeof(value: Any, seen: set[Any]) -> int:
     return nbytes
 
 
+def storage_of(value: Any) -> tuple[Any, int]:
+    """``(identity, bytes)`` of the storage ``value`` keeps alive: equal identities for
+    values viewing one storage (rows of one batch tensor, views of one numpy array), so a
+    holder of several counts it once. A value that is no tensor or array (or holds several)
+    is its own storage of :func:`sizeof` bytes."""
+    if _is_torch_tensor(value):
+        found = _torch_storage(value)
+        if found is not None:
+            return found
+    elif _is_numpy_array(value):
+        return _numpy_root(value)
+    return ("own", id(value)), sizeof(value)
+
+
 def private_copy(value: Any) -> Any:
     """A copy the receiver owns: torch tensors cloned, numpy arrays copied (both compact).
 
@@ -121,7 +135,7 @@ def private_copies(values: list[Any]) -> list[Any]:
 
             if hasattr(torch, "_foreach_copy_"):
                 srcs = [v.detach() for v in values]
-                out = [torch.empty(v.shape, dtype=v.dtype, device=device) for v in srcs]
+                out = [torch.empty_like(v, memory_format=torch.contiguous_format) for v in srcs]
                 torch._foreach_copy_(out, srcs)
                 return out
     return [private_copy(v) for v in values]
