@@ -38,7 +38,16 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["Row", "Slots", "Workspace", "forward_rows", "resume_rows", "run_rows", "supports_kv_reuse"]
+__all__ = [
+    "Row",
+    "Slots",
+    "Workspace",
+    "device_ints",
+    "forward_rows",
+    "resume_rows",
+    "run_rows",
+    "supports_kv_reuse",
+]
 
 
 @dataclass
@@ -248,6 +257,15 @@ def resume_rows(
     return _run(model, ids, mask, pos, [0] * len(tokens), slots, logits_to_keep)
 
 
+def device_ints(values: list[Any], device: Any) -> torch.Tensor:
+    """``values`` (ints, or lists of ints) as an int64 tensor on ``device``, copied without
+    waiting for the device: from pageable memory the copy stages the bytes at once and
+    queues behind the device's work, where a blocking copy would synchronise the stream
+    (a step's host work after its replay is launched would then wait for the replay to
+    end instead of running beside it)."""
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+
+
 def _run(
     model: Any,
     ids: list[list[int]],
@@ -261,9 +279,9 @@ def _run(
     row at its column ``last[i]``."""
     device = model.device
     kwargs: dict[str, Any] = {
-        "input_ids": torch.tensor(ids, dtype=torch.long, device=device),
-        "attention_mask": torch.tensor(mask, dtype=torch.long, device=device),
-        "position_ids": torch.tensor(pos, dtype=torch.long, device=device),
+        "input_ids": device_ints(ids, device),
+        "attention_mask": device_ints(mask, device),
+        "position_ids": device_ints(pos, device),
     }
     if slots is not None:
         kwargs["past_key_values"] = _slot_cache(model, slots)
@@ -276,14 +294,14 @@ def _run(
             kwargs["logits_to_keep"] = 1
             cols = [0] * len(ids)
         else:
-            kwargs["logits_to_keep"] = torch.tensor(keep, dtype=torch.long, device=device)
+            kwargs["logits_to_keep"] = device_ints(keep, device)
             where = {k: j for j, k in enumerate(keep)}
             cols = [where[c] for c in last]
     logits = model(**kwargs).logits
     if cols == [0] * len(ids) and logits.shape[1] == 1:
         return logits[:, 0]
     rows_idx = torch.arange(len(ids), device=logits.device)
-    return logits[rows_idx, torch.tensor(cols, dtype=torch.long, device=logits.device)]
+    return logits[rows_idx, device_ints(cols, logits.device)]
 
 
 def forward_rows(

@@ -53,7 +53,7 @@ import torch
 
 from genlm_core.engine.contexts import Context
 from genlm_core.engine.resident import ResidentRow, ResidentRows
-from genlm_hf.kv import Row
+from genlm_hf.kv import Row, device_ints
 from genlm_hf.static import StaticDecoder, StaticSlot, batch_bucket, column_bucket
 
 __all__ = ["Block", "ResidentBlocks"]
@@ -406,7 +406,7 @@ class ResidentBlocks:
                 tokens[call.static[j][1]] = placements[j].context[-1]
             out = self.decoder.run(block.slot, tokens, list(block.lengths))
             picked = [call.static[j][1] for j in js]
-            parts.append(out.index_select(0, torch.tensor(picked, device=out.device)))
+            parts.append(out.index_select(0, device_ints(picked, out.device)))
             for i in picked:
                 block.lengths[i] += 1
             order += js
@@ -417,7 +417,7 @@ class ResidentBlocks:
             inverse = [0] * len(order)
             for n, j in enumerate(order):
                 inverse[j] = n
-            logits = logits.index_select(0, torch.tensor(inverse, device=logits.device))
+            logits = logits.index_select(0, device_ints(inverse, logits.device))
         return logits
 
     def _fit(self, block: Block, columns: int) -> None:

@@ -179,8 +179,11 @@ class StaticSlot:
         B = self.bucket[0]
         n = len(tokens)
         pad = B - n
-        self.ids.copy_(torch.tensor([[t] for t in tokens] + [[pad_id]] * pad, dtype=torch.long))
-        self.pos.copy_(torch.tensor([[p] for p in positions] + [[0]] * pad, dtype=torch.long))
+        # queued behind the device's work (no wait): the bytes are staged at once
+        self.ids.copy_(
+            torch.tensor([*tokens, *[pad_id] * pad], dtype=torch.long).view(B, 1), non_blocking=True
+        )
+        self.pos.copy_(torch.tensor([*positions, *[0] * pad], dtype=torch.long).view(B, 1), non_blocking=True)
         if not self.use_graph:
             return self._step()[:n]
         if self.graph is None:
