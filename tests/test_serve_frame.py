@@ -76,6 +76,29 @@ def test_rows_from_row_tensors_with_stamps_taken_last() -> None:
         frame.decode_rows(frame.encode_rows(None, 3, 7, "shm"))
 
 
+def test_copy_rows_takes_tensors_arrays_and_mixed_rows() -> None:
+    """copy_rows writes every kind of row bit for bit (the oracle: each row's own bytes)."""
+    import torch
+
+    rows = [torch.randn(5), np.arange(5, dtype=np.float32), torch.randn(5, dtype=torch.float64)]
+    dst = np.empty((3, 5), dtype=np.float32)
+    frame.copy_rows(dst, rows)
+    want = np.stack([np.asarray(r, dtype=np.float32) for r in rows])
+    assert dst.tobytes() == want.tobytes()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rows_on_a_gpu_come_over_in_one_transfer_bit_for_bit(dtype) -> None:  # pragma: no cover - GPU only
+    """GPU rows are stacked and copied once: the same bytes as each row copied alone."""
+    import torch
+
+    rows = [torch.randn(50, device="cuda").to(getattr(torch, dtype)) for _ in range(9)]
+    reply = frame.decode_rows(frame.encode_rows(rows, 9, 50))
+    want = np.stack([r.float().cpu().numpy() for r in rows])
+    assert reply.rows.tobytes() == want.tobytes()
+
+
 @FUZZ
 @given(st.integers(0, 5), st.integers(0, 40), st.binary(min_size=0, max_size=800))
 def test_rows_round_trip_bit_for_bit(n, width, noise) -> None:

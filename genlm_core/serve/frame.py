@@ -66,6 +66,7 @@ __all__ = [
     "encode_vocab",
     "parse",
     "row_array",
+    "copy_rows",
 ]
 
 MAGIC = b"GLMF"
@@ -231,6 +232,23 @@ def row_array(row: Any) -> np.ndarray:
     return row.numpy()
 
 
+def copy_rows(dst: np.ndarray, rows: Any) -> None:
+    """Copy ``rows`` (tensors on any device, or arrays, of ``dst``'s width) into the float32
+    array ``dst`` ``(len(rows), width)``. Rows on an accelerator are gathered there and
+    copied to ``dst`` in one transfer (one wait for the device, where a transfer per row
+    waits for it once a row); the others are copied one by one (no copy before that)."""
+    first = rows[0] if len(rows) else None
+    device = getattr(first, "device", None)
+    if device is not None and getattr(device, "type", "cpu") != "cpu" and len(rows) > 1:
+        import torch
+
+        if all(isinstance(r, torch.Tensor) and r.device == device for r in rows):
+            torch.from_numpy(dst).copy_(torch.stack([r.detach() for r in rows]).to(torch.float32))
+            return
+    for i, row in enumerate(rows):
+        np.copyto(dst[i], row_array(row))
+
+
 def encode_rows(
     rows: Any,
     n: int,
@@ -258,8 +276,7 @@ def encode_rows(
     payload = 4 * n * width
     out = np.empty(PREFIX_LEN + ROWS_HEADER_ROOM + payload, dtype=np.uint8)
     view = out[PREFIX_LEN + ROWS_HEADER_ROOM :].view("<f4").reshape(n, width)
-    for i in range(n):
-        np.copyto(view[i], row_array(rows[i]))
+    copy_rows(view, rows)
     del view
     head = header()
     if len(head) > ROWS_HEADER_ROOM:
