@@ -61,3 +61,33 @@ def test_put_many_equals_put_each(batched) -> None:
         assert torch.equal(a, b) and b is not dict(items)[key]
     items[-1][1].zero_()  # the caller's tensor changes: the cached copy does not
     assert not torch.equal(many.get((3,)), items[-1][1])
+
+
+async def test_the_backend_caches_rows_nobody_else_holds(batched) -> None:
+    """A computed batch: every caller's row is a compact tensor of its own; the output cache
+    holds the batch's rows as one block (copy-each: the CPU's way) or a copy of each made
+    in the callers' batched copy (batched: a GPU's way); no row is shared, and the cache
+    answers the uncached forward pass after the callers scribble on their rows."""
+    import asyncio
+
+    import genlm_core
+
+    llm = genlm_core.load("mock", batch_size=16, timeout=0.01)
+    V = llm.vocab_size
+    ctxs = [[4, i] for i in range(16)]
+    truth = [llm.next_token_logprobs_uncached(c) for c in ctxs]
+    rows = await asyncio.gather(*(llm.next_token_logprobs(c) for c in ctxs))
+    held = [llm.output_cache._data[tuple(c)][0] for c in ctxs]
+    storages = {_storage(h) for h in held}
+    if batched:
+        assert len(storages) == 16 and llm.output_cache.nbytes == 16 * V * 4
+        assert all(memory.sizeof(h) == V * 4 for h in held)
+    else:
+        assert len(storages) == 1 and llm.output_cache.nbytes == 16 * V * 4
+    assert not storages & {_storage(r) for r in rows}
+    assert all(memory.sizeof(r) == V * 4 for r in rows)
+    for r in rows:
+        r.zero_()
+    for c, t in zip(ctxs, truth):
+        assert torch.equal(await llm.next_token_logprobs(c), t)
+    llm.close()

@@ -53,7 +53,8 @@ from genlm_core.engine.contract import (
 from genlm_core.engine.dtypes import UnsupportedDtypeError
 from genlm_core.engine.heap import settle_after_load
 from genlm_core.engine.lora import LoraAdapters
-from genlm_core.engine.memory import BATCHED_COPY_DEVICES, compact, private_copies
+from genlm_core.engine import memory
+from genlm_core.engine.memory import compact, private_copies
 from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadable_rows
 from genlm_core.engine.sampling import drawing, sampling_temperature
 from genlm_core.engine.validation import validate_context
@@ -310,9 +311,10 @@ class BaseLogprobBackend:
         of each row); an engine returning final rows (``returns = "logprobs"``) keeps its own.
         A row no caller may read (a NaN, no finite score: :mod:`~genlm_core.engine.row_checks`)
         is an :class:`EngineOutputError` in its place. ``views``: filled, where the rows
-        were normalised as one fresh batch, with that batch's rows (views nobody else
-        holds: what the output cache adopts, :meth:`OutputCache.adopt_many
-        <genlm_core.engine.caches.OutputCache.adopt_many>`)."""
+        were normalised as one fresh batch, with rows nobody else holds for the output
+        cache to adopt (:meth:`OutputCache.adopt_many
+        <genlm_core.engine.caches.OutputCache.adopt_many>`): that batch's rows, or on a GPU a
+        copy of each made in the callers' batched copy."""
         engine = self.engine
         out = engine.forward_uncached(contexts) if uncached else engine.forward(contexts)
         return self._normalised(out, contexts, views)
@@ -344,12 +346,22 @@ class BaseLogprobBackend:
             scores = self._logits(out)
             normalised = self._finalize(scores)  # a fresh batch: nobody else holds it
             rows = list(normalised.unbind(0))
-            if views is not None:
-                views.extend(rows)  # for the output cache; the callers get copies
-            if views is not None or (normalised.device.type in BATCHED_COPY_DEVICES and len(rows) > 1):
-                # each row a tensor of its own (one batched copy on a GPU), copied before
-                # _row_errors reads the batch on the host: on a GPU the copies are queued
-                # behind the step, not after it
+            n = len(rows)
+            # each caller's row a tensor of its own, copied before _row_errors reads the
+            # batch on the host: on a GPU the copies (one batched copy) are queued behind
+            # the step and the host's work runs beside it, not after it
+            if views is not None and normalised.device.type in memory.BATCHED_COPY_DEVICES and n > 1:
+                # on a GPU the output cache gets a copy of each row too, in the same batched
+                # copy: blocks of a batch's rows, long-lived and of every size, held the
+                # caching allocator's large segments (bench_serve's server on an H100: 2,636
+                # MB of GPU memory with blocks, 2,252 with rows), where rows pack its small pool
+                copies = private_copies(rows + rows)
+                rows, copied = copies[:n], True
+                views.extend(copies[n:])
+            elif views is not None:
+                views.extend(rows)  # the cache adopts the batch's rows; the callers get copies
+                rows, copied = private_copies(rows), True
+            elif normalised.device.type in memory.BATCHED_COPY_DEVICES and n > 1:
                 rows, copied = private_copies(rows), True
         else:
             rows = list(out.unbind(0)) if hasattr(out, "unbind") else list(out)
@@ -447,9 +459,10 @@ class BaseLogprobBackend:
                 self.engine.end_burst(handles)
 
     def _batch_fn(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor | EngineOutputError"]:
-        # each caller gets a compact row of its own; the output cache adopts the rows of the
-        # normalised batch (one block, no copy) where it can, else keeps a private copy of
-        # each; a row no caller may read is its caller's error, never cached
+        # each caller gets a compact row of its own; the output cache adopts rows nobody else
+        # holds (the normalised batch's, one block, no copy; on a GPU a copy of each made in
+        # the callers' batched copy) where it can, else keeps a private copy of each; a row
+        # no caller may read is its caller's error, never cached
         cache = self.output_cache
         adopt = getattr(cache, "adopt_many", None)  # the Cache protocol asks for put only
         views: list[Any] | None = [] if adopt is not None else None
