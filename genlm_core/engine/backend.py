@@ -39,6 +39,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from genlm_core.config import BackendConfig
+from genlm_core.engine import memory
 from genlm_core.engine.batching import AutoBatcher
 from genlm_core.engine.caches import output_cache_for
 from genlm_core.engine.checkpoint import Checkpoint, engine_context_limit, read_checkpoint
@@ -53,7 +54,6 @@ from genlm_core.engine.contract import (
 from genlm_core.engine.dtypes import UnsupportedDtypeError
 from genlm_core.engine.heap import settle_after_load
 from genlm_core.engine.lora import LoraAdapters
-from genlm_core.engine import memory
 from genlm_core.engine.memory import compact, private_copies
 from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadable_rows
 from genlm_core.engine.sampling import drawing, sampling_temperature
@@ -302,7 +302,7 @@ class BaseLogprobBackend:
         self,
         contexts: list[tuple[int, ...]],
         uncached: bool = False,
-        views: list["torch.Tensor"] | None = None,
+        for_cache: list["torch.Tensor"] | None = None,
     ) -> list["torch.Tensor | EngineOutputError"]:
         """The normalised row of every context, each a compact tensor of its own (not a
         view into a batch: a caller holding one row would keep the whole batch alive).
@@ -310,14 +310,14 @@ class BaseLogprobBackend:
         Logits are normalised here (float32 ``log_softmax`` of the first ``vocab_size``
         of each row); an engine returning final rows (``returns = "logprobs"``) keeps its own.
         A row no caller may read (a NaN, no finite score: :mod:`~genlm_core.engine.row_checks`)
-        is an :class:`EngineOutputError` in its place. ``views``: filled, where the rows
+        is an :class:`EngineOutputError` in its place. ``for_cache``: filled, where the rows
         were normalised as one fresh batch, with rows nobody else holds for the output
         cache to adopt (:meth:`OutputCache.adopt_many
         <genlm_core.engine.caches.OutputCache.adopt_many>`): that batch's rows, or on a GPU a
         copy of each made in the callers' batched copy."""
         engine = self.engine
         out = engine.forward_uncached(contexts) if uncached else engine.forward(contexts)
-        return self._normalised(out, contexts, views)
+        return self._normalised(out, contexts, for_cache)
 
     def _rows_or_raise(self, contexts: list[tuple[int, ...]], uncached: bool = False) -> list["torch.Tensor"]:
         """:meth:`_rows`, raising the first row's error (a caller that needs every row)."""
@@ -331,7 +331,7 @@ class BaseLogprobBackend:
         self,
         out: Any,
         contexts: Sequence[tuple[int, ...]],
-        views: list["torch.Tensor"] | None = None,
+        for_cache: list["torch.Tensor"] | None = None,
     ) -> list["torch.Tensor | EngineOutputError"]:
         """The engine's scores as normalised float32 rows, each compact (see :meth:`_rows`)."""
         import torch
@@ -350,16 +350,16 @@ class BaseLogprobBackend:
             # each caller's row a tensor of its own, copied before _row_errors reads the
             # batch on the host: on a GPU the copies (one batched copy) are queued behind
             # the step and the host's work runs beside it, not after it
-            if views is not None and normalised.device.type in memory.BATCHED_COPY_DEVICES and n > 1:
+            if for_cache is not None and normalised.device.type in memory.BATCHED_COPY_DEVICES and n > 1:
                 # on a GPU the output cache gets a copy of each row too, in the same batched
                 # copy: blocks of a batch's rows, long-lived and of every size, held the
                 # caching allocator's large segments (bench_serve's server on an H100: 2,636
                 # MB of GPU memory with blocks, 2,252 with rows), where rows pack its small pool
                 copies = private_copies(rows + rows)
                 rows, copied = copies[:n], True
-                views.extend(copies[n:])
-            elif views is not None:
-                views.extend(rows)  # the cache adopts the batch's rows; the callers get copies
+                for_cache.extend(copies[n:])
+            elif for_cache is not None:
+                for_cache.extend(rows)  # the cache adopts the batch's rows; the callers get copies
                 rows, copied = private_copies(rows), True
             elif normalised.device.type in memory.BATCHED_COPY_DEVICES and n > 1:
                 rows, copied = private_copies(rows), True
@@ -465,12 +465,12 @@ class BaseLogprobBackend:
         # no caller may read is its caller's error, never cached
         cache = self.output_cache
         adopt = getattr(cache, "adopt_many", None)  # the Cache protocol asks for put only
-        views: list[Any] | None = [] if adopt is not None else None
-        results = self._rows(contexts, views=views)
+        for_cache: list[Any] | None = [] if adopt is not None else None
+        results = self._rows(contexts, for_cache=for_cache)
         if cache is not None:
             good = [i for i, row in enumerate(results) if not isinstance(row, EngineOutputError)]
-            if views:
-                adopt([(contexts[i], views[i]) for i in good])  # type: ignore[misc]
+            if for_cache:
+                adopt([(contexts[i], for_cache[i]) for i in good])  # type: ignore[misc]
                 return results
             put_many = getattr(cache, "put_many", None)
             if put_many is not None:
