@@ -105,3 +105,47 @@ async def test_the_wait_is_a_quarter_of_the_forward_pass() -> None:
     await g.arrive("b")
     g.leave("b")  # a pass of no time: nothing to gain by waiting
     assert await _timed(g, "a") < 1.0
+
+
+async def _pass(g: Gatherer, client: str, busy_s: float) -> None:
+    await g.arrive(client)
+    await asyncio.sleep(busy_s)
+    g.leave(client)
+
+
+@pytest.mark.asyncio
+async def test_a_client_due_after_the_bound_is_not_waited_for() -> None:
+    """b takes 1.2 s between a reply and its next request; after b's 0.8 s pass the bound
+    is 0.2 s, so b is not due in time: a runs at once instead of waiting 0.2 s for nothing
+    (decided on the turnaround, not on a clock reading: held_requests stays 0)."""
+    g = Gatherer(wait_s=30.0, window_s=60.0)
+    await _pass(g, "b", 0.05)
+    await asyncio.sleep(1.2)
+    await _pass(g, "b", 0.8)  # b's turnaround: ~1.2 s; the last pass: 0.8 s
+    assert g.turnaround["b"] >= 1.15
+    await g.arrive("a")
+    st = g.stats()
+    assert st["held_requests"] == 0 and st["released_none_due"] == 1
+    g.leave("a")
+
+
+@pytest.mark.asyncio
+async def test_a_client_due_within_the_bound_is_waited_for() -> None:
+    """b comes back 0.05 s after each reply, within the bound (a quarter of its 2 s pass):
+    a waits for it and both go together."""
+    g = Gatherer(wait_s=30.0, window_s=60.0)
+    await _pass(g, "b", 0.05)
+    await asyncio.sleep(0.05)
+    await _pass(g, "b", 2.0)
+    released: list[str] = []
+
+    async def one(c: str) -> None:
+        await g.arrive(c)
+        released.append(c)
+
+    ta = asyncio.create_task(one("a"))
+    await asyncio.sleep(0.05)
+    assert released == []  # a waits for b
+    await one("b")
+    await asyncio.wait_for(ta, 5.0)
+    assert sorted(released) == ["a", "b"] and g.stats()["held_requests"] == 1

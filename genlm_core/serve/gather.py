@@ -17,8 +17,16 @@ pass), at most ``wait_s``. Waiting a quarter of a pass to save a whole pass is a
 when the other clients' turnaround (their particles' own masking and sampling: a few ms
 for SmolLM2-sized rows) is shorter than that, and a lost bet costs at most a quarter of a
 pass; for a model whose passes take a millisecond it is next to nothing, as it should be
-(the wire costs more than the pass there). When every active client is
-waiting, all are released in the same loop iteration and the batcher's tick policy puts
+(the wire costs more than the pass there). Once the backend is idle, a request waits only
+for the missing clients *expected* within that bound: each client's turnaround (from its
+reply to its next request: its own work and the wire) is kept as a moving average, and a
+client that is due later than the bound is not waited for at all (waiting would hold the
+request for the whole bound and still run it without that client). On a GPU, where a
+pass of SmolLM2-135M takes ~9 ms whatever its rows and a client's turnaround ~43 ms, the
+bound (a quarter pass) is far shorter than the gaps between out-of-phase clients, and
+holding for them cost each step its full bound and gathered nothing
+(``benchmarks/bench_gather.py``). A client with no turnaround yet is expected. When every
+active client is waiting, all are released in the same loop iteration and the batcher's tick policy puts
 them in one batch. A lone client never waits (it is the only active one); a client that
 went quiet stops being waited for after ``window_s``; requests without a client id
 (anything but genlm-remote) are not held. ``wait_s=0`` turns it off.
@@ -49,20 +57,33 @@ class Gatherer:
         self._changed: asyncio.Event | None = None
         self.held = 0  # requests that waited
         self.held_s = 0.0
+        #: when each client's last request was answered, and its turnaround's moving average
+        self.left_at: dict[str, float] = {}
+        self.turnaround: dict[str, float] = {}
+        self.not_expected = 0  # requests released at once: no missing client was due in time
 
     def _notify(self) -> None:
         if self._changed is not None:
             self._changed.set()
             self._changed = None
 
-    def _someone_missing(self, now: float) -> bool:
-        missing = False
+    def _missing(self, now: float) -> list[str]:
+        """The active clients with no request waiting here (forgetting quiet ones)."""
+        missing = []
         for client, seen in list(self.last_seen.items()):
             if now - seen > self.window_s and self.waiting[client] == 0:
-                del self.last_seen[client]  # went quiet
+                del self.last_seen[client]  # went quiet (a new turnaround if it comes back)
+                self.left_at.pop(client, None)
+                self.turnaround.pop(client, None)
             elif self.waiting[client] == 0:
-                missing = True
+                missing.append(client)
         return missing
+
+    def _expected_by(self, client: str, deadline: float) -> bool:
+        """Whether ``client``'s next request is due by ``deadline`` (its last reply plus its
+        turnaround; a client without both is expected)."""
+        left, turn = self.left_at.get(client), self.turnaround.get(client)
+        return left is None or turn is None or left + turn <= deadline
 
     async def arrive(self, client: str | None) -> None:
         """Hold ``client``'s request (bounded, see the module) until the other active
@@ -71,6 +92,11 @@ class Gatherer:
             return
         start = time.monotonic()
         self.last_seen[client] = start
+        left = self.left_at.get(client)
+        if left is not None and self.waiting[client] == 0:
+            gap = start - left
+            old = self.turnaround.get(client)
+            self.turnaround[client] = gap if old is None else 0.5 * (old + gap)
         self.waiting[client] += 1
         self._notify()
         waited = False
@@ -78,12 +104,17 @@ class Gatherer:
         try:
             while self.wait_s > 0 and self.generation == entered:
                 now = time.monotonic()
-                if not self._someone_missing(now):
+                missing = self._missing(now)
+                if not missing:
                     break
                 if self.computing == 0:
                     budget = min(self.wait_s, self.busy_share * self.last_busy_s)
-                    left = max(start, self.idle_since) + budget - now
+                    deadline = max(start, self.idle_since) + budget
+                    left = deadline - now
                     if left <= 0:
+                        break
+                    if not any(self._expected_by(c, deadline) for c in missing):
+                        self.not_expected += 1
                         break
                 else:
                     left = self.window_s  # woken when the running batch ends
@@ -118,6 +149,7 @@ class Gatherer:
             self.idle_since = now
             self.last_busy_s = min(now - self.busy_since, 4 * self.window_s)
         self.last_seen[client] = now
+        self.left_at[client] = now
         self._notify()
 
     def stats(self) -> dict[str, float]:
@@ -128,4 +160,5 @@ class Gatherer:
             "last_busy_s": self.last_busy_s,
             "held_requests": self.held,
             "mean_hold_s": self.held_s / self.held if self.held else 0.0,
+            "released_none_due": self.not_expected,
         }
