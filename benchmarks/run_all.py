@@ -11,6 +11,8 @@ It only orchestrates: each benchmark judges its own JSON against its own targets
 Sections (``--only`` picks some):
 
   batcher   AutoBatcher overhead per request and the timer policy under SMC load
+  gather    genlm serve's gatherer in front of an engine timed like the H100's and this
+            CPU's passes: holding for every missing client vs only those due in time
   vocab     byte-vocabulary decoding of real tokenizers (Qwen 151k, GPT-2, ...)
   trie      trie mass sums, Qwen 151k and GPT-2, vs genlm-backend / genlm-bytes
   sis       autobatched SIS on genlm-hf vs genlm-backend and an uncached loop,
@@ -76,6 +78,7 @@ def _sections(quick: bool) -> dict[str, list[str]]:
     sis_short = ["--max-tokens", "8"] if q else []
     return {
         "batcher": ["bench_batcher.py", *(["--quick"] if q else [])],
+        "gather": ["bench_gather.py", *(["--quick"] if q else [])],
         "vocab": ["bench_vocab.py", *(["--quick"] if q else [])],
         "trie": ["bench_trie.py", *(["--no-anchors", "--repeat", "10"] if q else [])],
         "sis": [
@@ -142,6 +145,7 @@ NEEDS = {
 # the JSON files each section writes into benchmarks/out; its verdict reads the first
 FILES = {
     "batcher": ["batcher_overhead", "batcher_policy", "batcher_sequential"],
+    "gather": ["gather"],
     "vocab": ["vocab"],
     "trie": ["trie"],
     "sis": ["sis"],
