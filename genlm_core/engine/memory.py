@@ -47,6 +47,16 @@ def _numpy_root(value: Any) -> tuple[Any, int]:
     return ("numpy", id(root)), int(root.nbytes)
 
 
+def _array_storage(value: Any) -> tuple[Any, int] | None:
+    """(identity, bytes) of the storage a torch tensor or numpy array keeps alive; None for
+    anything else (and for tensors without a storage)."""
+    if _is_torch_tensor(value):
+        return _torch_storage(value)
+    if _is_numpy_array(value):
+        return _numpy_root(value)
+    return None
+
+
 def sizeof(value: Any) -> int:
     """Bytes a value keeps alive: tensors and arrays by the storage they hold.
 
@@ -61,13 +71,11 @@ def sizeof(value: Any) -> int:
 def _sizeof(value: Any, seen: set[Any]) -> int:
     if value is None:
         return 0
-    if _is_torch_tensor(value):
-        found = _torch_storage(value)
-        if found is None:
-            return int(value.numel()) * int(value.element_size())
+    found = _array_storage(value)
+    if found is not None:
         ident, nbytes = found
-    elif _is_numpy_array(value):
-        ident, nbytes = _numpy_root(value)
+    elif _is_torch_tensor(value):  # no storage (sparse)
+        return int(value.numel()) * int(value.element_size())
     elif isinstance(getattr(value, "nbytes", None), int):  # mlx arrays, memoryviews
         return int(value.nbytes)
     elif isinstance(value, (tuple, list)):
@@ -89,13 +97,8 @@ def storage_of(value: Any) -> tuple[Any, int]:
     values viewing one storage (rows of one batch tensor, views of one numpy array), so a
     holder of several counts it once. A value that is no tensor or array (or holds several)
     is its own storage of :func:`sizeof` bytes."""
-    if _is_torch_tensor(value):
-        found = _torch_storage(value)
-        if found is not None:
-            return found
-    elif _is_numpy_array(value):
-        return _numpy_root(value)
-    return ("own", id(value)), sizeof(value)
+    found = _array_storage(value)
+    return found if found is not None else (("own", id(value)), sizeof(value))
 
 
 def private_copy(value: Any) -> Any:
