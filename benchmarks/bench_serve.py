@@ -34,7 +34,11 @@ masking and sampling, its batcher, its particles resuming). From the server's
 layout: rows per forward pass (histogram) and the forward passes' share of the span.
 The parts tile each client's span; ``accounted`` sets them against the cycle the
 throughput figure sees (the layout's span over a client's steps), which also holds the
-clients' staggered starts and ends.
+clients' staggered starts and ends. ``unwaited_cycle_ms`` is the cycle if no request
+waited for another's pass (the client's own time, the wire, one pass of the measured
+length), and ``figures.b_over_a_calls_per_s_unwaited`` the (b)/(a) it would give: the
+most a better schedule of the same passes can reach (a floor on the cycle only while the
+server has room: passes a cycle times their length within the cycle).
 
 ``--device``, ``--dtype`` and ``--model`` pick the engines' device, dtype and model folder
 (default: the embedded SmolLM2-135M, float32, CPU). On a GPU each layout also reports the
@@ -480,6 +484,11 @@ def orchestrate(args: argparse.Namespace) -> int:
             )
         else:
             figures["gpu_memory"] = "nvidia-smi absent or without figures: torch's peaks only"
+    b_acc = accounts.get("(b) one server, shared memory")
+    if b_acc:  # what (b) could reach if no request waited (serve_accounting: unwaited cycle)
+        figures["b_over_a_calls_per_s_unwaited"] = (
+            figures["b_over_a_calls_per_s"] * b_acc["cycle_ms"] / b_acc["unwaited_cycle_ms"]
+        )
     table = accounting_rows(accounts)
     gpu_cols = ["total_gpu_mb", "device_gpu_mb", "client_max_allocated_mb"] if is_cuda(args.device) else []
     write_results(

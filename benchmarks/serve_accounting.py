@@ -53,12 +53,30 @@ def accounting(
         "forward_share": (fa["busy_s"] - fb["busy_s"]) / span,
         "forward_ms_per_pass": 1e3 * (fa["busy_s"] - fb["busy_s"]) / max(1, passes),
     }
+    # the cycle if no request waited for another's pass: the client's own work, the wire
+    # and one pass of the measured length (no held, queued or computing beyond it); a
+    # floor only while the server has room (passes a cycle x their length <= the cycle)
+    wire = sum(per_step.get(p, 0.0) for p in WIRE)
+    out["unwaited_cycle_ms"] = per_step["client"] + wire + out["server"]["forward_ms_per_pass"]
     return out
+
+
+#: the phases of a round trip that are neither waiting nor computing
+WIRE = (
+    "client_encode",
+    "request_transport",
+    "read",
+    "delivered",
+    "encoding",
+    "response_transport",
+    "client_decode",
+)
 
 
 ACCOUNTING_COLS = [
     "layout",
     "cycle_ms",
+    "unwaited_cycle_ms",
     "client",
     "client_encode",
     "request_transport",
@@ -84,6 +102,7 @@ def accounting_rows(layouts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         row = {
             "layout": name,
             "cycle_ms": acc["cycle_ms"],
+            "unwaited_cycle_ms": acc.get("unwaited_cycle_ms"),
             **acc["per_step_ms"],
             "accounted": acc["accounted"],
         }
