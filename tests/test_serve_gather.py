@@ -149,3 +149,21 @@ async def test_a_client_due_within_the_bound_is_waited_for() -> None:
     await one("b")
     await asyncio.wait_for(ta, 5.0)
     assert sorted(released) == ["a", "b"] and g.stats()["held_requests"] == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("wait_s", [0.0, 5.0])
+async def test_ids_of_quiet_clients_are_forgotten(wait_s: float) -> None:
+    """Client ids are the clients' to choose: a local user sending a fresh id with every
+    request must not grow the gatherer's per-client state, gathering on or off."""
+    g = Gatherer(wait_s=wait_s, window_s=0.05)
+    for i in range(300):
+        await g.arrive(f"id-{i}")
+        g.leave(f"id-{i}")
+        if i % 100 == 99:
+            await asyncio.sleep(0.1)  # every id so far went quiet
+    await asyncio.sleep(0.1)
+    await g.arrive("last")
+    g.leave("last")
+    assert len(g.last_seen) <= 100 and len(g.left_at) <= 100 and len(g.turnaround) <= 100
+    assert "id-0" not in g.left_at and not g.waiting

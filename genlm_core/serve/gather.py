@@ -26,8 +26,8 @@ pass of SmolLM2-135M takes ~9 ms whatever its rows and a client's turnaround ~43
 bound (a quarter pass) is far shorter than the gaps between out-of-phase clients, and
 holding for them cost each step its full bound and gathered nothing
 (``benchmarks/bench_gather.py``). A client with no turnaround yet is expected. When every
-active client is waiting, all are released in the same loop iteration and the batcher's tick policy puts
-them in one batch. A lone client never waits (it is the only active one); a client that
+active client is waiting, all are released in the same loop iteration and the batcher's
+tick policy puts them in one batch. A lone client never waits (it is the only active one); a client that
 went quiet stops being waited for after ``window_s``; requests without a client id
 (anything but genlm-remote) are not held. ``wait_s=0`` turns it off.
 """
@@ -61,23 +61,27 @@ class Gatherer:
         self.left_at: dict[str, float] = {}
         self.turnaround: dict[str, float] = {}
         self.not_expected = 0  # requests released at once: no missing client was due in time
+        self._pruned_at = time.monotonic()
 
     def _notify(self) -> None:
         if self._changed is not None:
             self._changed.set()
             self._changed = None
 
-    def _missing(self, now: float) -> list[str]:
-        """The active clients with no request waiting here (forgetting quiet ones)."""
-        missing = []
+    def _forget_quiet(self, now: float) -> None:
+        """Drop the clients that went quiet (a new turnaround if one comes back): client ids
+        are the clients' to choose, so nothing kept per id may outlive ``window_s``."""
+        self._pruned_at = now
         for client, seen in list(self.last_seen.items()):
             if now - seen > self.window_s and self.waiting[client] == 0:
-                del self.last_seen[client]  # went quiet (a new turnaround if it comes back)
+                del self.last_seen[client]
                 self.left_at.pop(client, None)
                 self.turnaround.pop(client, None)
-            elif self.waiting[client] == 0:
-                missing.append(client)
-        return missing
+
+    def _missing(self, now: float) -> list[str]:
+        """The active clients with no request waiting here (forgetting quiet ones)."""
+        self._forget_quiet(now)
+        return [c for c in self.last_seen if self.waiting[c] == 0]
 
     def _expected_by(self, client: str, deadline: float) -> bool:
         """Whether ``client``'s next request is due by ``deadline`` (its last reply plus its
@@ -150,6 +154,8 @@ class Gatherer:
             self.last_busy_s = min(now - self.busy_since, 4 * self.window_s)
         self.last_seen[client] = now
         self.left_at[client] = now
+        if now - self._pruned_at > self.window_s:  # also when nothing waits (wait_s=0)
+            self._forget_quiet(now)
         self._notify()
 
     def stats(self) -> dict[str, float]:
