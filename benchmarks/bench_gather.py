@@ -67,7 +67,7 @@ def gatherer(policy: str, gather_s: float) -> Any:
     from genlm_core.serve.gather import Gatherer
 
     class HoldForAll(Gatherer):  # the rule before: every missing client is expected
-        def _expected_by(self, client: str, deadline: float) -> bool:
+        def _expected_by(self, client: str, now: float, deadline: float, budget: float) -> bool:
             return True
 
     if policy == "off":

@@ -167,3 +167,40 @@ async def test_ids_of_quiet_clients_are_forgotten(wait_s: float) -> None:
     g.leave("last")
     assert len(g.last_seen) <= 100 and len(g.left_at) <= 100 and len(g.turnaround) <= 100
     assert "id-0" not in g.left_at and not g.waiting
+
+
+@pytest.mark.asyncio
+async def test_a_client_gone_quiet_past_its_due_time_is_not_waited_for() -> None:
+    """b came back 0.05 s after each reply, then stopped (closed, paused, its program
+    ended) but is still active (window_s = 60 s). Once it is later than its due time by
+    more than the bound and four deviations, a's request runs at once: without this every
+    other client's request waited the full bound until b left the window."""
+    g = Gatherer(wait_s=30.0, window_s=60.0)
+    for _ in range(3):
+        await _pass(g, "b", 0.05)
+        await asyncio.sleep(0.05)
+    await _pass(g, "b", 0.4)  # the bound: a quarter of 0.4 s
+    await asyncio.sleep(2.0)  # b is ~1.95 s overdue; its allowance is well under 1 s
+    await g.arrive("a")
+    st = g.stats()
+    assert st["held_requests"] == 0 and st["released_overdue"] == 1
+    g.leave("a")
+
+
+@pytest.mark.asyncio
+async def test_a_client_late_within_the_bound_is_still_waited_for() -> None:
+    """b's turnaround is 0.05 s and it is 0.15 s late when a arrives: later than its due
+    time, but by less than the bound (a quarter of b's 2 s pass), so a waits for it and
+    both go together."""
+    g = Gatherer(wait_s=30.0, window_s=60.0)
+    await _pass(g, "b", 0.05)
+    await asyncio.sleep(0.05)
+    await _pass(g, "b", 2.0)
+    await asyncio.sleep(0.2)
+    ta = asyncio.create_task(g.arrive("a"))
+    await asyncio.sleep(0.05)
+    assert not ta.done()  # held for b
+    await g.arrive("b")
+    await asyncio.wait_for(ta, 5.0)
+    st = g.stats()
+    assert st["held_requests"] == 1 and st["released_overdue"] == 0 and g.computing == 2

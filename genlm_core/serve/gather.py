@@ -25,7 +25,13 @@ request for the whole bound and still run it without that client). On a GPU, whe
 pass of SmolLM2-135M takes ~9 ms whatever its rows and a client's turnaround ~43 ms, the
 bound (a quarter pass) is far shorter than the gaps between out-of-phase clients, and
 holding for them cost each step its full bound and gathered nothing
-(``benchmarks/bench_gather.py``). A client with no turnaround yet is expected. When every
+(``benchmarks/bench_gather.py``). A client with no turnaround yet is expected. A client
+*overdue* is not: one whose request is later than its due time by more than four times its
+turnaround's mean deviation (Jacobson's retransmission timeout, RFC 6298) or than the bound,
+whichever is longer - a client that closed, paused or finished its program would otherwise
+hold every other client's requests for the bound until ``window_s`` has passed (bench_serve's
+per-call figure, measured right after its SIS layouts, had them held 20-30 ms a request on the
+CPU). When every
 active client is waiting, all are released in the same loop iteration and the batcher's
 tick policy puts them in one batch. A lone client never waits (it is the only active one); a client that
 went quiet stops being waited for after ``window_s``; requests without a client id
@@ -60,7 +66,10 @@ class Gatherer:
         #: when each client's last request was answered, and its turnaround's moving average
         self.left_at: dict[str, float] = {}
         self.turnaround: dict[str, float] = {}
+        #: the mean deviation of each client's turnaround from its average (RFC 6298's RTTVAR)
+        self.deviation: dict[str, float] = {}
         self.not_expected = 0  # requests released at once: no missing client was due in time
+        self.overdue = 0  # of those, the ones where some missing client was overdue
         self._pruned_at = time.monotonic()
 
     def _notify(self) -> None:
@@ -77,17 +86,35 @@ class Gatherer:
                 del self.last_seen[client]
                 self.left_at.pop(client, None)
                 self.turnaround.pop(client, None)
+                self.deviation.pop(client, None)
 
     def _missing(self, now: float) -> list[str]:
         """The active clients with no request waiting here (forgetting quiet ones)."""
         self._forget_quiet(now)
         return [c for c in self.last_seen if self.waiting[c] == 0]
 
-    def _expected_by(self, client: str, deadline: float) -> bool:
+    def _expected_by(self, client: str, now: float, deadline: float, budget: float) -> bool | None:
         """Whether ``client``'s next request is due by ``deadline`` (its last reply plus its
-        turnaround; a client without both is expected)."""
+        turnaround; a client without both is expected). ``None``: it is overdue (later than
+        its due time by more than ``max(4 x deviation, budget)``), so not expected either."""
         left, turn = self.left_at.get(client), self.turnaround.get(client)
-        return left is None or turn is None or left + turn <= deadline
+        if left is None or turn is None:
+            return True
+        due = left + turn
+        if now - due > max(4.0 * self.deviation.get(client, 0.0), budget):
+            return None
+        return due <= deadline
+
+    def _note_turnaround(self, client: str, gap: float) -> None:
+        """A new turnaround ``gap`` of ``client``: the moving averages of it (gain 1/2) and of
+        its deviation (gain 1/4; half the first turnaround to start, as RFC 6298 does)."""
+        old = self.turnaround.get(client)
+        if old is None:
+            self.turnaround[client] = gap
+            self.deviation[client] = gap / 2
+            return
+        self.deviation[client] = 0.75 * self.deviation.get(client, 0.0) + 0.25 * abs(gap - old)
+        self.turnaround[client] = 0.5 * (old + gap)
 
     async def arrive(self, client: str | None) -> None:
         """Hold ``client``'s request (bounded, see the module) until the other active
@@ -98,9 +125,7 @@ class Gatherer:
         self.last_seen[client] = start
         left = self.left_at.get(client)
         if left is not None and self.waiting[client] == 0:
-            gap = start - left
-            old = self.turnaround.get(client)
-            self.turnaround[client] = gap if old is None else 0.5 * (old + gap)
+            self._note_turnaround(client, start - left)
         self.waiting[client] += 1
         self._notify()
         waited = False
@@ -117,8 +142,10 @@ class Gatherer:
                     left = deadline - now
                     if left <= 0:
                         break
-                    if not any(self._expected_by(c, deadline) for c in missing):
+                    expected = [self._expected_by(c, now, deadline, budget) for c in missing]
+                    if not any(expected):
                         self.not_expected += 1
+                        self.overdue += None in expected
                         break
                 else:
                     left = self.window_s  # woken when the running batch ends
@@ -167,4 +194,5 @@ class Gatherer:
             "held_requests": self.held,
             "mean_hold_s": self.held_s / self.held if self.held else 0.0,
             "released_none_due": self.not_expected,
+            "released_overdue": self.overdue,
         }
