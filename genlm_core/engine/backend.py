@@ -54,7 +54,7 @@ from genlm_core.engine.contract import (
 from genlm_core.engine.dtypes import UnsupportedDtypeError
 from genlm_core.engine.heap import settle_after_load
 from genlm_core.engine.lora import LoraAdapters
-from genlm_core.engine.memory import compact, private_copies
+from genlm_core.engine.memory import compact, private_copies, private_copy
 from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadable_rows
 from genlm_core.engine.sampling import drawing, sampling_temperature
 from genlm_core.engine.validation import validate_context
@@ -518,7 +518,7 @@ class BaseLogprobBackend:
         if self.output_cache is not None:
             hit = self.output_cache.get(ctx)
             if hit is not None:
-                return hit.clone()
+                return private_copy(hit)
         return await self.batcher.submit(ctx, key=ctx)
 
     def next_token_logprobs_sync(self, token_ids: Sequence[int]) -> "torch.Tensor":
@@ -526,7 +526,7 @@ class BaseLogprobBackend:
         if self.output_cache is not None:
             hit = self.output_cache.get(ctx)
             if hit is not None:
-                return hit.clone()
+                return private_copy(hit)
         return self.batcher.run_sync([ctx])[0]
 
     async def batch_next_token_logprobs(self, token_ids_list: Sequence[Sequence[int]]) -> "torch.Tensor":

@@ -1,0 +1,121 @@
+"""The core's row copies run no OpenMP parallel region on the caller's thread.
+
+Once two threads of a process own OpenMP pools, libgomp throttles its spinning (more pool
+threads than cores) and every small parallel op of either thread gets slower: one
+``clone`` of a row on the event loop's thread made every later CPU forward pass on the
+batcher's worker 30-36% slower (``genlm_core.engine.memory._clone_tensor``). ``genlm serve``
+always runs passes on the worker, and copies a row for a context's second caller on the
+loop. This test watches which threads enter a parallel region: a shim preloaded into a
+child process wraps libgomp's ``GOMP_parallel`` (torch's bundled libgomp is reached by
+symbol) and reports each thread's first region. No clock is read.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+typedef void (*par_t)(void (*)(void *), void *, unsigned, unsigned);
+static __thread int seen = 0;
+void GOMP_parallel(void (*fn)(void *), void *data, unsigned n, unsigned flags) {
+    static par_t real = 0;
+    if (!real) real = (par_t)dlsym(RTLD_NEXT, "GOMP_parallel");
+    if (!seen) {
+        seen = 1;
+        fprintf(stderr, "GOMP_FIRST_REGION %ld\n", (long)syscall(SYS_gettid));
+        fflush(stderr);
+    }
+    real(fn, data, n, flags);
+}
+"""
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, sys, threading
+    import numpy as np
+    import torch
+    from genlm_core.config import BackendConfig
+    from genlm_core.engine import Engine, Token
+    from genlm_core.engine.backend import BaseLogprobBackend
+    from genlm_core.engine.memory import compact, private_copies, private_copy
+
+    torch.set_num_threads(2)
+    V = 49_152  # a row of SmolLM2's vocabulary: above torch's grain for a parallel copy
+
+    class Rows(Engine):
+        config_class = BackendConfig
+        supports = frozenset()
+        def __init__(self):
+            self.tokenizer = None
+            self.byte_vocab = [Token(i, i.to_bytes(2, "big")) for i in range(V)]
+            self.eos_token_ids = [0]
+        def forward(self, contexts):
+            rng = np.random.default_rng(len(contexts))
+            return torch.from_numpy(rng.random((len(contexts), V), dtype=np.float32))
+        forward_uncached = forward
+
+    llm = BaseLogprobBackend(Rows(), BackendConfig(batch_size=8), name="rows")
+    llm.batcher.run_in_thread = True  # as genlm serve runs it: passes on the batcher's worker
+
+    async def main():
+        a, b = [1, 2, 3], [1, 2, 4]
+        # a context's second caller gets a copy; the next call of it is a cache hit (a copy)
+        rows = await asyncio.gather(*(llm.next_token_logprobs(c) for c in (a, a, b)))
+        rows.append(await llm.next_token_logprobs(a))
+        private_copies(rows)
+        compact(torch.from_numpy(np.ones((4, V), dtype=np.float32))[1])
+        private_copy(torch.from_numpy(np.ones(V, dtype=np.float64)))
+        assert all(r.shape == (V,) for r in rows)
+
+    asyncio.run(main())
+    print("LOOP_THREAD", threading.get_native_id(), file=sys.stderr, flush=True)
+    if len(sys.argv) > 1:  # the control: a parallel op on this thread is seen
+        torch.ones(1 << 17).exp()
+    llm.close()
+    """
+)
+
+
+def _first_regions(tmp_path: Path, *args: str) -> tuple[set[int], int]:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the GOMP_parallel shim")
+    src, lib = tmp_path / "shim.c", tmp_path / "shim.so"
+    src.write_text(SHIM)
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(src), "-ldl"], check=True)
+    env = {**os.environ, "LD_PRELOAD": str(lib), "OMP_NUM_THREADS": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    regions = {
+        int(line.split()[1]) for line in out.stderr.splitlines() if line.startswith("GOMP_FIRST_REGION")
+    }
+    loop = [int(line.split()[1]) for line in out.stderr.splitlines() if line.startswith("LOOP_THREAD")]
+    return regions, loop[0]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="LD_PRELOAD and libgomp: Linux")
+def test_row_copies_run_no_parallel_region_on_the_callers_thread(tmp_path: Path) -> None:
+    regions, loop = _first_regions(tmp_path)
+    assert regions, "the worker's pass (the core's log_softmax of 8 x 49k floats) runs in parallel"
+    assert loop not in regions, "a row copy on the event loop's thread ran an OpenMP parallel region"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="LD_PRELOAD and libgomp: Linux")
+def test_the_shim_sees_a_parallel_op_on_the_loop_thread(tmp_path: Path) -> None:
+    """The control: the same child, plus one parallel ``exp`` on that thread, is seen."""
+    regions, loop = _first_regions(tmp_path, "control")
+    assert loop in regions
