@@ -91,3 +91,20 @@ async def test_the_backend_caches_rows_nobody_else_holds(batched) -> None:
     for c, t in zip(ctxs, truth):
         assert torch.equal(await llm.next_token_logprobs(c), t)
     llm.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bfloat16, torch.bool])
+def test_copies_of_rows_above_the_parallel_grain(dtype) -> None:
+    """Rows of 49k elements and more are copied by numpy where it can view them (not in
+    an OpenMP region: see test_openmp_threads), by torch where it cannot (bfloat16): the
+    same values, dtype and shape as torch's clone, compact and private, whatever the
+    source's strides."""
+    g = torch.Generator().manual_seed(1)
+    batch = (torch.randn(4, 49_152, generator=g) * 100).to(dtype)
+    sources = [batch[2], batch[:, ::2], batch.t()[100:20_000]]  # a row, strided views
+    for src in sources:
+        assert src.numel() * src.element_size() < memory.sizeof(src)  # views of the batch
+        for cp in (memory.private_copy(src), memory.compact(src)):
+            assert torch.equal(cp, src.clone()) and cp.dtype == dtype and cp.shape == src.shape
+            assert cp.is_contiguous() and memory.sizeof(cp) == cp.numel() * cp.element_size()
+            assert _storage(cp) != _storage(batch)

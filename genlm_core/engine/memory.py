@@ -101,6 +101,11 @@ def storage_of(value: Any) -> tuple[Any, int]:
     return found if found is not None else (("own", id(value)), sizeof(value))
 
 
+#: the fewest elements torch copies in parallel (``at::internal::GRAIN_SIZE``): a smaller
+#: tensor's clone runs on the calling thread alone, and costs less than numpy's copy
+_PARALLEL_GRAIN = 32768
+
+
 def _clone_tensor(value: Any) -> Any:
     """A compact copy of a torch tensor, on its device. A CPU tensor that numpy can view is
     copied by numpy (one thread), not by torch's ``clone``.
@@ -115,11 +120,15 @@ def _clone_tensor(value: Any) -> Any:
     clone made every later SmolLM2-135M pass of 16 rows on the CPU 30-36% slower (130-147 ms
     against 168-200, three runs each). A row's copy gains nothing from two threads anyway."""
     t = value.detach()
-    if t.device.type == "cpu" and not t.is_conj() and not t.is_neg():
+    if t.device.type == "cpu" and t.numel() >= _PARALLEL_GRAIN and not t.is_conj() and not t.is_neg():
         try:
             src = t.numpy()
         except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), a sparse layout
-            return t.clone()
+            import torch
+
+            if t.layout != torch.strided:
+                return t.clone()
+            return t.clone(memory_format=torch.contiguous_format)
         out = t.new_empty(tuple(t.shape))  # contiguous
         out.numpy()[...] = src
         return out
