@@ -119,3 +119,64 @@ def test_the_shim_sees_a_parallel_op_on_the_loop_thread(tmp_path: Path) -> None:
     """The control: the same child, plus one parallel ``exp`` on that thread, is seen."""
     regions, loop = _first_regions(tmp_path, "control")
     assert loop in regions
+
+
+CUDA_CHILD = textwrap.dedent(
+    """
+    import asyncio, sys, threading
+    import torch
+    import genlm_core
+    from genlm_core.tools.sis import run_sis
+
+    llm = genlm_core.load("hf", model=sys.argv[1], device="cuda", dtype="float32", batch_size=8)
+    # the program's own work (masking, logsumexp, sampling) runs on this thread, in parallel
+    asyncio.run(run_sis(llm, "Montreal is", n_particles=8, max_tokens=12, seed=0))
+    llm.clear_cache()
+    asyncio.run(run_sis(llm, "Montreal is", n_particles=8, max_tokens=12, seed=1))
+    torch.ones(1 << 17).exp()  # a parallel op on this thread, as a program over a 49k vocabulary runs
+    for t in threading.enumerate():
+        print("PY_THREAD", t.native_id, t.name, file=sys.stderr, flush=True)
+    print("LOOP_THREAD", threading.get_native_id(), file=sys.stderr, flush=True)
+    llm.close()
+    """
+)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(sys.platform != "linux", reason="LD_PRELOAD and libgomp: Linux")
+def test_a_gpu_engine_leaves_the_programs_thread_the_only_openmp_pool(
+    tmp_path: Path,
+) -> None:  # pragma: no cover - GPU
+    """On a GPU the forward passes run on the batcher's worker and the program's own CPU
+    work (a SIS particle's masking, logsumexp and sampling over the vocabulary) on its
+    event loop. If the worker ran a parallel CPU op too, the process would own two OpenMP
+    pools and libgomp would throttle the program's small parallel ops (see the module):
+    no Python thread but the program's enters a parallel region."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (the cuda marker deselects this test on such machines)")
+    from genlm_core.testing.models import tiny_llama
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the GOMP_parallel shim")
+    src, lib = tmp_path / "shim.c", tmp_path / "shim.so"
+    src.write_text(SHIM)
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(src), "-ldl"], check=True)
+    env = {**os.environ, "LD_PRELOAD": str(lib)}
+    out = subprocess.run(
+        [sys.executable, "-c", CUDA_CHILD, str(tiny_llama())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stderr.splitlines()
+    regions = {int(ln.split()[1]) for ln in lines if ln.startswith("GOMP_FIRST_REGION")}
+    loop = next(int(ln.split()[1]) for ln in lines if ln.startswith("LOOP_THREAD"))
+    python = {int(ln.split()[1]): ln.split(maxsplit=2)[2] for ln in lines if ln.startswith("PY_THREAD")}
+    assert loop in regions  # the program's own parallel op: the shim sees it
+    others = {python[t] for t in regions & set(python) if t != loop}
+    assert not others, f"threads other than the program's ran OpenMP parallel regions: {sorted(others)}"
