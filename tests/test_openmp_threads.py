@@ -88,23 +88,32 @@ CHILD = textwrap.dedent(
 )
 
 
-def _first_regions(tmp_path: Path, *args: str) -> tuple[set[int], int]:
+def _under_shim(tmp_path: Path, child: str, *args: str, **env: str) -> list[str]:
+    """The stderr lines of ``python -c child *args`` with the shim preloaded."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler to build the GOMP_parallel shim")
     src, lib = tmp_path / "shim.c", tmp_path / "shim.so"
     src.write_text(SHIM)
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(src), "-ldl"], check=True)
-    env = {**os.environ, "LD_PRELOAD": str(lib), "OMP_NUM_THREADS": "2"}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, *args], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", child, *args],
+        env={**os.environ, "LD_PRELOAD": str(lib), **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    regions = {
-        int(line.split()[1]) for line in out.stderr.splitlines() if line.startswith("GOMP_FIRST_REGION")
-    }
-    loop = [int(line.split()[1]) for line in out.stderr.splitlines() if line.startswith("LOOP_THREAD")]
-    return regions, loop[0]
+    return out.stderr.splitlines()
+
+
+def _ids(lines: list[str], tag: str) -> list[int]:
+    return [int(line.split()[1]) for line in lines if line.startswith(tag)]
+
+
+def _first_regions(tmp_path: Path, *args: str) -> tuple[set[int], int]:
+    lines = _under_shim(tmp_path, CHILD, *args, OMP_NUM_THREADS="2")
+    return set(_ids(lines, "GOMP_FIRST_REGION")), _ids(lines, "LOOP_THREAD")[0]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="LD_PRELOAD and libgomp: Linux")
@@ -158,24 +167,9 @@ def test_a_gpu_engine_leaves_the_programs_thread_the_only_openmp_pool(
         pytest.skip("no CUDA device (the cuda marker deselects this test on such machines)")
     from genlm_core.testing.models import tiny_llama
 
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler to build the GOMP_parallel shim")
-    src, lib = tmp_path / "shim.c", tmp_path / "shim.so"
-    src.write_text(SHIM)
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(src), "-ldl"], check=True)
-    env = {**os.environ, "LD_PRELOAD": str(lib)}
-    out = subprocess.run(
-        [sys.executable, "-c", CUDA_CHILD, str(tiny_llama())],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = out.stderr.splitlines()
-    regions = {int(ln.split()[1]) for ln in lines if ln.startswith("GOMP_FIRST_REGION")}
-    loop = next(int(ln.split()[1]) for ln in lines if ln.startswith("LOOP_THREAD"))
+    lines = _under_shim(tmp_path, CUDA_CHILD, str(tiny_llama()))
+    regions = set(_ids(lines, "GOMP_FIRST_REGION"))
+    loop = _ids(lines, "LOOP_THREAD")[0]
     python = {int(ln.split()[1]): ln.split(maxsplit=2)[2] for ln in lines if ln.startswith("PY_THREAD")}
     assert loop in regions  # the program's own parallel op: the shim sees it
     others = {python[t] for t in regions & set(python) if t != loop}
