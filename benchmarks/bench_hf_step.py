@@ -99,6 +99,7 @@ RESIDENT = (
     "resident_evicted",
     "static_captured",
     "static_capture_failed",
+    "fused_decode",
 )
 
 
@@ -121,7 +122,9 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
 
     if cuda:
         torch.cuda.reset_peak_memory_stats(args.device)
-    extra = {"static_decode": args.static_decode} if args.static_decode else {}
+    extra: dict[str, Any] = {"static_decode": args.static_decode} if args.static_decode else {}
+    if args.fused_decode:
+        extra["fused_decode"] = args.fused_decode == "on"
     llm = genlm_core.load(
         "hf", model=args.model, dtype=args.dtype, device=args.device, batch_size=max(64, rows), **extra
     )
@@ -209,6 +212,18 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
             in_model[-1] += time.perf_counter()
 
     hooks = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
+    fused = getattr(getattr(llm.engine, "static", None), "fused", None)
+    if fused is not None:  # genlm_hf.fused runs a Llama's static step without model.forward
+        step_fn = fused.step
+
+        def fused_step(*a: Any) -> Any:
+            pre()
+            try:
+                return step_fn(*a)
+            finally:
+                post()
+
+        fused.step = fused_step
     ways = {"raw": raw, "step": step, "batch": batch}
     wall: dict[str, list[float]] = {w: [] for w in ways}
     cpu: dict[str, list[float]] = {w: [] for w in ways}
@@ -232,6 +247,8 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     timing[0] = False
     for h in hooks:
         h.remove()
+    if fused is not None:
+        del fused.step  # the class's own again
     engine = llm.stats().get("engine", {})  # (read before close)
     account: dict[str, Any] = {}
     if args.graph_account or args.compile_probe:  # the largest block's step alone
@@ -291,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", "on", "off"],
         default=None,
         help="the hf engine's static_decode (default: its own, auto: on CUDA only)",
+    )
+    ap.add_argument(
+        "--fused-decode",
+        choices=["on", "off"],
+        default=None,
+        help="the hf engine's fused_decode (default: on; a Llama's static step in fewer kernels)",
     )
     ap.add_argument(
         "--grow",

@@ -56,6 +56,7 @@ DRY_MODELS = [("tiny", "tiny-llama-f32", "float32")]
 REQUIRED_CUDA_TESTS = [
     # issue 44: the captured static decode step against the eager one, float32 and bfloat16
     "plugins/genlm_hf/tests/test_hf_static.py::test_static_decode_captured_on_cuda",
+    "plugins/genlm_hf/tests/test_hf_fused.py::test_the_fused_step_equals_the_models_forward",
     # ordinary calls' resident rows on the captured step (SIS/SMC shapes)
     "plugins/genlm_hf/tests/test_hf_resident.py::test_resident_captured_on_cuda",
     # the conformance kit on CUDA: float32 and bfloat16 on the captured step, GPT-2 with a

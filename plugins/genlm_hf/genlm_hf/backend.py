@@ -30,7 +30,7 @@ from genlm_hf.decode import HFDecodeOps
 from genlm_hf.kv import Row, Slots, Workspace, forward_rows, run_rows, supports_kv_reuse
 from genlm_hf.loading import load_model_and_tokenizer, supported_dtypes
 from genlm_hf.resident import ResidentBlocks
-from genlm_hf.static import make_static_decoder
+from genlm_hf.static_setup import make_static_decoder
 
 __all__ = ["HFBackend", "HFEngine"]
 
@@ -189,6 +189,8 @@ class HFEngine(Engine):
         except ImportError as exc:
             raise ImportError("LoRA adapters need peft: pip install genlm-hf[lora]") from exc
         active = self._active_adapter
+        if self.static is not None:  # the fused step reads the base weights only
+            self.static.unfuse(f"LoRA adapter {name!r} loaded")
         self.model.load_adapter(folder, adapter_name=name)
         self._adapters_loaded = True
         if active is not None:

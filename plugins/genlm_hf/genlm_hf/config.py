@@ -49,6 +49,15 @@ class HFConfig(KVCacheOptions, BackendConfig):
             "for CUDA and off elsewhere (it does not pay on the CPU), 'on' everywhere, 'off' never"
         ),
     )
+    fused_decode: bool = Field(
+        True,
+        description=(
+            "the static decode step of a transformers LlamaForCausalLM (SmolLM2, Llama, TinyLlama) runs "
+            "genlm-hf's fused step (genlm_hf.fused: about 18 kernels a layer instead of 48, the same "
+            "weights, rows equal up to rounding order); False: the model's own forward. Models it "
+            "cannot run (other architectures, quantised or adapted layers) use their own forward"
+        ),
+    )
     static_decode_bytes: int | None = Field(
         None,
         ge=0,

@@ -53,6 +53,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from genlm_core.engine import note
+from genlm_hf.fused import FusedLlama
 from genlm_hf.kv import Row, Slots
 
 __all__ = [
@@ -62,14 +63,10 @@ __all__ = [
     "StaticSlot",
     "batch_bucket",
     "column_bucket",
-    "make_static_decoder",
-    "static_bytes",
 ]
 
 #: the smallest length bucket
 MIN_COLUMNS = 16
-#: the buffers' bound where ``static_decode_bytes`` is None, off CUDA (and at least this on it)
-DEFAULT_BYTES = 2**30
 #: attention implementations whose 4D mask this module builds (bool for sdpa, additive for eager)
 _MASKS = {"sdpa": "bool", "eager": "additive"}
 
@@ -127,6 +124,7 @@ class StaticSlot:
         mask: str,
         logits_to_keep: bool,
         graph: bool,
+        fused: FusedLlama | None = None,
     ) -> None:
         B, C = bucket
         n_layers, heads, head_dim = kv_shape
@@ -139,6 +137,8 @@ class StaticSlot:
         self._index = self.pos.view(B, 1, 1, 1).expand(B, heads, 1, head_dim)
         self._mask = mask
         self._logits_to_keep = logits_to_keep
+        #: the model's step in fewer kernels (genlm_hf.fused), or None: the model's own forward
+        self.fused = fused
         #: capture the step as a CUDA graph (the decoder turns it off after a failed capture)
         self.use_graph = graph
         self.graph: Any = None
@@ -151,6 +151,8 @@ class StaticSlot:
     def _step(self) -> torch.Tensor:
         """The model on ``ids`` at ``pos`` over the buffer: ``(B, V')`` logits. Every
         tensor it reads is static; nothing in it depends on host values."""
+        if self.fused is not None:
+            return self.fused.step(self.ids, self.pos, self.kv, self._index)
         allowed = (self._cols <= self.pos)[:, None, None, :]  # (B, 1, 1, C)
         if self._mask == "bool":
             mask = allowed
@@ -257,8 +259,13 @@ class StaticDecoder:
         mask: str,
         max_columns: int | None,
         strict: bool = False,
+        fused: FusedLlama | None = None,
+        fused_off: str | None = None,
     ) -> None:
         self.model = model
+        #: the fused step new slots run (genlm_hf.fused), and why there is none
+        self.fused = fused
+        self.fused_off = fused_off
         self.strict = strict  # a capture that fails raises (static_decode="on"), else runs without graphs
         self.batch_size = batch_size
         self.max_bytes = max_bytes
@@ -293,7 +300,12 @@ class StaticDecoder:
         until it ends)."""
         n_layers, heads, head_dim, dtype, device = layout
         for key, slot in self._free.items():
-            if slot.bucket == bucket and slot.kv.dtype == dtype and slot.kv.device == device:
+            if (
+                slot.bucket == bucket
+                and slot.kv.dtype == dtype
+                and slot.kv.device == device
+                and slot.fused is self.fused
+            ):
                 del self._free[key]
                 self._busy_bytes += slot.nbytes
                 return slot
@@ -312,6 +324,7 @@ class StaticDecoder:
             self.mask,
             self.logits_to_keep,
             self.graph,
+            self.fused,
         )
         self._busy_bytes += slot.nbytes
         return slot
@@ -340,6 +353,13 @@ class StaticDecoder:
     def clear(self) -> None:
         """Drop the free slots (the busy ones go when their batches do)."""
         self._free.clear()
+
+    def unfuse(self, why: str) -> None:
+        """New slots run the model's own forward from now on (an adapter was loaded: the
+        fused step reads the base weights only); the pooled slots are dropped."""
+        if self.fused is not None:
+            self.fused, self.fused_off = None, why
+            self.clear()
 
     # ------------------------------------------------------------------ batches
     def keep(self, rows: list[Row], slots: Slots) -> StaticBatch | None:
@@ -429,6 +449,8 @@ class StaticDecoder:
             "static_captured": self.captured,
             "static_capture_failed": self.capture_failed,
             "static_bytes": self.nbytes,
+            "fused_decode": self.fused is not None,
+            "fused_decode_off": self.fused_off,
         }
 
 
@@ -439,51 +461,3 @@ KVLayout = tuple[int, int, int, torch.dtype, torch.device]
 def _layout_of(buf: torch.Tensor) -> KVLayout:
     """The layout of a batch buffer ``[n_layers, 2, B, kv_heads, C, head_dim]``."""
     return buf.shape[0], buf.shape[3], buf.shape[5], buf.dtype, buf.device
-
-
-def static_bytes(option: int | None, device: torch.device) -> int:
-    """The static buffers' bound: ``option``, or when it is None a quarter of the CUDA
-    device's free memory (at least 1 GiB; read once the model is loaded), 1 GiB elsewhere."""
-    if option is not None:
-        return option
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return max(DEFAULT_BYTES, free // 4)
-    return DEFAULT_BYTES
-
-
-def make_static_decoder(
-    model: Any, config: Any, *, logits_to_keep: bool, pad_id: int
-) -> StaticDecoder | None:
-    """The engine's :class:`StaticDecoder` per ``config.static_decode`` ("auto": on CUDA
-    only, captured, and without graphs if a capture fails; "on": everywhere, captured on
-    CUDA, a failed capture raises; "off": none), or None. Raises ``ValueError`` for "on"
-    with a model the static step cannot run."""
-    mode = config.static_decode
-    device = torch.device(model.device)
-    if mode == "off" or (mode == "auto" and device.type != "cuda"):
-        return None
-    impl = getattr(model.config, "_attn_implementation", None) or "eager"
-    if impl not in _MASKS:
-        if mode == "on":
-            raise ValueError(
-                f"static_decode='on': the model attends with {impl!r}, but the static decode step "
-                f"builds masks for {sorted(_MASKS)} only; load it with "
-                "hf_opts={'attn_implementation': 'sdpa'} or pass static_decode='off'"
-            )
-        note(f"hf: static decode off (attention {impl!r} is not one of {sorted(_MASKS)})")
-        return None
-    limit = getattr(model.config, "max_position_embeddings", None) or getattr(
-        model.config, "n_positions", None
-    )
-    return StaticDecoder(
-        model,
-        batch_size=config.batch_size,
-        max_bytes=static_bytes(config.static_decode_bytes, device),
-        graph=device.type == "cuda",
-        logits_to_keep=logits_to_keep,
-        pad_id=pad_id,
-        mask=_MASKS[impl],
-        max_columns=int(limit) if limit else None,
-        strict=mode == "on",
-    )

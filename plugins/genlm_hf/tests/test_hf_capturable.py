@@ -7,7 +7,8 @@ capture raises, or worse, bakes in the value of the capture's step). On a GPU th
 engine then falls back to the uncaptured step (slow, still right) and the speed of
 issue 44 is gone; on the CPU the step runs without graphs, so no CPU test would see it.
 
-This suite runs the step (:meth:`genlm_hf.static.StaticSlot._step`) with the model, the
+This suite runs the step (:meth:`genlm_hf.static.StaticSlot._step`, the model's forward
+or the fused Llama step of :mod:`genlm_hf.fused`) with the model, the
 buffers and the inputs on the ``meta`` device, where tensors have shapes and no values:
 an op that needs a value raises there, and a dispatch mode records every op fed a host
 tensor of one or more dimensions (0-d host tensors are scalars to a kernel and are
@@ -26,6 +27,7 @@ from typing import Any
 
 import pytest
 import torch
+from genlm_hf.fused import FusedLlama
 from genlm_hf.static import _MASKS, StaticSlot
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -68,7 +70,9 @@ def _config(name: str) -> Any:
     return AutoConfig.for_model(**config)
 
 
-def _meta_slot(config: Any, attn: str, dtype: torch.dtype, rows: int = 4, columns: int = 32) -> StaticSlot:
+def _meta_slot(
+    config: Any, attn: str, dtype: torch.dtype, rows: int = 4, columns: int = 32, fused: bool = False
+) -> StaticSlot:
     from transformers import AutoModelForCausalLM
 
     with torch.device(META):
@@ -84,6 +88,7 @@ def _meta_slot(config: Any, attn: str, dtype: torch.dtype, rows: int = 4, column
         _MASKS[attn],
         True,
         False,
+        FusedLlama.build(model) if fused else None,
     )
 
 
@@ -104,6 +109,17 @@ def test_the_step_reads_no_device_value_and_no_host_tensor(name: str, attn: str,
     assert out.shape == (4, config.vocab_size)
     assert watch.ops > 20, "the step ran too few ops to be the model's forward"
     assert not watch.host_inputs, f"{name}/{attn}: ops fed a host tensor inside the step: {watch.host_inputs}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["llama", "smollm2-135m", "smollm2-1.7b"])
+def test_the_fused_step_reads_no_device_value_and_no_host_tensor(name: str, dtype: torch.dtype) -> None:
+    config = _config(name)
+    slot = _meta_slot(config, "sdpa", dtype, fused=True)
+    out, watch = _run_watched(slot)
+    assert out.shape == (4, config.vocab_size)
+    assert watch.ops > 10 * config.num_hidden_layers, "the step ran too few ops to be the fused step"
+    assert not watch.host_inputs, f"{name} fused: ops fed a host tensor inside the step: {watch.host_inputs}"
 
 
 def _patched_forward(slot: StaticSlot, extra: Any) -> None:

@@ -182,7 +182,7 @@ def test_buckets() -> None:
 
 
 def test_the_default_bound() -> None:
-    from genlm_hf.static import DEFAULT_BYTES, static_bytes
+    from genlm_hf.static_setup import DEFAULT_BYTES, static_bytes
 
     assert static_bytes(12345, torch.device("cpu")) == 12345
     assert static_bytes(0, torch.device("cpu")) == 0

@@ -1,0 +1,202 @@
+"""A fused decode step for Llama-architecture models: the static step in fewer kernels.
+
+A captured decode step (:mod:`genlm_hf.static`) replays every kernel the model's forward
+launches. transformers' Llama layer launches about 48 for one new token: its RMSNorm is
+six elementwise kernels (cast, square, mean, add, rsqrt, two multiplies), q, k and v
+are three GEMMs, the rotary embedding ten more (``rotate_half`` is a slice, a negation
+and a concatenation, for q and for k), grouped-query attention copies each KV head
+``num_key_value_groups`` times before attending, and the residual adds are kernels of
+their own. A replay of such small kernels costs about 4 us each whatever they compute:
+the H100 replayed SmolLM2-135M's step (1,456 kernels) in 5.5 ms of kernel time for 64
+rows, when reading its weights takes 0.2 ms (``bench_hf_step --graph-account``).
+
+:class:`FusedLlama` computes the same step from the same weights in about 18 kernels a
+layer:
+
+- RMSNorm is ``torch.nn.functional.rms_norm`` (one fused kernel on CUDA);
+- q, k and v are one GEMM over their weights concatenated, and the MLP's gate and up
+  projections one GEMM too. The model's own ``q_proj``/``k_proj``/``v_proj`` (and
+  ``gate_proj``/``up_proj``) weights become views of the concatenated tensor, so no
+  weight is held twice and the model's forward (prefill, the eager path) reads the very
+  same numbers;
+- the rotary embedding is applied to q and k together (a negation and a concatenation
+  for ``rotate_half``, then ``q * cos + rot * sin``), with ``cos``/``sin`` computed once
+  a step by the model's own rotary module (so its rope type and scaling are the model's);
+- attention of one new token is two batched GEMMs: the query heads of each KV head
+  attend to that head's columns without copying it (``(B * kv_heads, groups, C)``
+  scores), the mask (columns past a row's position) added in the same ``baddbmm``,
+  softmax in float32 (as transformers' eager attention);
+- the output and down projections add their residual in the GEMM (``addmm``).
+
+The step writes the new token's KV at each row's column exactly as the model's step
+does (:class:`~genlm_hf.static.StaticSlot`), so the slots, the eager path and the prefix
+cache keep sharing one KV layout. Rows equal the model's step up to rounding order (a
+fused residual add, float32 normalisation inside the RMSNorm kernel):
+``tests``/``plugins/genlm_hf/tests/test_hf_fused.py`` checks it against transformers'
+forward at the derived bounds of :mod:`genlm_core.testing.tolerance`, for float32 and
+bfloat16, with grouped-query attention and scaled rope.
+
+Eligible: a ``transformers`` ``LlamaForCausalLM`` (SmolLM2, Llama 2/3, TinyLlama, ...)
+whose projections are plain ``torch.nn.Linear`` layers without bias (no quantisation, no
+LoRA adapters: an engine that loads an adapter turns the fused step off), on one device,
+with SiLU and a rope type whose frequencies do not depend on the length (``default``,
+``linear``, ``llama3``). Anything else runs the model's own forward (``fused_decode`` is
+then reported off with the reason in ``stats()["fused_decode"]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["FusedLlama", "fused_reason"]
+
+#: rope types whose inverse frequencies are fixed (``dynamic`` rescales them with the length)
+_STATIC_ROPE = ("default", "linear", "llama3")
+
+
+def _rope_type(config: Any) -> str:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return str(
+        params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
+    )
+
+
+def fused_reason(model: Any) -> str | None:
+    """Why ``model`` cannot take the fused step; None when it can."""
+    try:
+        from transformers import LlamaForCausalLM
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return "transformers has no LlamaForCausalLM"
+    if type(model) is not LlamaForCausalLM:
+        return f"{type(model).__name__} is not transformers' LlamaForCausalLM"
+    config = model.config
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        return "the model's projections have biases"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} (the fused step computes SiLU)"
+    if (getattr(config, "pretraining_tp", 1) or 1) != 1:
+        return "pretraining_tp > 1"
+    rope = _rope_type(config)
+    if rope not in _STATIC_ROPE:
+        return f"rope type {rope!r} (fused: {', '.join(_STATIC_ROPE)})"
+    if len(getattr(model, "hf_device_map", None) or {}) > 1:
+        return "the model is dispatched over several devices (device_map)"
+    layers = model.model.layers
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for lin in (
+            attn.q_proj,
+            attn.k_proj,
+            attn.v_proj,
+            attn.o_proj,
+            mlp.gate_proj,
+            mlp.up_proj,
+            mlp.down_proj,
+        ):
+            if type(lin) is not torch.nn.Linear or lin.bias is not None:
+                return f"a projection is a {type(lin).__name__} (quantised or adapted), not a plain Linear"
+    head = model.lm_head
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return f"the head is a {type(head).__name__}, not a plain Linear"
+    params = {(p.device, p.dtype) for p in model.parameters()}
+    if len(params) != 1:
+        return "the model's weights are not all of one device and dtype"
+    return None
+
+
+def _concat_weights(mods: list[torch.nn.Linear]) -> torch.Tensor:
+    """One ``(sum of outs, in)`` weight for ``mods``, whose weights become views of it."""
+    whole = torch.cat([m.weight.detach() for m in mods], dim=0).contiguous()
+    start = 0
+    for m in mods:
+        rows = m.weight.shape[0]
+        m.weight.data = whole[start : start + rows]
+        start += rows
+    return whole
+
+
+class _Layer:
+    __slots__ = ("w_in", "eps_in", "qkv", "o", "w_post", "eps_post", "gate_up", "down", "inter")
+
+    def __init__(self, layer: Any) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.w_in = layer.input_layernorm.weight.detach()
+        self.eps_in = float(layer.input_layernorm.variance_epsilon)
+        self.qkv = _concat_weights([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o = attn.o_proj.weight.detach()
+        self.w_post = layer.post_attention_layernorm.weight.detach()
+        self.eps_post = float(layer.post_attention_layernorm.variance_epsilon)
+        self.gate_up = _concat_weights([mlp.gate_proj, mlp.up_proj])
+        self.down = mlp.down_proj.weight.detach()
+        self.inter = mlp.gate_proj.weight.shape[0]
+
+
+class FusedLlama:
+    """The fused step of one ``LlamaForCausalLM`` (see the module); build it with
+    :meth:`build`, which re-points the model's q/k/v and gate/up weights at the
+    concatenated tensors (values unchanged, nothing held twice)."""
+
+    def __init__(self, model: Any) -> None:
+        config = model.config
+        inner = model.model
+        self.embed = inner.embed_tokens.weight.detach()
+        self.rotary = inner.rotary_emb
+        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.w_final = inner.norm.weight.detach()
+        self.eps_final = float(inner.norm.variance_epsilon)
+        self.head = model.lm_head.weight.detach()
+        attn = inner.layers[0].self_attn
+        self.head_dim = int(attn.head_dim)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.groups = self.heads // self.kv_heads
+        self.scaling = float(attn.scaling)
+        self.hidden = int(config.hidden_size)
+
+    @classmethod
+    def build(cls, model: Any) -> FusedLlama:
+        reason = fused_reason(model)
+        if reason is not None:
+            raise ValueError(f"hf: the fused decode step cannot run this model: {reason}")
+        with torch.no_grad():
+            return cls(model)
+
+    def step(
+        self, ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, index: torch.Tensor
+    ) -> torch.Tensor:
+        """The ``(B, V')`` logits of token ``ids[i, 0]`` at position and column ``pos[i, 0]``
+        of row ``i`` over the KV buffer ``kv`` (``[n_layers, 2, B, kv_heads, C, head_dim]``),
+        into which each layer's new key and value are scattered at ``index`` (the positions
+        expanded to ``(B, kv_heads, 1, head_dim)``). Reads only static tensors (capturable)."""
+        B, C = kv.shape[2], kv.shape[4]
+        D, Hq, Hk, G = self.head_dim, self.heads, self.kv_heads, self.groups
+        dtype = kv.dtype
+        h = F.embedding(ids.view(B), self.embed)  # (B, hidden)
+        cos, sin = self.rotary(h, pos)  # (B, 1, D) in the model's dtype, its rope type's scaling
+        cols = torch.arange(C, device=kv.device).view(1, 1, 1, C)
+        mask = torch.where(cols <= pos.view(B, 1, 1, 1), 0.0, torch.finfo(dtype).min).to(dtype)
+        mask = mask.expand(B, Hk, G, C).reshape(B * Hk, G, C)
+        half = D // 2
+        for i, lw in enumerate(self.layers):
+            a = F.rms_norm(h, (self.hidden,), lw.w_in, lw.eps_in)
+            qkv = F.linear(a, lw.qkv)  # (B, (Hq + 2 Hk) D)
+            qk = qkv[:, : (Hq + Hk) * D].view(B, Hq + Hk, D)
+            v = qkv[:, (Hq + Hk) * D :].view(B, Hk, 1, D)
+            rot = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = qk * cos + rot * sin
+            keys, values = kv[i, 0], kv[i, 1]  # (B, Hk, C, D)
+            keys.scatter_(2, index, qk[:, Hq:].view(B, Hk, 1, D))
+            values.scatter_(2, index, v)
+            q = qk[:, :Hq].reshape(B * Hk, G, D)
+            scores = torch.baddbmm(mask, q, keys.view(B * Hk, C, D).transpose(1, 2), alpha=self.scaling)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
+            out = torch.bmm(probs, values.view(B * Hk, C, D)).view(B, Hq * D)
+            h = torch.addmm(h, out, lw.o.t())
+            a = F.rms_norm(h, (self.hidden,), lw.w_post, lw.eps_post)
+            gate_up = F.linear(a, lw.gate_up)
+            h = torch.addmm(h, F.silu(gate_up[:, : lw.inter]) * gate_up[:, lw.inter :], lw.down.t())
+        h = F.rms_norm(h, (self.hidden,), self.w_final, self.eps_final)
+        return F.linear(h, self.head)

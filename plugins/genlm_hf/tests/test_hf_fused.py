@@ -1,0 +1,211 @@
+"""The fused Llama decode step (genlm_hf.fused) against transformers' own forward.
+
+The oracle is the model's uncached forward over each whole context (transformers'
+LlamaForCausalLM, another implementation of the same arithmetic); the bound is
+:func:`~genlm_core.testing.tolerance.row_atol` for two paths in the dtype. Configurations
+cover what the tiny Llama does not: several KV heads with several query heads each
+(grouped-query attention's grouping), scaled rope (``llama3``, ``linear``), a tied head,
+bfloat16, padded rows and columns; the real SmolLM2-135M (9 query heads over 3 KV heads,
+30 layers) runs through the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from genlm_hf.fused import FusedLlama, fused_reason
+from hf_helpers import load_hf, make_lora_adapter
+
+from genlm_core.testing.tolerance import ModelShape, assert_rows_close
+
+CONFIGS = {
+    "gqa-llama3": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ),
+    "gqa3-linear-tied": dict(
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
+    ),
+    "mha": dict(num_attention_heads=4, num_key_value_heads=4),
+}
+
+
+def _model(name: str, dtype: torch.dtype, device: str = "cpu", **extra: Any) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(7)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=96,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        max_position_embeddings=256,
+        **{**CONFIGS[name], **extra},
+    )
+    model = LlamaForCausalLM(config).to(dtype=dtype, device=device).eval()
+    with torch.no_grad():  # logits spread over several nats, as a trained model's
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def _kv_of(model: Any, contexts: list[list[int]], bucket: tuple[int, int]) -> torch.Tensor:
+    """The static buffer of ``contexts`` minus their last tokens, each row's KV from the
+    model's own prefill in columns ``[0, n)``; padding rows and columns hold noise (masked)."""
+    B, C = bucket
+    cfg = model.config
+    D = cfg.hidden_size // cfg.num_attention_heads
+    kv = torch.randn((cfg.num_hidden_layers, 2, B, cfg.num_key_value_heads, C, D)).to(model.dtype)
+    kv = kv.to(model.device)
+    for i, ctx in enumerate(contexts):
+        cache = model(torch.tensor([ctx[:-1]], device=model.device), use_cache=True).past_key_values
+        for layer, lay in enumerate(cache.layers):
+            n = len(ctx) - 1
+            kv[layer, 0, i, :, :n] = lay.keys[0]
+            kv[layer, 1, i, :, :n] = lay.values[0]
+    return kv
+
+
+def _step(fused: FusedLlama, model: Any, contexts: list[list[int]], bucket: tuple[int, int]) -> torch.Tensor:
+    B, C = bucket
+    kv = _kv_of(model, contexts, bucket)
+    n = len(contexts)
+    ids = torch.tensor([c[-1] for c in contexts] + [0] * (B - n), device=kv.device).view(B, 1)
+    pos = torch.tensor([len(c) - 1 for c in contexts] + [0] * (B - n), device=kv.device).view(B, 1)
+    index = pos.view(B, 1, 1, 1).expand(B, kv.shape[3], 1, kv.shape[5])
+    if kv.device.type == "cuda":  # captured and replayed, as the static slots run it
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fused.step(ids, pos, kv, index)  # warm-up (idempotent: the same KV again)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fused.step(ids, pos, kv, index)
+        graph.replay()
+        logits = out[:n].clone()
+    else:
+        logits = fused.step(ids, pos, kv, index)[:n]
+    # the new token's KV went where the model's own step puts it: its prefill of the whole context
+    for i, ctx in enumerate(contexts):
+        whole = model(torch.tensor([ctx], device=kv.device), use_cache=True).past_key_values.layers[0]
+        col = len(ctx) - 1
+        torch.testing.assert_close(kv[0, 0, i, :, col], whole.keys[0, :, col], rtol=0.05, atol=0.05)
+        torch.testing.assert_close(kv[0, 1, i, :, col], whole.values[0, :, col], rtol=0.05, atol=0.05)
+    return torch.log_softmax(logits.float(), dim=-1).cpu()
+
+
+def _uncached(model: Any, contexts: list[list[int]]) -> torch.Tensor:
+    rows = [model(torch.tensor([c], device=model.device)).logits[0, -1] for c in contexts]
+    return torch.log_softmax(torch.stack(rows).float(), dim=-1).cpu()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_the_fused_step_equals_the_models_forward(name: str, dtype: str, device: str) -> None:
+    if device == "cuda" and not torch.cuda.is_available():  # pragma: no cover - GPU
+        pytest.skip("no CUDA device (the cuda marker deselects this test on such machines)")
+    model = _model(name, getattr(torch, dtype), device)
+    g = torch.Generator().manual_seed(3)
+    contexts = [torch.randint(1, 96, (k,), generator=g).tolist() for k in (3, 17, 9)]
+    shape = ModelShape(width=160, layers=2)
+    with torch.inference_mode():
+        before = _uncached(model, contexts)
+        fused = FusedLlama.build(model)
+        want = _uncached(model, contexts)
+        # the model's weights are views of the fused ones: its own forward is unchanged
+        assert torch.equal(before, want)
+        attn = model.model.layers[0].self_attn
+        assert (
+            attn.k_proj.weight.untyped_storage().data_ptr()
+            == fused.layers[0].qkv.untyped_storage().data_ptr()
+        )
+        for bucket in ((4, 32), (3, 64)):  # a padding row, padding columns
+            got = _step(fused, model, contexts, bucket)
+            what = f"{name} {dtype} {device} {bucket}: fused vs forward"
+            assert_rows_close(got, want, shape, dtype=dtype, what=what)
+
+
+def test_what_cannot_take_the_fused_step() -> None:
+    from genlm_core.testing import models
+
+    assert fused_reason(_model("mha", torch.float32)) is None
+    assert "biases" in fused_reason(_model("mha", torch.float32, attention_bias=True))
+    assert "hidden_act" in fused_reason(_model("mha", torch.float32, hidden_act="gelu"))
+    dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    assert "dynamic" in fused_reason(_model("mha", torch.float32, rope_parameters=dynamic))
+    gpt2 = load_hf(str(models.tiny_model("gpt2")), static_decode="on")
+    try:
+        stats = gpt2.stats()["engine"]
+        assert stats["fused_decode"] is False and "GPT2LMHeadModel" in stats["fused_decode_off"]
+    finally:
+        gpt2.close()
+
+
+def _burst(llm: Any, script: list[dict[int, tuple[int, ...]]]) -> list[torch.Tensor]:
+    llm.clear_cache()
+    outs = [llm._finalize(llm.engine.decode_step(rows, ())).clone() for rows in script]
+    llm.engine.end_burst(list(script[-1]))
+    return outs
+
+
+def _script(prompts: list[list[int]], steps: int, vocab: int) -> list[dict[int, tuple[int, ...]]]:
+    g = torch.Generator().manual_seed(5)
+    rows = {i: tuple(p) for i, p in enumerate(prompts)}
+    out = [dict(rows)]
+    for _ in range(steps):
+        rows = {i: c + (int(torch.randint(3, vocab, (1,), generator=g)),) for i, c in rows.items()}
+        out.append(dict(rows))
+    return out
+
+
+def _check_burst(llm: Any, script: list[dict[int, tuple[int, ...]]], what: str) -> None:
+    from genlm_core.testing.tolerance import model_shape
+
+    shape = model_shape(llm)
+    for step, (rows, got) in enumerate(zip(script, _burst(llm, script))):
+        ref = llm._finalize(torch.stack(llm.engine.forward_uncached(list(rows.values()))))
+        assert_rows_close(got, ref, shape, what=f"{what}, step {step}: static vs uncached")
+
+
+def test_smollm2_through_the_engine() -> None:
+    from genlm_core.testing import models
+
+    path = str(models.smollm2())
+    llm = load_hf(path, static_decode="on", batch_size=4)
+    try:
+        assert llm.stats()["engine"]["fused_decode"] is True
+        prompts = [list(llm.tokenizer.encode(t)) for t in ("Montreal is", "The cat sat on the", "1, 2, 3,")]
+        _check_burst(llm, _script(prompts, 3, len(llm.byte_vocab)), "SmolLM2-135M fused")
+        assert llm.stats()["engine"]["static_steps"] >= 3
+    finally:
+        llm.close()
+
+
+def test_a_lora_adapter_turns_the_fused_step_off(tiny_llama_path: str, tmp_path: Any) -> None:
+    pytest.importorskip("peft")
+    adapter = make_lora_adapter(tiny_llama_path, tmp_path / "a", seed=1)
+    llm = load_hf(tiny_llama_path, static_decode="on", batch_size=4)
+    try:
+        assert llm.stats()["engine"]["fused_decode"] is True
+        llm.load_lora(adapter, "a")
+        llm.set_lora("a")
+        stats = llm.stats()["engine"]
+        assert stats["fused_decode"] is False and "'a'" in stats["fused_decode_off"]
+        # the adapter's rows on the static path (the model's own forward, adapted)
+        _check_burst(llm, _script([[5, 6, 7], [9, 10]], 3, 100), "tiny Llama with a LoRA adapter")
+    finally:
+        llm.close()
