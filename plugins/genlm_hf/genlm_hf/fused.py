@@ -10,7 +10,7 @@ their own. A replay of such small kernels costs about 4 us each whatever they co
 the H100 replayed SmolLM2-135M's step (1,456 kernels) in 5.5 ms of kernel time for 64
 rows, when reading its weights takes 0.2 ms (``bench_hf_step --graph-account``).
 
-:class:`FusedLlama` computes the same step from the same weights in about 18 kernels a
+:class:`FusedLlama` computes the same step from the same weights in about 16 kernels a
 layer:
 
 - RMSNorm is ``torch.nn.functional.rms_norm`` (one fused kernel on CUDA);
@@ -19,9 +19,11 @@ layer:
   ``gate_proj``/``up_proj``) weights become views of the concatenated tensor, so no
   weight is held twice and the model's forward (prefill, the eager path) reads the very
   same numbers;
-- the rotary embedding is applied to q and k together (a negation and a concatenation
-  for ``rotate_half``, then ``q * cos + rot * sin``), with ``cos``/``sin`` computed once
-  a step by the model's own rotary module (so its rope type and scaling are the model's);
+- the rotary embedding is applied to q and k together, in place in the GEMM's output (a
+  concatenation swapping the halves, then ``q * cos + rot * sin'`` where ``sin'`` carries
+  ``rotate_half``'s negation), with ``cos``/``sin`` computed once a step by the model's
+  own rotary module (so its rope type and scaling are the model's); the new key and value,
+  side by side in that output, are written into the KV buffer by one scatter;
 - attention of one new token is two batched GEMMs: the query heads of each KV head
   attend to that head's columns without copying it (``(B * kv_heads, groups, C)``
   scores), the mask (columns past a row's position) added in the same ``baddbmm``,
@@ -180,17 +182,19 @@ class FusedLlama:
         mask = torch.where(cols <= pos.view(B, 1, 1, 1), 0.0, torch.finfo(dtype).min).to(dtype)
         mask = mask.expand(B, Hk, G, C).reshape(B * Hk, G, C)
         half = D // 2
+        # rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2): the negation moves to sin, once
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        index = index.unsqueeze(0).expand(2, *index.shape)  # keys and values: one scatter
         for i, lw in enumerate(self.layers):
             a = F.rms_norm(h, (self.hidden,), lw.w_in, lw.eps_in)
-            qkv = F.linear(a, lw.qkv)  # (B, (Hq + 2 Hk) D)
+            qkv = F.linear(a, lw.qkv)  # (B, (Hq + 2 Hk) D): [q | k | v] per row
             qk = qkv[:, : (Hq + Hk) * D].view(B, Hq + Hk, D)
-            v = qkv[:, (Hq + Hk) * D :].view(B, Hk, 1, D)
-            rot = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + rot * sin
+            rot = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
+            torch.addcmul(qk * cos, rot, sin, out=qk)  # rotated in place: k lies beside v again
+            # the new token's key and value, (2, B, Hk, 1, D), scattered at each row's column
+            kv[i].scatter_(3, index, qkv[:, Hq * D :].view(B, 2, Hk, 1, D).transpose(0, 1))
             keys, values = kv[i, 0], kv[i, 1]  # (B, Hk, C, D)
-            keys.scatter_(2, index, qk[:, Hq:].view(B, Hk, 1, D))
-            values.scatter_(2, index, v)
-            q = qk[:, :Hq].reshape(B * Hk, G, D)
+            q = qkv[:, : Hq * D].reshape(B * Hk, G, D)
             scores = torch.baddbmm(mask, q, keys.view(B * Hk, C, D).transpose(1, 2), alpha=self.scaling)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
             out = torch.bmm(probs, values.view(B * Hk, C, D)).view(B, Hq * D)
