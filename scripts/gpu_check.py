@@ -71,6 +71,36 @@ SIZES = {
         ["--grow", "--rows", "16", "64", "--repeat", "5", "--warmup", "2", "--graph-account"],
         ["--grow", "--rows", "2", "4", "--repeat", "1", "--warmup", "1", "--past", "4", "--graph-account"],
     ),
+    # the same with the model's own forward in the static step: the fused step's before/after
+    "hf_step_unfused": (
+        [
+            "--grow",
+            "--rows",
+            "16",
+            "64",
+            "--repeat",
+            "5",
+            "--warmup",
+            "2",
+            "--graph-account",
+            "--fused-decode",
+            "off",
+        ],
+        [
+            "--grow",
+            "--rows",
+            "2",
+            "4",
+            "--repeat",
+            "1",
+            "--warmup",
+            "1",
+            "--past",
+            "4",
+            "--fused-decode",
+            "off",
+        ],
+    ),
     "burst": (
         ["--engines", "hf", "--particles", "16", "64", "--repeats", "1"],
         ["--engines", "hf", "--particles", "4", "--max-tokens", "3", "--repeats", "1"],
@@ -97,12 +127,20 @@ PLAN = [
     ("serve", "smollm2-1.7b-bf16"),
     ("burst", "smollm2-135m-f32"),
     ("sis", "smollm2-135m-f32"),
+    ("hf_step_unfused", "smollm2-135m-f32"),
 ]
-OPTIONAL = {("serve", "smollm2-1.7b-bf16"), ("burst", "smollm2-135m-f32"), ("sis", "smollm2-135m-f32")}
+OPTIONAL = {
+    ("serve", "smollm2-1.7b-bf16"),
+    ("burst", "smollm2-135m-f32"),
+    ("sis", "smollm2-135m-f32"),
+    ("hf_step_unfused", "smollm2-135m-f32"),
+}
 #: the results a benchmark writes under SIZES' options, when not its own name
-WRITES = {"hf_step": "hf_step_grow"}
+WRITES = {"hf_step": "hf_step_grow", "hf_step_unfused": "hf_step_grow"}
+#: the benchmark script of a run, when not ``bench_<name>.py``
+SCRIPTS = {"hf_step_unfused": "hf_step"}
 #: the most seconds a step may take (and never past the budget)
-CAPS = {"hf_step": 90, "burst": 90, "sis": 90, "serve": 150}
+CAPS = {"hf_step": 90, "hf_step_unfused": 90, "burst": 90, "sis": 90, "serve": 150}
 
 
 def log(msg: str) -> None:
@@ -363,10 +401,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         dtype = dtypes[tag]
         written = WRITES.get(name, name)
-        saved = f"{written}-{tag}"
+        saved = f"{written if name not in SCRIPTS else name}-{tag}"
         cmd = [
             py,
-            f"benchmarks/bench_{name}.py",
+            f"benchmarks/bench_{SCRIPTS.get(name, name)}.py",
             "--device",
             device,
             "--dtype",

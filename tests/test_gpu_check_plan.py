@@ -21,7 +21,10 @@ def _written(tmp: Path, plan: list[tuple[str, str]]) -> None:
     import json
 
     for name, tag in plan:
-        saved = f"{gpu_check.WRITES.get(name, name)}-{tag}.json"
+        if name in gpu_check.SCRIPTS:  # another run of a benchmark, saved under its own name
+            saved, name = f"{name}-{tag}.json", gpu_check.SCRIPTS[name]
+        else:
+            saved = f"{gpu_check.WRITES.get(name, name)}-{tag}.json"
         data = {
             "hf_step": {"rows": [{"rows": 64, "step_ms": 1.0}]},
             "burst": {"rows": [{"engine": "hf", "mode": "burst", "particles": 64, "calls_per_s": 9e3}]},
