@@ -52,7 +52,7 @@ class HFConfig(KVCacheOptions, BackendConfig):
     fused_decode: bool = Field(
         True,
         description=(
-            "the static decode step of a transformers LlamaForCausalLM (SmolLM2, Llama, TinyLlama) runs "
+            "the static decode step of a transformers Llama, Mistral, Qwen2 or Qwen3 causal LM runs "
             "genlm-hf's fused step (genlm_hf.fused: about 16 kernels a layer instead of 48, the same "
             "weights, rows equal up to rounding order); False: the model's own forward. Models it "
             "cannot run (other architectures, quantised or adapted layers) use their own forward"

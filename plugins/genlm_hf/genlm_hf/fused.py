@@ -34,16 +34,18 @@ The step writes the new token's KV at each row's column exactly as the model's s
 does (:class:`~genlm_hf.static.StaticSlot`), so the slots, the eager path and the prefix
 cache keep sharing one KV layout. Rows equal the model's step up to rounding order (a
 fused residual add, float32 normalisation inside the RMSNorm kernel):
-``tests``/``plugins/genlm_hf/tests/test_hf_fused.py`` checks it against transformers'
+``plugins/genlm_hf/tests/test_hf_fused.py`` checks it against transformers'
 forward at the derived bounds of :mod:`genlm_core.testing.tolerance`, for float32 and
-bfloat16, with grouped-query attention and scaled rope.
+bfloat16, with grouped-query attention, scaled rope and every architecture below.
 
-Eligible: a ``transformers`` ``LlamaForCausalLM`` (SmolLM2, Llama 2/3, TinyLlama, ...)
-whose projections are plain ``torch.nn.Linear`` layers without bias (no quantisation, no
-LoRA adapters: an engine that loads an adapter turns the fused step off), on one device,
-with SiLU and a rope type whose frequencies do not depend on the length (``default``,
-``linear``, ``llama3``). Anything else runs the model's own forward (``fused_decode`` is
-then reported off with the reason in ``stats()["fused_decode"]``).
+Eligible: transformers' ``LlamaForCausalLM`` (SmolLM2, Llama 2/3, TinyLlama, ...),
+``MistralForCausalLM`` and ``Qwen2ForCausalLM`` (q/k/v biases: one bias for the one GEMM)
+without a sliding window, and ``Qwen3ForCausalLM`` (q and k normalised per head: one norm
+over both, times their weights), whose projections are plain ``torch.nn.Linear`` layers
+(no quantisation, no LoRA adapters: an engine that loads an adapter turns the fused step
+off) without output or MLP biases, on one device, with SiLU and a rope type whose
+frequencies do not depend on the length (``default``, ``linear``, ``llama3``). Anything
+else runs the model's own forward (``stats()["engine"]["fused_decode_off"]`` says why).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FusedLlama", "fused_reason"]
+__all__ = ["ARCHITECTURES", "FusedLlama", "fused_reason"]
 
 #: rope types whose inverse frequencies are fixed (``dynamic`` rescales them with the length)
 _STATIC_ROPE = ("default", "linear", "llama3")
@@ -66,28 +68,36 @@ def _rope_type(config: Any) -> str:
     )
 
 
+#: transformers' causal LMs of the Llama family the fused step runs (Qwen2: q/k/v biases;
+#: Qwen3: q and k normalised per head)
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def _is_transformers_class(model: Any) -> bool:
+    cls = type(model)
+    return cls.__name__ in ARCHITECTURES and cls.__module__.startswith("transformers.models.")
+
+
 def fused_reason(model: Any) -> str | None:
     """Why ``model`` cannot take the fused step; None when it can."""
-    try:
-        from transformers import LlamaForCausalLM
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        return "transformers has no LlamaForCausalLM"
-    if type(model) is not LlamaForCausalLM:
-        return f"{type(model).__name__} is not transformers' LlamaForCausalLM"
+    if not _is_transformers_class(model):
+        names = ", ".join(ARCHITECTURES)
+        return f"{type(model).__name__} is not one of transformers' {names}"
     config = model.config
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        return "the model's projections have biases"
+    if getattr(config, "mlp_bias", False):
+        return "the model's MLP projections have biases"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r} (the fused step computes SiLU)"
     if (getattr(config, "pretraining_tp", 1) or 1) != 1:
         return "pretraining_tp > 1"
+    if getattr(config, "sliding_window", None) is not None:
+        return f"sliding-window attention (sliding_window={config.sliding_window})"
     rope = _rope_type(config)
     if rope not in _STATIC_ROPE:
         return f"rope type {rope!r} (fused: {', '.join(_STATIC_ROPE)})"
-    if len(getattr(model, "hf_device_map", None) or {}) > 1:
+    if len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1:
         return "the model is dispatched over several devices (device_map)"
-    layers = model.model.layers
-    for layer in layers:
+    for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         for lin in (
             attn.q_proj,
@@ -98,8 +108,12 @@ def fused_reason(model: Any) -> str | None:
             mlp.up_proj,
             mlp.down_proj,
         ):
-            if type(lin) is not torch.nn.Linear or lin.bias is not None:
+            if type(lin) is not torch.nn.Linear:
                 return f"a projection is a {type(lin).__name__} (quantised or adapted), not a plain Linear"
+        if attn.o_proj.bias is not None or mlp.down_proj.bias is not None or mlp.gate_proj.bias is not None:
+            return "the model's output or MLP projections have biases"
+        if len({lin.bias is None for lin in (attn.q_proj, attn.k_proj, attn.v_proj)}) > 1:
+            return "some of the q/k/v projections have biases and others not"
     head = model.lm_head
     if type(head) is not torch.nn.Linear or head.bias is not None:
         return f"the head is a {type(head).__name__}, not a plain Linear"
@@ -109,35 +123,59 @@ def fused_reason(model: Any) -> str | None:
     return None
 
 
-def _concat_weights(mods: list[torch.nn.Linear]) -> torch.Tensor:
-    """One ``(sum of outs, in)`` weight for ``mods``, whose weights become views of it."""
-    whole = torch.cat([m.weight.detach() for m in mods], dim=0).contiguous()
+def _concat(mods: list[torch.nn.Linear], name: str) -> torch.Tensor:
+    """One tensor of ``mods``' ``name`` (``weight``: ``(sum of outs, in)``; ``bias``), each
+    module's own becoming a view of it."""
+    whole = torch.cat([getattr(m, name).detach() for m in mods], dim=0).contiguous()
     start = 0
     for m in mods:
-        rows = m.weight.shape[0]
-        m.weight.data = whole[start : start + rows]
+        rows = getattr(m, name).shape[0]
+        getattr(m, name).data = whole[start : start + rows]
         start += rows
     return whole
 
 
 class _Layer:
-    __slots__ = ("w_in", "eps_in", "qkv", "o", "w_post", "eps_post", "gate_up", "down", "inter")
+    __slots__ = (
+        "w_in",
+        "eps_in",
+        "qkv",
+        "qkv_bias",
+        "qk_norm",
+        "eps_qk",
+        "o",
+        "w_post",
+        "eps_post",
+        "gate_up",
+        "down",
+        "inter",
+    )
 
-    def __init__(self, layer: Any) -> None:
+    def __init__(self, layer: Any, heads: int, kv_heads: int) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.w_in = layer.input_layernorm.weight.detach()
         self.eps_in = float(layer.input_layernorm.variance_epsilon)
-        self.qkv = _concat_weights([attn.q_proj, attn.k_proj, attn.v_proj])
+        projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+        self.qkv = _concat(projections, "weight")
+        self.qkv_bias = _concat(projections, "bias") if attn.q_proj.bias is not None else None
+        # Qwen3: q and k normalised per head before the rotary embedding, each with its own
+        # weight: one weightless norm over every head of both, times their weights stacked
+        self.qk_norm: torch.Tensor | None = None
+        self.eps_qk = 0.0
+        if getattr(attn, "q_norm", None) is not None:
+            q_w, k_w = attn.q_norm.weight.detach(), attn.k_norm.weight.detach()
+            self.qk_norm = torch.cat([q_w.expand(heads, -1), k_w.expand(kv_heads, -1)]).contiguous()
+            self.eps_qk = float(attn.q_norm.variance_epsilon)
         self.o = attn.o_proj.weight.detach()
         self.w_post = layer.post_attention_layernorm.weight.detach()
         self.eps_post = float(layer.post_attention_layernorm.variance_epsilon)
-        self.gate_up = _concat_weights([mlp.gate_proj, mlp.up_proj])
+        self.gate_up = _concat([mlp.gate_proj, mlp.up_proj], "weight")
         self.down = mlp.down_proj.weight.detach()
         self.inter = mlp.gate_proj.weight.shape[0]
 
 
 class FusedLlama:
-    """The fused step of one ``LlamaForCausalLM`` (see the module); build it with
+    """The fused step of one model of :data:`ARCHITECTURES` (see the module); build it with
     :meth:`build`, which re-points the model's q/k/v and gate/up weights at the
     concatenated tensors (values unchanged, nothing held twice)."""
 
@@ -146,7 +184,9 @@ class FusedLlama:
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()
         self.rotary = inner.rotary_emb
-        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.layers = [
+            _Layer(layer, config.num_attention_heads, config.num_key_value_heads) for layer in inner.layers
+        ]
         self.w_final = inner.norm.weight.detach()
         self.eps_final = float(inner.norm.variance_epsilon)
         self.head = model.lm_head.weight.detach()
@@ -187,10 +227,13 @@ class FusedLlama:
         index = index.unsqueeze(0).expand(2, *index.shape)  # keys and values: one scatter
         for i, lw in enumerate(self.layers):
             a = F.rms_norm(h, (self.hidden,), lw.w_in, lw.eps_in)
-            qkv = F.linear(a, lw.qkv)  # (B, (Hq + 2 Hk) D): [q | k | v] per row
+            qkv = F.linear(a, lw.qkv, lw.qkv_bias)  # (B, (Hq + 2 Hk) D): [q | k | v] per row
             qk = qkv[:, : (Hq + Hk) * D].view(B, Hq + Hk, D)
-            rot = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
-            torch.addcmul(qk * cos, rot, sin, out=qk)  # rotated in place: k lies beside v again
+            x = qk
+            if lw.qk_norm is not None:
+                x = F.rms_norm(qk, (D,), None, lw.eps_qk) * lw.qk_norm
+            rot = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+            torch.addcmul(x * cos, rot, sin, out=qk)  # rotated in place: k lies beside v again
             # the new token's key and value, (2, B, Hk, 1, D), scattered at each row's column
             kv[i].scatter_(3, index, qkv[:, Hq * D :].view(B, 2, Hk, 1, D).transpose(0, 1))
             keys, values = kv[i, 0], kv[i, 1]  # (B, Hk, C, D)

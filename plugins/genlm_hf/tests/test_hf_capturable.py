@@ -60,6 +60,9 @@ def _config(name: str) -> Any:
 
     if name in ("llama", "gpt2"):
         return AutoConfig.from_pretrained(models.tiny_model(name))
+    if name in ("qwen2", "qwen3"):  # the fused step's other architectures, small
+        shape = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2)
+        return AutoConfig.for_model(name, num_attention_heads=4, num_key_value_heads=2, head_dim=16, **shape)
     spec = importlib.util.spec_from_file_location("gpu_models", ROOT / "scripts" / "gpu_models.py")
     assert spec is not None and spec.loader is not None
     gpu_models = importlib.util.module_from_spec(spec)
@@ -112,7 +115,7 @@ def test_the_step_reads_no_device_value_and_no_host_tensor(name: str, attn: str,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("name", ["llama", "smollm2-135m", "smollm2-1.7b"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "smollm2-135m", "smollm2-1.7b"])
 def test_the_fused_step_reads_no_device_value_and_no_host_tensor(name: str, dtype: torch.dtype) -> None:
     config = _config(name)
     slot = _meta_slot(config, "sdpa", dtype, fused=True)

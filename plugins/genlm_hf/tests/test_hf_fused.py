@@ -5,7 +5,8 @@ LlamaForCausalLM, another implementation of the same arithmetic); the bound is
 :func:`~genlm_core.testing.tolerance.row_atol` for two paths in the dtype. Configurations
 cover what the tiny Llama does not: several KV heads with several query heads each
 (grouped-query attention's grouping), scaled rope (``llama3``, ``linear``), a tied head,
-bfloat16, padded rows and columns; the real SmolLM2-135M (9 query heads over 3 KV heads,
+Mistral, Qwen2's q/k/v biases, Qwen3's per-head q and k norms, bfloat16, padded rows and
+columns; the real SmolLM2-135M (9 query heads over 3 KV heads,
 30 layers) runs through the engine.
 """
 
@@ -20,44 +21,56 @@ from hf_helpers import load_hf, make_lora_adapter
 
 from genlm_core.testing.tolerance import ModelShape, assert_rows_close
 
-CONFIGS = {
-    "gqa-llama3": dict(
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_parameters={
-            "rope_type": "llama3",
-            "rope_theta": 10000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 32,
-        },
+#: name -> (architecture, its config's options beyond the common ones)
+CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "gqa-llama3": (
+        "llama",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
     ),
-    "gqa3-linear-tied": dict(
-        num_attention_heads=6,
-        num_key_value_heads=3,
-        tie_word_embeddings=True,
-        rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
+    "gqa3-linear-tied": (
+        "llama",
+        dict(
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
+        ),
     ),
-    "mha": dict(num_attention_heads=4, num_key_value_heads=4),
+    "mha": ("llama", dict(num_attention_heads=4, num_key_value_heads=4)),
+    "mistral": ("mistral", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None)),
+    "qwen2-bias": ("qwen2", dict(num_attention_heads=6, num_key_value_heads=2)),
+    "qwen3-qk-norm": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24)),
 }
 
 
 def _model(name: str, dtype: torch.dtype, device: str = "cpu", **extra: Any) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(7)
-    config = LlamaConfig(
-        vocab_size=96,
-        hidden_size=96,
-        intermediate_size=160,
-        num_hidden_layers=2,
-        max_position_embeddings=256,
-        **{**CONFIGS[name], **extra},
+    arch, options = CONFIGS[name]
+    common = dict(
+        vocab_size=96, hidden_size=96, intermediate_size=160, num_hidden_layers=2, max_position_embeddings=256
     )
-    model = LlamaForCausalLM(config).to(dtype=dtype, device=device).eval()
-    with torch.no_grad():  # logits spread over several nats, as a trained model's
-        model.lm_head.weight.mul_(8.0)
+    config = AutoConfig.for_model(arch, **{**common, **options, **extra})
+    model = AutoModelForCausalLM.from_config(config).to(dtype=dtype, device=device).eval()
+    with torch.no_grad():  # logits spread over several nats, as a trained model's; biases and
+        model.lm_head.weight.mul_(8.0)  # per-head norm weights away from their init
+        for p_name, p in model.named_parameters():
+            if p_name.endswith(
+                ("q_proj.bias", "k_proj.bias", "v_proj.bias", "q_norm.weight", "k_norm.weight")
+            ):
+                p.add_(torch.randn_like(p) * 0.5)
     return model
 
 
@@ -66,7 +79,7 @@ def _kv_of(model: Any, contexts: list[list[int]], bucket: tuple[int, int]) -> to
     model's own prefill in columns ``[0, n)``; padding rows and columns hold noise (masked)."""
     B, C = bucket
     cfg = model.config
-    D = cfg.hidden_size // cfg.num_attention_heads
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv = torch.randn((cfg.num_hidden_layers, 2, B, cfg.num_key_value_heads, C, D)).to(model.dtype)
     kv = kv.to(model.device)
     for i, ctx in enumerate(contexts):
@@ -143,7 +156,9 @@ def test_what_cannot_take_the_fused_step() -> None:
     from genlm_core.testing import models
 
     assert fused_reason(_model("mha", torch.float32)) is None
-    assert "biases" in fused_reason(_model("mha", torch.float32, attention_bias=True))
+    assert "biases" in fused_reason(_model("mha", torch.float32, attention_bias=True))  # o_proj's too
+    assert "biases" in fused_reason(_model("mha", torch.float32, mlp_bias=True))
+    assert "sliding" in fused_reason(_model("mistral", torch.float32, sliding_window=64))
     assert "hidden_act" in fused_reason(_model("mha", torch.float32, hidden_act="gelu"))
     dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
     assert "dynamic" in fused_reason(_model("mha", torch.float32, rope_parameters=dynamic))
@@ -207,5 +222,25 @@ def test_a_lora_adapter_turns_the_fused_step_off(tiny_llama_path: str, tmp_path:
         assert stats["fused_decode"] is False and "'a'" in stats["fused_decode_off"]
         # the adapter's rows on the static path (the model's own forward, adapted)
         _check_burst(llm, _script([[5, 6, 7], [9, 10]], 3, 100), "tiny Llama with a LoRA adapter")
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("name", ["qwen2-bias", "qwen3-qk-norm"])
+def test_other_architectures_through_the_engine(name: str, tiny_llama_path: str, tmp_path: Any) -> None:
+    """A random Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms, a head_dim of its own)
+    saved as a model folder with the tiny Llama's tokenizer: bursts on the fused static
+    step against the uncached model."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path)
+    model = _model(name, torch.float32, vocab_size=len(tokenizer))
+    model.save_pretrained(str(tmp_path))
+    tokenizer.save_pretrained(str(tmp_path))
+    llm = load_hf(str(tmp_path), static_decode="on", batch_size=4)
+    try:
+        assert llm.stats()["engine"]["fused_decode"] is True
+        _check_burst(llm, _script([[5, 6, 7], [9, 10], [11, 12, 13, 14, 15]], 4, 100), f"{name} fused")
+        assert llm.stats()["engine"]["static_steps"] >= 4
     finally:
         llm.close()
