@@ -266,6 +266,7 @@ class StaticDecoder:
         #: the fused step new slots run (genlm_hf.fused), and why there is none
         self.fused = fused
         self.fused_off = fused_off
+        self._fused_ran = False  # a fused step ran: a later failure is no fallback's business
         self.strict = strict  # a capture that fails raises (static_decode="on"), else runs without graphs
         self.batch_size = batch_size
         self.max_bytes = max_bytes
@@ -402,6 +403,17 @@ class StaticDecoder:
         try:
             logits = slot.run(tokens, positions, self.pad_id)
         except Exception as exc:  # noqa: BLE001 - a model the capture cannot take
+            if slot.fused is not None and not self._fused_ran:
+                # the fused step never ran here (an op this torch or device lacks): the
+                # model's own forward takes the static step, still captured
+                note(
+                    f"hf: the fused decode step failed on its first step ({exc!r}); the static step "
+                    "runs the model's own forward from now on (fused_decode=False skips it)",
+                    advice=True,
+                )
+                self.unfuse(f"its first step failed: {exc!r}")
+                slot.fused, slot.graph = None, None
+                return self.run(slot, tokens, positions)  # idempotent: the same KV again
             if not fresh or self.strict:
                 raise
             # a warning: every later step of this engine then launches its kernels from the host
@@ -418,6 +430,7 @@ class StaticDecoder:
             fresh = False
         self.captured += fresh
         self.steps += 1
+        self._fused_ran = self._fused_ran or slot.fused is not None
         return logits
 
     def _move(self, batch: StaticBatch, need: int) -> None:

@@ -244,3 +244,24 @@ def test_other_architectures_through_the_engine(name: str, tiny_llama_path: str,
         assert llm.stats()["engine"]["static_steps"] >= 4
     finally:
         llm.close()
+
+
+def test_a_fused_step_that_fails_at_once_falls_back_to_the_models(
+    tiny_llama_path: str, monkeypatch: Any
+) -> None:
+    """An op the fused step needs and this torch or device lacks: its first step raises, and
+    the static step runs the model's own forward instead (same rows as the uncached model)."""
+
+    def broken(self: FusedLlama, *args: Any) -> torch.Tensor:
+        raise NotImplementedError("an op this device lacks")
+
+    monkeypatch.setattr(FusedLlama, "step", broken)
+    llm = load_hf(tiny_llama_path, static_decode="on", batch_size=4)
+    try:
+        assert llm.stats()["engine"]["fused_decode"] is True
+        _check_burst(llm, _script([[5, 6, 7], [9, 10]], 3, 100), "after the fused step failed")
+        stats = llm.stats()["engine"]
+        assert stats["fused_decode"] is False and "an op this device lacks" in stats["fused_decode_off"]
+        assert stats["static_steps"] >= 3
+    finally:
+        llm.close()
