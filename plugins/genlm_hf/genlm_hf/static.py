@@ -57,6 +57,7 @@ from genlm_hf.fused import FusedLlama
 from genlm_hf.kv import Row, Slots
 
 __all__ = [
+    "MASKS",
     "MIN_COLUMNS",
     "StaticBatch",
     "StaticDecoder",
@@ -68,7 +69,7 @@ __all__ = [
 #: the smallest length bucket
 MIN_COLUMNS = 16
 #: attention implementations whose 4D mask this module builds (bool for sdpa, additive for eager)
-_MASKS = {"sdpa": "bool", "eager": "additive"}
+MASKS = {"sdpa": "bool", "eager": "additive"}
 
 
 def batch_bucket(rows: int, batch_size: int) -> int:

@@ -10,7 +10,7 @@ import torch
 
 from genlm_core.engine import note
 from genlm_hf.fused import FusedLlama, fused_reason
-from genlm_hf.static import _MASKS, StaticDecoder
+from genlm_hf.static import MASKS, StaticDecoder
 
 __all__ = ["DEFAULT_BYTES", "make_static_decoder", "static_bytes"]
 
@@ -41,14 +41,14 @@ def make_static_decoder(
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
         return None
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
-    if impl not in _MASKS:
+    if impl not in MASKS:
         if mode == "on":
             raise ValueError(
                 f"static_decode='on': the model attends with {impl!r}, but the static decode step "
-                f"builds masks for {sorted(_MASKS)} only; load it with "
+                f"builds masks for {sorted(MASKS)} only; load it with "
                 "hf_opts={'attn_implementation': 'sdpa'} or pass static_decode='off'"
             )
-        note(f"hf: static decode off (attention {impl!r} is not one of {sorted(_MASKS)})")
+        note(f"hf: static decode off (attention {impl!r} is not one of {sorted(MASKS)})")
         return None
     limit = getattr(model.config, "max_position_embeddings", None) or getattr(
         model.config, "n_positions", None
@@ -65,7 +65,7 @@ def make_static_decoder(
         graph=device.type == "cuda",
         logits_to_keep=logits_to_keep,
         pad_id=pad_id,
-        mask=_MASKS[impl],
+        mask=MASKS[impl],
         max_columns=int(limit) if limit else None,
         strict=mode == "on",
         fused=fused,

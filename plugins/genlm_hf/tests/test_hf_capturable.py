@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 from genlm_hf.fused import FusedLlama
-from genlm_hf.static import _MASKS, StaticSlot
+from genlm_hf.static import MASKS, StaticSlot
 from torch.utils._python_dispatch import TorchDispatchMode
 
 META = torch.device("meta")
@@ -88,7 +88,7 @@ def _meta_slot(
         (config.num_hidden_layers, heads, head_dim),
         dtype,
         META,
-        _MASKS[attn],
+        MASKS[attn],
         True,
         False,
         FusedLlama.build(model) if fused else None,
@@ -103,7 +103,7 @@ def _run_watched(slot: StaticSlot) -> tuple[torch.Tensor, HostWatch]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("attn", sorted(_MASKS))
+@pytest.mark.parametrize("attn", sorted(MASKS))
 @pytest.mark.parametrize("name", ["llama", "gpt2", "smollm2-135m", "smollm2-1.7b"])
 def test_the_step_reads_no_device_value_and_no_host_tensor(name: str, attn: str, dtype: torch.dtype) -> None:
     config = _config(name)
