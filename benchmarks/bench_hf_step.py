@@ -109,6 +109,7 @@ def log(msg: str) -> None:
 
 def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     import torch
+    from genlm_hf.cache_names import cache_kwarg, output_cache
     from transformers import DynamicCache
 
     import genlm_core
@@ -136,7 +137,7 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     llm.batch_next_token_logprobs_sync(pasts)  # the pasts' KV, in the backend's cache
     with torch.inference_mode():
         ids = torch.tensor(pasts, device=model.device)
-        cache: DynamicCache = model(input_ids=ids, use_cache=True).past_key_values
+        cache: DynamicCache = output_cache(model(input_ids=ids, use_cache=True))
 
     def raw(tok: int) -> Any:
         with torch.inference_mode():
@@ -144,7 +145,7 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
                 cache.crop(args.past)
             out = model(
                 input_ids=torch.full((rows, 1), tok, device=model.device),
-                past_key_values=cache,
+                **{cache_kwarg(model): cache},
                 use_cache=True,
                 logits_to_keep=1,
             )

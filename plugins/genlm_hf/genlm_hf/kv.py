@@ -38,6 +38,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from genlm_hf.cache_names import cache_kwarg
+
 __all__ = [
     "Row",
     "Slots",
@@ -233,7 +235,9 @@ def run_rows(
     slots = Slots(rows, P, S, workspace, headroom) if use_cache or P > 0 else None
     logits = _run(model, ids, mask, pos, [s - 1 for s in suffix], slots, logits_to_keep)
     if slots is not None and slots.buf is None:  # pragma: no cover - a model that never touched its cache
-        raise RuntimeError("the model did not write its KV cache (does it accept past_key_values?)")
+        raise RuntimeError(
+            "the model did not write its KV cache (does its forward accept a KV cache, `cache` or `past_key_values`?)"
+        )
     return logits, slots
 
 
@@ -284,7 +288,7 @@ def _run(
         "position_ids": device_ints(pos, device),
     }
     if slots is not None:
-        kwargs["past_key_values"] = _slot_cache(model, slots)
+        kwargs[cache_kwarg(model)] = _slot_cache(model, slots)
     kwargs["use_cache"] = slots is not None
     S = len(ids[0])
     cols = last

@@ -53,6 +53,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from genlm_core.engine import note
+from genlm_hf.cache_names import cache_kwarg, output_cache
 from genlm_hf.fused import FusedLlama
 from genlm_hf.kv import Row, Slots
 
@@ -168,7 +169,7 @@ class StaticSlot:
             "input_ids": self.ids,
             "attention_mask": mask,
             "position_ids": self.pos,
-            "past_key_values": cache,
+            cache_kwarg(self.model): cache,
             "use_cache": True,
         }
         if self._logits_to_keep:
@@ -337,9 +338,12 @@ class StaticDecoder:
         if self._kv_layout is None:
             device = self.model.device
             with torch.inference_mode():
-                cache = self.model(
-                    input_ids=torch.full((1, 1), self.pad_id, dtype=torch.long, device=device), use_cache=True
-                ).past_key_values
+                cache = output_cache(
+                    self.model(
+                        input_ids=torch.full((1, 1), self.pad_id, dtype=torch.long, device=device),
+                        use_cache=True,
+                    )
+                )
             keys = cache.layers[0].keys
             self._kv_layout = (len(cache.layers), keys.shape[1], keys.shape[3], keys.dtype, keys.device)
         return self._kv_layout

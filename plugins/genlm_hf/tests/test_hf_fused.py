@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from genlm_hf.cache_names import output_cache
 from genlm_hf.fused import FusedLlama, fused_reason
 from hf_helpers import load_hf, make_lora_adapter
 
@@ -87,7 +88,7 @@ def _kv_of(model: Any, contexts: list[list[int]], bucket: tuple[int, int]) -> to
     kv = torch.randn((cfg.num_hidden_layers, 2, B, cfg.num_key_value_heads, C, D)).to(model.dtype)
     kv = kv.to(model.device)
     for i, ctx in enumerate(contexts):
-        cache = model(torch.tensor([ctx[:-1]], device=model.device), use_cache=True).past_key_values
+        cache = output_cache(model(torch.tensor([ctx[:-1]], device=model.device), use_cache=True))
         for layer, lay in enumerate(cache.layers):
             n = len(ctx) - 1
             kv[layer, 0, i, :, :n] = lay.keys[0]
@@ -117,7 +118,7 @@ def _step(fused: FusedLlama, model: Any, contexts: list[list[int]], bucket: tupl
         logits = fused.step(ids, pos, kv, index)[:n]
     # the new token's KV went where the model's own step puts it: its prefill of the whole context
     for i, ctx in enumerate(contexts):
-        whole = model(torch.tensor([ctx], device=kv.device), use_cache=True).past_key_values.layers[0]
+        whole = output_cache(model(torch.tensor([ctx], device=kv.device), use_cache=True)).layers[0]
         col = len(ctx) - 1
         # layer 0's key and value: a norm and a projection of the token's embedding (and the
         # rope) on each side, well within one block's bound in the model's dtype
