@@ -120,6 +120,7 @@ def sweep_point(
         "calls": r["calls"],
         "wall_s": r["wall_s"],
         "calls_per_s": r["calls_per_s"],
+        "program": r["program"],
         # includes the warm-up run's batches (the timed run's shape): the same mean
         "mean_batch_size": computed / batches if batches else None,
     }
@@ -283,6 +284,7 @@ def anchor_worker(args: argparse.Namespace) -> None:
                 "calls": r["calls"],
                 "wall_s": r["wall_s"],
                 "calls_per_s": r["calls_per_s"],
+                "program": r["program"],
             }
         )
     res.update(
@@ -516,6 +518,7 @@ def markdown(record: dict[str, Any]) -> str:
                 f"| {p['particles']} | {p['calls_per_s']:.1f} | "
                 + (f"{b:.1f} | {p['calls_per_s'] / b:.2f}x |" if b else "- | - |")
             )
+    lines += program_table(record, names)
     c = record["figures"].get("c")
     if c and c.get("particles") != record["workload"]["particles"]:
         lines.append("")
@@ -532,6 +535,41 @@ def markdown(record: dict[str, Any]) -> str:
             f"{100 * limit['fraction']:.0f}% of the measured matmul rate"
         )
     return "\n".join(lines)
+
+
+def program_table(record: dict[str, Any], names: dict[str, str]) -> list[str]:
+    """Where a run's time went on each side: the program's own work (the same code on both)
+    and the rest, the backend as the program sees it (``sis_workload.program_account``)."""
+    rows = []
+    for key, fig in record["figures"].items():
+        points = [(record["workload"]["particles"], fig)] + [
+            (p["particles"], p) for p in fig.get("sweep", [])
+        ]
+        for particles, point in points:
+            acc = point.get("program")
+            if acc:
+                rows.append((names[key], particles, point["calls_per_s"], acc))
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Where the time goes (the median run): the program's own work per call - the row's "
+        "`.float().cpu()` (on a GPU it also waits for the device's queued work) and the sampling "
+        "on the CPU - and the rest of each step (the backend, as the program sees it); "
+        "*program only*: the calls/s with a backend that took no time.",
+        "",
+        "| | particles | calls/s | copy (ms/call) | sampling (ms/call) | rest (ms/step) | program share "
+        "| program only (calls/s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, particles, rate, acc in rows:
+        only = acc.get("calls_per_s_program_only")
+        lines.append(
+            f"| {name} | {particles} | {rate:.1f} | {acc['copy_ms_per_call']:.3f} | "
+            f"{acc['sample_ms_per_call']:.3f} | {acc['outside_ms_per_step']:.2f} | "
+            f"{acc['program_share']:.2f} | {f'{only:.1f}' if only else '-'} |"
+        )
+    return lines
 
 
 # ---------------------------------------------------------------------- verdict

@@ -44,14 +44,18 @@ async def sis(
     eos_only = torch.nn.functional.one_hot(torch.tensor(eos_id), len(token_lengths)).float().log()
     gen = torch.Generator().manual_seed(seed)
     particles = [{"context": [], "log_weight": 0.0, "active": True} for _ in range(n_particles)]
-    calls = 0
+    calls = steps = 0
+    copy_s = sample_s = 0.0  # the program's own time: the row to the CPU, then the sampling
 
     async def extend(p: dict[str, Any]) -> None:
-        nonlocal calls
+        nonlocal calls, copy_s, sample_s
         calls += 1
         logps = await next_logprobs(prompt_ids + p["context"])
+        t0 = time.perf_counter()
+        row = logps.float().cpu()  # on a GPU: waits for the device's queued work too
+        t1 = time.perf_counter()
         mask = eos_only if len(p["context"]) >= max_tokens else valid
-        masked = logps.float().cpu() + mask
+        masked = row + mask
         log_z = masked.logsumexp(dim=-1)
         p["log_weight"] += float(log_z)
         tok = int(torch.multinomial((masked - log_z).exp(), 1, generator=gen).item())
@@ -59,10 +63,14 @@ async def sis(
             p["active"] = False
         else:
             p["context"].append(tok)
+        t2 = time.perf_counter()
+        copy_s += t1 - t0
+        sample_s += t2 - t1
 
     while any(p["active"] for p in particles):
+        steps += 1
         await asyncio.gather(*[extend(p) for p in particles if p["active"]])
-    return {"particles": particles, "calls": calls}
+    return {"particles": particles, "calls": calls, "steps": steps, "copy_s": copy_s, "sample_s": sample_s}
 
 
 async def timed_runs(
@@ -86,7 +94,7 @@ async def timed_runs(
     reset()
     n, k = (args.particles, args.max_tokens) if full_warmup else (2, 2)
     await sis(make_next(), token_lengths, eos_id, prompt_ids, n_particles=n, max_tokens=k, seed=args.seed + 1)
-    walls, calls, texts, ran = [], 0, [], 0
+    walls, calls, texts, ran, own = [], 0, [], 0, []
     for _ in range(args.repeats):
         reset()
         next_lp = make_next()
@@ -106,6 +114,7 @@ async def timed_runs(
         ran = tokens() - before
         calls = res["calls"]
         texts = [p["context"] for p in res["particles"]]
+        own.append({k: res[k] for k in ("steps", "copy_s", "sample_s")})
     wall = statistics.median(walls)
     return {
         "calls": calls,
@@ -114,4 +123,25 @@ async def timed_runs(
         "walls": walls,
         "contexts": texts,
         "tokens_computed_per_run": ran,
+        "program": program_account(walls, own, calls),
+    }
+
+
+def program_account(walls: list[float], own: list[dict[str, Any]], calls: int) -> dict[str, Any]:
+    """Where a run's time went, from the median run: the program's own work per call
+    (``copy_ms``: the row's ``.float().cpu()``, which on a GPU also waits for the device's
+    queued work; ``sample_ms``: masking, normalising and drawing on the CPU), and the rest
+    of a step (``outside_ms_per_step``: the backend's calls, batching and forward passes,
+    as the program sees them). ``calls_per_s_program_only``: the rate if the backend took
+    no time at all, the ceiling any backend can reach on this program and machine."""
+    i = sorted(range(len(walls)), key=walls.__getitem__)[len(walls) // 2]
+    run, wall = own[i], walls[i]
+    program_s = run["copy_s"] + run["sample_s"]
+    return {
+        "steps": run["steps"],
+        "copy_ms_per_call": 1e3 * run["copy_s"] / calls,
+        "sample_ms_per_call": 1e3 * run["sample_s"] / calls,
+        "outside_ms_per_step": 1e3 * (wall - program_s) / run["steps"],
+        "program_share": program_s / wall,
+        "calls_per_s_program_only": calls / program_s if program_s > 0 else None,
     }
