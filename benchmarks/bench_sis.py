@@ -79,18 +79,18 @@ def run_genlm_core(args: argparse.Namespace) -> dict[str, Any]:
     eos = llm.tokenizer.eos_token_id
     lengths = [len(t) for t in llm.byte_vocab]
 
-    def reset() -> None:
-        llm.clear_cache()
+    last = LastRun(llm)
 
     def tokens() -> int:
         return int(llm.stats().get("engine", {}).get("tokens_computed", 0))
 
     res = asyncio.run(
-        timed_runs(lambda: llm.next_token_logprobs, lengths, eos, prompt_ids, args, reset, tokens)
+        timed_runs(lambda: llm.next_token_logprobs, lengths, eos, prompt_ids, args, last.reset, tokens)
     )
     stats = llm.stats()
     engine = stats.get("engine", {})
     res.update(load_s=load_s, prompt_ids=prompt_ids, batcher=stats.get("batcher"), engine=engine)
+    res["last_run"] = last.delta(res["program"]["steps"])
     if args.sweep:
         res["sweep"] = [sweep_point(llm, p, lengths, eos, prompt_ids, args) for p in args.sweep]
     import torch
@@ -109,9 +109,8 @@ def sweep_point(
     log(f"(a) sweep: {particles} particles")
     sub = argparse.Namespace(**{**vars(args), "particles": particles})
     before = dict(llm.stats().get("batcher") or {})
-    r = asyncio.run(
-        timed_runs(lambda: llm.next_token_logprobs, lengths, eos, prompt_ids, sub, llm.clear_cache)
-    )
+    last = LastRun(llm)
+    r = asyncio.run(timed_runs(lambda: llm.next_token_logprobs, lengths, eos, prompt_ids, sub, last.reset))
     after = dict(llm.stats().get("batcher") or {})
     batches = after.get("batches", 0) - before.get("batches", 0)
     computed = after.get("computed", 0) - before.get("computed", 0)
@@ -121,9 +120,55 @@ def sweep_point(
         "wall_s": r["wall_s"],
         "calls_per_s": r["calls_per_s"],
         "program": r["program"],
+        "last_run": last.delta(r["program"]["steps"]),
         # includes the warm-up run's batches (the timed run's shape): the same mean
         "mean_batch_size": computed / batches if batches else None,
     }
+
+
+#: engine counters whose change over the last timed run says how its rows ran
+LAST_RUN_ENGINE = (
+    "forward_calls",
+    "tokens_computed",
+    "static_steps",
+    "static_captured",
+    "static_refused",
+    "resident_joined",
+    "resident_eager",
+    "resident_evicted",
+)
+
+
+class LastRun:
+    """The backend's counters over the last timed run: ``reset`` (called by ``timed_runs``
+    before the warm-up and before each timed run) clears the caches and keeps a snapshot;
+    :meth:`delta` is what changed since the last one. It tells a run's own batches and
+    passes from the warm-up's (graph captures belong to the warm-up: a capture in a timed
+    run shows here)."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.snap: dict[str, Any] = {}
+
+    def reset(self) -> None:
+        self.llm.clear_cache()
+        self.snap = self.llm.stats()
+
+    def delta(self, steps: int) -> dict[str, Any]:
+        now = self.llm.stats()
+        b0, b1 = self.snap.get("batcher") or {}, now.get("batcher") or {}
+        e0, e1 = self.snap.get("engine") or {}, now.get("engine") or {}
+        batches = b1.get("batches", 0) - b0.get("batches", 0)
+        out: dict[str, Any] = {
+            "batches": batches,
+            "rows_per_batch": (b1.get("computed", 0) - b0.get("computed", 0)) / batches if batches else None,
+            # the batcher's time in its batch function: the passes, as its worker thread ran them
+            "model_ms_per_step": 1e3
+            * (b1.get("model_time_s", 0.0) - b0.get("model_time_s", 0.0))
+            / max(steps, 1),
+        }
+        out.update({k: e1[k] - e0.get(k, 0) for k in LAST_RUN_ENGINE if isinstance(e1.get(k), int)})
+        return out
 
 
 # ---------------------------------------------------------------------- (c) uncached loop
@@ -548,7 +593,7 @@ def program_table(record: dict[str, Any], names: dict[str, str]) -> list[str]:
         for particles, point in points:
             acc = point.get("program")
             if acc:
-                rows.append((names[key], particles, point["calls_per_s"], acc))
+                rows.append((names[key], particles, point["calls_per_s"], acc, point.get("last_run")))
     if not rows:
         return []
     lines = [
@@ -559,17 +604,35 @@ def program_table(record: dict[str, Any], names: dict[str, str]) -> list[str]:
         "*program only*: the calls/s with a backend that took no time.",
         "",
         "| | particles | calls/s | copy (ms/call) | sampling (ms/call) | rest (ms/step) | program share "
-        "| program only (calls/s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| program only (calls/s) | passes a step | rows a pass | in passes (ms/step) | captured |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, particles, rate, acc in rows:
+    for name, particles, rate, acc, last in rows:
         only = acc.get("calls_per_s_program_only")
         lines.append(
             f"| {name} | {particles} | {rate:.1f} | {acc['copy_ms_per_call']:.3f} | "
             f"{acc['sample_ms_per_call']:.3f} | {acc['outside_ms_per_step']:.2f} | "
-            f"{acc['program_share']:.2f} | {f'{only:.1f}' if only else '-'} |"
+            f"{acc['program_share']:.2f} | {f'{only:.1f}' if only else '-'} | "
+            + _last_cells(last, acc["steps"])
         )
+    if any(last for *_, last in rows):
+        lines += [
+            "",
+            "The last four columns: (a)'s last timed run, from its batcher and engine counters "
+            "(*in passes*: the batcher's worker inside its forward passes; *captured*: graphs "
+            "captured during the timed run, which its warm-up should have taken).",
+        ]
     return lines
+
+
+def _last_cells(last: dict[str, Any] | None, steps: int) -> str:
+    if not last:
+        return "- | - | - | - |"
+    per = last["rows_per_batch"]
+    return (
+        f"{last['batches'] / max(steps, 1):.2f} | {f'{per:.1f}' if per else '-'} | "
+        f"{last['model_ms_per_step']:.2f} | {last.get('static_captured', '-')} |"
+    )
 
 
 # ---------------------------------------------------------------------- verdict
