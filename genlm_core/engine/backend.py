@@ -43,7 +43,7 @@ from genlm_core.engine import memory
 from genlm_core.engine.batching import AutoBatcher
 from genlm_core.engine.caches import output_cache_for
 from genlm_core.engine.checkpoint import Checkpoint, engine_context_limit, read_checkpoint
-from genlm_core.engine.contexts import run_distinct
+from genlm_core.engine.contexts import Context, run_distinct
 from genlm_core.engine.contract import (
     BURST_CAPABILITIES,
     Engine,
@@ -270,7 +270,7 @@ class BaseLogprobBackend:
         return self.engine.dtype
 
     # ------------------------------------------------------------------ shared machinery
-    def validate(self, token_ids: Any) -> tuple[int, ...]:
+    def validate(self, token_ids: Any) -> Context:
         """The context as a tuple of ints, or a clear ``ValueError``."""
         if self._closed:
             raise RuntimeError(f"{self.backend_name}: the backend is closed")

@@ -15,7 +15,14 @@ __all__ = ["sizeof", "storage_of", "private_copy", "private_copies", "compact"]
 
 
 def _is_torch_tensor(value: Any) -> bool:
-    return callable(getattr(value, "untyped_storage", None)) and callable(getattr(value, "clone", None))
+    cls = type(value)
+    if cls in _TENSOR_CLASSES:
+        return True
+    if not (callable(getattr(value, "untyped_storage", None)) and callable(getattr(value, "clone", None))):
+        return False
+    if callable(getattr(cls, "untyped_storage", None)) and callable(getattr(cls, "clone", None)):
+        _TENSOR_CLASSES.add(cls)
+    return True
 
 
 def _is_numpy_array(value: Any) -> bool:

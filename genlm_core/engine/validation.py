@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from genlm_core.engine.contexts import Context
+
 __all__ = ["validate_context"]
 
 #: the element types a context of plain ints has (``bool`` is not among them)
 _ALL_INT = frozenset({int})
 
 
-def _as_int_tuple(token_ids: Any) -> tuple[int, ...]:
+def _as_int_tuple(token_ids: Any) -> Context:
     if isinstance(token_ids, tuple) or isinstance(token_ids, list):
         seq = token_ids
     elif isinstance(token_ids, (str, bytes)):
@@ -34,14 +36,14 @@ def _as_int_tuple(token_ids: Any) -> tuple[int, ...]:
     else:
         raise ValueError(f"token_ids must be a sequence of integer token ids, got {type(token_ids).__name__}")
     if _ALL_INT.issuperset(map(type, seq)):  # the common case, at C speed (a context is
-        return seq if type(seq) is tuple else tuple(seq)  # validated on every call, whole)
+        return seq if type(seq) is Context else Context(seq)  # validated on every call, whole)
     for i, t in enumerate(seq):
         if type(t) is not int:
             if isinstance(t, bool) or not hasattr(t, "__index__"):
                 raise ValueError(f"token_ids[{i}] = {t!r} is not an integer token id ({type(t).__name__})")
             seq = [int(x.__index__()) if not isinstance(x, bool) else _bad_bool(j) for j, x in enumerate(seq)]
             break
-    return tuple(seq)
+    return Context(seq)
 
 
 def _bad_bool(i: int) -> int:
@@ -53,8 +55,9 @@ def validate_context(
     vocab_size: int,
     max_length: int | None = None,
     allow_empty: bool = False,
-) -> tuple[int, ...]:
-    """Check a context and return it as a tuple of ints, or raise a clear ValueError."""
+) -> Context:
+    """Check a context and return it as a :class:`Context` (a tuple of ints that keeps its
+    hash), or raise a clear ValueError."""
     ctx = _as_int_tuple(token_ids)
     if not ctx and not allow_empty:
         raise ValueError(
