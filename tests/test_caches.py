@@ -331,3 +331,46 @@ def test_adopted_rows_are_one_block_counted_once(ops, max_entries, max_bytes):
             assert np.array_equal(value.numpy(), model[key][0])
     cache.clear()
     assert cache.nbytes == 0 and not cache._blocks
+
+
+def test_a_cpu_cache_adopts_rows_already_on_the_cpu() -> None:
+    """``to_cpu`` with rows on the CPU: adopted as they are (no copy), one block."""
+    cache = OutputCache(max_entries=None, max_bytes=None, to_cpu=True)
+    batch = torch.arange(12, dtype=torch.float32).view(3, 4)
+    rows = batch.unbind(0)
+    cache.adopt_many([((i,), r) for i, r in enumerate(rows)])
+    assert all(cache.get((i,)) is r for i, r in enumerate(rows))
+    assert cache.nbytes == batch.numel() * 4
+
+
+def test_cpu_copies_are_private_and_equal() -> None:
+    from genlm_core.engine.memory import cpu_copies
+
+    batch = torch.arange(12, dtype=torch.float32).view(3, 4)
+    values = [*batch.unbind(0), np.arange(3.0), "x"]
+    out = cpu_copies(values)
+    for v, c in zip(values[:3], out[:3]):
+        assert c.device.type == "cpu" and torch.equal(c, v)
+        assert c.untyped_storage().data_ptr() != batch.untyped_storage().data_ptr()
+    assert np.array_equal(out[3], values[3]) and out[3] is not values[3] and out[4] == "x"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cpu_cache_moves_a_gpu_batch_in_one_block(dtype) -> None:  # pragma: no cover - GPU only
+    """``to_cpu`` with a GPU batch's rows (the backend's normalised rows), or separate GPU
+    rows (put): on the CPU, bit for bit, as one block counted once."""
+    from genlm_core.engine.memory import cpu_copies
+
+    batch = torch.randn(5, 700, device="cuda").to(dtype)
+    rows = batch.unbind(0)
+    cache = OutputCache(max_entries=None, max_bytes=None, to_cpu=True)
+    cache.adopt_many([((i,), r) for i, r in enumerate(rows)])
+    for i, r in enumerate(rows):
+        got = cache.get((i,))
+        assert got.device.type == "cpu" and got.dtype == dtype and torch.equal(got, r.cpu())
+    assert cache.nbytes == batch.numel() * batch.element_size()  # one block
+    separate = [torch.randn(700, device="cuda") for _ in range(4)]  # no common batch: stacked
+    moved = cpu_copies(separate)
+    assert all(m.device.type == "cpu" and torch.equal(m, s.cpu()) for m, s in zip(moved, separate))
+    assert len({m.untyped_storage().data_ptr() for m in moved[:4]}) == 1

@@ -209,3 +209,20 @@ async def test_the_bodies_read_at_once_make_room_from_the_idlest(count, total) -
 def test_one_body_of_the_largest_size_fits_in_the_bodies_read_at_once() -> None:
     with pytest.raises(ValueError, match="raise --max-open-body-bytes or lower --max-body-bytes"):
         ServeLimits(max_body_bytes=4096, max_open_body_bytes=2048)
+
+
+def test_a_served_backend_keeps_its_output_cache_in_host_memory() -> None:
+    """``genlm serve`` loads its backend with ``cache_to_cpu=True`` unless told otherwise
+    (every client's rows would sit in GPU memory beside the model's KV buffers)."""
+    import genlm_core
+    from genlm_core.serve.run import served_backend_options
+
+    assert served_backend_options("mock", {"model": "m"}) == {"model": "m", "cache_to_cpu": True}
+    assert served_backend_options("mock", {"cache_to_cpu": False}) == {"cache_to_cpu": False}
+    llm = genlm_core.load("mock", **served_backend_options("mock", {}))
+    try:
+        assert llm.output_cache.to_cpu is True
+        row = llm.next_token_logprobs_sync([1, 2])
+        assert llm.next_token_logprobs_sync([1, 2]).equal(row)
+    finally:
+        llm.close()

@@ -350,7 +350,11 @@ class BaseLogprobBackend:
             # each caller's row a tensor of its own, copied before _row_errors reads the
             # batch on the host: on a GPU the copies (one batched copy) are queued behind
             # the step and the host's work runs beside it, not after it
-            if for_cache is not None and normalised.device.type in memory.BATCHED_COPY_DEVICES and n > 1:
+            on_gpu = normalised.device.type in memory.BATCHED_COPY_DEVICES and n > 1
+            # a cache that moves rows to the CPU takes the batch's rows as they are (it copies
+            # them to the host in one transfer): no device copies for it
+            to_cpu = bool(getattr(self.output_cache, "to_cpu", False))
+            if for_cache is not None and on_gpu and not to_cpu:
                 # on a GPU the output cache gets a copy of each row too, in the same batched
                 # copy: blocks of a batch's rows, long-lived and of every size, held the
                 # caching allocator's large segments (bench_serve's server on an H100: 2,636
@@ -361,7 +365,7 @@ class BaseLogprobBackend:
             elif for_cache is not None:
                 for_cache.extend(rows)  # the cache adopts the batch's rows; the callers get copies
                 rows, copied = private_copies(rows), True
-            elif normalised.device.type in memory.BATCHED_COPY_DEVICES and n > 1:
+            elif on_gpu:
                 rows, copied = private_copies(rows), True
         else:
             rows = list(out.unbind(0)) if hasattr(out, "unbind") else list(out)

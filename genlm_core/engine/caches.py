@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from genlm_core.config import GenlmConfig
-from genlm_core.engine.memory import compact, private_copies, private_copy, sizeof, storage_of
+from genlm_core.engine.memory import cpu_copies, private_copies, sizeof, storage_of
 from genlm_core.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,6 +33,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from genlm_core.protocols import RowCache
 
 __all__ = ["OutputCache", "OutputCacheConfig", "output_cache_for", "registered_cache", "sizeof"]
+
+
+def _on_device(value: Any) -> bool:
+    """Whether ``value`` (a tensor, an array) lives on a device other than the CPU."""
+    device = getattr(value, "device", None)
+    return device is not None and getattr(device, "type", device) not in ("cpu", None)
 
 
 class OutputCacheConfig(GenlmConfig):
@@ -114,8 +120,8 @@ class OutputCache:
         batched copy (:func:`~genlm_core.engine.memory.private_copies`)."""
         if self.max_entries == 0 or self.max_bytes == 0 or not items:
             return
-        if self.to_cpu:
-            copies = [self._cpu_copy(value) for _, value in items]
+        if self.to_cpu:  # a device's rows in one transfer (cpu_copies)
+            copies = cpu_copies([value for _, value in items])
         else:
             copies = private_copies([value for _, value in items])
         self._store([(key, value, storage_of(value)) for (key, _), value in zip(items, copies)])
@@ -125,8 +131,9 @@ class OutputCache:
         (nobody else may hold, modify or hand them out). For rows viewed out of one fresh
         batch tensor (the backend's normalised rows): the batch is kept as one block,
         counted once and freed with its last entry. Where the cache moves values to the
-        CPU (``to_cpu``), or a value's block is larger than the whole byte budget, the
-        values are copied (:meth:`put_many`) instead."""
+        CPU (``to_cpu``) and some are on a device, or a value's block is larger than the
+        whole byte budget, the values are copied (:meth:`put_many`: a device's rows in one
+        transfer) instead."""
         if self.max_entries == 0 or self.max_bytes == 0 or not items:
             return
         blocks = []
@@ -136,7 +143,8 @@ class OutputCache:
             if view_of is None or view_of is not base:
                 base, block = view_of, storage_of(value)
             blocks.append(block)
-        if self.to_cpu or (self.max_bytes is not None and any(b[1] > self.max_bytes for b in blocks)):
+        on_device = self.to_cpu and any(_on_device(value) for _, value in items)
+        if on_device or (self.max_bytes is not None and any(b[1] > self.max_bytes for b in blocks)):
             self.put_many(items)
             return
         self._store([(key, value, block) for (key, value), block in zip(items, blocks)])
@@ -169,14 +177,6 @@ class OutputCache:
             del self._blocks[old[1]]
             self.nbytes -= held[0]
         return True
-
-    @staticmethod
-    def _cpu_copy(value: Any) -> Any:
-        """A private copy on the CPU (``to_cpu``): a device tensor moved, anything else copied."""
-        device = getattr(value, "device", None)
-        if hasattr(value, "to") and getattr(device, "type", device) not in (None, "cpu"):
-            return compact(value.to("cpu"))  # a new tensor on the CPU
-        return private_copy(value)
 
     def _evict(self) -> None:
         while self._data and (

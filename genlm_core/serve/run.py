@@ -21,9 +21,29 @@ from typing import Any
 
 from genlm_core.serve.limits import ServeLimits, check_bind
 
-__all__ = ["bind_socket", "serve", "server_class"]
+__all__ = ["bind_socket", "serve", "server_class", "served_backend_options"]
 
 READY_PREFIX = "genlm serve: ready on "
+
+
+def served_backend_options(backend: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options a server loads ``backend`` with: ``options``, and where they leave it
+    unset and the backend's config has it, ``cache_to_cpu=True``.
+
+    A server's output cache holds rows of every client's contexts (a client's
+    ``clear_cache()`` drops only its own cache) up to ``cache_bytes`` (1 GiB by default):
+    on a GPU that memory would sit beside the model's KV buffers, for rows that leave over
+    the wire from host memory anyway. In host memory it costs one transfer of a pass's
+    rows (:func:`genlm_core.engine.memory.cpu_copies`); on a CPU engine nothing
+    changes. ``--opt cache_to_cpu=false`` keeps it on the device."""
+    out = dict(options)
+    if "cache_to_cpu" not in out:
+        from genlm_core.api import resolve
+
+        config = resolve(backend).load_config_class()
+        if config is not None and "cache_to_cpu" in getattr(config, "model_fields", {}):
+            out["cache_to_cpu"] = True
+    return out
 
 
 def server_class() -> Any:

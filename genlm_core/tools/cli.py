@@ -240,7 +240,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Host one backend for many client processes (genlm_core.serve; the client is load("remote"))."""
     import genlm_core
     from genlm_core.serve.limits import ServeLimits, check_bind, read_token
-    from genlm_core.serve.run import serve
+    from genlm_core.serve.run import serve, served_backend_options
 
     token = read_token(args.token, args.token_file)
     check_bind(args.host, token)  # before the (possibly long) model load
@@ -261,6 +261,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     opts = parse_opts(args.opt)
     if args.model is not None:
         opts["model"] = args.model
+    opts = served_backend_options(args.backend, opts)  # its output cache in host memory
     if args.replicas > 1:  # Ray Serve: each replica loads the backend itself
         from genlm_core.serve.ray_serve import run_replicas
 
