@@ -247,15 +247,20 @@ def client_main(args: argparse.Namespace) -> int:
     timed = TimedCalls(llm)
     start = time.time()
     calls = 0
+    held: dict[str, Any] | None = None
     for r in range(args.runs):
         res = asyncio.run(
             run_sis(timed, PROMPT, n_particles=args.particles, max_tokens=args.max_tokens, seed=args.seed + r)
         )
         calls += res.calls
+        if args.mode == "local" and r == args.runs - 1:  # what its own backend holds after a run
+            held = held_mb(llm.stats())
         llm.clear_cache()
     end = time.time()
     out = {"start": start, "end": end, "calls": calls, "latencies": timed.latencies, "rss": rss_bytes()}
     out["gpu"] = client_gpu(args)
+    if args.mode == "local":
+        out["held_mb"] = held
     if args.mode != "local":
         out["transport"] = llm.stats()["transport"]  # with the round trips' phases ("timing")
     print("RESULT " + json.dumps(out), flush=True)
@@ -273,6 +278,32 @@ def clear_server(url: str) -> None:
     )
     with urllib.request.urlopen(req, timeout=600) as r:
         r.read()
+
+
+def held_mb(stats: dict[str, Any]) -> dict[str, float | None]:
+    """MiB a backend holds, from its ``stats()``: its output cache's rows, its prefix
+    cache's KV and (hf) its static decode buffers; the memory model's parts of M + R."""
+    cache = (stats.get("output_cache") or {}).get("bytes")
+    kv = (stats.get("prefix_cache") or {}).get("kv_bytes")
+    static = (stats.get("engine") or {}).get("static_bytes")
+    return {
+        name: (value / 2**20 if isinstance(value, (int, float)) else None)
+        for name, value in (("output_cache", cache), ("prefix_kv", kv), ("static_decode", static))
+    }
+
+
+def held_line(model: dict[str, Any]) -> str:
+    """The memory model's held parts, one line: the server's backend and one own backend."""
+
+    def parts(held: dict[str, Any] | None) -> str:
+        if not held:
+            return "-"
+        return ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} -" for k, v in held.items())
+
+    return (
+        f"held (MiB): the server's backend after (b): {parts(model.get('server_held_mb'))}; "
+        f"a client's own backend after its last run (a): {parts(model.get('own_backend_held_mb'))}"
+    )
 
 
 def server_stats(url: str) -> dict[str, Any]:
@@ -432,7 +463,8 @@ def orchestrate(args: argparse.Namespace) -> int:
     # the GPU in use before any of this benchmark's processes (the device-wide fallback's zero)
     baseline = device_used_mb(args.device) if is_cuda(args.device) else None
     log(f"(a) {args.clients} clients, each with its own genlm-hf backend ({args.model})")
-    rows.append(summarise("(a) own backend each", run_clients(args, "local"), baseline_gpu_mb=baseline))
+    own_results = run_clients(args, "local")
+    rows.append(summarise("(a) own backend each", own_results, baseline_gpu_mb=baseline))
     opts: dict[str, Any] = {"dtype": args.dtype, "device": args.device, "batch_size": 64}
     for kv in args.server_opt or []:
         key, _, value = kv.partition("=")
@@ -447,6 +479,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         # 1.9 s per call in the first round after start against 30-70 ms in the next ones
         run_clients(args, "frame", srv.url, seed0=10_000)
         accounts = {}
+        server_held: dict[str, Any] | None = None
         for mode, name in (
             ("shm", "(b) one server, shared memory"),
             ("frame", "(c) one server, network frame"),
@@ -455,7 +488,10 @@ def orchestrate(args: argparse.Namespace) -> int:
             before: list[dict[str, Any]] = []
             take = functools.partial(lambda into, url: into.append(server_stats(url)), before, srv.url)
             res = run_clients(args, mode, srv.url, before_go=take)
-            accounts[name] = accounting(res, before[0], server_stats(srv.url))
+            after = server_stats(srv.url)
+            accounts[name] = accounting(res, before[0], after)
+            if mode == "shm":  # what the server's backend holds after (b)'s runs
+                server_held = held_mb(after.get("backend") or {})
             gpu_mb = tree_gpu_mb(srv.proc.pid) if is_cuda(args.device) else None
             rows.append(summarise(name, res, tree_rss(srv.proc.pid), gpu_mb, baseline))
         server_rss = tree_rss(srv.proc.pid)
@@ -474,6 +510,9 @@ def orchestrate(args: argparse.Namespace) -> int:
             "engine_process_mb (M + R)": server_rss / 2**20,
             "client_process_mb (C)": rows[1]["client_rss_mb"] / args.clients,
             "own_backend_process_mb": a["client_rss_mb"] / args.clients,
+            # what the server's backend holds after (b), and one of (a)'s after its last run
+            "server_held_mb": server_held,
+            "own_backend_held_mb": next((r.get("held_mb") for r in own_results if r.get("held_mb")), None),
         },
     }
     if is_cuda(args.device):
@@ -523,6 +562,8 @@ def orchestrate(args: argparse.Namespace) -> int:
         + markdown_table(table, ACCOUNTING_COLS)
         + "\n\nrows per pass: "
         + "; ".join(f"{k}: {v['server']['rows_per_pass_histogram']}" for k, v in accounts.items())
+        + "\n\n"
+        + held_line(figures["memory_model"])
         + "\n"
     )
     print(json.dumps(figures, indent=2))
