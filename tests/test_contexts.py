@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -60,5 +61,70 @@ def test_the_output_cache_finds_a_context_whatever_form_it_came_in() -> None:
             assert llm.next_token_logprobs_sync(form).equal(first)
         cache = llm.stats()["output_cache"]
         assert (cache["misses"], cache["hits"], cache["entries"]) == (1, 3, 1)
+    finally:
+        llm.close()
+
+
+def _outcome(ctx: list[Any], vocab: int, **kw: Any) -> Any:
+    try:
+        return ("ok", validate_context(ctx, vocab, max_length=80, **kw))
+    except ValueError as e:
+        return ("error", str(e))
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 40),  # which earlier context to extend (or a fresh one)
+            st.sampled_from(["ok", "ok", "ok", "big", "negative", "float", "bool", "np"]),  # the new id
+            st.integers(0, 3),  # where a bad id goes: 0 the end, else somewhere before it
+        ),
+        max_size=60,
+    ),
+    st.integers(28, 40),
+)
+def test_recent_contexts_change_no_verdict(steps: list[tuple[int, str, int]], start: int) -> None:
+    """Validation with the recent contexts (only a known context's new id is range-checked)
+    against validation without: the same context or the same error, for particles that
+    extend earlier contexts by good and bad ids (out of range, negative, a float, a bool, a
+    numpy int), also placed before the last position (where only the type check sees them)."""
+    from genlm_core.engine.validation import RecentContexts
+
+    vocab = 1000
+    recent = RecentContexts(size=8)
+    made: list[list[Any]] = [list(range(start))]
+    for pick, kind, where in steps:
+        base = list(made[pick % len(made)])
+        new: Any = {
+            "ok": 7,
+            "big": vocab,
+            "negative": -1,
+            "float": 7.0,
+            "bool": True,
+            "np": np.int64(9),
+        }[kind]
+        ctx = base + [new] if where == 0 else base[:-where] + [new] + base[-where:] + [5]
+        want = _outcome(ctx, vocab)
+        got = _outcome(ctx, vocab, recent=recent)
+        assert got == want, (ctx, got, want)
+        assert len(recent) <= 8
+        if want[0] == "ok":
+            made.append(list(want[1]))
+
+
+def test_a_backend_checks_a_particles_new_id_only_and_still_refuses_a_bad_one() -> None:
+    llm = genlm_core.load("mock")
+    try:
+        prompt = list(range(1, 60))
+        llm.next_token_logprobs_sync(prompt)
+        assert tuple(prompt[:-1]) not in llm._recent._seen and tuple(prompt) in llm._recent._seen
+        llm.next_token_logprobs_sync(prompt + [3])
+        for bad, match in (
+            (llm.vocab_size, "outside the vocabulary"),
+            (-2, "negative"),
+            (2.0, "not an integer"),
+        ):
+            with pytest.raises(ValueError, match=match):
+                llm.next_token_logprobs_sync(prompt + [3, bad])
     finally:
         llm.close()

@@ -57,7 +57,7 @@ from genlm_core.engine.lora import LoraAdapters
 from genlm_core.engine.memory import compact, private_copies, private_copy
 from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadable_rows
 from genlm_core.engine.sampling import drawing, sampling_temperature
-from genlm_core.engine.validation import validate_context
+from genlm_core.engine.validation import RecentContexts, validate_context
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -176,6 +176,7 @@ class BaseLogprobBackend:
             if "sample" in engine.supports
             else None
         )
+        self._recent = RecentContexts()  # validation checks a particle's new id only
         self._closed = False
 
     # ------------------------------------------------------------------ construction
@@ -274,7 +275,7 @@ class BaseLogprobBackend:
         """The context as a tuple of ints, or a clear ``ValueError``."""
         if self._closed:
             raise RuntimeError(f"{self.backend_name}: the backend is closed")
-        return validate_context(token_ids, self.vocab_size, self.max_context_length)
+        return validate_context(token_ids, self.vocab_size, self.max_context_length, recent=self._recent)
 
     def _logits(self, out: Any) -> "torch.Tensor":
         """An engine's logits as one ``(rows, vocab)`` float32 batch (padded vocabulary cut)."""
