@@ -82,7 +82,8 @@ SETS: dict[str, dict] = {
         "install": ["pip install genlm-core genlm-hf"],
         "docs": README,
         "tests": ["plugins/genlm_hf/tests"],
-        "select": ["test_hf_conformance.py", "test_hf_smollm2.py"],
+        # test_hf_cache_names: the KV cache argument's name on the transformers the index gives
+        "select": ["test_hf_conformance.py", "test_hf_smollm2.py", "test_hf_cache_names.py"],
         "data": True,
         "pythons": PYTHONS,
     },
