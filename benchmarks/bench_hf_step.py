@@ -103,6 +103,24 @@ RESIDENT = (
 )
 
 
+#: host_account.py's figures, in the table where measured (host_ops_top: in the JSON)
+HOST = (
+    "host_step_ms",
+    "host_validate_ms",
+    "host_batch_ms",
+    "host_forward_ms",
+    "host_model_step_ms",
+    "host_normalise_ms",
+    "host_device_wait_ms",
+    "host_row_check_ms",
+    "host_row_copies_ms",
+    "host_cache_ms",
+    "host_outside_batch_ms",
+    "host_per_row_us",
+    "host_ops",
+)
+
+
 def log(msg: str) -> None:
     print(f"[bench_hf_step {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -229,7 +247,7 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     wall: dict[str, list[float]] = {w: [] for w in ways}
     cpu: dict[str, list[float]] = {w: [] for w in ways}
     model_s: list[float] = []
-    tok = 1000
+    tok = 1000 if vocab > 2000 else vocab // 4  # the tiny models have 1,024 tokens
     for rep in range(args.warmup + args.repeat):
         for name, fn in ways.items():
             tok += 1
@@ -250,12 +268,21 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
         h.remove()
     if fused is not None:
         del fused.step  # the class's own again
-    engine = llm.stats().get("engine", {})  # (read before close)
     account: dict[str, Any] = {}
+    if args.host_account:  # the step's host part, by stage (more steps of the same way)
+        from host_account import account as host_account
+
+        extra = iter(range(100, vocab))  # new tokens each step
+
+        def next_step() -> None:
+            step(next(extra))
+
+        account.update(host_account(llm, next_step, rows))
+    engine = llm.stats().get("engine", {})  # (read before close)
     if args.graph_account or args.compile_probe:  # the largest block's step alone
         from graph_account import account as graph_account
 
-        account = graph_account(llm, compile_probe=args.compile_probe)
+        account.update(graph_account(llm, compile_probe=args.compile_probe))
     llm.close()
     pending = asyncio.all_tasks(loop)  # the batcher's worker, told to stop by close()
     for task in pending:
@@ -327,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
         help="after the steps, the largest resident block's step alone: graph replay, kernels (graph_account.py)",
     )
     ap.add_argument(
+        "--host-account",
+        action="store_true",
+        help="after the steps, a few more with timers around the backend's stages (host_account.py)",
+    )
+    ap.add_argument(
         "--compile-probe",
         action="store_true",
         help="with --graph-account: that step under torch.compile too (compile time, kernels, replay)",
@@ -378,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch_vs_alone_max_abs_diff",
             "batch_vs_alone_bound",
             *[k for k in ACCOUNT if any(k in r for r in results)],
+            *[k for k in HOST if any(k in r for r in results)],
         ],
     )
     failed = [r["rows"] for r in results if r["rows_check"] != "ok"]

@@ -11,7 +11,7 @@ On a CUDA machine, within a time budget (default 350 s from the shell script's s
    the captured static decode step among them, must be collected);
 3. the GPU benchmarks, short repetitions, in :data:`PLAN`'s order (item 3's figures
    first; the runs of :data:`OPTIONAL` only while the budget lasts): ``bench_hf_step
-   --grow --graph-account`` (16 and 64 rows whose contexts grow by a token a call, as
+   --grow --graph-account --host-account`` (16 and 64 rows whose contexts grow by a token a call, as
    SIS's: the resident rows' static step; its graph's replay against the host's part), ``bench_burst`` (hf, 16 and 64 particles), ``bench_sis`` (SIS, 16
    particles and 64 in its sweep; against genlm-backend 0.3.1 where its reference stack
    is importable, see :func:`anchor`) and ``bench_serve`` (four SIS clients, one server;
@@ -68,8 +68,32 @@ REQUIRED_CUDA_TESTS = [
 #: each benchmark's settings: (on a GPU, in a dry run on the CPU); short repetitions
 SIZES = {
     "hf_step": (  # --grow: contexts growing a token a call, as SIS's (the resident rows' path)
-        ["--grow", "--rows", "16", "64", "--repeat", "5", "--warmup", "2", "--graph-account"],
-        ["--grow", "--rows", "2", "4", "--repeat", "1", "--warmup", "1", "--past", "4", "--graph-account"],
+        [
+            "--grow",
+            "--rows",
+            "16",
+            "64",
+            "--repeat",
+            "5",
+            "--warmup",
+            "2",
+            "--graph-account",
+            "--host-account",
+        ],
+        [
+            "--grow",
+            "--rows",
+            "2",
+            "4",
+            "--repeat",
+            "1",
+            "--warmup",
+            "1",
+            "--past",
+            "4",
+            "--graph-account",
+            "--host-account",
+        ],
     ),
     # the same with the model's own forward in the static step: the fused step's before/after
     "hf_step_unfused": (
@@ -83,6 +107,7 @@ SIZES = {
             "--warmup",
             "2",
             "--graph-account",
+            "--host-account",
             "--fused-decode",
             "off",
         ],
@@ -97,6 +122,7 @@ SIZES = {
             "1",
             "--past",
             "4",
+            "--host-account",
             "--fused-decode",
             "off",
         ],

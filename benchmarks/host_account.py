@@ -1,0 +1,240 @@
+"""Where the host's part of a backend step goes (``bench_hf_step --host-account``).
+
+``graph_account`` splits a captured step into its graph's replay and "the rest"; this
+splits the rest. :func:`account` runs a benchmark's step ``steps`` more times with timers
+around the backend's stages (wrapped for the run, restored after; no sync added but one,
+below) and returns milliseconds per step, each the median over the steps:
+
+  host_step_ms            the whole step (``B`` concurrent calls, every caller's row)
+  host_validate_ms        the calls' validation (``validate``), summed over the rows
+  host_batch_ms           the batcher's batch function: everything below
+  host_forward_ms         the engine's ``forward``: the rows' placement, KV moves, the
+                          model's step, the logits gathered
+  host_model_step_ms      of which the static slots' step (genlm-hf's static decoder):
+                          on a GPU the graph's launch (its input copies and the replay
+                          call), on the CPU the computation
+  host_normalise_ms       the rows normalised (``log_softmax``), copied for each caller
+                          and checked
+  host_device_wait_ms     on a GPU, of which waiting for the queued device work (the row
+                          check reads one value on the host: the step's only sync);
+                          0 on the CPU
+  host_row_check_ms       of which the row check's host work (the wait excluded)
+  host_row_copies_ms      of which each caller's copy (and the output cache's)
+  host_cache_ms           the rows put in the output cache
+  host_outside_batch_ms   the step less the batch function: the event loop, the callers'
+                          coroutines, validation, the output cache's lookups, the batcher
+  host_per_row_us         ``host_outside_batch_ms`` per row, in microseconds
+  host_ops                torch operators dispatched per step outside the model's step
+                          (on a GPU each is a launch or an allocation of the host's);
+                          ``host_ops_top``: the most frequent, with their counts
+  host_copy_probe_us      the callers' copies of one step's rows (``B`` rows of the
+                          vocabulary, float32, on the device) made three ways, the host's
+                          microseconds until the call returns (the median of a few):
+                          ``private_copies`` (the backend's), a ``clone`` each, and
+                          ``torch._foreach_mul(rows, 1.0)`` (the allocations in C++, one
+                          launch; bit for bit the rows, checked): which one a step should use
+
+The step's host time on a GPU is ``host_step_ms - host_device_wait_ms`` (the device
+works while the host waits); on the CPU the model's step is the computation itself.
+The timers cost about a microsecond a wrapped call. A backend without a stage (no
+output cache, no static step) leaves its figure out.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+#: operators counted apart from the launches (views and metadata cost the host only)
+TOP_OPS = 8
+
+
+class _Timers:
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = collections.defaultdict(float)
+        self.depth: dict[str, int] = collections.defaultdict(int)
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        spent, depth = self.spent, self.depth
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if depth[name]:  # a recursive call: counted once, at the outermost
+                return fn(*args, **kwargs)
+            depth[name] += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t0
+                depth[name] -= 1
+
+        return timed
+
+
+class _Patches:
+    """Attributes replaced for the run and put back (an instance's own, or its class's)."""
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+
+    def set(self, obj: Any, attr: str, value: Any) -> None:
+        had = attr in vars(obj)
+        old = vars(obj).get(attr)
+        setattr(obj, attr, value)
+        self._undo.append(lambda: setattr(obj, attr, old) if had else delattr(obj, attr))
+
+    def restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def _model_step(llm: Any) -> tuple[Any, str] | None:
+    """The object and attribute of the engine's static step (genlm-hf's static decoder:
+    the slot's input copies and its graph's replay, or the step computed where there is
+    no graph), or None."""
+    static = getattr(llm.engine, "static", None)
+    if static is not None and hasattr(static, "run"):
+        return static, "run"
+    return None
+
+
+def _count_ops(llm: Any, step: Callable[[], None], steps: int) -> tuple[float, list[tuple[str, int]]]:
+    """Operators dispatched per step outside the model's step (a dispatch mode: slow,
+    so over a few steps of their own)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    inside = [0]
+    counts: collections.Counter[str] = collections.Counter()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if not inside[0]:
+                counts[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    patches = _Patches()
+    found = _model_step(llm)
+    if found is not None:
+        obj, attr = found
+        fn = getattr(obj, attr)
+
+        def outside(*a: Any, **k: Any) -> Any:
+            inside[0] += 1
+            try:
+                return fn(*a, **k)
+            finally:
+                inside[0] -= 1
+
+        patches.set(obj, attr, outside)
+    try:
+        with Count():
+            for _ in range(steps):
+                step()
+    finally:
+        patches.restore()
+    return sum(counts.values()) / steps, [(k, round(v / steps, 1)) for k, v in counts.most_common(TOP_OPS)]
+
+
+def _copy_probe(device: Any, rows: int, vocab: int, runs: int = 15) -> dict[str, float]:
+    """The host's microseconds for each way of copying ``rows`` rows (see the module doc)."""
+    import torch
+
+    from genlm_core.engine.memory import private_copies
+
+    batch = torch.log_softmax(torch.randn(rows, vocab, device=device), dim=-1)
+    ways: dict[str, Callable[[list[Any]], list[Any]]] = {
+        "private_copies": private_copies,
+        "clone_each": lambda rs: [r.clone() for r in rs],
+        "foreach_mul": lambda rs: torch._foreach_mul(rs, 1.0),
+    }
+    times: dict[str, list[float]] = {w: [] for w in ways}
+    cuda = batch.device.type == "cuda"
+    for _ in range(runs):
+        for way, fn in ways.items():
+            src = list(batch.unbind(0))
+            if cuda:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            out = fn(src)
+            times[way].append(time.perf_counter() - t0)
+            if not all(torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(out, src)):
+                raise AssertionError(f"host account: {way} did not copy the rows bit for bit")
+    return {w: round(1e6 * statistics.median(t), 1) for w, t in times.items()}
+
+
+def account(llm: Any, step: Callable[[], None], rows: int, steps: int = 8) -> dict[str, Any]:
+    """The host account of ``step`` (one backend step of ``rows`` rows; it must ask new
+    contexts each call) on ``llm``, a genlm-core backend: see the module doc."""
+    import torch
+
+    from genlm_core.engine import backend as backend_mod
+
+    cuda = torch.device(llm.device).type == "cuda"
+    timers = _Timers()
+    wrap = timers.wrap
+    patches = _Patches()
+    cls = type(llm)
+    patches.set(llm, "validate", wrap("validate", cls.validate.__get__(llm)))
+    patches.set(llm.batcher, "batch_fn", wrap("batch", llm.batcher.batch_fn))
+    patches.set(llm.engine, "forward", wrap("forward", llm.engine.forward))
+    patches.set(llm, "_normalised", wrap("normalise", cls._normalised.__get__(llm)))
+    row_errors = cls._row_errors.__get__(llm)
+    wait = wrap("device_wait", lambda: torch.cuda.synchronize(llm.device))
+
+    def checked(*a: Any, **k: Any) -> Any:
+        if cuda:  # the check's own read would wait here: the wait, apart from its work
+            wait()
+        return row_errors(*a, **k)
+
+    patches.set(llm, "_row_errors", wrap("row_check", checked))
+    patches.set(backend_mod, "private_copies", wrap("row_copies", backend_mod.private_copies))
+    cache = llm.output_cache
+    for attr in ("adopt_many", "put_many"):
+        if cache is not None and hasattr(cache, attr):
+            patches.set(cache, attr, wrap("cache", getattr(cache, attr)))
+    found = _model_step(llm)
+    if found is not None:
+        obj, attr = found
+        patches.set(obj, attr, wrap("model_step", getattr(obj, attr)))
+    per_step: dict[str, list[float]] = collections.defaultdict(list)
+    try:
+        for _ in range(steps):
+            timers.spent.clear()
+            t0 = time.perf_counter()
+            step()
+            if cuda:
+                torch.cuda.synchronize(llm.device)
+            total = time.perf_counter() - t0
+            per_step["step"].append(total)
+            for name, s in timers.spent.items():
+                per_step[name].append(s)
+            per_step["outside_batch"].append(total - timers.spent.get("batch", 0.0))
+    finally:
+        patches.restore()
+    out: dict[str, Any] = {}
+    for name in (
+        "step",
+        "validate",
+        "batch",
+        "forward",
+        "model_step",
+        "normalise",
+        "device_wait",
+        "row_check",
+        "row_copies",
+        "cache",
+        "outside_batch",
+    ):
+        if name == "device_wait" and not cuda:
+            out["host_device_wait_ms"] = 0.0
+        elif per_step.get(name):
+            out[f"host_{name}_ms"] = round(1e3 * statistics.median(per_step[name]), 4)
+    if "host_row_check_ms" in out and cuda:
+        out["host_row_check_ms"] = round(out["host_row_check_ms"] - out.get("host_device_wait_ms", 0.0), 4)
+    out["host_per_row_us"] = round(1e3 * out["host_outside_batch_ms"] / rows, 2)
+    out["host_ops"], out["host_ops_top"] = _count_ops(llm, step, min(steps, 3))
+    out["host_copy_probe_us"] = _copy_probe(llm.device, rows, llm.vocab_size)
+    return out
