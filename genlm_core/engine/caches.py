@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from genlm_core.config import GenlmConfig
-from genlm_core.engine.memory import cpu_copies, private_copies, sizeof, storage_of
+from genlm_core.engine.memory import cpu_copies, on_device, private_copies, sizeof, storage_of
 from genlm_core.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,12 +33,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from genlm_core.protocols import RowCache
 
 __all__ = ["OutputCache", "OutputCacheConfig", "output_cache_for", "registered_cache", "sizeof"]
-
-
-def _on_device(value: Any) -> bool:
-    """Whether ``value`` (a tensor, an array) lives on a device other than the CPU."""
-    device = getattr(value, "device", None)
-    return device is not None and getattr(device, "type", device) not in ("cpu", None)
 
 
 class OutputCacheConfig(GenlmConfig):
@@ -143,8 +137,8 @@ class OutputCache:
             if view_of is None or view_of is not base:
                 base, block = view_of, storage_of(value)
             blocks.append(block)
-        on_device = self.to_cpu and any(_on_device(value) for _, value in items)
-        if on_device or (self.max_bytes is not None and any(b[1] > self.max_bytes for b in blocks)):
+        moved = self.to_cpu and any(on_device(value) for _, value in items)
+        if moved or (self.max_bytes is not None and any(b[1] > self.max_bytes for b in blocks)):
             self.put_many(items)
             return
         self._store([(key, value, block) for (key, value), block in zip(items, blocks)])

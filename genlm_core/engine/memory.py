@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["sizeof", "storage_of", "private_copy", "private_copies", "cpu_copies", "compact"]
+__all__ = ["sizeof", "storage_of", "private_copy", "private_copies", "cpu_copies", "compact", "on_device"]
 
 
 #: classes whose instances are torch tensors (their class has the methods): a row's check is
@@ -190,6 +190,13 @@ def private_copies(values: list[Any]) -> list[Any]:
     return [private_copy(v) for v in values]
 
 
+def on_device(value: Any) -> bool:
+    """Whether ``value`` (a tensor, an array, anything with a ``device``) lives on a device
+    other than the CPU."""
+    device = getattr(value, "device", None)
+    return device is not None and getattr(device, "type", device) not in ("cpu", None)
+
+
 def cpu_copies(values: list[Any]) -> list[Any]:
     """A private copy of each of ``values`` on the CPU: a device's torch tensors of one
     dtype and shape go to the host in one transfer, where a ``.to("cpu")`` each would copy
@@ -200,9 +207,11 @@ def cpu_copies(values: list[Any]) -> list[Any]:
     out = list(values)
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, v in enumerate(values):
-        if _is_torch_tensor(v) and v.device.type != "cpu":
+        if not on_device(v):
+            out[i] = private_copy(v)
+        elif _is_torch_tensor(v):
             groups.setdefault((v.device, v.dtype, tuple(v.shape)), []).append(i)
-        elif hasattr(v, "to") and getattr(getattr(v, "device", None), "type", "cpu") != "cpu":
+        elif hasattr(v, "to"):
             out[i] = compact(v.to("cpu"))
         else:
             out[i] = private_copy(v)
