@@ -268,8 +268,14 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
         h.remove()
     if fused is not None:
         del fused.step  # the class's own again
+    engine = llm.stats().get("engine", {})  # (read before close: the timed steps' counters)
     account: dict[str, Any] = {}
-    if args.host_account:  # the step's host part, by stage (more steps of the same way)
+    if args.graph_account or args.compile_probe:  # the largest block's step alone
+        from graph_account import account as graph_account
+
+        account.update(graph_account(llm, compile_probe=args.compile_probe))
+    if args.host_account:  # the step's host part, by stage: more steps, after the graph's
+        # account (whose bucket is then the timed steps')
         from host_account import account as host_account
 
         extra = iter(range(100, vocab))  # new tokens each step
@@ -278,11 +284,6 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
             step(next(extra))
 
         account.update(host_account(llm, next_step, rows))
-    engine = llm.stats().get("engine", {})  # (read before close)
-    if args.graph_account or args.compile_probe:  # the largest block's step alone
-        from graph_account import account as graph_account
-
-        account.update(graph_account(llm, compile_probe=args.compile_probe))
     llm.close()
     pending = asyncio.all_tasks(loop)  # the batcher's worker, told to stop by close()
     for task in pending:

@@ -36,7 +36,9 @@ below) and returns milliseconds per step, each the median over the steps:
 
 The step's host time on a GPU is ``host_step_ms - host_device_wait_ms`` (the device
 works while the host waits); on the CPU the model's step is the computation itself.
-The timers cost about a microsecond a wrapped call. A backend without a stage (no
+The timers cost about a microsecond a wrapped call. A step that moves the rows to a
+longer column bucket (and on a GPU captures its graph) is one of the steps, and the
+median leaves it out. A backend without a stage (no
 output cache, no static step) leaves its figure out.
 """
 
