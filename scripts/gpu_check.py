@@ -65,67 +65,19 @@ REQUIRED_CUDA_TESTS = [
     "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaGPT2Conformance",
     "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaEagerConformance",
 ]
+#: bench_hf_step's settings: contexts growing a token a call, as SIS's (the resident rows'
+#: path), with both accounts of a step (on a GPU, in a dry run on the CPU)
+HF_STEP = (
+    "--grow --rows 16 64 --repeat 5 --warmup 2 --graph-account --host-account".split(),
+    "--grow --rows 2 4 --repeat 1 --warmup 1 --past 4 --graph-account --host-account".split(),
+)
 #: each benchmark's settings: (on a GPU, in a dry run on the CPU); short repetitions
 SIZES = {
-    "hf_step": (  # --grow: contexts growing a token a call, as SIS's (the resident rows' path)
-        [
-            "--grow",
-            "--rows",
-            "16",
-            "64",
-            "--repeat",
-            "5",
-            "--warmup",
-            "2",
-            "--graph-account",
-            "--host-account",
-        ],
-        [
-            "--grow",
-            "--rows",
-            "2",
-            "4",
-            "--repeat",
-            "1",
-            "--warmup",
-            "1",
-            "--past",
-            "4",
-            "--graph-account",
-            "--host-account",
-        ],
-    ),
+    "hf_step": HF_STEP,
     # the same with the model's own forward in the static step: the fused step's before/after
     "hf_step_unfused": (
-        [
-            "--grow",
-            "--rows",
-            "16",
-            "64",
-            "--repeat",
-            "5",
-            "--warmup",
-            "2",
-            "--graph-account",
-            "--host-account",
-            "--fused-decode",
-            "off",
-        ],
-        [
-            "--grow",
-            "--rows",
-            "2",
-            "4",
-            "--repeat",
-            "1",
-            "--warmup",
-            "1",
-            "--past",
-            "4",
-            "--host-account",
-            "--fused-decode",
-            "off",
-        ],
+        [*HF_STEP[0], "--fused-decode", "off"],
+        [*HF_STEP[1], "--fused-decode", "off"],
     ),
     "burst": (
         ["--engines", "hf", "--particles", "16", "64", "--repeats", "1"],
