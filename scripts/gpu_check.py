@@ -87,6 +87,30 @@ SIZES = {
         ["--particles", "16", "--sweep", "64", "--repeats", "2"],
         ["--particles", "4", "--max-tokens", "3", "--uncached-particles", "2", "--sweep", "6"],
     ),
+    # genlm-hf's SIS at 64 particles in one pass a step (batch_size 64) against sis's run of
+    # the default batch_size (32: two passes a step): whether a larger default pays on a GPU
+    "sis_batch64": (
+        [
+            "--particles",
+            "64",
+            "--repeats",
+            "2",
+            "--no-anchor",
+            "--no-uncached",
+            "--options",
+            '{"batch_size": 64}',
+        ],
+        [
+            "--particles",
+            "6",
+            "--max-tokens",
+            "3",
+            "--no-anchor",
+            "--no-uncached",
+            "--options",
+            '{"batch_size": 8}',
+        ],
+    ),
     "serve": (
         # three SIS runs a client: one run was 21 steps, a few passes of noise in its figures
         ["--clients", "4", "--particles", "16", "--max-tokens", "20", "--runs", "3", "--repeat", "5"],
@@ -102,12 +126,14 @@ PLAN = [
     ("burst", "smollm2-1.7b-bf16"),
     ("sis", "smollm2-1.7b-bf16"),
     ("serve", "smollm2-135m-f32"),
+    ("sis_batch64", "smollm2-1.7b-bf16"),
     ("serve", "smollm2-1.7b-bf16"),
     ("burst", "smollm2-135m-f32"),
     ("sis", "smollm2-135m-f32"),
     ("hf_step_unfused", "smollm2-135m-f32"),
 ]
 OPTIONAL = {
+    ("sis_batch64", "smollm2-1.7b-bf16"),
     ("serve", "smollm2-1.7b-bf16"),
     ("burst", "smollm2-135m-f32"),
     ("sis", "smollm2-135m-f32"),
@@ -116,9 +142,9 @@ OPTIONAL = {
 #: the results a benchmark writes under SIZES' options, when not its own name
 WRITES = {"hf_step": "hf_step_grow", "hf_step_unfused": "hf_step_grow"}
 #: the benchmark script of a run, when not ``bench_<name>.py``
-SCRIPTS = {"hf_step_unfused": "hf_step"}
+SCRIPTS = {"hf_step_unfused": "hf_step", "sis_batch64": "sis"}
 #: the most seconds a step may take (and never past the budget)
-CAPS = {"hf_step": 90, "hf_step_unfused": 90, "burst": 90, "sis": 90, "serve": 150}
+CAPS = {"hf_step": 90, "hf_step_unfused": 90, "burst": 90, "sis": 90, "sis_batch64": 60, "serve": 150}
 
 
 def log(msg: str) -> None:
@@ -392,9 +418,11 @@ def main(argv: list[str] | None = None) -> int:
         ]
         cmd += SIZES[name][1 if dry else 0]
         step = Step(f"{name} {tag}", cmd, cap_s=CAPS[name], tables=[saved], optional=(name, tag) in OPTIONAL)
-        if name == "sis":  # bench_sis writes where it is told (and merges into that file)
-            ref = ["--anchor-python", anchor_py] if anchor_py else ["--no-anchor"]
-            ref += ["--anchor-pythonpath", anchor_path] if anchor_path else []
+        if SCRIPTS.get(name, name) == "sis":  # bench_sis writes where it is told (and merges into it)
+            ref = []
+            if "--no-anchor" not in step.cmd:
+                ref = ["--anchor-python", anchor_py] if anchor_py else ["--no-anchor"]
+                ref += ["--anchor-pythonpath", anchor_path] if anchor_path else []
             out = args.out / f"{saved}.json"
             out.unlink(missing_ok=True)
             step.cmd += [
