@@ -488,6 +488,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     record = {
         "backend": args.backend,
         "model": str(args.model),
+        "options": dict(json.loads(args.options)) if args.options else {},  # (a)'s load() options
         "workload": {
             "prompt": PROMPT,
             "particles": args.particles,
@@ -542,7 +543,8 @@ def markdown(record: dict[str, Any]) -> str:
         f"SIS: {record['workload']['particles']} particles, {record['workload']['max_tokens']} tokens, "
         f"prompt {record['workload']['prompt']!r}, model {Path(record['model']).name}, "
         f"{record['machine']['threads']} torch threads, {device.get('dtype') or 'float32'} matmul "
-        f"{record['machine']['matmul_gflops']:.1f} GFLOP/s",
+        f"{record['machine']['matmul_gflops']:.1f} GFLOP/s"
+        + "".join(f", (a) {k}={v}" for k, v in (record.get("options") or {}).items()),
         "",
         "| | calls | wall (s) | calls/s | vs (a) |",
         "|---|---:|---:|---:|---:|",
