@@ -24,8 +24,8 @@ below) and returns milliseconds per step, each the median over the steps:
   host_outside_batch_ms   the step less the batch function: the event loop, the callers'
                           coroutines, validation, the output cache's lookups, the batcher
   host_per_row_us         ``host_outside_batch_ms`` per row, in microseconds
-  host_ops                torch operators dispatched per step outside the model's step
-                          (on a GPU each is a launch or an allocation of the host's);
+  host_ops                torch operators the batch function dispatches per step outside
+                          the model's step (on a GPU each is a launch or an allocation);
                           ``host_ops_top``: the most frequent, with their counts
   host_copy_probe_us      the callers' copies of one step's rows (``B`` rows of the
                           vocabulary, float32, on the device) made three ways, the host's
@@ -104,8 +104,9 @@ def _model_step(llm: Any) -> tuple[Any, str] | None:
 
 
 def _count_ops(llm: Any, step: Callable[[], None], steps: int) -> tuple[float, list[tuple[str, int]]]:
-    """Operators dispatched per step outside the model's step (a dispatch mode: slow,
-    so over a few steps of their own)."""
+    """Operators dispatched per step by the batch function outside the model's step (a
+    dispatch mode, entered in the thread that runs the batch - on a GPU the batcher's
+    worker thread, and a mode is per thread; slow, so over a few steps of their own)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     inside = [0]
@@ -118,6 +119,13 @@ def _count_ops(llm: Any, step: Callable[[], None], steps: int) -> tuple[float, l
             return func(*args, **(kwargs or {}))
 
     patches = _Patches()
+    batch_fn = llm.batcher.batch_fn
+
+    def counted(*a: Any, **k: Any) -> Any:
+        with Count():
+            return batch_fn(*a, **k)
+
+    patches.set(llm.batcher, "batch_fn", counted)
     found = _model_step(llm)
     if found is not None:
         obj, attr = found
@@ -132,9 +140,8 @@ def _count_ops(llm: Any, step: Callable[[], None], steps: int) -> tuple[float, l
 
         patches.set(obj, attr, outside)
     try:
-        with Count():
-            for _ in range(steps):
-                step()
+        for _ in range(steps):
+            step()
     finally:
         patches.restore()
     return sum(counts.values()) / steps, [(k, round(v / steps, 1)) for k, v in counts.most_common(TOP_OPS)]

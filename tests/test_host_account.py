@@ -5,7 +5,8 @@ replaced is the backend's own again and the backend's rows still equal the uncac
 model's (the derived bound); its stages nest as the calls do (per step a stage's time is
 within its caller's, so their medians are ordered too); its copy probe copies.
 
-Real engine: genlm-hf on the tiny Llama, the resident rows' static step on the CPU.
+Real engine: genlm-hf on the tiny Llama, the resident rows' static step on the CPU, its
+batches run inline and in the batcher's worker thread (as on a GPU).
 """
 
 from __future__ import annotations
@@ -52,9 +53,13 @@ def _attributes(llm: Any) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def llm() -> Any:
-    backend = genlm_core.load("hf", model=str(tiny_llama()), static_decode="on", batch_size=8)
+@pytest.fixture(params=[False, True], ids=["inline", "worker-thread"])
+def llm(request: Any) -> Any:
+    # a GPU engine's batches run in the batcher's worker thread: the account times and
+    # counts them there too (a dispatch mode is per thread)
+    backend = genlm_core.load(
+        "hf", model=str(tiny_llama()), static_decode="on", batch_size=8, forward_thread=request.param
+    )
     yield backend
     backend.close()
 
