@@ -66,10 +66,11 @@ REQUIRED_CUDA_TESTS = [
     "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaEagerConformance",
 ]
 #: bench_hf_step's settings: contexts growing a token a call, as SIS's (the resident rows'
-#: path), with both accounts of a step (on a GPU, in a dry run on the CPU)
+#: path), with both accounts of a step (on a GPU, in a dry run on the CPU: there with the
+#: static step on, the path the GPU's "auto" takes)
 HF_STEP = (
     "--grow --rows 16 64 --repeat 5 --warmup 2 --graph-account --host-account".split(),
-    "--grow --rows 2 4 --repeat 1 --warmup 1 --past 4 --graph-account --host-account".split(),
+    "--grow --rows 2 4 --repeat 1 --warmup 1 --past 4 --graph-account --host-account --static-decode on".split(),
 )
 #: each benchmark's settings: (on a GPU, in a dry run on the CPU); short repetitions
 SIZES = {
