@@ -116,6 +116,8 @@ HOST = (
     "host_row_copies_ms",
     "host_cache_ms",
     "host_outside_batch_ms",
+    "host_before_batch_ms",
+    "host_after_batch_ms",
     "host_per_row_us",
     "host_ops",
 )
@@ -144,6 +146,8 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     extra: dict[str, Any] = {"static_decode": args.static_decode} if args.static_decode else {}
     if args.fused_decode:
         extra["fused_decode"] = args.fused_decode == "on"
+    if args.forward_thread:
+        extra["forward_thread"] = args.forward_thread == "on"
     llm = genlm_core.load(
         "hf", model=args.model, dtype=args.dtype, device=args.device, batch_size=max(64, rows), **extra
     )
@@ -343,6 +347,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=["on", "off"],
         default=None,
         help="the hf engine's fused_decode (default: on; a Llama's static step in fewer kernels)",
+    )
+    ap.add_argument(
+        "--forward-thread",
+        choices=["on", "off"],
+        default=None,
+        help="the batches in the batcher's worker thread or on the event loop (default: the engine's: "
+        "a thread on a GPU, inline on the CPU)",
     )
     ap.add_argument(
         "--grow",

@@ -23,6 +23,11 @@ below) and returns milliseconds per step, each the median over the steps:
   host_cache_ms           the rows put in the output cache
   host_outside_batch_ms   the step less the batch function: the event loop, the callers'
                           coroutines, validation, the output cache's lookups, the batcher
+  host_before_batch_ms    of which before the (first) batch function began: the callers'
+                          coroutines, validation, the output cache's lookups, the batcher
+                          gathering them, on a GPU the hand-over to its worker thread
+  host_after_batch_ms     and after the (last) one ended: the hand-back, the callers
+                          woken with their rows
   host_per_row_us         ``host_outside_batch_ms`` per row, in microseconds
   host_ops                torch operators the batch function dispatches per step outside
                           the model's step (on a GPU each is a launch or an allocation);
@@ -58,19 +63,29 @@ class _Timers:
     def __init__(self) -> None:
         self.spent: dict[str, float] = collections.defaultdict(float)
         self.depth: dict[str, int] = collections.defaultdict(int)
+        #: a stage's first entry and last exit of the step (perf_counter)
+        self.first: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+
+    def clear(self) -> None:
+        self.spent.clear()
+        self.first.clear()
+        self.last.clear()
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        spent, depth = self.spent, self.depth
+        spent, depth, first, last = self.spent, self.depth, self.first, self.last
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             if depth[name]:  # a recursive call: counted once, at the outermost
                 return fn(*args, **kwargs)
             depth[name] += 1
             t0 = time.perf_counter()
+            first.setdefault(name, t0)
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[name] += time.perf_counter() - t0
+                t1 = last[name] = time.perf_counter()
+                spent[name] += t1 - t0
                 depth[name] -= 1
 
         return timed
@@ -211,16 +226,19 @@ def account(llm: Any, step: Callable[[], None], rows: int, steps: int = 8) -> di
     per_step: dict[str, list[float]] = collections.defaultdict(list)
     try:
         for _ in range(steps):
-            timers.spent.clear()
+            timers.clear()
             t0 = time.perf_counter()
             step()
             if cuda:
                 torch.cuda.synchronize(llm.device)
-            total = time.perf_counter() - t0
-            per_step["step"].append(total)
+            t1 = time.perf_counter()
+            per_step["step"].append(t1 - t0)
             for name, s in timers.spent.items():
                 per_step[name].append(s)
-            per_step["outside_batch"].append(total - timers.spent.get("batch", 0.0))
+            per_step["outside_batch"].append(t1 - t0 - timers.spent.get("batch", 0.0))
+            if "batch" in timers.first:
+                per_step["before_batch"].append(timers.first["batch"] - t0)
+                per_step["after_batch"].append(t1 - timers.last["batch"])
     finally:
         patches.restore()
     out: dict[str, Any] = {}
@@ -236,6 +254,8 @@ def account(llm: Any, step: Callable[[], None], rows: int, steps: int = 8) -> di
         "row_copies",
         "cache",
         "outside_batch",
+        "before_batch",
+        "after_batch",
     ):
         if name == "device_wait" and not cuda:
             out["host_device_wait_ms"] = 0.0

@@ -92,6 +92,9 @@ def test_the_account_measures_nested_stages_and_leaves_the_backend_as_it_was(llm
         assert out["host_row_copies_ms"] <= out["host_normalise_ms"] <= out["host_batch_ms"]
         assert out["host_validate_ms"] > 0 and out["host_cache_ms"] > 0
         assert out["host_device_wait_ms"] == 0.0  # no device on the CPU
+        # one batch a step: before it and after it make up the step less the batch
+        assert out["host_before_batch_ms"] <= out["host_outside_batch_ms"]
+        assert out["host_after_batch_ms"] <= out["host_outside_batch_ms"]
         assert out["host_outside_batch_ms"] == pytest.approx(
             out["host_per_row_us"] * ROWS / 1e3, rel=0.01, abs=1e-3
         )
