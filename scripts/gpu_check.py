@@ -72,6 +72,18 @@ HF_STEP = (
     "--grow --rows 16 64 --repeat 5 --warmup 2 --graph-account --host-account".split(),
     "--grow --rows 2 4 --repeat 1 --warmup 1 --past 4 --graph-account --host-account --static-decode on".split(),
 )
+
+
+def _sis_ab(gpu: str, dry: str) -> tuple[list[str], list[str]]:
+    """An A/B run of genlm-hf's SIS alone (no reference, no uncached loop) with the load()
+    options ``gpu`` (in a dry run ``dry``: the other side of the question on the CPU)."""
+    alone = ["--no-anchor", "--no-uncached", "--options"]
+    return (
+        ["--particles", "64", "--repeats", "2", *alone, gpu],
+        ["--particles", "6", "--max-tokens", "3", *alone, dry],
+    )
+
+
 #: each benchmark's settings: (on a GPU, in a dry run on the CPU); short repetitions
 SIZES = {
     "hf_step": HF_STEP,
@@ -96,28 +108,10 @@ SIZES = {
     ),
     # genlm-hf's SIS at 64 particles in one pass a step (batch_size 64) against sis's run of
     # the default batch_size (32: two passes a step): whether a larger default pays on a GPU
-    "sis_batch64": (
-        [
-            "--particles",
-            "64",
-            "--repeats",
-            "2",
-            "--no-anchor",
-            "--no-uncached",
-            "--options",
-            '{"batch_size": 64}',
-        ],
-        [
-            "--particles",
-            "6",
-            "--max-tokens",
-            "3",
-            "--no-anchor",
-            "--no-uncached",
-            "--options",
-            '{"batch_size": 8}',
-        ],
-    ),
+    "sis_batch64": _sis_ab('{"batch_size": 64}', '{"batch_size": 8}'),
+    # the batches on the event loop's thread (a GPU engine runs them in the batcher's
+    # worker, beside the program's sampling): what the thread gives SIS on a GPU
+    "sis_inline": _sis_ab('{"forward_thread": false}', '{"forward_thread": true}'),
     "serve": (
         # three SIS runs a client: one run was 21 steps, a few passes of noise in its figures
         ["--clients", "4", "--particles", "16", "--max-tokens", "20", "--runs", "3", "--repeat", "5"],
@@ -134,6 +128,7 @@ PLAN = [
     ("sis", "smollm2-1.7b-bf16"),
     ("serve", "smollm2-135m-f32"),
     ("sis_batch64", "smollm2-1.7b-bf16"),
+    ("sis_inline", "smollm2-1.7b-bf16"),
     ("hf_step_unfused", "smollm2-135m-f32"),
     ("hf_step_inline", "smollm2-135m-f32"),
     ("serve", "smollm2-1.7b-bf16"),
@@ -143,6 +138,7 @@ PLAN = [
 #: the A/B runs first (short, each answers one question of the step), then the rest
 OPTIONAL = {
     ("sis_batch64", "smollm2-1.7b-bf16"),
+    ("sis_inline", "smollm2-1.7b-bf16"),
     ("hf_step_unfused", "smollm2-135m-f32"),
     ("hf_step_inline", "smollm2-135m-f32"),
     ("serve", "smollm2-1.7b-bf16"),
@@ -152,7 +148,12 @@ OPTIONAL = {
 #: the results a benchmark writes under SIZES' options, when not its own name
 WRITES = {"hf_step": "hf_step_grow", "hf_step_unfused": "hf_step_grow", "hf_step_inline": "hf_step_grow"}
 #: the benchmark script of a run, when not ``bench_<name>.py``
-SCRIPTS = {"hf_step_unfused": "hf_step", "hf_step_inline": "hf_step", "sis_batch64": "sis"}
+SCRIPTS = {
+    "hf_step_unfused": "hf_step",
+    "hf_step_inline": "hf_step",
+    "sis_batch64": "sis",
+    "sis_inline": "sis",
+}
 #: the most seconds a step may take (and never past the budget)
 CAPS = {
     "hf_step": 90,
@@ -161,6 +162,7 @@ CAPS = {
     "burst": 90,
     "sis": 90,
     "sis_batch64": 60,
+    "sis_inline": 60,
     "serve": 150,
 }
 
