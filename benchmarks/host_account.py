@@ -37,14 +37,15 @@ below) and returns milliseconds per step, each the median over the steps:
                           microseconds until the call returns (the median of a few):
                           ``private_copies`` (the backend's), a ``clone`` each, and
                           ``torch._foreach_mul(rows, 1.0)`` (the allocations in C++, one
-                          launch; bit for bit the rows, checked): which one a step should use
+                          launch; each copy checked equal to its row and apart from it):
+                          which one a step should use
 
 The step's host time on a GPU is ``host_step_ms - host_device_wait_ms`` (the device
 works while the host waits); on the CPU the model's step is the computation itself.
 The timers cost about a microsecond a wrapped call. A step that moves the rows to a
 longer column bucket (and on a GPU captures its graph) is one of the steps, and the
-median leaves it out. A backend without a stage (no
-output cache, no static step) leaves its figure out.
+median leaves it out. A backend without a stage (no output cache, no static step) leaves
+its figure out.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-#: operators counted apart from the launches (views and metadata cost the host only)
+#: the most frequent operators listed by name in ``host_ops_top``
 TOP_OPS = 8
 
 
