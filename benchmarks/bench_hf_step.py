@@ -282,10 +282,10 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
         # account (whose bucket is then the timed steps')
         from host_account import account as host_account
 
-        extra = iter(range(100, vocab))  # new tokens each step
+        new_tokens = iter(range(100, vocab))  # (contexts grow, so any token is a new context)
 
         def next_step() -> None:
-            step(next(extra))
+            step(next(new_tokens))
 
         account.update(host_account(llm, next_step, rows))
     llm.close()
