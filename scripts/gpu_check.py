@@ -308,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         nargs="*",
         default=[],
-        choices=["tests", "hf_step", "burst", "sis", "serve"],
-        help="steps left out",
+        choices=["tests", *SIZES],
+        help="steps left out: the tests, or a benchmark run by its name (hf_step, sis_inline, ...)",
     )
     args = ap.parse_args(argv)
     args.started = args.started or time.time()

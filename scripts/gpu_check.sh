@@ -15,7 +15,7 @@
 #                                            # of the script; results in build/gpu-check-dry-run/)
 #
 # Options after these go to scripts/gpu_check.py (--out DIR, --models-dir DIR, --budget S,
-# --skip tests hf_step burst sis serve). The interpreter: $PYTHON, else .venv/bin/python,
+# --skip NAME...: the tests or benchmark runs by name). The interpreter: $PYTHON, else .venv/bin/python,
 # else python3. SIS against genlm-backend: $GENLM_ANCHOR_PYTHON (an interpreter with
 # genlm-backend==0.3.1; default: the same one) and $GENLM_ANCHOR_PYTHONPATH (its site
 # folder; --bundle sets it to the bundle's anchor wheels, installed apart from genlm-compat,

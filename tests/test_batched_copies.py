@@ -36,6 +36,47 @@ def test_copies_are_private_and_compact(batched) -> None:
     assert torch.equal(rows[0], batch[0]) and not torch.equal(copies[0], rows[0])  # the source is untouched
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_batched_copies_are_the_sources_bit_for_bit(batched, dtype) -> None:
+    """Floating rows go through one ``x * 1.0`` (copies allocated in C++): the copy's bits
+    are the source's - signed zeros, infinities, the smallest subnormal and the largest
+    finite value included - and a NaN stays a NaN."""
+    info = torch.finfo(dtype)
+    special = torch.tensor(
+        [0.0, -0.0, float("inf"), -float("inf"), info.max, -info.max, info.tiny], dtype=dtype
+    )
+    subnormal = torch.tensor([info.tiny], dtype=dtype) / 4  # below the normal range
+    assert 0 < subnormal.item() < info.tiny
+    g = torch.Generator().manual_seed(2)
+    rows = [torch.cat([special, subnormal, (torch.randn(64, generator=g) * 30).to(dtype)]) for _ in range(3)]
+    rows.append(torch.tensor([float("nan"), 1.0], dtype=dtype))
+    copies = memory.private_copies(rows)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[rows[0].element_size()]
+    for src, cp in zip(rows[:3], copies[:3]):
+        assert cp.dtype == dtype and cp.is_contiguous() and _storage(cp) != _storage(src)
+        assert torch.equal(cp.view(bits), src.view(bits))
+    assert torch.isnan(copies[3][0]) and copies[3][1] == 1.0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: [torch.arange(6), torch.arange(4)],  # integers: x * 1.0 would be a float
+        lambda: [torch.tensor([True, False]), torch.tensor([False])],
+        lambda: [torch.randn(3, requires_grad=True), torch.randn(2)],  # a gradient: detached copies
+        lambda: [torch.randn(4, 6)[:, ::2], torch.randn(3)],  # a strided view: a contiguous copy
+    ],
+    ids=["int64", "bool", "requires-grad", "strided"],
+)
+def test_batched_copies_of_other_tensors_keep_dtype_and_layout(batched, make) -> None:
+    values = make()
+    copies = memory.private_copies(values)
+    for src, cp in zip(values, copies):
+        assert cp.dtype == src.dtype and torch.equal(cp, src.detach()) and cp.is_contiguous()
+        assert not cp.requires_grad and _storage(cp) != _storage(src)
+        assert memory.sizeof(cp) == cp.numel() * cp.element_size()
+
+
 def test_mixed_values_are_copied_one_by_one(batched) -> None:
     import numpy as np
 

@@ -174,20 +174,38 @@ BATCHED_COPY_DEVICES = {"cuda"}
 
 def private_copies(values: list[Any]) -> list[Any]:
     """:func:`private_copy` of each of ``values``; torch tensors on a CUDA device are
-    copied in one batched copy (``torch._foreach_copy_`` into fresh tensors: one launch
-    for the lot, where a clone each launches a copy each - on a GPU the host's time per
-    row of a step). Each copy is compact and owns its storage."""
+    copied in one batched copy (one launch for the lot, where a clone each launches a copy
+    each - on a GPU the host's time per row of a step). Each copy is compact and owns its
+    storage."""
     if len(values) > 1 and all(_is_torch_tensor(v) for v in values):
         device = values[0].device
         if device.type in BATCHED_COPY_DEVICES and all(v.device == device for v in values):
-            import torch
-
-            if hasattr(torch, "_foreach_copy_"):
-                srcs = [v.detach() for v in values]
-                out = [torch.empty_like(v, memory_format=torch.contiguous_format) for v in srcs]
-                torch._foreach_copy_(out, srcs)
-                return out
+            return _batched_copies(values)
     return [private_copy(v) for v in values]
+
+
+def _batched_copies(values: list[Any]) -> list[Any]:
+    """Copies of torch tensors of one device in one batched operation.
+
+    Floating-point tensors that need no gradient: ``torch._foreach_mul(values, 1.0)``,
+    whose copies are allocated in C++ (``x * 1.0`` is ``x`` bit for bit in IEEE
+    arithmetic: signed zeros, infinities and subnormals included; only a NaN's payload
+    may differ, and a NaN row is an error row). The H200's host made 64 rows of 49,152
+    float32 in 236 us this way against 378 us through Python's ``empty_like`` and one
+    ``_foreach_copy_`` (``bench_hf_step --host-account``'s copy probe), the way other
+    tensors (another dtype, a gradient, a strided view: copies are contiguous) still go."""
+    import torch
+
+    exact = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+    scalable = all(v.dtype in exact and not v.requires_grad and v.is_contiguous() for v in values)
+    if scalable and hasattr(torch, "_foreach_mul"):
+        return list(torch._foreach_mul(values, 1.0))
+    if not hasattr(torch, "_foreach_copy_"):
+        return [private_copy(v) for v in values]
+    srcs = [v.detach() for v in values]
+    out = [torch.empty_like(v, memory_format=torch.contiguous_format) for v in srcs]
+    torch._foreach_copy_(out, srcs)
+    return out
 
 
 def on_device(value: Any) -> bool:
