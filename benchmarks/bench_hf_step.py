@@ -120,6 +120,7 @@ HOST = (
     "host_after_batch_ms",
     "host_per_row_us",
     "host_ops",
+    "host_new_segments",
 )
 
 

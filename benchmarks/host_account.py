@@ -19,7 +19,15 @@ below) and returns milliseconds per step, each the median over the steps:
                           check reads one value on the host: the step's only sync);
                           0 on the CPU
   host_row_check_ms       of which the row check's host work (the wait excluded)
-  host_row_copies_ms      of which each caller's copy (and the output cache's)
+  host_row_copies_ms      of which each caller's copy (and the output cache's); on a GPU
+                          it may wait for the device too: on the H200, at 64 rows the
+                          copies took 1.5-1.7 ms and the wait after them 0.1-0.8, at 16
+                          rows 0.4 and 1.4-1.8 (their sum the same), while the copy
+                          itself, probed alone, took 0.24 ms
+  host_new_segments       on a GPU, the device memory segments (``cudaMalloc`` calls)
+                          torch's caching allocator made in a step (the median): the
+                          output cache keeps a step's rows, so until it is full a step
+                          takes new memory
   host_cache_ms           the rows put in the output cache
   host_outside_batch_ms   the step less the batch function: the event loop, the callers'
                           coroutines, validation, the output cache's lookups, the batcher
@@ -117,6 +125,14 @@ def _model_step(llm: Any) -> tuple[Any, str] | None:
     if static is not None and hasattr(static, "run"):
         return static, "run"
     return None
+
+
+def _segments(device: Any) -> int:
+    """How many device memory segments torch's caching allocator has allocated on
+    ``device`` so far (each a ``cudaMalloc``)."""
+    import torch
+
+    return int(torch.cuda.memory_stats(device).get("segment.all.allocated", 0))
 
 
 def _count_ops(llm: Any, step: Callable[[], None], steps: int) -> tuple[float, list[tuple[str, int]]]:
@@ -228,12 +244,15 @@ def account(llm: Any, step: Callable[[], None], rows: int, steps: int = 8) -> di
     try:
         for _ in range(steps):
             timers.clear()
+            segments = _segments(llm.device) if cuda else 0
             t0 = time.perf_counter()
             step()
             if cuda:
                 torch.cuda.synchronize(llm.device)
             t1 = time.perf_counter()
             per_step["step"].append(t1 - t0)
+            if cuda:
+                per_step["new_segments"].append(_segments(llm.device) - segments)
             for name, s in timers.spent.items():
                 per_step[name].append(s)
             per_step["outside_batch"].append(t1 - t0 - timers.spent.get("batch", 0.0))
@@ -264,6 +283,8 @@ def account(llm: Any, step: Callable[[], None], rows: int, steps: int = 8) -> di
             out[f"host_{name}_ms"] = round(1e3 * statistics.median(per_step[name]), 4)
     if "host_row_check_ms" in out and cuda:
         out["host_row_check_ms"] = round(out["host_row_check_ms"] - out.get("host_device_wait_ms", 0.0), 4)
+    if per_step.get("new_segments"):
+        out["host_new_segments"] = statistics.median(per_step["new_segments"])
     out["host_per_row_us"] = round(1e3 * out["host_outside_batch_ms"] / rows, 2)
     out["host_ops"], out["host_ops_top"] = _count_ops(llm, step, min(steps, 3))
     out["host_copy_probe_us"] = _copy_probe(llm.device, rows, llm.vocab_size)
