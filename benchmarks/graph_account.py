@@ -10,7 +10,9 @@ measures its step alone:
   step_kernels        kernels one run of the step launches, and ``step_kernel_ms`` their
                       summed device time (``torch.profiler`` over the uncaptured step):
                       a graph replays these kernels back to back, so many small kernels
-                      cost their count times a few microseconds each, whatever their work
+                      cost their count times a few microseconds each, whatever their work;
+                      ``step_kernels_top`` (in the JSON): the most frequent kernels by name,
+                      each with its count and device ms a step
   compiled_*          with ``compile_probe``: the same step under ``torch.compile``
                       (inductor fuses the norms, the rotary embedding and the MLP's
                       element-wise ops), captured as a graph like the engine's: its compile
@@ -30,6 +32,11 @@ import sys
 import time
 from typing import Any
 
+#: the kernels listed by name in ``step_kernels_top`` (the most frequent), and the
+#: characters of a name kept (a templated kernel's full name runs to hundreds)
+TOP_KERNELS = 16
+NAME_CHARS = 120
+
 
 def _block_slot(llm: Any) -> Any:
     resident = getattr(llm.engine, "resident", None)
@@ -39,8 +46,9 @@ def _block_slot(llm: Any) -> Any:
     return max(blocks, key=lambda b: b.slot.bucket[0]).slot
 
 
-def _kernels(fn: Any, runs: int) -> tuple[float, float]:
-    """Kernels per run of ``fn`` and their summed device ms per run (torch.profiler)."""
+def _kernels(fn: Any, runs: int) -> tuple[float, float, list[list[Any]]]:
+    """Kernels per run of ``fn``, their summed device ms per run (torch.profiler), and the
+    most frequent by name (:func:`kernels_by_name`)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -50,8 +58,26 @@ def _kernels(fn: Any, runs: int) -> tuple[float, float]:
             fn()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-    us = sum(getattr(e, "device_time", getattr(e, "cuda_time", 0.0)) for e in kernels)
-    return len(kernels) / runs, us / 1e3 / runs
+    us = sum(_device_us(e) for e in kernels)
+    return len(kernels) / runs, us / 1e3 / runs, kernels_by_name(kernels, runs)
+
+
+def kernels_by_name(events: list[Any], runs: int, time_of: Any = None) -> list[list[Any]]:
+    """The :data:`TOP_KERNELS` most frequent of profiler ``events`` by name (cut to
+    :data:`NAME_CHARS`): ``[name, count per run, ms per run]``, the most frequent first
+    (``time_of(event)``: its microseconds, by default its device time)."""
+    time_of = time_of or _device_us
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        seen = by_name.setdefault(str(e.name)[:NAME_CHARS], [0, 0.0])
+        seen[0] += 1
+        seen[1] += time_of(e)
+    top = sorted(by_name.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP_KERNELS]
+    return [[name, n / runs, round(t / 1e3 / runs, 4)] for name, (n, t) in top]
+
+
+def _device_us(event: Any) -> float:
+    return float(getattr(event, "device_time", getattr(event, "cuda_time", 0.0)))
 
 
 def _replay_ms(graph: Any, runs: int = 20) -> float:
@@ -109,7 +135,8 @@ def account(llm: Any, compile_probe: bool = False) -> dict[str, Any]:
                 out["graph_replay_ms"] = _replay_ms(slot.graph)
             else:
                 out["graph_account"] = "the block's step was not captured"
-            out["step_kernels"], out["step_kernel_ms"] = _kernels(slot._step, 3)
+            out["step_kernels"], out["step_kernel_ms"], top = _kernels(slot._step, 3)
+            out["step_kernels_top"] = top
         else:
             out["eager_step_ms"] = _wall_ms(slot._step)
         print(f"[graph_account] {out}", file=sys.stderr, flush=True)  # before a probe that may run long
@@ -121,7 +148,7 @@ def account(llm: Any, compile_probe: bool = False) -> dict[str, Any]:
             if cuda:
                 graph, logits = _capture(compiled, slot.kv.device)
                 out["compiled_graph_replay_ms"] = _replay_ms(graph)
-                out["compiled_kernels"], out["compiled_kernel_ms"] = _kernels(graph.replay, 3)
+                out["compiled_kernels"], out["compiled_kernel_ms"], _ = _kernels(graph.replay, 3)
             else:
                 compiled()
                 out["compiled_step_ms"] = _wall_ms(compiled)
