@@ -5,30 +5,20 @@ makes), and over made-up events for the names' cut and the order."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-
-def _graph_account() -> Any:
-    spec = importlib.util.spec_from_file_location("graph_account", BENCH / "graph_account.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("graph_account", module)
-    spec.loader.exec_module(module)
-    return module
+import graph_account as ga  # noqa: E402
 
 
 def test_a_real_profile_is_counted_by_name_per_run() -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    ga = _graph_account()
     a, b = torch.randn(8, 8), torch.randn(8, 8)
 
     def step() -> None:  # per run: 3 matrix products, 2 additions, 1 exp
@@ -50,7 +40,6 @@ def test_a_real_profile_is_counted_by_name_per_run() -> None:
 
 
 def test_names_are_cut_and_the_most_frequent_listed_first() -> None:
-    ga = _graph_account()
     long = "void at::native::elementwise_kernel<" + "x" * 500
     events = [SimpleNamespace(name=long + str(i), device_time=2.0) for i in range(5)]  # one name once cut
     events += [SimpleNamespace(name=f"k{i}", device_time=1.0) for i in range(ga.TOP_KERNELS + 3)]
