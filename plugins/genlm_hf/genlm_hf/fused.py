@@ -28,7 +28,8 @@ layer:
   attend to that head's columns without copying it (``(B * kv_heads, groups, C)``
   scores), the mask (columns past a row's position) added in the same ``baddbmm``,
   softmax in float32 (as transformers' eager attention);
-- the output and down projections add their residual in the GEMM (``addmm``).
+- the output and down projections add their residual in the GEMM, in place (``addmm_``:
+  an ``addmm`` into a new tensor first copies the residual there, one more kernel each).
 
 The step writes the new token's KV at each row's column exactly as the model's step
 does (:class:`~genlm_hf.static.StaticSlot`), so the slots, the eager path and the prefix
@@ -241,9 +242,9 @@ class FusedLlama:
             scores = torch.baddbmm(mask, q, keys.view(B * Hk, C, D).transpose(1, 2), alpha=self.scaling)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
             out = torch.bmm(probs, values.view(B * Hk, C, D)).view(B, Hq * D)
-            h = torch.addmm(h, out, lw.o.t())
+            h.addmm_(out, lw.o.t())  # in place: no copy of h into a new output first
             a = F.rms_norm(h, (self.hidden,), lw.w_post, lw.eps_post)
             gate_up = F.linear(a, lw.gate_up)
-            h = torch.addmm(h, F.silu(gate_up[:, : lw.inter]) * gate_up[:, lw.inter :], lw.down.t())
+            h.addmm_(F.silu(gate_up[:, : lw.inter]) * gate_up[:, lw.inter :], lw.down.t())
         h = F.rms_norm(h, (self.hidden,), self.w_final, self.eps_final)
         return F.linear(h, self.head)
