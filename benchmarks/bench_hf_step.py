@@ -13,6 +13,9 @@ so drift on a shared machine hits all three alike):
            rows normalised and put in its output cache, every caller its own row);
   batch    ``batch_next_token_logprobs_sync`` of the ``B`` contexts (the rows stacked).
 
+After the turns, ``step_alone_ms``: the step again, ``--repeat`` times one after another
+(no other way's call between two steps, as a program's loop runs them).
+
 Each new step asks new tokens, so no output cache answers; the backend's KV reuse finds
 every past. Reported per ``B``: the median wall time and the median CPU time of the
 process (all threads: the work done, much less disturbed by other jobs than the wall
@@ -35,6 +38,9 @@ the ``step`` and ``batch`` ways each hold ``B`` resident rows. Before timing, ra
 own, so every way starts the timed calls at the same length), and those rows are compared.
 Every result row records ``grow``; ``--grow`` writes ``hf_step_grow.*`` (with the engine's
 resident-row counters where it has them) instead of ``hf_step.*``.
+
+``--options`` passes more load() options as JSON (``'{"cache_size": 0}'``: the step
+without the output cache, whose copy of each row a GPU makes in the step).
 
 ``--device``, ``--dtype`` and ``--model`` pick where and what (default: the embedded
 SmolLM2-135M, float32, on the CPU); on a GPU every timed call ends with
@@ -124,6 +130,21 @@ HOST = (
 )
 
 
+def _options(text: str) -> dict[str, Any]:
+    """``--options``: a JSON object of load() options."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(
+            f"not JSON ({e}): pass an object, e.g. '{{\"cache_size\": 0}}'"
+        ) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object of load() options")
+    return value
+
+
 def log(msg: str) -> None:
     print(f"[bench_hf_step {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -149,6 +170,7 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
         extra["fused_decode"] = args.fused_decode == "on"
     if args.forward_thread:
         extra["forward_thread"] = args.forward_thread == "on"
+    extra.update(args.options)
     llm = genlm_core.load(
         "hf", model=args.model, dtype=args.dtype, device=args.device, batch_size=max(64, rows), **extra
     )
@@ -269,6 +291,17 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
                 if name == "step":
                     model_s.append(sum(in_model))
     timing[0] = False
+    # the step alone: the same number of steps again, one after another (no raw or batch
+    # call between them, as a program's loop runs): on the H200 the round robin's 135M step
+    # took 7.3 ms where the host account's steps, one after another, took 5.9
+    alone_s: list[float] = []
+    for _ in range(args.repeat):
+        tok += 1
+        sync()
+        w0 = time.perf_counter()
+        step(tok)
+        sync()
+        alone_s.append(time.perf_counter() - w0)
     for h in hooks:
         h.remove()
     if fused is not None:
@@ -315,6 +348,7 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     for name in ways:
         out[f"{name}_ms"] = 1e3 * statistics.median(wall[name])
         out[f"{name}_cpu_ms"] = 1e3 * statistics.median(cpu[name])
+    out["step_alone_ms"] = 1e3 * statistics.median(alone_s)
     out["step_model_ms"] = 1e3 * statistics.median(model_s)
     out["step_outside_model_ms"] = out["step_ms"] - out["step_model_ms"]
     out.update(account)
@@ -355,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the batches in the batcher's worker thread or on the event loop (default: the engine's: "
         "a thread on a GPU, inline on the CPU)",
+    )
+    ap.add_argument(
+        "--options",
+        type=_options,
+        default={},
+        help="more load() options for the backend, as JSON (e.g. '{\"cache_size\": 0}': no output cache)",
     )
     ap.add_argument(
         "--grow",
@@ -410,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             *(["last_len"] if args.grow else []),
             "raw_ms",
             "step_ms",
+            "step_alone_ms",
             "batch_ms",
             "step_over_raw",
             "batch_over_raw",

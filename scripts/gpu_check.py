@@ -98,6 +98,12 @@ SIZES = {
         [*HF_STEP[0], "--forward-thread", "off"],
         [*HF_STEP[1], "--forward-thread", "on"],
     ),
+    # the step without the output cache: on a GPU the step copies each row for the cache
+    # (a second batched copy) and, while the cache fills, takes new device memory for it
+    "hf_step_nocache": (
+        [*HF_STEP[0], "--options", '{"cache_size": 0}'],
+        [*HF_STEP[1], "--options", '{"cache_size": 0}'],
+    ),
     "burst": (
         ["--engines", "hf", "--particles", "16", "64", "--repeats", "1"],
         ["--engines", "hf", "--particles", "4", "--max-tokens", "3", "--repeats", "1"],
@@ -130,6 +136,7 @@ PLAN = [
     ("sis", "smollm2-1.7b-bf16"),
     ("serve", "smollm2-135m-f32"),
     ("hf_step_inline", "smollm2-135m-f32"),
+    ("hf_step_nocache", "smollm2-135m-f32"),
     ("serve", "smollm2-1.7b-bf16"),
     ("sis_inline", "smollm2-1.7b-bf16"),
     ("hf_step_unfused", "smollm2-135m-f32"),
@@ -143,16 +150,23 @@ OPTIONAL = {
     ("sis_inline", "smollm2-1.7b-bf16"),
     ("hf_step_unfused", "smollm2-135m-f32"),
     ("hf_step_inline", "smollm2-135m-f32"),
+    ("hf_step_nocache", "smollm2-135m-f32"),
     ("serve", "smollm2-1.7b-bf16"),
     ("burst", "smollm2-135m-f32"),
     ("sis", "smollm2-135m-f32"),
 }
 #: the results a benchmark writes under SIZES' options, when not its own name
-WRITES = {"hf_step": "hf_step_grow", "hf_step_unfused": "hf_step_grow", "hf_step_inline": "hf_step_grow"}
+WRITES = {
+    "hf_step": "hf_step_grow",
+    "hf_step_unfused": "hf_step_grow",
+    "hf_step_inline": "hf_step_grow",
+    "hf_step_nocache": "hf_step_grow",
+}
 #: the benchmark script of a run, when not ``bench_<name>.py``
 SCRIPTS = {
     "hf_step_unfused": "hf_step",
     "hf_step_inline": "hf_step",
+    "hf_step_nocache": "hf_step",
     "sis_batch64": "sis",
     "sis_inline": "sis",
 }
@@ -161,6 +175,7 @@ CAPS = {
     "hf_step": 90,
     "hf_step_unfused": 90,
     "hf_step_inline": 90,
+    "hf_step_nocache": 90,
     "burst": 90,
     "sis": 90,
     "sis_batch64": 60,
