@@ -104,6 +104,12 @@ SIZES = {
         [*HF_STEP[0], "--options", '{"cache_size": 0}'],
         [*HF_STEP[1], "--options", '{"cache_size": 0}'],
     ),
+    # the same with the output cache in host memory (genlm serve's setting): one transfer
+    # of the step's rows to the host instead of a device copy of each
+    "hf_step_cachecpu": (
+        [*HF_STEP[0], "--options", '{"cache_to_cpu": true}'],
+        [*HF_STEP[1], "--options", '{"cache_to_cpu": true}'],
+    ),
     "burst": (
         ["--engines", "hf", "--particles", "16", "64", "--repeats", "1"],
         ["--engines", "hf", "--particles", "4", "--max-tokens", "3", "--repeats", "1"],
@@ -137,6 +143,7 @@ PLAN = [
     ("serve", "smollm2-135m-f32"),
     ("hf_step_inline", "smollm2-135m-f32"),
     ("hf_step_nocache", "smollm2-135m-f32"),
+    ("hf_step_cachecpu", "smollm2-135m-f32"),
     ("serve", "smollm2-1.7b-bf16"),
     ("sis_inline", "smollm2-1.7b-bf16"),
     ("hf_step_unfused", "smollm2-135m-f32"),
@@ -151,6 +158,7 @@ OPTIONAL = {
     ("hf_step_unfused", "smollm2-135m-f32"),
     ("hf_step_inline", "smollm2-135m-f32"),
     ("hf_step_nocache", "smollm2-135m-f32"),
+    ("hf_step_cachecpu", "smollm2-135m-f32"),
     ("serve", "smollm2-1.7b-bf16"),
     ("burst", "smollm2-135m-f32"),
     ("sis", "smollm2-135m-f32"),
@@ -161,12 +169,14 @@ WRITES = {
     "hf_step_unfused": "hf_step_grow",
     "hf_step_inline": "hf_step_grow",
     "hf_step_nocache": "hf_step_grow",
+    "hf_step_cachecpu": "hf_step_grow",
 }
 #: the benchmark script of a run, when not ``bench_<name>.py``
 SCRIPTS = {
     "hf_step_unfused": "hf_step",
     "hf_step_inline": "hf_step",
     "hf_step_nocache": "hf_step",
+    "hf_step_cachecpu": "hf_step",
     "sis_batch64": "sis",
     "sis_inline": "sis",
 }
@@ -176,6 +186,7 @@ CAPS = {
     "hf_step_unfused": 90,
     "hf_step_inline": 90,
     "hf_step_nocache": 90,
+    "hf_step_cachecpu": 90,
     "burst": 90,
     "sis": 90,
     "sis_batch64": 60,
