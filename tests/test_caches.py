@@ -45,28 +45,31 @@ def test_output_cache_to_cpu_and_counters():
     max_bytes=st.one_of(st.none(), st.integers(0, 200)),
 )
 def test_output_cache_matches_brute_force_lru(ops, max_entries, max_bytes):
+    # each value an array of its own (put keeps a private copy: a storage an entry): equal
+    # bytes objects may be one object (b"x" * 1 is b"x"), which the cache rightly counts once
     cache = OutputCache(max_entries=max_entries, max_bytes=max_bytes)
-    model: OrderedDict[tuple, bytes] = OrderedDict()
+    model: OrderedDict[tuple, np.ndarray] = OrderedDict()
     for op, k, size in ops:
         key = (k,)
+        value = np.full(size, k, dtype=np.uint8)
         if op == "put":
             if max_entries == 0 or max_bytes == 0 or (max_bytes is not None and size > max_bytes):
-                cache.put(key, b"x" * size)
+                cache.put(key, value)
                 continue
             model.pop(key, None)
-            model[key] = b"x" * size
+            model[key] = value
             while (max_entries is not None and len(model) > max_entries) or (
-                max_bytes is not None and sum(map(len, model.values())) > max_bytes
+                max_bytes is not None and sum(v.nbytes for v in model.values()) > max_bytes
             ):
                 model.popitem(last=False)
-            cache.put(key, b"x" * size)
+            cache.put(key, value)
         else:
-            got = cache.get(key)
-            assert got == model.get(key)
+            got, want = cache.get(key), model.get(key)
+            assert (got is None) == (want is None) and (want is None or np.array_equal(got, want))
             if key in model:
                 model.move_to_end(key)
         assert cache.keys() == list(model.keys())
-        assert cache.nbytes == sum(map(len, model.values()))
+        assert cache.nbytes == sum(v.nbytes for v in model.values())
 
 
 class BruteForcePrefixCache:
@@ -374,3 +377,37 @@ def test_a_cpu_cache_moves_a_gpu_batch_in_one_block(dtype) -> None:  # pragma: n
     moved = cpu_copies(separate)
     assert all(m.device.type == "cpu" and torch.equal(m, s.cpu()) for m, s in zip(moved, separate))
     assert len({m.untyped_storage().data_ptr() for m in moved[:4]}) == 1
+
+
+@pytest.mark.cuda
+def test_a_cpu_cache_hands_rows_back_where_they_came_from() -> None:  # pragma: no cover - GPU only
+    """``get`` is the row held in host memory; ``get_back`` and ``cache[key]`` a copy of it
+    back on the device it was put from (a CPU row stays the stored object); a key put again
+    from the CPU, evicted or cleared forgets its device."""
+    cache = OutputCache(max_entries=2, max_bytes=None, to_cpu=True)
+    gpu, cpu = torch.randn(9, device="cuda"), torch.randn(9)
+    cache.adopt_many([((1,), gpu)])
+    cache.put((2,), cpu)
+    assert cache.get((1,)).device.type == "cpu"
+    for back in (cache.get_back((1,)), cache[(1,)]):
+        assert back.device == gpu.device and torch.equal(back, gpu) and back.data_ptr() != gpu.data_ptr()
+    assert cache.get_back((2,)) is cache.get((2,))
+    cache.put((1,), cpu)
+    assert cache[(1,)].device.type == "cpu"
+    cache.put((3,), gpu)  # evicts (2,)
+    cache.put((2,), cpu)  # evicts (1,)
+    assert cache[(3,)].device == gpu.device and cache[(2,)].device.type == "cpu"
+    cache.clear()
+    assert cache.get_back((3,)) is None
+
+
+def test_get_back_is_get_where_nothing_was_moved() -> None:
+    """A cache without ``to_cpu``, or with CPU values: ``get_back`` and ``cache[key]`` are
+    the stored object, counted as hits like ``get``; a missing key is the default."""
+    for to_cpu in (False, True):
+        cache = OutputCache(max_entries=4, max_bytes=None, to_cpu=to_cpu)
+        cache.put((1,), torch.arange(3.0))
+        stored = cache.get((1,))
+        assert cache.get_back((1,)) is stored and cache[(1,)] is stored
+        assert cache.get_back((9,), "none") == "none"
+        assert cache.stats()["hits"] == 3 and cache.stats()["misses"] == 1
