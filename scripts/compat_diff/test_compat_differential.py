@@ -58,7 +58,7 @@ def reference_python() -> Path:
     pins = [*REFERENCE_PINS, *REFERENCE_CONSTRAINTS]
     saved = os.environ.pop("PYTHONPATH", None)  # the probe must see the venv's own packages only
     try:
-        return ensure_venv(root / "build" / "compat-diff" / "reference-venv", torch_pin(), pins, check)
+        return ensure_venv(root / "build" / "compat-diff" / "reference-venv", torch_pin("3.11"), pins, check)
     finally:
         if saved is not None:
             os.environ["PYTHONPATH"] = saved
