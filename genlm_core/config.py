@@ -280,7 +280,9 @@ class BackendConfig(GenlmConfig):
     cache_bytes: int | None = Field(
         1 << 30, ge=0, description="bytes held by the output cache (None: no bound)"
     )
-    cache_to_cpu: bool = Field(False, description="keep cached results on the CPU")
+    cache_to_cpu: bool = Field(
+        False, description="keep cached results in host memory (a hit comes back on the rows' device)"
+    )
     output_cache_impl: str = Field(
         "output",
         min_length=1,

@@ -64,6 +64,8 @@ REQUIRED_CUDA_TESTS = [
     "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaConformance",
     "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaGPT2Conformance",
     "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaEagerConformance",
+    # the output cache in host memory: hits back on the GPU
+    "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaHostCacheConformance",
 ]
 #: bench_hf_step's settings: contexts growing a token a call, as SIS's (the resident rows'
 #: path), with both accounts of a step (on a GPU, in a dry run on the CPU: there with the

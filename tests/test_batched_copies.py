@@ -149,3 +149,22 @@ def test_copies_of_rows_above_the_parallel_grain(dtype) -> None:
             assert torch.equal(cp, src.clone()) and cp.dtype == dtype and cp.shape == src.shape
             assert cp.is_contiguous() and memory.sizeof(cp) == cp.numel() * cp.element_size()
             assert _storage(cp) != _storage(batch)
+
+
+def test_accelerator_names_torch_devices_other_than_the_cpu() -> None:
+    assert memory.accelerator("cuda") == "cuda" and memory.accelerator("cuda:1") == "cuda:1"
+    assert memory.accelerator(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    assert memory.accelerator("mps") == "mps"
+    for other in ("cpu", torch.device("cpu"), None, "meta", {"": 0}, "auto"):
+        assert memory.accelerator(other) is None
+
+
+def test_moved_from_cpu_moves_cpu_tensors_only() -> None:
+    """A CPU tensor goes to the device given (``meta`` here: the CPU has no other); a
+    tensor there already, an array, or no device: nothing moves (None)."""
+    row = torch.arange(4.0)
+    moved = memory.moved_from_cpu(row, "meta")
+    assert moved.device.type == "meta" and moved.shape == row.shape and moved.dtype == row.dtype
+    assert memory.moved_from_cpu(row, None) is None
+    assert memory.moved_from_cpu(moved, "meta") is None
+    assert memory.moved_from_cpu(row.numpy(), "meta") is None

@@ -54,7 +54,7 @@ from genlm_core.engine.contract import (
 from genlm_core.engine.dtypes import UnsupportedDtypeError
 from genlm_core.engine.heap import settle_after_load
 from genlm_core.engine.lora import LoraAdapters
-from genlm_core.engine.memory import compact, private_copies, private_copy
+from genlm_core.engine.memory import accelerator, compact, moved_from_cpu, private_copies, private_copy
 from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadable_rows
 from genlm_core.engine.sampling import drawing, sampling_temperature
 from genlm_core.engine.validation import RecentContexts, validate_context
@@ -177,6 +177,11 @@ class BaseLogprobBackend:
             else None
         )
         self._recent = RecentContexts()  # validation checks a particle's new id only
+        #: where a row the output cache holds in host memory goes back to (None: the rows
+        #: are on the CPU already): see :meth:`own_row`
+        self._rows_accelerator = accelerator(
+            engine.rows_device if engine.rows_device is not None else engine.device
+        )
         self._closed = False
 
     # ------------------------------------------------------------------ construction
@@ -494,6 +499,21 @@ class BaseLogprobBackend:
         device = self.engine.rows_device if self.engine.rows_device is not None else self.device
         return torch.empty((0, self.vocab_size), dtype=torch.float32, device=device)
 
+    def own_row(self, row: Any) -> Any:
+        """A row the backend holds (an output cache's hit) as its caller's own: a private
+        copy, on the device the backend's computed rows are on. A cache that keeps rows
+        in host memory (``cache_to_cpu``) holds them on the CPU: they go back to the
+        device, as genlm-backend's ``move_to_cpu`` cache handed them back, so that a hit
+        and a computed row never come back on two devices."""
+        moved = moved_from_cpu(row, self._rows_accelerator)
+        return private_copy(row) if moved is None else moved
+
+    def _placed(self, row: Any) -> Any:
+        """``row`` on the backend's rows device, for a stack (which copies it): moved where
+        a cache holds it on the CPU and the rows are not, the object itself otherwise."""
+        moved = moved_from_cpu(row, self._rows_accelerator)
+        return row if moved is None else moved
+
     async def _shared_row(self, ctx: tuple[int, ...]) -> "torch.Tensor":
         """The row of a validated context; may be the cached object: never hand it out."""
         if self.output_cache is not None:
@@ -523,7 +543,7 @@ class BaseLogprobBackend:
         if self.output_cache is not None:
             hit = self.output_cache.get(ctx)
             if hit is not None:
-                return private_copy(hit)
+                return self.own_row(hit)
         return await self.batcher.submit(ctx, key=ctx)
 
     def next_token_logprobs_sync(self, token_ids: Sequence[int]) -> "torch.Tensor":
@@ -531,7 +551,7 @@ class BaseLogprobBackend:
         if self.output_cache is not None:
             hit = self.output_cache.get(ctx)
             if hit is not None:
-                return private_copy(hit)
+                return self.own_row(hit)
         return self.batcher.run_sync([ctx])[0]
 
     async def batch_next_token_logprobs(self, token_ids_list: Sequence[Sequence[int]]) -> "torch.Tensor":
@@ -543,7 +563,7 @@ class BaseLogprobBackend:
             return self._empty_rows()
         unique = list(dict.fromkeys(contexts))
         rows = dict(zip(unique, await asyncio.gather(*(self._shared_row(c) for c in unique))))
-        return torch.stack([rows[c] for c in contexts])
+        return torch.stack([self._placed(rows[c]) for c in contexts])
 
     def batch_next_token_logprobs_sync(self, token_ids_list: Sequence[Sequence[int]]) -> "torch.Tensor":
         """One row per context, stacked (an empty list gives a ``(0, vocab)`` tensor)."""
@@ -561,7 +581,7 @@ class BaseLogprobBackend:
         computed = iter(
             run_distinct([c for c in contexts if c not in hits], self.config.batch_size, self._batched_rows)
         )
-        return torch.stack([hits[c] if c in hits else next(computed) for c in contexts])
+        return torch.stack([self._placed(hits[c]) if c in hits else next(computed) for c in contexts])
 
     def _batched_rows(self, chunks: list[list[tuple[int, ...]]]) -> list["torch.Tensor"]:
         """The rows of distinct contexts through the batcher, one batch per chunk (the sync path)."""

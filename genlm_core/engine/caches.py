@@ -70,6 +70,8 @@ class OutputCache:
         self._data: OrderedDict[Hashable, tuple[Any, Hashable]] = OrderedDict()
         # storage identity -> [bytes, entries keeping it]: nbytes is the sum of the bytes
         self._blocks: dict[Hashable, list[int]] = {}
+        # key -> the device a value held in host memory (to_cpu) was put from
+        self._origin: dict[Hashable, Any] = {}
         self._lock = threading.Lock()
         self.nbytes = 0
         self.hits = 0
@@ -87,18 +89,30 @@ class OutputCache:
         return key in self._data
 
     def get(self, key: Hashable, default: Any = None) -> Any:
+        return self._find(key, default)[0]
+
+    def get_back(self, key: Hashable, default: Any = None) -> Any:
+        """:meth:`get`, on the device the value was put from: a copy where ``to_cpu`` holds
+        it in host memory (as genlm-backend's ``move_to_cpu`` cache handed values back),
+        the stored object otherwise."""
+        value, origin = self._find(key, default)
+        return value if origin is None else value.to(origin)
+
+    def _find(self, key: Hashable, default: Any) -> tuple[Any, Any]:
+        """``(the stored value, the device it was put from if moved)``, or ``(default, None)``."""
         with self._lock:
             item = self._data.get(key)
             if item is None:
                 self.misses += 1
-                return default
+                return default, None
             self._data.move_to_end(key)
             self.hits += 1
-            return item[0]
+            return item[0], self._origin.get(key)
 
     def __getitem__(self, key: Hashable) -> Any:
+        """:meth:`get_back` (on the device it was put from), or ``KeyError``."""
         sentinel = object()
-        value = self.get(key, sentinel)
+        value = self.get_back(key, sentinel)
         if value is sentinel:
             raise KeyError(key)
         return value
@@ -114,11 +128,13 @@ class OutputCache:
         batched copy (:func:`~genlm_core.engine.memory.private_copies`)."""
         if self.max_entries == 0 or self.max_bytes == 0 or not items:
             return
+        origins = {}
         if self.to_cpu:  # a device's rows in one transfer (cpu_copies)
             copies = cpu_copies([value for _, value in items])
+            origins = {key: value.device for key, value in items if on_device(value)}
         else:
             copies = private_copies([value for _, value in items])
-        self._store([(key, value, storage_of(value)) for (key, _), value in zip(items, copies)])
+        self._store([(key, value, storage_of(value)) for (key, _), value in zip(items, copies)], origins)
 
     def adopt_many(self, items: list[tuple[Hashable, Any]]) -> None:
         """Cache each ``(key, value)`` as it is, no copy: the producer gives the values up
@@ -143,15 +159,22 @@ class OutputCache:
             return
         self._store([(key, value, block) for (key, value), block in zip(items, blocks)])
 
-    def _store(self, items: list[tuple[Hashable, Any, tuple[Hashable, int]]]) -> None:
+    def _store(
+        self,
+        items: list[tuple[Hashable, Any, tuple[Hashable, int]]],
+        origins: dict[Hashable, Any] | None = None,
+    ) -> None:
         """Insert ``(key, value, block)``: ``block`` is ``(identity, bytes)`` of the storage
-        the value keeps alive (:func:`~genlm_core.engine.memory.storage_of`)."""
+        the value keeps alive (:func:`~genlm_core.engine.memory.storage_of`); ``origins``:
+        key -> the device a value moved to host memory came from."""
         with self._lock:
             for key, value, (ident, size) in items:
                 if self.max_bytes is not None and size > self.max_bytes:
                     continue  # larger than the whole budget: never cached
                 self._drop(key)
                 self._data[key] = (value, ident)
+                if origins and key in origins:
+                    self._origin[key] = origins[key]
                 held = self._blocks.get(ident)
                 if held is None:
                     self._blocks[ident] = [size, 1]
@@ -165,6 +188,7 @@ class OutputCache:
         old = self._data.pop(key, None)
         if old is None:
             return False
+        self._origin.pop(key, None)
         held = self._blocks[old[1]]
         held[1] -= 1
         if held[1] == 0:
@@ -189,6 +213,7 @@ class OutputCache:
         with self._lock:
             self._data.clear()
             self._blocks.clear()
+            self._origin.clear()
             self.nbytes = 0
 
     def stats(self) -> dict[str, int]:

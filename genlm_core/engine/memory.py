@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["sizeof", "storage_of", "private_copy", "private_copies", "cpu_copies", "compact", "on_device"]
+__all__ = [
+    "sizeof",
+    "storage_of",
+    "private_copy",
+    "private_copies",
+    "cpu_copies",
+    "compact",
+    "on_device",
+    "accelerator",
+    "moved_from_cpu",
+]
 
 
 #: classes whose instances are torch tensors (their class has the methods): a row's check is
@@ -213,6 +223,28 @@ def on_device(value: Any) -> bool:
     other than the CPU."""
     device = getattr(value, "device", None)
     return device is not None and getattr(device, "type", device) not in ("cpu", None)
+
+
+#: torch's device kinds other than the CPU, as a device's name starts (``"cuda:1"``)
+_ACCELERATOR_KINDS = ("cuda", "mps", "xpu", "npu", "hpu", "mtia", "privateuseone")
+
+
+def accelerator(device: Any) -> Any:
+    """``device`` (a torch device, or its name) where it is one of torch's accelerators;
+    None for the CPU, no device, or anything else (a device map)."""
+    kind = getattr(device, "type", None)
+    if kind is None and isinstance(device, str):
+        kind = device.split(":", 1)[0]
+    return device if kind in _ACCELERATOR_KINDS else None
+
+
+def moved_from_cpu(value: Any, device: Any) -> Any:
+    """``value`` moved to ``device`` (an :func:`accelerator`, or None) where it is a tensor
+    held on the CPU: a copy of its own; None where nothing moves (no accelerator, a value
+    on a device already, or not a tensor)."""
+    if device is None or not _is_torch_tensor(value) or value.device.type != "cpu":
+        return None
+    return value.to(device)
 
 
 def cpu_copies(values: list[Any]) -> list[Any]:

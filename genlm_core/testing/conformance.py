@@ -220,6 +220,24 @@ class LogprobBackendConformance:
             backend, backend.batch_next_token_logprobs_sync([ctx])[0], truth, "a row after edits"
         )
 
+    @pytest.mark.asyncio
+    async def test_cached_rows_come_back_where_computed_rows_do(self, backend: Any) -> None:
+        """A cache hit comes back on the device of a computed row, on every path, and a
+        batch mixing hits and computed rows is one tensor there (a cache holding rows in
+        host memory, ``cache_to_cpu``, hands them back to the device)."""
+        ctx, other, third = self.contexts(backend, seed=8)[:3]
+        backend.clear_cache()
+        computed = backend.next_token_logprobs_sync(ctx)  # a miss: where rows come back
+        hits = {
+            "a sync hit": backend.next_token_logprobs_sync(ctx),
+            "an async hit": await backend.next_token_logprobs(ctx),
+            "a sync batch's hit": backend.batch_next_token_logprobs_sync([other, ctx])[1],
+            "an async batch's hit": (await backend.batch_next_token_logprobs([ctx, third]))[0],
+        }
+        for what, row in hits.items():
+            assert row.device == computed.device, f"{what} on {row.device}, computed on {computed.device}"
+            self.assert_close(backend, row, computed, what)
+
     def bad_inputs(self, backend: Any) -> list[Any]:
         V = len(backend.byte_vocab)
         bad: list[Any] = [[], [-1], [V], [V + 1000], [1.5], ["a"], "text", [True], None]

@@ -67,3 +67,18 @@ class TestHFCudaEagerConformance(LogprobBackendConformance):
         llm = _on_cuda(tiny_llama_path, static_decode="off")
         yield llm
         llm.close()
+
+
+@pytest.mark.cuda
+class TestHFCudaHostCacheConformance(LogprobBackendConformance):
+    """The captured step on CUDA with the output cache in host memory (``cache_to_cpu``,
+    genlm serve's setting): a hit comes back on the GPU, as a computed row does."""
+
+    max_len = 12
+
+    @pytest.fixture(scope="class")
+    def backend(self, tiny_llama_path):  # pragma: no cover - GPU
+        llm = _on_cuda(tiny_llama_path, batch_size=3, cache_to_cpu=True)
+        assert llm.output_cache.to_cpu
+        yield llm
+        llm.close()
