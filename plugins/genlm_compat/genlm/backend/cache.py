@@ -23,7 +23,9 @@ class OutputCache(_CoreOutputCache):
     """``OutputCache(maxsize, move_to_cpu=False)``: ``cache[key] = tensor``,
     ``cache[key]`` (``KeyError`` when absent), ``key in cache``, ``len``, ``clear()``;
     least recently used entries are evicted beyond ``maxsize``. A stored tensor is a
-    private copy (genlm-backend kept the caller's object)."""
+    private copy (genlm-backend kept the caller's object). With ``move_to_cpu`` a tensor
+    is held in host memory and ``cache[key]`` hands it back on the device it came from,
+    as genlm-backend's did."""
 
     def __init__(self, maxsize: int, move_to_cpu: bool = False) -> None:
         super().__init__(max_entries=maxsize, max_bytes=None, to_cpu=move_to_cpu)

@@ -78,7 +78,7 @@ class AsyncTransformer(ReferenceCalls, backend_class("hf", HFEngine)):  # type: 
         for k in range(len(ids), 0, -1) if cache is not None else ():
             row = cache.get(ids[:k]) if ids[:k] in cache else None  # `in` counts no miss
             if row is not None:
-                node, matched = TokenTrie(row.clone()), k
+                node, matched = TokenTrie(self.own_row(row)), k  # a copy, where rows come back
                 break
         prefixes = self.prefix_cache
         base, past = prefixes.deepest_kv(ids, max_depth=len(ids) - 1) if prefixes and ids else (0, None)
@@ -153,10 +153,25 @@ def _engine(name: str, module: str, attr: str, backend: str, dist: str) -> type:
         hint = f'{__name__}.{name} needs {dist}: pip install "genlm-compat[{extra}]" ({exc})'
         return placeholder(__name__, name, "", ImportError, hint)
 
-    def from_name(cls: type, model_name: str, **kwargs: Any) -> Any:  # None: the option's default
-        return base.from_name.__func__(cls, model_name, **{k: v for k, v in kwargs.items() if v is not None})
+    def from_name(cls: type, model_name: str, **kwargs: Any) -> Any:
+        return base.from_name.__func__(cls, model_name, **_options(kwargs))
 
     return type(name, (ReferenceCalls, base), {"__module__": __name__, "from_name": classmethod(from_name)})
+
+
+def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """An engine class's ``from_name`` keywords as genlm-core options: None means the
+    option's default, and genlm-backend's ``cache_opts`` (its ``OutputCache``'s keywords,
+    which ``AsyncVirtualLM`` and ``AsyncMlxLM`` take: ``move_to_cpu``) is ``cache_to_cpu``."""
+    options = {k: v for k, v in kwargs.items() if v is not None}
+    opts = options.pop("cache_opts", None) or {}
+    if not isinstance(opts, dict) or set(opts) - {"move_to_cpu"}:
+        raise TypeError(
+            f"cache_opts takes OutputCache's move_to_cpu only (its size: cache_size=), got {opts!r}"
+        )
+    if opts and options.setdefault("cache_to_cpu", bool(opts["move_to_cpu"])) != bool(opts["move_to_cpu"]):
+        raise TypeError("cache_opts['move_to_cpu'] and cache_to_cpu disagree: pass one of them")
+    return options
 
 
 #: AsyncVirtualLM: vLLM (``from_name(model_name, engine_opts=None, **kwargs)``: genlm-vllm options);
