@@ -505,14 +505,18 @@ class BaseLogprobBackend:
         in host memory (``cache_to_cpu``) holds them on the CPU: they go back to the
         device, as genlm-backend's ``move_to_cpu`` cache handed them back, so that a hit
         and a computed row never come back on two devices."""
+        if self._rows_accelerator is None:  # (a CPU backend: no call more on its hits)
+            return private_copy(row)
         moved = moved_from_cpu(row, self._rows_accelerator)
         return private_copy(row) if moved is None else moved
 
-    def _placed(self, row: Any) -> Any:
-        """``row`` on the backend's rows device, for a stack (which copies it): moved where
-        a cache holds it on the CPU and the rows are not, the object itself otherwise."""
-        moved = moved_from_cpu(row, self._rows_accelerator)
-        return row if moved is None else moved
+    def _placed(self, rows: list[Any]) -> list[Any]:
+        """``rows`` on the backend's rows device, for a stack (which copies them): a row a
+        cache holds on the CPU moved where the rows are not, the others as they are."""
+        device = self._rows_accelerator
+        if device is None:
+            return rows
+        return [row if (moved := moved_from_cpu(row, device)) is None else moved for row in rows]
 
     async def _shared_row(self, ctx: tuple[int, ...]) -> "torch.Tensor":
         """The row of a validated context; may be the cached object: never hand it out."""
@@ -563,7 +567,7 @@ class BaseLogprobBackend:
             return self._empty_rows()
         unique = list(dict.fromkeys(contexts))
         rows = dict(zip(unique, await asyncio.gather(*(self._shared_row(c) for c in unique))))
-        return torch.stack([self._placed(rows[c]) for c in contexts])
+        return torch.stack(self._placed([rows[c] for c in contexts]))
 
     def batch_next_token_logprobs_sync(self, token_ids_list: Sequence[Sequence[int]]) -> "torch.Tensor":
         """One row per context, stacked (an empty list gives a ``(0, vocab)`` tensor)."""
@@ -581,7 +585,7 @@ class BaseLogprobBackend:
         computed = iter(
             run_distinct([c for c in contexts if c not in hits], self.config.batch_size, self._batched_rows)
         )
-        return torch.stack([self._placed(hits[c]) if c in hits else next(computed) for c in contexts])
+        return torch.stack(self._placed([hits[c] if c in hits else next(computed) for c in contexts]))
 
     def _batched_rows(self, chunks: list[list[tuple[int, ...]]]) -> list["torch.Tensor"]:
         """The rows of distinct contexts through the batcher, one batch per chunk (the sync path)."""

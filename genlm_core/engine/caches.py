@@ -89,25 +89,22 @@ class OutputCache:
         return key in self._data
 
     def get(self, key: Hashable, default: Any = None) -> Any:
-        return self._find(key, default)[0]
+        with self._lock:
+            item = self._data.get(key)
+            if item is None:
+                self.misses += 1
+                return default
+            self._data.move_to_end(key)
+            self.hits += 1
+            return item[0]
 
     def get_back(self, key: Hashable, default: Any = None) -> Any:
         """:meth:`get`, on the device the value was put from: a copy where ``to_cpu`` holds
         it in host memory (as genlm-backend's ``move_to_cpu`` cache handed values back),
         the stored object otherwise."""
-        value, origin = self._find(key, default)
-        return value if origin is None else value.to(origin)
-
-    def _find(self, key: Hashable, default: Any) -> tuple[Any, Any]:
-        """``(the stored value, the device it was put from if moved)``, or ``(default, None)``."""
-        with self._lock:
-            item = self._data.get(key)
-            if item is None:
-                self.misses += 1
-                return default, None
-            self._data.move_to_end(key)
-            self.hits += 1
-            return item[0], self._origin.get(key)
+        value = self.get(key, default)
+        origin = self._origin.get(key) if self._origin else None
+        return value if origin is None or value is default else value.to(origin)
 
     def __getitem__(self, key: Hashable) -> Any:
         """:meth:`get_back` (on the device it was put from), or ``KeyError``."""
