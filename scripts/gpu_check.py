@@ -86,32 +86,26 @@ def _sis_ab(gpu: str, dry: str) -> tuple[list[str], list[str]]:
     )
 
 
+def _hf_step_ab(*gpu: str, dry: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """An A/B run of the hf step: :data:`HF_STEP` with the options ``gpu`` (in a dry run
+    ``dry``, by default the same)."""
+    return [*HF_STEP[0], *gpu], [*HF_STEP[1], *(gpu if dry is None else dry)]
+
+
 #: each benchmark's settings: (on a GPU, in a dry run on the CPU); short repetitions
 SIZES = {
     "hf_step": HF_STEP,
     # the same with the model's own forward in the static step: the fused step's before/after
-    "hf_step_unfused": (
-        [*HF_STEP[0], "--fused-decode", "off"],
-        [*HF_STEP[1], "--fused-decode", "off"],
-    ),
+    "hf_step_unfused": _hf_step_ab("--fused-decode", "off"),
     # the batches on the event loop's thread, not the batcher's worker (a GPU engine's
     # default): the hand-over and hand-back against the loop kept free during a pass
-    "hf_step_inline": (
-        [*HF_STEP[0], "--forward-thread", "off"],
-        [*HF_STEP[1], "--forward-thread", "on"],
-    ),
+    "hf_step_inline": _hf_step_ab("--forward-thread", "off", dry=["--forward-thread", "on"]),
     # the step without the output cache: on a GPU the step copies each row for the cache
     # (a second batched copy) and, while the cache fills, takes new device memory for it
-    "hf_step_nocache": (
-        [*HF_STEP[0], "--options", '{"cache_size": 0}'],
-        [*HF_STEP[1], "--options", '{"cache_size": 0}'],
-    ),
+    "hf_step_nocache": _hf_step_ab("--options", '{"cache_size": 0}'),
     # the same with the output cache in host memory (genlm serve's setting): one transfer
     # of the step's rows to the host instead of a device copy of each
-    "hf_step_cachecpu": (
-        [*HF_STEP[0], "--options", '{"cache_to_cpu": true}'],
-        [*HF_STEP[1], "--options", '{"cache_to_cpu": true}'],
-    ),
+    "hf_step_cachecpu": _hf_step_ab("--options", '{"cache_to_cpu": true}'),
     "burst": (
         ["--engines", "hf", "--particles", "16", "64", "--repeats", "1"],
         ["--engines", "hf", "--particles", "4", "--max-tokens", "3", "--repeats", "1"],
