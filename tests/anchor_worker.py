@@ -16,6 +16,7 @@ from genlm.bytes import BeamParams, ByteBeamState
 
 PROMPT = "The capital of France is"
 TEXT = b"The capital of"
+GREEDY_STEPS = 4
 
 
 def main(path):
@@ -42,9 +43,23 @@ def main(path):
         await state.cleanup()
         return out
 
+    async def greedy():
+        state = await ByteBeamState.initial(llm, BeamParams(K=5))
+        out = await state.greedy(TEXT, GREEDY_STEPS)
+        margins = []  # each step's top two log-probabilities apart (how robust its argmax is)
+        beam = await state.prefill(TEXT)
+        for b in out[len(TEXT) :]:
+            top = np.sort(np.asarray((await beam.logp_next()).ps, dtype=np.float64))[::-1]
+            margins.append(float(top[0] - top[1]))
+            beam = await (beam.prune() << b)
+        await state.cleanup()
+        return out.hex(), margins
+
     logZ, next_bytes = asyncio.run(beam())
+    greedy_hex, margins = asyncio.run(greedy())
     print(json.dumps({"contexts": contexts, "logprobs": logprobs, "masses": by_prefix,
-                      "logZ": logZ, "next_bytes": next_bytes}))  # fmt: skip
+                      "logZ": logZ, "next_bytes": next_bytes, "greedy": greedy_hex,
+                      "greedy_margins": margins}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ The reference stack lives in its own venv (``$GENLM_ANCHOR_PYTHON``, default the
 benchmarks/bench_control.py builds from PyPI, built here on first use);
 ``tests/anchor_worker.py`` computes there, on the same model in float32: next-token
 logprobs of three contexts, trie masses of a few byte prefixes, and a K=5 byte beam's
-logZ and next-byte logprobs after a prefill.
+logZ and next-byte logprobs after a prefill, and its ``greedy`` bytes.
 """
 
 from __future__ import annotations
@@ -78,8 +78,25 @@ def test_core_equals_genlm_backend_and_genlm_bytes() -> None:
         await state.cleanup()
         return out
 
+    async def greedy() -> bytes:
+        state = await gbytes.ByteBeamState.initial(llm, gbytes.BeamParams(K=5))
+        out = await state.greedy(anchor_worker.TEXT, steps=anchor_worker.GREEDY_STEPS)
+        await state.cleanup()
+        return out
+
     logZ, next_bytes = asyncio.run(beam())
     assert logZ == pytest.approx(ref["logZ"], abs=ATOL)
+    # greedy: the same bytes while each step's argmax is farther from the runner-up than
+    # both sides' logprobs can differ (the text and the bytes so far, a row bound each)
+    got, want = asyncio.run(greedy()), bytes.fromhex(ref["greedy"])
+    n = len(anchor_worker.TEXT)
+    robust = n
+    for k, margin in enumerate(ref["greedy_margins"]):
+        if margin <= 2 * (n + k + 1) * row_bound:
+            break
+        robust += 1
+    assert robust > n, f"no greedy step of the reference is robust: {ref['greedy_margins']}"
+    assert got[:robust] == want[:robust]
     finite = np.isfinite(ref["next_bytes"])
     np.testing.assert_array_equal(np.isfinite(next_bytes), finite)
     np.testing.assert_allclose(next_bytes[finite], np.asarray(ref["next_bytes"])[finite], atol=ATOL)

@@ -208,6 +208,62 @@ def test_byte_beam_equals_the_core(tiny_path: str) -> None:
     asyncio.run(main())
 
 
+def test_byte_beam_greedy_and_sample_take_genlm_bytes_arguments(tiny_path: str) -> None:
+    """genlm-bytes' ``greedy(context, steps)`` and ``sample(context, steps, draw=)``, keywords
+    too, against a hand loop over the core's beam (prefill, logp_next, prune, <<)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    context, steps = b"the cat", 5
+
+    def key(i: int) -> Any:
+        return None if i == 256 else i
+
+    async def by_hand(beam: Any, choose: Any) -> bytes:
+        out = bytearray(context)
+        beam = await beam.prefill(context)
+        for _ in range(steps):
+            b = key(choose(np.asarray((await beam.logp_next()).ps)))
+            if b is None or b == 257:
+                break
+            beam = await (beam.prune() << b)
+            out.append(b)
+        return bytes(out)
+
+    def second(ps: np.ndarray) -> int:  # the second likeliest entry: a draw no sampler makes by chance
+        return int(np.argsort(-ps, kind="stable")[1])
+
+    async def main() -> None:
+        llm = gb.MockAsyncLM(tok)
+        eos = bytes(llm.byte_vocab[tok.eos_token_id])
+        beam = await gbytes.ByteBeamState.initial(llm, gbytes.BeamParams(5, 0.0, False, [eos]))
+        core = await CoreByteBeamState.initial(llm, CoreBeamParams(K=5, eos_tokens=[eos]))
+        greedy = await beam.greedy(context, steps=steps)
+        assert greedy == await beam.greedy(context, steps) == await by_hand(core, np.argmax)
+        assert len(greedy) <= len(context) + steps
+
+        def draw(chart: Any) -> Any:  # genlm-bytes hands draw a Chart of probabilities
+            assert math.isclose(sum(chart.values()), 1.0, rel_tol=1e-6)
+            return chart.argmax()
+
+        def second_of(chart: Any) -> Any:
+            ps = np.array([chart[b] for b in range(256)] + [chart[None], chart[257]])
+            return key(second(ps))
+
+        assert await beam.sample(context, steps, draw=second_of) == await by_hand(core, second)
+        assert await beam.sample(context, steps, draw) == greedy  # positional, as genlm-bytes'
+        np.random.seed(3)
+        drawn = await beam.sample(context, steps=steps)
+        np.random.seed(3)
+        assert await beam.sample(context, steps) == drawn  # numpy's global generator
+        assert drawn.startswith(context)
+        with pytest.raises(ValueError, match="must be a non-negative int"):
+            await beam.greedy(context, steps=-1)
+        await beam.cleanup()
+
+    asyncio.run(main())
+
+
 def test_llm_constructors_map_options(tiny_path: str) -> None:
     llm = gb.AsyncTransformer.from_name(
         tiny_path, hf_opts={"torch_dtype": "float", "low_cpu_mem_usage": True}

@@ -93,9 +93,10 @@ def test_compat_stays_a_thin_skin() -> None:
     ``LazyByteProbs``); the mechanisms (batching, caches, tries, the beam) stay
     genlm-core's. The budget catches a second implementation creeping in (1,245 lines,
     then 1,255 with ``cache_opts`` mapped onto ``cache_to_cpu``: a signature's mapping; the
-    device a host-memory cache hands rows back on went into genlm-core's cache)."""
+    device a host-memory cache hands rows back on went into genlm-core's cache; 1,272 with
+    genlm-bytes' ``greedy(context, steps)`` and ``sample(context, steps, draw)``)."""
     total = sum(_code_lines(p) for p in PACKAGE.rglob("*.py") if "backend" in p.parts or "bytes" in p.parts)
-    assert total < 1265, f"genlm-compat has {total} lines of code"
+    assert total < 1280, f"genlm-compat has {total} lines of code"
 
 
 #: public names genlm-compat lists beyond the reference module's dir(), and why

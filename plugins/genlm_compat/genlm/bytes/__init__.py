@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from genlm.backend._guard import warn_if_real
 from genlm.backend._surface import public_dir  # noqa: E402
 from genlm.bytes.trie import AsyncTokenByteTrie, TokenByteTrie
@@ -119,6 +121,30 @@ class ByteBeamState(_CoreByteBeamState):
 
     async def logp_next(self) -> LazyByteProbs:  # type: ignore[override]
         return LazyByteProbs((await super().logp_next()).ps)
+
+    async def greedy(self, context: bytes, steps: int) -> bytes:  # type: ignore[override]
+        """genlm-bytes' ``greedy(context, steps)``: ``context`` read, then the most probable
+        byte ``steps`` times; it stops early at EOS (genlm-bytes fails there: EOS is no byte)."""
+        return await super().greedy(context, steps)
+
+    async def sample(  # type: ignore[override]
+        self, context: bytes, steps: int, draw: Callable[[Chart], Any] | None = None
+    ) -> bytes:
+        """genlm-bytes' ``sample(context, steps, draw=sample_dict)``: ``draw`` gets a
+        :class:`~genlm.bytes.util.Chart` of the next entry's probabilities and returns its
+        key; without one, numpy's global generator seeds genlm-core's draw (so
+        ``np.random.seed`` repeats a run, as with arsenal's ``sample_dict``). It stops early
+        at EOS, like :meth:`greedy`."""
+        if draw is None:
+            return await super().sample(context, steps, seed=int(np.random.randint(2**32)))
+        out, state = bytearray(context), await self.prefill(context)
+        for _ in range(steps):
+            b = draw((await state.logp_next()).materialize().map_values(np.exp))
+            if b is None or b == EOS:
+                break
+            state = await (state.prune() << b)
+            out.append(b)
+        return bytes(out)
 
 
 __dir__ = public_dir(__name__)  # the API only, as the reference lists it
