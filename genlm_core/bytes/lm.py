@@ -62,14 +62,14 @@ class StatefulTokenizedLM:
             max_context_length = getattr(model, "max_context_length", None)
             if not isinstance(max_context_length, int):
                 max_context_length = None
-        return cls(model, initial_context, max_context_length)
+        return cls(model, initial_context, max_context_length=max_context_length)
 
     def __lshift__(self, token: int) -> "StatefulTokenizedLM":
         ctx = (*self.context, int(token))
         m = self.max_context_length
         if m is not None and len(ctx) > m:
             ctx = ctx[-m:]
-        return StatefulTokenizedLM(self.model, ctx, m)
+        return type(self)(self.model, ctx, max_context_length=m)  # a subclass stays itself
 
     async def logp_next(self) -> "torch.Tensor":
         """Next-token log-probabilities (batched with concurrent callers)."""

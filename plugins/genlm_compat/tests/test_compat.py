@@ -328,3 +328,27 @@ def test_mock_options_are_checked_before_the_tokenizer_is_loaded(tmp_path: Any) 
         gb.load_model_by_name("gpt2", backend="mock", llm_opts={"bogus": 1})
     with pytest.raises(ValueError, match="does not exist"):
         gb.MockAsyncLM.from_name(str(tmp_path / "missing"))
+
+
+def test_stateful_lm_and_trie_start_take_genlm_bytes_calls(tiny_path: str) -> None:
+    """``StatefulTokenizedLM(model, context, n_calls, max_context_length)`` positionally,
+    as genlm-bytes', its states extended as their own class; ``start()`` on the async
+    trie, then its masses equal the trie's own."""
+    llm = genlm_core.load("mock", model=tiny_path)
+    state = gbytes.StatefulTokenizedLM(llm, [5, 6, 7], 0, 3)
+    assert state.context == (5, 6, 7) and state.max_context_length == 3
+    nxt = state << 8
+    assert type(nxt) is gbytes.StatefulTokenizedLM and nxt.context == (6, 7, 8)
+    assert gbytes.StatefulTokenizedLM(llm, [1, 2], n_calls=4).context == (1, 2)
+    vocab = [b"a", b"ab", b"b"]
+    trie = gbytes.AsyncTokenByteTrie.from_vocab(vocab)
+    ws = np.array([0.5, 0.25, 0.25])
+
+    async def main() -> Any:
+        trie.start()
+        return await trie.weight_sum(ws)
+
+    np.testing.assert_array_equal(asyncio.run(main()), trie.trie.weight_sum(ws))
+    char_trie = gb.AsyncTokenCharacterTrie.from_vocab(vocab)
+    char_trie.start()
+    np.testing.assert_array_equal(asyncio.run(char_trie.weight_sum(ws)), char_trie.trie.weight_sum(ws))

@@ -16,11 +16,11 @@ from genlm_core.bytes import (
     EOS,
     EOT,
     LazyTrieState,
-    StatefulTokenizedLM,
     TrieMode,
 )
 from genlm_core.bytes import BeamParams as _CoreBeamParams
 from genlm_core.bytes import ByteBeamState as _CoreByteBeamState
+from genlm_core.bytes import StatefulTokenizedLM as _CoreStatefulTokenizedLM
 
 warn_if_real("genlm-bytes", "genlm.bytes")
 
@@ -76,6 +76,18 @@ class BeamParams(_CoreBeamParams):
     def eos_byte_strings(self) -> set[bytes]:  # type: ignore[override]
         """The EOS tokens' byte strings (a set, as in genlm-bytes)."""
         return set(self.eos_tokens or ())
+
+
+class StatefulTokenizedLM(_CoreStatefulTokenizedLM):
+    """genlm-bytes' ``StatefulTokenizedLM(model, context, n_calls=0, max_context_length=None)``:
+    ``n_calls`` (genlm-bytes' private count of the model's calls) is taken and not kept."""
+
+    __slots__ = ()
+
+    def __init__(
+        self, model: Any, context: Any, n_calls: int = 0, max_context_length: int | None = None
+    ) -> None:
+        super().__init__(model, context, max_context_length)
 
 
 #: genlm-bytes' ``trie_opts`` (``TokenByteTrie`` keywords) and what each becomes here

@@ -229,5 +229,9 @@ class AsyncTokenByteTrie(_CoreAsyncTrie):
         """A :class:`TokenByteTrie` of ``vocab`` (``kwargs`` are its keywords), wrapped."""
         return cls(TokenByteTrie(decode=vocab, **kwargs))
 
+    def start(self) -> None:
+        """genlm-bytes' ``start()``: genlm-core's wrapper batches with no background task,
+        so calls work before and after it and there is nothing to start."""
+
 
 __dir__ = public_dir(__name__)  # the API only, as the reference lists it

@@ -170,5 +170,8 @@ class AsyncTokenCharacterTrie(AsyncTokenByteTrie):
             return cls(ParallelTokenCharacterTrie(vocab, **kwargs))
         raise ValueError(f"Unknown backend: {backend}. Must be one of ['sequential', 'parallel']")
 
+    def start(self) -> None:
+        """genlm-backend's ``start()``: nothing to start (no background task here)."""
+
 
 __dir__ = public_dir(__name__)  # the API only, as the reference lists it
