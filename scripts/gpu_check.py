@@ -106,6 +106,9 @@ SIZES = {
     # the same with the output cache in host memory (genlm serve's setting): one transfer
     # of the step's rows to the host instead of a device copy of each
     "hf_step_cachecpu": _hf_step_ab("--options", '{"cache_to_cpu": true}'),
+    # the fused step attending with torch's scaled_dot_product_attention (one kernel where
+    # a backend takes the mask) instead of two batched GEMMs, a softmax and two copies
+    "hf_step_sdpa": _hf_step_ab("--options", '{"fused_attention": "sdpa"}'),
     "burst": (
         ["--engines", "hf", "--particles", "16", "64", "--repeats", "1"],
         ["--engines", "hf", "--particles", "4", "--max-tokens", "3", "--repeats", "1"],
@@ -137,6 +140,7 @@ PLAN = [
     ("burst", "smollm2-1.7b-bf16"),
     ("sis", "smollm2-1.7b-bf16"),
     ("serve", "smollm2-135m-f32"),
+    ("hf_step_sdpa", "smollm2-135m-f32"),
     ("hf_step_inline", "smollm2-135m-f32"),
     ("hf_step_nocache", "smollm2-135m-f32"),
     ("hf_step_cachecpu", "smollm2-135m-f32"),
@@ -155,6 +159,7 @@ OPTIONAL = {
     ("hf_step_inline", "smollm2-135m-f32"),
     ("hf_step_nocache", "smollm2-135m-f32"),
     ("hf_step_cachecpu", "smollm2-135m-f32"),
+    ("hf_step_sdpa", "smollm2-135m-f32"),
     ("serve", "smollm2-1.7b-bf16"),
     ("burst", "smollm2-135m-f32"),
     ("sis", "smollm2-135m-f32"),
@@ -166,6 +171,7 @@ WRITES = {
     "hf_step_inline": "hf_step_grow",
     "hf_step_nocache": "hf_step_grow",
     "hf_step_cachecpu": "hf_step_grow",
+    "hf_step_sdpa": "hf_step_grow",
 }
 #: the benchmark script of a run, when not ``bench_<name>.py``
 SCRIPTS = {
@@ -173,6 +179,7 @@ SCRIPTS = {
     "hf_step_inline": "hf_step",
     "hf_step_nocache": "hf_step",
     "hf_step_cachecpu": "hf_step",
+    "hf_step_sdpa": "hf_step",
     "sis_batch64": "sis",
     "sis_inline": "sis",
 }
@@ -183,6 +190,7 @@ CAPS = {
     "hf_step_inline": 90,
     "hf_step_nocache": 90,
     "hf_step_cachecpu": 90,
+    "hf_step_sdpa": 90,
     "burst": 90,
     "sis": 90,
     "sis_batch64": 60,

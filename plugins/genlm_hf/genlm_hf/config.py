@@ -58,6 +58,14 @@ class HFConfig(KVCacheOptions, BackendConfig):
             "cannot run (other architectures, quantised or adapted layers) use their own forward"
         ),
     )
+    fused_attention: Literal["bmm", "sdpa"] = Field(
+        "bmm",
+        description=(
+            "how the fused step attends (genlm_hf.fused.ATTENTION): 'bmm', two batched GEMMs with "
+            "softmax in float32 between them, or 'sdpa', torch's scaled_dot_product_attention (one "
+            "kernel on CUDA where a backend takes the mask); rows equal up to rounding order"
+        ),
+    )
     static_decode_bytes: int | None = Field(
         None,
         ge=0,

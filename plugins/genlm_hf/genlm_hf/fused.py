@@ -27,7 +27,9 @@ layer:
 - attention of one new token is two batched GEMMs: the query heads of each KV head
   attend to that head's columns without copying it (``(B * kv_heads, groups, C)``
   scores), the mask (columns past a row's position) added in the same ``baddbmm``,
-  softmax in float32 (as transformers' eager attention);
+  softmax in float32 (as transformers' eager attention); ``fused_attention="sdpa"``
+  runs torch's ``scaled_dot_product_attention`` over the same views instead (one kernel on
+  CUDA where a backend takes the mask; the default until a GPU measures it);
 - the output and down projections add their residual in the GEMM, in place (``addmm_``:
   an ``addmm`` into a new tensor first copies the residual there, one more kernel each).
 
@@ -56,7 +58,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ARCHITECTURES", "FusedLlama", "fused_reason"]
+__all__ = ["ARCHITECTURES", "ATTENTION", "FusedLlama", "fused_reason"]
+
+#: how the fused step attends: ``"bmm"``, two batched GEMMs (the mask added in the first,
+#: softmax in float32 between them); ``"sdpa"``, torch's ``scaled_dot_product_attention``
+#: (one fused kernel on CUDA where a backend takes the mask, softmax inside it)
+ATTENTION = ("bmm", "sdpa")
 
 #: rope types whose inverse frequencies are fixed (``dynamic`` rescales them with the length)
 _STATIC_ROPE = ("default", "linear", "llama3")
@@ -180,7 +187,11 @@ class FusedLlama:
     :meth:`build`, which re-points the model's q/k/v and gate/up weights at the
     concatenated tensors (values unchanged, nothing held twice)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, attention: str = "bmm") -> None:
+        if attention not in ATTENTION:
+            raise ValueError(f"fused_attention={attention!r}: expected one of {', '.join(ATTENTION)}")
+        #: how one new token attends (:data:`ATTENTION`)
+        self.attention = attention
         config = model.config
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()
@@ -200,12 +211,12 @@ class FusedLlama:
         self.hidden = int(config.hidden_size)
 
     @classmethod
-    def build(cls, model: Any) -> FusedLlama:
+    def build(cls, model: Any, attention: str = "bmm") -> FusedLlama:
         reason = fused_reason(model)
         if reason is not None:
             raise ValueError(f"hf: the fused decode step cannot run this model: {reason}")
         with torch.no_grad():
-            return cls(model)
+            return cls(model, attention)
 
     def step(
         self, ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, index: torch.Tensor
@@ -221,7 +232,7 @@ class FusedLlama:
         cos, sin = self.rotary(h, pos)  # (B, 1, D) in the model's dtype, its rope type's scaling
         cols = torch.arange(C, device=kv.device).view(1, 1, 1, C)
         mask = torch.where(cols <= pos.view(B, 1, 1, 1), 0.0, torch.finfo(dtype).min).to(dtype)
-        mask = mask.expand(B, Hk, G, C).reshape(B * Hk, G, C)
+        mask = mask.expand(B, Hk, G, C).contiguous()  # once a step: every layer reads it
         half = D // 2
         # rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2): the negation moves to sin, once
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
@@ -237,14 +248,30 @@ class FusedLlama:
             torch.addcmul(x * cos, rot, sin, out=qk)  # rotated in place: k lies beside v again
             # the new token's key and value, (2, B, Hk, 1, D), scattered at each row's column
             kv[i].scatter_(3, index, qkv[:, Hq * D :].view(B, 2, Hk, 1, D).transpose(0, 1))
-            keys, values = kv[i, 0], kv[i, 1]  # (B, Hk, C, D)
-            q = qkv[:, : Hq * D].reshape(B * Hk, G, D)
-            scores = torch.baddbmm(mask, q, keys.view(B * Hk, C, D).transpose(1, 2), alpha=self.scaling)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
-            out = torch.bmm(probs, values.view(B * Hk, C, D)).view(B, Hq * D)
+            # the G query heads of a KV head are that head's G queries: no KV head copied
+            q = qkv[:, : Hq * D].view(B, Hk, G, D)
+            out = self._attend(q, kv[i, 0], kv[i, 1], mask).reshape(B, Hq * D)
             h.addmm_(out, lw.o.t())  # in place: no copy of h into a new output first
             a = F.rms_norm(h, (self.hidden,), lw.w_post, lw.eps_post)
             gate_up = F.linear(a, lw.gate_up)
             h.addmm_(F.silu(gate_up[:, : lw.inter]) * gate_up[:, lw.inter :], lw.down.t())
         h = F.rms_norm(h, (self.hidden,), self.w_final, self.eps_final)
         return F.linear(h, self.head)
+
+    def _attend(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """``(B, Hk, G, D)`` queries over ``(B, Hk, C, D)`` keys and values, the additive
+        ``(B, Hk, G, C)`` mask: the attention output, ``(B, Hk, G, D)``."""
+        if self.attention == "sdpa":
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+        B, Hk, G, D = q.shape
+        C = keys.shape[2]
+        scores = torch.baddbmm(
+            mask.view(B * Hk, G, C),
+            q.reshape(B * Hk, G, D),
+            keys.view(B * Hk, C, D).transpose(1, 2),
+            alpha=self.scaling,
+        )
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.bmm(probs, values.view(B * Hk, C, D)).view(B, Hk, G, D)

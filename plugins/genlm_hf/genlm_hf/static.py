@@ -469,6 +469,7 @@ class StaticDecoder:
             "static_bytes": self.nbytes,
             "fused_decode": self.fused is not None,
             "fused_decode_off": self.fused_off,
+            "fused_attention": self.fused.attention if self.fused is not None else None,
         }
 
 

@@ -57,7 +57,7 @@ def make_static_decoder(
     if getattr(config, "fused_decode", True):
         fused_off = fused_reason(model)
         if fused_off is None:
-            fused = FusedLlama.build(model)
+            fused = FusedLlama.build(model, getattr(config, "fused_attention", "bmm"))
     return StaticDecoder(
         model,
         batch_size=config.batch_size,

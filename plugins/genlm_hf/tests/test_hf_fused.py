@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from genlm_hf.cache_names import output_cache
-from genlm_hf.fused import FusedLlama, fused_reason
+from genlm_hf.fused import ATTENTION, FusedLlama, fused_reason
 from hf_helpers import load_hf, make_lora_adapter
 
 from genlm_core.testing.tolerance import ModelShape, assert_rows_close
@@ -138,7 +138,8 @@ def _uncached(model: Any, contexts: list[list[int]]) -> torch.Tensor:
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_the_fused_step_equals_the_models_forward(name: str, dtype: str, device: str) -> None:
+@pytest.mark.parametrize("attention", ATTENTION)
+def test_the_fused_step_equals_the_models_forward(name: str, dtype: str, device: str, attention: str) -> None:
     if device == "cuda" and not torch.cuda.is_available():  # pragma: no cover - GPU
         pytest.skip("no CUDA device (the cuda marker deselects this test on such machines)")
     model = _model(name, getattr(torch, dtype), device)
@@ -147,7 +148,7 @@ def test_the_fused_step_equals_the_models_forward(name: str, dtype: str, device:
     shape = ModelShape(width=160, layers=2)
     with torch.inference_mode():
         before = _uncached(model, contexts)
-        fused = FusedLlama.build(model)
+        fused = FusedLlama.build(model, attention)
         want = _uncached(model, contexts)
         # the model's weights are views of the fused ones: its own forward is unchanged
         assert torch.equal(before, want)
@@ -158,7 +159,7 @@ def test_the_fused_step_equals_the_models_forward(name: str, dtype: str, device:
         )
         for bucket in ((4, 32), (3, 64)):  # a padding row, padding columns
             got = _step(fused, model, contexts, bucket)
-            what = f"{name} {dtype} {device} {bucket}: fused vs forward"
+            what = f"{name} {dtype} {device} {attention} {bucket}: fused vs forward"
             assert_rows_close(got, want, shape, dtype=dtype, what=what)
 
 
@@ -206,15 +207,17 @@ def _check_burst(llm: Any, script: list[dict[int, tuple[int, ...]]], what: str) 
         assert_rows_close(got, ref, shape, what=f"{what}, step {step}: static vs uncached")
 
 
-def test_smollm2_through_the_engine() -> None:
+@pytest.mark.parametrize("attention", ATTENTION)
+def test_smollm2_through_the_engine(attention: str) -> None:
     from genlm_core.testing import models
 
     path = str(models.smollm2())
-    llm = load_hf(path, static_decode="on", batch_size=4)
+    llm = load_hf(path, static_decode="on", batch_size=4, fused_attention=attention)
     try:
-        assert llm.stats()["engine"]["fused_decode"] is True
+        stats = llm.stats()["engine"]
+        assert stats["fused_decode"] is True and stats["fused_attention"] == attention
         prompts = [list(llm.tokenizer.encode(t)) for t in ("Montreal is", "The cat sat on the", "1, 2, 3,")]
-        _check_burst(llm, _script(prompts, 3, len(llm.byte_vocab)), "SmolLM2-135M fused")
+        _check_burst(llm, _script(prompts, 3, len(llm.byte_vocab)), f"SmolLM2-135M fused ({attention})")
         assert llm.stats()["engine"]["static_steps"] >= 3
     finally:
         llm.close()
