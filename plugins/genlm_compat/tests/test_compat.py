@@ -352,3 +352,65 @@ def test_stateful_lm_and_trie_start_take_genlm_bytes_calls(tiny_path: str) -> No
     char_trie = gb.AsyncTokenCharacterTrie.from_vocab(vocab)
     char_trie.start()
     np.testing.assert_array_equal(asyncio.run(char_trie.weight_sum(ws)), char_trie.trie.weight_sum(ws))
+
+
+def test_a_model_of_ones_own_subclasses_async_lm(tiny_path: str) -> None:
+    """genlm-backend's ``AsyncLM`` subclassed (a tokenizer, the two row methods): its batch
+    calls stack its rows and its samplers draw genlm-backend 0.3.1's tokens for a seed
+    (that release's loop, written out below); every genlm-core backend is an AsyncLM."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+
+    class Table(gb.AsyncLM):  # a model of one's own: a fixed row for each context's sum mod 8
+        def __init__(self, tokenizer: Any) -> None:
+            super().__init__(tokenizer)
+            g = torch.Generator().manual_seed(0)
+            self.rows = torch.log_softmax(torch.randn(8, len(self.byte_vocab), generator=g) * 4, dim=-1)
+
+        async def next_token_logprobs(self, token_ids: Any, lora_name: Any = None) -> torch.Tensor:
+            return self.next_token_logprobs_sync(token_ids)
+
+        def next_token_logprobs_sync(self, token_ids: Any, lora_name: Any = None) -> torch.Tensor:
+            return self.rows[sum(token_ids) % 8].clone()
+
+    lm = Table(tok)
+    assert lm.byte_vocab == gb.decode_vocab(tok)[0] and lm.tokenizer is tok
+    contexts = [[1, 2], [3], [4, 5, 6]]
+    want = torch.stack([lm.rows[sum(c) % 8] for c in contexts])
+    assert torch.equal(lm.batch_next_token_logprobs_sync(contexts), want)
+    assert torch.equal(asyncio.run(lm.batch_next_token_logprobs(contexts)), want)
+
+    def by_hand(prompt: list[int], n: int, eos: list[int], temperature: float, seed: int) -> list[int]:
+        gen = torch.Generator()
+        gen.manual_seed(seed)
+        out: list[int] = []
+        for _ in range(n):
+            probs = torch.softmax(lm.next_token_logprobs_sync(prompt + out) / temperature, dim=-1)
+            token = torch.multinomial(probs, num_samples=1, generator=gen).item()
+            if token in eos:
+                break
+            out.append(token)
+        return out
+
+    eos = [int(lm.rows[0].argsort()[-3])]  # a likely token: some draws stop on it
+    for seed, temperature in [(0, 1.0), (1, 0.7), (2, 1.5), (3, 1.0)]:
+        got = asyncio.run(lm.sample([1, 2], 12, eos, temperature=temperature, seed=seed))
+        assert got == by_hand([1, 2], 12, eos, temperature, seed)
+    batch = asyncio.run(lm.batch_sample(contexts, 6, eos, seed=5))
+    assert batch == [by_hand(c, 6, eos, 1.0, 5) for c in contexts]
+    assert asyncio.run(lm.sample([1], 0, eos)) == []
+    with pytest.raises(TypeError, match="abstract"):
+
+        class Half(gb.AsyncLM):
+            async def next_token_logprobs(self, token_ids: Any, lora_name: Any = None) -> Any:
+                return None
+
+        Half(tok)  # type: ignore[abstract]
+    with pytest.raises(RuntimeError, match=r"set_lora\(\) was removed"):
+        lm.set_lora("a", "b")
+    with pytest.raises(NotImplementedError, match="cannot load LoRA adapters"):
+        lm.add_new_lora("a", "b")
+    mock = genlm_core.load("mock", model=tiny_path)
+    assert isinstance(mock, gb.AsyncLM) and issubclass(gb.AsyncTransformer, gb.AsyncLM)
+    mock.close()

@@ -95,9 +95,10 @@ def test_compat_stays_a_thin_skin() -> None:
     then 1,255 with ``cache_opts`` mapped onto ``cache_to_cpu``: a signature's mapping; the
     device a host-memory cache hands rows back on went into genlm-core's cache; 1,272 with
     genlm-bytes' ``greedy(context, steps)`` and ``sample(context, steps, draw)``; 1,280
-    with ``StatefulTokenizedLM``'s ``n_calls`` and the tries' ``start()``: signatures)."""
+    with ``StatefulTokenizedLM``'s ``n_calls`` and the tries' ``start()``: signatures; 1,340
+    with genlm-backend's abstract ``AsyncLM`` to subclass, its draws genlm-core's)."""
     total = sum(_code_lines(p) for p in PACKAGE.rglob("*.py") if "backend" in p.parts or "bytes" in p.parts)
-    assert total < 1290, f"genlm-compat has {total} lines of code"
+    assert total < 1345, f"genlm-compat has {total} lines of code"
 
 
 #: public names genlm-compat lists beyond the reference module's dir(), and why
@@ -130,9 +131,6 @@ def test_dir_lists_the_api_only(module: str) -> None:
 #: reference methods whose calls genlm-compat does not take, each an allowed difference
 #: docs/migration.md names (the first backquoted word must appear in its table)
 CALLS_DIFFER = {
-    # the reference's abstract base, subclassed with a tokenizer; here genlm-core's base
-    # (its engines' classes, AsyncTransformer and the others, take the reference's calls)
-    "AsyncLM.*": "AsyncLM",
     # genlm-backend's batching internals (genlm-hf forms its own batches)
     "AsyncTransformer.add_query": "add_query",
     "AsyncTransformer.batch_evaluate_queries": "batch_evaluate_queries",

@@ -14,15 +14,14 @@ from typing import Any
 
 from genlm.backend._surface import placeholder, public_dir
 from genlm.backend.cache import TokenTrie
-from genlm.backend.llm.calls import UNKNOWN_ADAPTER, ReferenceCalls
+from genlm.backend.llm.calls import UNKNOWN_ADAPTER, AsyncLM, ReferenceCalls
 from genlm_hf.backend import HFEngine
 from genlm_hf.config import HFConfig
 from genlm_hf.loading import load_model_and_tokenizer
 from genlm_mock.engine import MockEngine
 
 from genlm_core.engine import DTYPES, Checkpoint, checkpoint, normalize_dtype, read_checkpoint
-from genlm_core.engine.backend import BaseLogprobBackend as AsyncLM
-from genlm_core.engine.backend import backend_class
+from genlm_core.engine.backend import BaseLogprobBackend, backend_class
 from genlm_core.engine.contract import refuse_unsupported_dtype
 
 __all__ = ["AsyncLM", "AsyncMlxLM", "AsyncRemoteLM", "AsyncSGLTransformer", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM",
@@ -89,7 +88,7 @@ class AsyncTransformer(ReferenceCalls, backend_class("hf", HFEngine)):  # type: 
         if lora_name not in self.loras:
             raise ValueError(UNKNOWN_ADAPTER.format(lora_name))
         if self.active_lora == lora_name:
-            AsyncLM.clear_lora(self)
+            BaseLogprobBackend.clear_lora(self)
         with self.engine_lock:
             self.engine.model.delete_adapter(lora_name)
             del self.adapters.paths[lora_name]

@@ -11,10 +11,14 @@
 * ``sample`` raises :class:`~genlm.backend.errors.ContextWindowError` where the
   context outgrows the model's window; ``batch_sample`` gives every prompt the same
   seeded stream.
+
+:class:`AsyncLM` is genlm-backend's abstract base of a model of one's
+own; genlm-core's backends are registered as its subclasses.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
@@ -23,7 +27,11 @@ from typing import Any
 from genlm.backend._surface import public_dir  # noqa: E402
 from genlm.backend.errors import ContextWindowError, reference_error
 
-__all__ = ["AdapterTurns", "ReferenceCalls"]
+from genlm_core.engine.backend import BaseLogprobBackend
+from genlm_core.engine.contract import SampleRequest
+from genlm_core.engine.sampling import drawing, sampling_temperature
+
+__all__ = ["AdapterTurns", "AsyncLM", "ReferenceCalls"]
 
 UNKNOWN_ADAPTER = "unknown LoRA adapter: {!r}; register it with add_new_lora()"
 
@@ -194,5 +202,88 @@ class ReferenceCalls:
     def timeout(self) -> float:
         return self.config.timeout  # type: ignore[attr-defined]
 
+
+class AsyncLM(abc.ABC):
+    """genlm-backend's ``AsyncLM(tokenizer)``: a subclass writes ``next_token_logprobs`` and
+    ``next_token_logprobs_sync``; the batch calls and the samplers are made of them (the
+    draws genlm-core's are: the same tokens as genlm-backend's for a seed). Every genlm-core
+    backend is an ``AsyncLM`` too (``isinstance`` holds), batching and caching its own calls."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        from genlm.backend.tokenization.vocab import decode_vocab
+
+        self.tokenizer = tokenizer
+        self.byte_vocab, self.str_vocab = decode_vocab(tokenizer)
+
+    @abc.abstractmethod
+    async def next_token_logprobs(self, token_ids: Any, lora_name: str | None = None) -> Any:
+        """The normalised next-token log-probabilities of ``token_ids``."""
+
+    @abc.abstractmethod
+    def next_token_logprobs_sync(self, token_ids: Any, lora_name: str | None = None) -> Any:
+        """Synchronous :meth:`next_token_logprobs`."""
+
+    async def batch_next_token_logprobs(self, token_ids_list: Any, lora_name: str | None = None) -> Any:
+        import torch
+
+        calls = (self.next_token_logprobs(t, lora_name=lora_name) for t in token_ids_list)
+        return torch.stack(list(await asyncio.gather(*calls)))
+
+    def batch_next_token_logprobs_sync(self, token_ids_list: Any, lora_name: str | None = None) -> Any:
+        import torch
+
+        return torch.stack([self.next_token_logprobs_sync(t, lora_name=lora_name) for t in token_ids_list])
+
+    def add_new_lora(self, lora_path: Any, lora_name: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot load LoRA adapters (write add_new_lora)")
+
+    def remove_lora(self, lora_name: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot unload LoRA adapters (write remove_lora)")
+
+    set_lora = ReferenceCalls.set_lora
+    clear_lora = ReferenceCalls.clear_lora
+
+    def clear_cache(self) -> None:  # noqa: B027 - genlm-backend's is a no-op to override too
+        """Nothing is cached here (a subclass that caches clears it)."""
+
+    async def sample(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        eos_token_ids: Sequence[int],
+        temperature: float = 1.0,
+        seed: int | None = None,
+        lora_name: str | None = None,
+    ) -> list[int]:
+        """Up to ``max_tokens`` tokens drawn from this model's rows, stopping before an EOS."""
+        eos = frozenset(int(e) for e in eos_token_ids)
+        steps = drawing(
+            SampleRequest(tuple(prompt_token_ids), max_tokens, eos, sampling_temperature(temperature), seed)
+        )
+        try:
+            ctx = next(steps)
+            while True:
+                ctx = steps.send(await self.next_token_logprobs(list(ctx), lora_name=lora_name))
+        except StopIteration as done:
+            return done.value
+
+    async def batch_sample(
+        self,
+        prompt_token_ids_list: Sequence[Sequence[int]],
+        max_tokens: int,
+        eos_token_ids: Sequence[int],
+        temperature: float = 1.0,
+        seed: int | None = None,
+        lora_name: str | None = None,
+    ) -> list[list[int]]:
+        """:meth:`sample` of every prompt concurrently, each with the same ``seed``."""
+        runs = (
+            self.sample(p, max_tokens, eos_token_ids, temperature, seed, lora_name)
+            for p in prompt_token_ids_list
+        )
+        return list(await asyncio.gather(*runs))
+
+
+AsyncLM.register(BaseLogprobBackend)
 
 __dir__ = public_dir(__name__)  # the API only, as the reference lists it
