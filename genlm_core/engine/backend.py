@@ -56,7 +56,7 @@ from genlm_core.engine.heap import settle_after_load
 from genlm_core.engine.lora import LoraAdapters
 from genlm_core.engine.memory import accelerator, compact, moved_from_cpu, private_copies, private_copy
 from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadable_rows
-from genlm_core.engine.sampling import drawing, sampling_temperature
+from genlm_core.engine.sampling import draw_tokens, draw_tokens_sync, sampling_temperature
 from genlm_core.engine.validation import RecentContexts, validate_context
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -655,13 +655,7 @@ class BaseLogprobBackend:
             return []
         if self.sampler is not None:
             return list(await self.sampler.submit(req))
-        steps = drawing(req)
-        ctx = next(steps)
-        try:
-            while True:
-                ctx = steps.send(await self._shared_row(self.validate(ctx)))  # read only
-        except StopIteration as done:
-            return done.value
+        return await draw_tokens(req, lambda ctx: self._shared_row(self.validate(ctx)))  # read only
 
     def sample_sync(
         self,
@@ -682,13 +676,7 @@ class BaseLogprobBackend:
             return []
         if self.sampler is not None:
             return list(self.sampler.run_sync([req])[0])
-        steps = drawing(req)
-        ctx = next(steps)
-        try:
-            while True:
-                ctx = steps.send(self._shared_row_sync(self.validate(ctx)))
-        except StopIteration as done:
-            return done.value
+        return draw_tokens_sync(req, lambda ctx: self._shared_row_sync(self.validate(ctx)))
 
     async def batch_sample(
         self,

@@ -3,14 +3,15 @@
 
 :meth:`~genlm_core.engine.backend.BaseLogprobBackend.sample` checks and clamps a
 :class:`~genlm_core.engine.contract.SampleRequest`, then either hands it to the
-engine's sampler or drives :func:`drawing` with the backend's rows (async or sync).
+engine's sampler or drives :func:`drawing` with the backend's rows (:func:`draw_tokens`,
+async or sync).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from genlm_core.engine.contract import SampleRequest
@@ -24,6 +25,8 @@ __all__ = [
     "check_temperature",
     "draw",
     "draw_rows",
+    "draw_tokens",
+    "draw_tokens_sync",
     "drawing",
     "sampling_temperature",
 ]
@@ -86,6 +89,31 @@ def drawing(req: SampleRequest) -> Generator[tuple[int, ...], "torch.Tensor", li
         out.append(tok)
         ctx.append(tok)
     return out
+
+
+async def draw_tokens(
+    req: SampleRequest, row: Callable[[tuple[int, ...]], Awaitable["torch.Tensor"]]
+) -> list[int]:
+    """The tokens of ``req`` (:func:`drawing`) from the row ``await row(context)`` gives
+    for each context (read only)."""
+    steps = drawing(req)
+    try:
+        ctx = next(steps)
+        while True:
+            ctx = steps.send(await row(ctx))
+    except StopIteration as done:
+        return done.value
+
+
+def draw_tokens_sync(req: SampleRequest, row: Callable[[tuple[int, ...]], "torch.Tensor"]) -> list[int]:
+    """Synchronous :func:`draw_tokens`."""
+    steps = drawing(req)
+    try:
+        ctx = next(steps)
+        while True:
+            ctx = steps.send(row(ctx))
+    except StopIteration as done:
+        return done.value
 
 
 def draw(logprobs: "torch.Tensor", temperature: float, gen: "torch.Generator") -> int:

@@ -29,7 +29,7 @@ from genlm.backend.errors import ContextWindowError, reference_error
 
 from genlm_core.engine.backend import BaseLogprobBackend
 from genlm_core.engine.contract import SampleRequest
-from genlm_core.engine.sampling import drawing, sampling_temperature
+from genlm_core.engine.sampling import draw_tokens, sampling_temperature
 
 __all__ = ["AdapterTurns", "AsyncLM", "ReferenceCalls"]
 
@@ -257,15 +257,8 @@ class AsyncLM(abc.ABC):
     ) -> list[int]:
         """Up to ``max_tokens`` tokens drawn from this model's rows, stopping before an EOS."""
         eos = frozenset(int(e) for e in eos_token_ids)
-        steps = drawing(
-            SampleRequest(tuple(prompt_token_ids), max_tokens, eos, sampling_temperature(temperature), seed)
-        )
-        try:
-            ctx = next(steps)
-            while True:
-                ctx = steps.send(await self.next_token_logprobs(list(ctx), lora_name=lora_name))
-        except StopIteration as done:
-            return done.value
+        req = SampleRequest(tuple(prompt_token_ids), max_tokens, eos, sampling_temperature(temperature), seed)
+        return await draw_tokens(req, lambda ctx: self.next_token_logprobs(list(ctx), lora_name=lora_name))
 
     async def batch_sample(
         self,
