@@ -17,6 +17,7 @@ from genlm_core.bytes import (
     EOSMode,
     StatefulTokenizedLM,
 )
+from genlm_core.bytes.dist import EOT_INDEX
 from genlm_core.bytes.testing import BruteForce, TableBackend
 from genlm_core.config import ConfigError
 
@@ -185,6 +186,28 @@ async def test_sample_stops_at_eos_and_is_seeded():
     assert all(len(o) < 100 for o in outs)  # stopped at EOS long before 500 bytes
     assert all(o.startswith(b"a") and set(o) <= set(b"ab") for o in outs)
     assert await beam.sample(b"a", 500, seed=3) == outs[3]
+
+
+async def test_sample_with_a_draw_of_ones_own():
+    """``sample(..., draw=f)``: ``f`` picks each byte from the next byte's distribution;
+    against the same choices made by hand (prune, logp_next, <<), stopping at EOS."""
+    llm = table_llm(seed=4)
+    beam = await ByteBeamState.initial(llm, BeamParams(K=3))
+
+    def second(q):  # the second likeliest entry: no seeded draw makes it by chance
+        order = np.argsort(-np.asarray(q.ps), kind="stable")
+        return None if order[1] == EOT_INDEX else int(order[1])
+
+    want, state = bytearray(b"ab"), await beam.prefill(b"ab")
+    for _ in range(6):
+        state = state.prune()
+        b = second(await state.logp_next())
+        if b is None or b == EOS:
+            break
+        state = await (state << b)
+        want.append(b)
+    assert await beam.sample(b"ab", 6, draw=second) == bytes(want)
+    assert await beam.sample(b"ab", 6, draw=lambda q: None) == b"ab"  # None stops at once
 
 
 async def test_generation_reads_the_context_once():

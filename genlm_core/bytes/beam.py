@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -355,8 +355,7 @@ class ByteBeamState:
         self,
         context: bytes,
         n: int,
-        rng: np.random.Generator | None,
-        temperature: float,
+        choose: Callable[[ByteDistribution], int | None],
         progress: bool = False,
     ) -> bytes:
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -370,7 +369,7 @@ class ByteBeamState:
             if not state.states:
                 break
             q = await state.logp_next()
-            b = q.argmax() if rng is None else q.sample(rng, temperature)
+            b = choose(q)
             if b is None or b == EOS:
                 break
             state = await (state << b)
@@ -383,7 +382,7 @@ class ByteBeamState:
         """``context`` followed by up to ``n`` most probable bytes; stops at EOS.
         The context is read once (after the bytes this beam has read). ``progress``
         shows bars of the context's bytes read and of the bytes generated on stderr."""
-        return await self._generate(context, n, None, 0.0, progress)
+        return await self._generate(context, n, lambda q: q.argmax(), progress)
 
     async def sample(
         self,
@@ -392,13 +391,19 @@ class ByteBeamState:
         seed: int | None = None,
         temperature: float = 1.0,
         *,
+        draw: Callable[[ByteDistribution], int | None] | None = None,
         progress: bool = False,
     ) -> bytes:
         """``context`` followed by up to ``n`` sampled bytes; stops at EOS.
         ``seed`` makes the draw reproducible; ``temperature`` is a finite number
-        >= 0 (0: greedy); ``progress`` as in :meth:`greedy`."""
+        >= 0 (0: greedy); ``draw``, a function of the next byte's distribution returning
+        the byte (or EOS, or None: stop), replaces the seeded draw; ``progress`` as in
+        :meth:`greedy`."""
         t = check_temperature(temperature)
-        return await self._generate(context, n, np.random.default_rng(seed), t, progress)
+        if draw is None:
+            rng = np.random.default_rng(seed)
+            draw = lambda q: q.sample(rng, t)  # noqa: E731
+        return await self._generate(context, n, draw, progress)
 
     @staticmethod
     async def advance_batch(

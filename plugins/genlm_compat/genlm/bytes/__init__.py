@@ -149,14 +149,7 @@ class ByteBeamState(_CoreByteBeamState):
         at EOS, like :meth:`greedy`."""
         if draw is None:
             return await super().sample(context, steps, seed=int(np.random.randint(2**32)))
-        out, state = bytearray(context), await self.prefill(context)
-        for _ in range(steps):
-            b = draw((await state.logp_next()).materialize().map_values(np.exp))
-            if b is None or b == EOS:
-                break
-            state = await (state.prune() << b)
-            out.append(b)
-        return bytes(out)
+        return await super().sample(context, steps, draw=lambda q: draw(q.materialize().map_values(np.exp)))
 
 
 __dir__ = public_dir(__name__)  # the API only, as the reference lists it
