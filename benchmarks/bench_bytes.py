@@ -13,7 +13,7 @@ cleared before each run) and bits/byte (``-logZ / (n ln 2)``).
     folder, same initial context.
 
 The logZ of (a) and (b) must agree within 1e-3 at K=5. Output:
-``benchmarks/out/bytes.json`` and ``bytes.md``.
+``benchmarks/out/bytes.json`` and ``bytes.md`` (``$GENLM_BENCH_OUT`` when it is set).
 
     .venv/bin/python benchmarks/bench_bytes.py [--no-anchor] [--threads 2]
 """
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import verdicts
+from common import OUT_DIR, load_options
 
 HERE = Path(__file__).resolve().parent
 ANCHOR_VENV = HERE / ".anchor-venv-bytes"
@@ -55,7 +56,9 @@ def model_path() -> Path:
 
 
 # ---------------------------------------------------------------------- (a) genlm-core
-async def run_ours(path: Path, ks: list[int], threads: int) -> dict[str, Any]:
+async def run_ours(
+    path: Path, ks: list[int], threads: int, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     import torch
 
     import genlm_core
@@ -63,7 +66,7 @@ async def run_ours(path: Path, ks: list[int], threads: int) -> dict[str, Any]:
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    llm = genlm_core.load("hf", model=str(path))
+    llm = genlm_core.load("hf", model=str(path), **(options or {}))
     load_s = time.perf_counter() - t0
     bos = llm.tokenizer.bos_token_id
     data = PARAGRAPH.encode()
@@ -211,6 +214,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--k", type=int, nargs="+", default=[5, 1], help="beam widths")
     p.add_argument("--no-anchor", action="store_true", help="skip (b) genlm-bytes")
+    p.add_argument("--options", type=load_options, default={}, help="JSON of extra load() options for (a)")
     p.add_argument("--model", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--anchor-worker", action="store_true", help=argparse.SUPPRESS)
@@ -220,7 +224,7 @@ def main() -> None:
         return
 
     path = model_path()
-    figures: dict[str, Any] = {"a": asyncio.run(run_ours(path, args.k, args.threads))}
+    figures: dict[str, Any] = {"a": asyncio.run(run_ours(path, args.k, args.threads, args.options))}
     write_report(figures, args)  # (a) alone first: the anchor takes long on a busy machine
     if not args.no_anchor:
         figures["b"] = run_anchor(path, args.k, args.threads)
@@ -256,6 +260,7 @@ def write_report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         "paragraph_bytes": len(PARAGRAPH.encode()),
         "paragraph": PARAGRAPH,
         "threads": args.threads,
+        "options": args.options,  # (a)'s load() options
         "figures": figures,
         "rows": rows,
     }
@@ -266,7 +271,7 @@ def write_report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         b64 = figures["b"].get("float64_trie_logZ_K5")
         if b64 is not None:
             record["abs_logZ_a_minus_b_float64_trie_K5"] = abs(figures["a"]["runs"]["5"]["logZ"] - b64)
-    out_dir = HERE / "out"
+    out_dir = OUT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bytes.json").write_text(json.dumps(record, indent=2))
     table = markdown_table(rows)
@@ -280,6 +285,8 @@ def write_report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         "(a) accumulates in float64 and matches a plain one-pass transformers forward along the same path\n"
         "to 5e-5, so |logZ a - b| here is (b)'s rounding, not a different beam (same tokenizations).\n"
     )
+    if args.options:
+        note += f"(a)'s load() options: {json.dumps(args.options)}.\n"
     if "abs_logZ_a_minus_b_float64_trie_K5" in record:
         note += (
             "Check: the same K=5 run of (b) with its trie sums patched to float64 gives "

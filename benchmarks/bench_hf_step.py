@@ -75,7 +75,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import verdicts  # noqa: E402
-from common import device_info, write_results  # noqa: E402
+from common import device_info, load_options, write_results  # noqa: E402
 
 TARGET = 1.1
 #: rows of a step compared with their contexts run alone (the batch dependence)
@@ -128,21 +128,6 @@ HOST = (
     "host_ops",
     "host_new_segments",
 )
-
-
-def _options(text: str) -> dict[str, Any]:
-    """``--options``: a JSON object of load() options."""
-    import json
-
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(
-            f"not JSON ({e}): pass an object, e.g. '{{\"cache_size\": 0}}'"
-        ) from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object of load() options")
-    return value
 
 
 def log(msg: str) -> None:
@@ -392,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--options",
-        type=_options,
+        type=load_options,
         default={},
         help="more load() options for the backend, as JSON (e.g. '{\"cache_size\": 0}': no output cache)",
     )

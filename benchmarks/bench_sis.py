@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import verdicts
-from common import OUT_DIR, device_info, device_line
+from common import OUT_DIR, device_info, device_line, load_options
 from sis_workload import log, timed_runs
 
 HERE = Path(__file__).resolve().parent
@@ -68,7 +68,7 @@ def run_genlm_core(args: argparse.Namespace) -> dict[str, Any]:
     import genlm_core
 
     log(f"(a) genlm-core {args.backend}: loading {args.model}")
-    options: dict[str, Any] = dict(json.loads(args.options)) if args.options else {}
+    options: dict[str, Any] = dict(args.options)
     if args.backend == "hf":
         options.setdefault("dtype", args.dtype)
         options.setdefault("device", args.device)
@@ -419,7 +419,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="model folder or GGUF (default: embedded SmolLM2-135M; its Q4_1 GGUF for llamacpp)",
     )
-    p.add_argument("--options", default="", help="JSON of extra load() options for (a)")
+    p.add_argument("--options", type=load_options, default={}, help="JSON of extra load() options for (a)")
     p.add_argument(
         "--device", default="cpu", help="hf's device for (a), (b), (c): cpu, cuda, ... (default: cpu)"
     )
@@ -488,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     record = {
         "backend": args.backend,
         "model": str(args.model),
-        "options": dict(json.loads(args.options)) if args.options else {},  # (a)'s load() options
+        "options": dict(args.options),  # (a)'s load() options
         "workload": {
             "prompt": PROMPT,
             "particles": args.particles,

@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_sis  # noqa: E402
+from common import OUT_DIR  # noqa: E402
 
 
 def figure(backend: str, argv: list[str]) -> dict[str, Any]:
@@ -45,7 +46,7 @@ def main() -> None:
     p.add_argument("--blas", default=None, help="OpenBLAS library to LD_PRELOAD for a third (mlx) figure")
     p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # subprocess: one backend, JSON out
     p.add_argument("--repeats", default="1")
-    p.add_argument("--out", type=Path, default=HERE / "out" / "sis_mlx.json")
+    p.add_argument("--out", type=Path, default=OUT_DIR / "sis_mlx.json")
     args = p.parse_args()
     common = ["--repeats", args.repeats]
     if args.only:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import verdicts
+from common import OUT_DIR
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,7 +53,7 @@ def pin_threads() -> None:
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 ANCHOR_VENV = ROOT / "benchmarks" / ".anchor-venv"
-OUT = ROOT / "benchmarks" / "out"
+OUT = OUT_DIR  # benchmarks/out, or $GENLM_BENCH_OUT
 TARGETS = {
     "qwen": {"single_ms": 0.25, "batch32_per_ms": 0.1, "build_s": 2.0},
     "gpt2": {"single_ms": 0.1},

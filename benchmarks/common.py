@@ -18,6 +18,21 @@ from typing import Any
 OUT_DIR = Path(os.environ.get("GENLM_BENCH_OUT") or Path(__file__).resolve().parent / "out")
 
 
+def load_options(text: str) -> dict[str, Any]:
+    """``--options``: a JSON object of extra ``load()`` options (an argparse ``type``)."""
+    import argparse
+
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(
+            f"not JSON ({e}): pass an object, e.g. '{{\"cache_size\": 0}}'"
+        ) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object of load() options")
+    return value
+
+
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {
         "python": platform.python_version(),
