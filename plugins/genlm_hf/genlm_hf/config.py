@@ -46,7 +46,8 @@ class HFConfig(KVCacheOptions, BackendConfig):
             "a burst's kept decode batches, and the rows of ordinary calls that extend the call "
             "before's by one token (SIS, SMC: genlm_hf.resident), step over static KV buffers, one "
             "per (batch, length) bucket, captured as CUDA graphs on CUDA (docs/gpu.md): 'auto' is on "
-            "for CUDA and off elsewhere (it does not pay on the CPU), 'on' everywhere, 'off' never"
+            "for CUDA and off elsewhere ('on' pays on the CPU for SIS and SMC over long contexts, not for "
+            "the byte beam: docs/gpu.md), 'on' everywhere, 'off' never"
         ),
     )
     fused_decode: bool = Field(
