@@ -29,6 +29,7 @@ from genlm_hf.config import HFConfig
 from genlm_hf.decode import HFDecodeOps
 from genlm_hf.kv import Row, Slots, Workspace, forward_rows, run_rows, supports_kv_reuse
 from genlm_hf.loading import load_model_and_tokenizer, supported_dtypes
+from genlm_hf.passes import pass_groups
 from genlm_hf.resident import ResidentBlocks
 from genlm_hf.static_setup import make_static_decoder
 
@@ -114,19 +115,25 @@ class HFEngine(Engine):
         """:meth:`forward` on the eager path: one pass from the prefix cache, every row's KV
         stored there."""
         rows = [Row(c, depth, kv) for c, (depth, kv) in zip(contexts, self.kv.lookup(contexts))]
-        with torch.inference_mode():
-            logits, kvs = forward_rows(
-                self.model,
-                rows,
-                want_kv=self.kv.enabled,
-                logits_to_keep=self.logits_to_keep,
-                pad_id=self.pad_id,
-                workspace=self.workspace,
-            )
-        self.kv.count(sum(len(r.ctx) - r.depth for r in rows), sum(r.depth for r in rows))
-        for row, kv in zip(rows, kvs or []):
-            self.kv.store(row.ctx, kv)
-        return list(logits)  # normalised row by row by the core, each a tensor of its own
+        out: list[torch.Tensor] = [None] * len(rows)  # type: ignore[list-item]
+        # rows of very different suffix lengths in passes of their own (genlm_hf.passes)
+        for group in pass_groups([len(r.ctx) - r.depth for r in rows]):
+            part = [rows[i] for i in group]
+            with torch.inference_mode():
+                logits, kvs = forward_rows(
+                    self.model,
+                    part,
+                    want_kv=self.kv.enabled,
+                    logits_to_keep=self.logits_to_keep,
+                    pad_id=self.pad_id,
+                    workspace=self.workspace,
+                )
+            self.kv.count(sum(len(r.ctx) - r.depth for r in part), sum(r.depth for r in part))
+            for row, kv in zip(part, kvs or []):
+                self.kv.store(row.ctx, kv)
+            for i, row_logits in zip(group, logits):
+                out[i] = row_logits
+        return out  # normalised row by row by the core, each a tensor of its own
 
     def run_rows(self, rows: list[Row], **room: Any) -> tuple[torch.Tensor, Slots]:
         """One :func:`~genlm_hf.kv.run_rows` pass keeping every row's KV in its buffer
