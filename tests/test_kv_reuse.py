@@ -58,3 +58,33 @@ def test_options_mixin_checks_its_values() -> None:
     # the mixin's options follow the common ones in the schema and the reference docs
     fields = list(Config.model_fields)
     assert fields.index("prefix_cache") > fields.index("dtype")
+
+
+def test_a_budget_below_one_steps_contexts_is_reported_once(caplog) -> None:
+    """Payloads stored since the last lookup that the budget drops before any lookup (the
+    next call would compute those contexts from their start): counted, and a WARNING
+    names the budget's option once. Evictions of payloads a lookup came after, a clear,
+    and a budget that holds a step are not reported."""
+    import logging
+
+    kv = KVReuse(budget=6, sizeof=len, budget_option="kv_cache_tokens")
+    with caplog.at_level(logging.WARNING, logger="genlm"):
+        kv.lookup([(1, 2)])
+        for i in range(3):  # a step of three contexts, 6 units: kept whole
+            assert kv.store((i, 0), bytearray(2))
+        kv.lookup([(0, 0, 5)])
+        for i in range(3):  # the next step drops the first step's payloads: read already
+            assert kv.store((i, 0, 5), bytearray(2))
+        assert kv.self_evictions == 0 and not caplog.records
+        kv.lookup([(0, 0, 5, 6)])
+        for i in range(4):  # 8 units: the first of them goes before anything read it
+            assert kv.store((i, 0, 5, 6), bytearray(2))
+        assert kv.self_evictions == 1
+        for i in range(4, 6):
+            assert kv.store((i, 0, 5, 6), bytearray(2))
+        assert kv.self_evictions == 3
+        kv.clear()  # a clear drops unread payloads too: not the budget's doing
+        assert kv.self_evictions == 3
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "kv_cache_tokens=6" in warnings[0].getMessage()

@@ -228,6 +228,9 @@ class Engine:
         a batch-invariant mode), or None when it can. The core then keeps no prefix cache."""
         return None
 
+    #: the load() option that sets :meth:`kv_budget` (named when the budget is too small)
+    kv_budget_option: str = "kv_cache_bytes"
+
     def kv_budget(self, config: BackendConfig) -> int | None:
         """The prefix cache's bound, in the unit :meth:`kv_sizeof` counts (default: the
         config's ``kv_cache_bytes``, in bytes; None: no bound; 0: no reuse)."""

@@ -115,6 +115,13 @@ class KVReuse:
             prefixes of one KV sequence); :meth:`hold` counts the calls. When nothing
             reads an owner any more, ``release(owner)`` frees it.
         release: frees an owner nothing reads.
+        budget_option: the load() option that sets ``budget`` (named in the warning below).
+
+    A budget smaller than what one step keeps (64 particles of 400 tokens of SmolLM2-135M:
+    1.2 GB against the default 1 GiB) drops KV stored since the last lookup before any
+    call reads it, and the next call computes those contexts from their start (on the
+    CPU a step took 4 s instead of 0.3; 42 s before genlm-hf split its passes): the first
+    time, a WARNING names the budget and the option (``self_evictions`` counts them).
 
     Engines get theirs from the core (:meth:`for_engine`, capability ``"kv"``).
     """
@@ -129,8 +136,15 @@ class KVReuse:
         impl: str = "prefix",
         owner: Callable[[Any], Any] | None = None,
         release: Callable[[Any], None] | None = None,
+        budget_option: str = "kv_cache_bytes",
     ) -> None:
         self._on_evict = on_evict
+        self.budget_option = budget_option
+        #: payloads stored since the last lookup (ids), and how many of them the cache
+        #: dropped before a lookup could find them
+        self._unread: set[int] = set()
+        self._storing = False
+        self.self_evictions = 0
         self._owner = owner
         self._release = release
         #: id(owner) -> [owner, readers]: cached payloads plus calls holding it
@@ -168,6 +182,7 @@ class KVReuse:
             impl=getattr(config, "prefix_cache_impl", "prefix"),
             owner=engine.kv_owner,
             release=engine.release_kv,
+            budget_option=getattr(engine, "kv_budget_option", "kv_cache_bytes"),
         )
 
     @property
@@ -192,6 +207,7 @@ class KVReuse:
         cache = self.cache
         if cache is None:
             return [(0, None)] * len(contexts)
+        self._unread.clear()
         return [cache.deepest_kv(c, max_depth=len(c) - 1) for c in contexts]
 
     def store(self, context: Sequence[int], kv: Any) -> bool:
@@ -205,7 +221,12 @@ class KVReuse:
         if cache.budget is not None and cache.sizeof(kv) > cache.budget:
             return False
         self._read(kv, +1)
-        cache.insert(context, kv=kv)
+        self._storing = True  # an eviction now is the budget's (not a clear's, not on demand)
+        try:
+            cache.insert(context, kv=kv)
+        finally:
+            self._storing = False
+        self._unread.add(id(kv))
         return True
 
     def hold(self, owners: Sequence[Any]) -> "_Held":
@@ -228,9 +249,28 @@ class KVReuse:
                 self._release(owner)
 
     def _evicted(self, payload: Any) -> None:
+        if id(payload) in self._unread:
+            self._unread.discard(id(payload))
+            if self._storing:
+                self._dropped_unread()
         if self._on_evict is not None:
             self._on_evict(payload)
         self._read(payload, -1)
+
+    def _dropped_unread(self) -> None:
+        self.self_evictions += 1
+        if self.self_evictions == 1:
+            from genlm_core.engine.progress import note
+
+            budget = self.cache.budget if self.cache is not None else None
+            note(
+                f"the prefix cache dropped KV it had just stored, before any call read it: its "
+                f"budget ({self.budget_option}={budget}) holds less than the contexts one step "
+                "keeps, so the next call computes some of them from their start (a step can take "
+                f"10x longer). Raise {self.budget_option} in load(), or run fewer or shorter "
+                "contexts at once",
+                advice=True,
+            )
 
     def readers(self, owner: Any) -> int:
         """How many cached payloads and running calls read ``owner``."""

@@ -68,6 +68,7 @@ class LlamaCppEngine(Engine):
     #: bursts: the core's decode step over forward; each row resumes its sequence
     supports = frozenset({"burst", "kv"})
     forward_in_thread = False  # llama.cpp computes on every core already
+    kv_budget_option = "kv_cache_tokens"  # kv_budget counts tokens
 
     def __init__(self, context: "LlamaContext", config: LlamaCppConfig | None = None) -> None:
         from genlm_llamacpp.tokenizer import GGUFTokenizer, byte_vocab
