@@ -75,6 +75,7 @@ def test_a_budget_below_one_steps_contexts_is_reported_once(caplog) -> None:
         kv.lookup([(0, 0, 5)])
         for i in range(3):  # the next step drops the first step's payloads: read already
             assert kv.store((i, 0, 5), bytearray(2))
+        assert kv.store((2, 0, 5), bytearray(2))  # a context stored again: replaced, no loss
         assert kv.self_evictions == 0 and not caplog.records
         kv.lookup([(0, 0, 5, 6)])
         for i in range(4):  # 8 units: the first of them goes before anything read it

@@ -120,7 +120,7 @@ class KVReuse:
     A budget smaller than what one step keeps (64 particles of 400 tokens of SmolLM2-135M:
     1.2 GB against the default 1 GiB) drops KV stored since the last lookup before any
     call reads it, and the next call computes those contexts from their start (on the
-    CPU a step took 4 s instead of 0.3; 42 s before genlm-hf split its passes): the first
+    CPU a step took 4 s instead of 0.8; 42 s before genlm-hf split its passes): the first
     time, a WARNING names the budget and the option (``self_evictions`` counts them).
 
     Engines get theirs from the core (:meth:`for_engine`, capability ``"kv"``).
@@ -140,10 +140,10 @@ class KVReuse:
     ) -> None:
         self._on_evict = on_evict
         self.budget_option = budget_option
-        #: payloads stored since the last lookup (ids), and how many of them the cache
-        #: dropped before a lookup could find them
-        self._unread: set[int] = set()
-        self._storing = False
+        #: payloads stored since the last lookup (id -> context), and how many of them the
+        #: cache dropped before a lookup could find them
+        self._unread: dict[int, Sequence[int]] = {}
+        self._storing: Sequence[int] | None = None  # the context being stored
         self.self_evictions = 0
         self._owner = owner
         self._release = release
@@ -221,12 +221,12 @@ class KVReuse:
         if cache.budget is not None and cache.sizeof(kv) > cache.budget:
             return False
         self._read(kv, +1)
-        self._storing = True  # an eviction now is the budget's (not a clear's, not on demand)
+        self._storing = context  # an eviction now is the budget's (not a clear's, not on demand)
         try:
             cache.insert(context, kv=kv)
         finally:
-            self._storing = False
-        self._unread.add(id(kv))
+            self._storing = None
+        self._unread[id(kv)] = context
         return True
 
     def hold(self, owners: Sequence[Any]) -> "_Held":
@@ -249,10 +249,10 @@ class KVReuse:
                 self._release(owner)
 
     def _evicted(self, payload: Any) -> None:
-        if id(payload) in self._unread:
-            self._unread.discard(id(payload))
-            if self._storing:
-                self._dropped_unread()
+        dropped = self._unread.pop(id(payload), None)
+        # (a payload replaced by the one stored for its own context is no loss)
+        if dropped is not None and self._storing is not None and dropped != self._storing:
+            self._dropped_unread()
         if self._on_evict is not None:
             self._on_evict(payload)
         self._read(payload, -1)
