@@ -30,16 +30,18 @@ PASS_COST = 512
 
 def pass_groups(suffixes: Sequence[int], pass_cost: int = PASS_COST) -> list[list[int]]:
     """The rows (indices into ``suffixes``, each row's number of new tokens) of each pass:
-    ``[list(range(n))]`` (one pass, the call's order) unless splitting saves more padded
+    ``[list(range(n))]`` (one pass, the call's order; none without rows) unless splitting saves more padded
     positions than ``pass_cost`` a pass. Groups are contiguous in suffix order (an optimal
     split always is: the rows of one pass cost its longest suffix each), longest last."""
     n = len(suffixes)
+    if n == 0:
+        return []  # no rows, no pass
     if n < 2 or n * max(suffixes) - sum(suffixes) <= pass_cost:
         return [list(range(n))]
     order = sorted(range(n), key=lambda i: suffixes[i])
     s = [suffixes[i] for i in order]
     # best[k]: the least cost of the k shortest rows; cut[k]: where its last pass starts
-    best = [0] + [0] * n
+    best = [0] * (n + 1)
     cut = [0] * (n + 1)
     for k in range(1, n + 1):
         best[k], cut[k] = min((best[j] + pass_cost + (k - j) * s[k - 1], j) for j in range(k))

@@ -24,8 +24,10 @@ and copies every row's KV back out. Here the rows stay where they are:
   by this call; the prefix cache) *joins*: that KV is copied into a free row of a block
   and the context runs in the block's step;
 * the other contexts (a new prompt, a prefix several tokens back) run on the eager path
-  in one pass, from the deepest of the prefix cache's and the live rows' prefixes, and
-  their KV is copied into free rows from the pass's buffer;
+  from the deepest of the prefix cache's and the live rows' prefixes, in one pass (or in
+  passes of similar suffix lengths, :mod:`genlm_hf.passes`, when one pass would pad a few
+  long prompts' tokens onto many short suffixes), and their KV is copied into free rows
+  from each pass's buffer;
 * a context that finds no row to sit in (the static buffers are at
   ``static_decode_bytes``) runs on the eager path and its KV goes to the prefix cache,
   as without the static path.
@@ -46,60 +48,21 @@ closes; each flush sends the rows' KV to the prefix cache.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from genlm_core.engine.contexts import Context
 from genlm_core.engine.resident import ResidentRow, ResidentRows
+from genlm_hf.blocks import PENDING, Block, CallPlan
 from genlm_hf.kv import Row, device_ints
-from genlm_hf.static import StaticDecoder, StaticSlot, batch_bucket, column_bucket
+from genlm_hf.passes import PASS_COST, pass_groups
+from genlm_hf.static import StaticDecoder, batch_bucket, column_bucket
 
-__all__ = ["Block", "ResidentBlocks"]
+__all__ = ["ResidentBlocks"]
 
 #: the deepest a fresh context's prefix is looked for among the live rows, in tokens back
 _PREFIX_GAP = 16
-
-
-@dataclass(eq=False)
-class Block:
-    """A static slot of live rows: row ``i`` holds ``owners[i]``'s context (``None``: a
-    free row) in columns ``[0, lengths[i])``."""
-
-    slot: StaticSlot
-    lengths: list[int]
-    owners: list[ResidentRow | None]
-
-    @property
-    def rows(self) -> int:
-        return self.slot.bucket[0]
-
-    def free(self) -> list[int]:
-        return [i for i, o in enumerate(self.owners) if o is None]
-
-
-@dataclass
-class _Call:
-    """One call's bookkeeping: where each context's row comes from and runs."""
-
-    #: placement index -> (block, row) of the contexts that run in a static step
-    static: dict[int, tuple[Block, int]] = field(default_factory=dict)
-    #: placement index -> (block, row) of eager contexts whose KV is copied into a row
-    eager_rows: dict[int, tuple[Block, int]] = field(default_factory=dict)
-    #: placement index -> (depth, payload) of the contexts run eagerly
-    eager: dict[int, tuple[int, Any]] = field(default_factory=dict)
-    #: placement index -> where a joining context's KV is copied from (a live row, or a
-    #: tensor), read when it is copied
-    joins: dict[int, Any] = field(default_factory=dict)
-    #: rows this call uses (never evicted by it)
-    busy: set[int] = field(default_factory=set)
-    #: id of a block -> how many of the call's continued rows it holds
-    homes: dict[int, int] = field(default_factory=dict)
-    #: continued rows moved to the call's home block: (placement index, from, to)
-    moves: list[tuple[int, tuple[Block, int], tuple[Block, int]]] = field(default_factory=list)
-    #: id of a row evicted while the call places its rows -> its KV
-    evicted: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class ResidentBlocks:
@@ -117,6 +80,9 @@ class ResidentBlocks:
         self.blocks: list[Block] = []
         self.joined = 0  # contexts whose KV was copied into a row (from a row, a pass, the cache)
         self.eager_runs = 0  # contexts run on the eager path
+        self.eager_passes = 0  # the eager passes they ran in
+        #: the cost of one more eager pass in token positions (:func:`pass_groups`)
+        self.pass_cost = PASS_COST
         self.flushed = 0  # rows whose KV went to the prefix cache (evicted, flushed)
         self.grown = 0  # blocks moved to a larger bucket
 
@@ -143,7 +109,7 @@ class ResidentBlocks:
             kept = sources[row.context] = self._evict(row)
             if len(row.context) > 1:
                 sources.setdefault(row.context[:-1], kept)
-        call = _Call()
+        call = CallPlan()
         fresh = []
         for j, p in enumerate(placements):
             if p.row is not None:
@@ -172,7 +138,7 @@ class ResidentBlocks:
                 if depth == len(ctx) - 1 and placements[j].keep:
                     call.joins[j] = payload if source is None else source[1]
                 else:
-                    call.eager[j] = (depth, payload if source is None else self._view(source[1], depth))
+                    call.eager[j] = (depth, payload if source is None else self._pending(source[1], depth))
             self._place(placements, call)
         self._gather(placements, call)
         logits = self._run(placements, call)
@@ -206,8 +172,16 @@ class ResidentBlocks:
                 return block.slot.kv[:, :, i, :, :depth]
         return src[:, :, :, :depth]
 
+    @classmethod
+    def _pending(cls, src: Any, depth: int) -> Any:
+        """An eager context's prefix KV as the call keeps it until its pass runs: a live
+        row itself (read by :meth:`_view` when its pass runs, since placement may evict it
+        and an earlier pass copy another context's KV into its row), else a tensor's first
+        ``depth`` columns."""
+        return src if isinstance(src, ResidentRow) else cls._view(src, depth)
+
     # ------------------------------------------------------------------ placement
-    def _place(self, placements: list[Any], call: _Call) -> None:
+    def _place(self, placements: list[Any], call: CallPlan) -> None:
         """A row for every fresh context to keep (joins first): ``call.static`` for joins,
         ``call.eager_rows`` for eager ones; a join without a row runs eagerly."""
         want = [j for j in call.joins] + [j for j in call.eager if placements[j].keep]
@@ -224,10 +198,10 @@ class ResidentBlocks:
                 placements[j].keep = False
                 if j in call.joins:  # no row: it runs from its prefix on the eager path
                     depth = len(placements[j].context) - 1
-                    call.eager[j] = (depth, self._view(call.joins.pop(j), depth, call.evicted))
+                    call.eager[j] = (depth, self._pending(call.joins.pop(j), depth))
                 continue
             block, i = spot
-            block.owners[i] = _PENDING
+            block.owners[i] = PENDING
             if j in call.joins:
                 call.static[j] = spot
             else:
@@ -237,7 +211,7 @@ class ResidentBlocks:
             homes.setdefault(id(block), 0)
 
     def _free_row(
-        self, order: list[Block], needed: int, longest: int, call: _Call
+        self, order: list[Block], needed: int, longest: int, call: CallPlan
     ) -> tuple[Block, int] | None:
         """A row for a new context: in the home block (``order[0]``, the one holding most of
         the call's continued rows), then in the others, a free row or a stale one's (see
@@ -264,7 +238,7 @@ class ResidentBlocks:
                 return spot
         return None
 
-    def _gather(self, placements: list[Any], call: _Call) -> None:
+    def _gather(self, placements: list[Any], call: CallPlan) -> None:
         """When the call's static rows sit in several blocks (particles resampled across
         calls), move the continued rows of the blocks holding fewest of them into the block
         holding most, where it has room (free or stale rows, or growth): a copy of a row
@@ -286,7 +260,7 @@ class ResidentBlocks:
                 spot = self._home_row(home, call, cap)
                 if spot is None:
                     break
-                home.owners[spot[1]] = _PENDING
+                home.owners[spot[1]] = PENDING
                 spots.append(spot)
             if len(spots) < len(js):
                 for _, k in spots:
@@ -296,7 +270,7 @@ class ResidentBlocks:
                 call.moves.append((j, call.static[j], spot))
                 call.static[j] = spot
 
-    def _home_row(self, home: Block, call: _Call, cap: int) -> tuple[Block, int] | None:
+    def _home_row(self, home: Block, call: CallPlan, cap: int) -> tuple[Block, int] | None:
         free = home.free()
         if free:
             return home, free[0]
@@ -315,7 +289,7 @@ class ResidentBlocks:
         stale). A row taken for stale that was not is found in the prefix cache."""
         return row.last_used <= self.settled
 
-    def _take_idle(self, block: Block, call: _Call, stale_only: bool = False) -> tuple[Block, int] | None:
+    def _take_idle(self, block: Block, call: CallPlan, stale_only: bool = False) -> tuple[Block, int] | None:
         """Evict ``block``'s least recently used row that ``call`` does not use (a stale one
         only, if ``stale_only``); its row."""
         idle = [
@@ -358,14 +332,24 @@ class ResidentBlocks:
         return True
 
     # ------------------------------------------------------------------ running
-    def _run(self, placements: list[Any], call: _Call) -> torch.Tensor:
+    def _run(self, placements: list[Any], call: CallPlan) -> torch.Tensor:
         engine = self.engine
         parts: list[torch.Tensor] = []
         order: list[int] = []
-        if call.eager:
-            idx = list(call.eager)
-            rows = [Row(placements[j].context, *call.eager[j]) for j in idx]
+        eager = list(call.eager)
+        # contexts of very different suffix lengths in passes of their own (genlm_hf.passes);
+        # each pass's KV leaves the shared workspace before the next pass reuses it
+        suffixes = [len(placements[j].context) - call.eager[j][0] for j in eager]
+        for group in pass_groups(suffixes, self.pass_cost):
+            idx = [eager[g] for g in group]
+            rows = []
+            for j in idx:
+                depth, src = call.eager[j]
+                if isinstance(src, ResidentRow):
+                    src = self._view(src, depth, call.evicted)
+                rows.append(Row(placements[j].context, depth, src))
             logits, slots = engine.run_rows(rows, workspace=engine.workspace)
+            self.eager_passes += 1
             P = slots.filled
             for n, (j, r) in enumerate(zip(idx, rows)):
                 spot = call.eager_rows.get(j)
@@ -432,7 +416,7 @@ class ResidentBlocks:
         if not self._regrow(block, B, want):
             self._regrow(block, B, want, force=True)
 
-    def _commit(self, plan: Any, call: _Call, key: Any) -> None:
+    def _commit(self, plan: Any, call: CallPlan, key: Any) -> None:
         spots = {**call.static, **call.eager_rows}
         states = [spots.get(j) for j in range(len(plan.placements))]
         self.index.commit(plan, states, key)
@@ -478,12 +462,9 @@ class ResidentBlocks:
         out.update(
             resident_joined=self.joined,
             resident_eager=self.eager_runs,
+            resident_eager_passes=self.eager_passes,
             resident_flushed=self.flushed,
             resident_grown=self.grown,
             resident_blocks=len(self.blocks),
         )
         return out
-
-
-#: a row taken by a context of the running call (its owner is set at commit)
-_PENDING: Any = object()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from genlm_hf.passes import pass_groups
 from hf_helpers import load_hf
 
 from genlm_core.testing.tolerance import assert_rows_close, model_shape
@@ -217,12 +218,17 @@ def test_resident_captured_on_cuda(tiny_llama_path: str, dtype: str) -> None:  #
         off.close()
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_programs_under_a_tight_bound(tiny_llama_path: str, seed: int) -> None:
+def test_random_programs_under_a_tight_bound(
+    tiny_llama_path: str, seed: int, split: bool, monkeypatch
+) -> None:
     """Random programs (particles, resampling, joins, jumps, re-asks, calls of 3) with
     buffers for about two small blocks: rows are evicted while others fork from them,
     joins find no row and run eagerly, blocks grow and move; every row still equals the
-    eager path's and the uncached model's."""
+    eager path's and the uncached model's. ``split``: every call's eager contexts run in a
+    pass per suffix length (no cost to a pass), so a pass reads prefixes from rows that
+    placement evicted and that an earlier pass's contexts were copied into."""
     g = torch.Generator().manual_seed(100 + seed)
     probe = load_hf(tiny_llama_path, batch_size=3, static_decode="on", cache_size=0)
     cfg = probe.engine.model.config
@@ -237,6 +243,17 @@ def test_random_programs_under_a_tight_bound(tiny_llama_path: str, seed: int) ->
         cache_size=0,
         static_decode_bytes=2 * 4 * 32 * per_column,
     )
+    passes: list[int] = []  # the eager passes of each call that ran some
+    if split:
+        from genlm_hf import resident
+
+        def counted(suffixes, pass_cost):
+            groups = pass_groups(suffixes, pass_cost)
+            passes.append(len(groups))
+            return groups
+
+        monkeypatch.setattr(resident, "pass_groups", counted)
+        on.engine.resident.pass_cost = 0
     off = load_hf(tiny_llama_path, batch_size=3, static_decode="off", cache_size=0)
     try:
         n = int(torch.randint(2, 9, (1,), generator=g))
@@ -251,6 +268,8 @@ def test_random_programs_under_a_tight_bound(tiny_llama_path: str, seed: int) ->
         )
         stats = _check(on, off, program)
         assert stats["static_steps"] > 0
+        if split:  # some call ran its eager contexts in more than one pass
+            assert max(passes) > 1 and stats["resident_eager_passes"] == sum(passes)
         assert (
             on.engine.static.nbytes <= on.engine.static.max_bytes
             or stats["static_moved"] + stats["resident_grown"] > 0
