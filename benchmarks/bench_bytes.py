@@ -14,8 +14,16 @@ cleared before each run) and bits/byte (``-logZ / (n ln 2)``).
 
 The logZ of (a) and (b) must agree within 1e-3 at K=5. Output:
 ``benchmarks/out/bytes.json`` and ``bytes.md`` (``$GENLM_BENCH_OUT`` when it is set).
+Each run also reports (a)'s engine paths: the forward calls, the static steps and the
+eager passes of genlm-hf's static path (resident rows; on a GPU, by default) - on a GPU an
+eager pass launches every kernel from Python, a static step replays one graph.
+
+``--device``, ``--dtype`` and ``--model`` choose (a)'s device, dtype and model folder
+(default: the embedded SmolLM2-135M, float32, CPU); the reference runs on the CPU only
+(its venv holds CPU torch), so another device needs ``--no-anchor``.
 
     .venv/bin/python benchmarks/bench_bytes.py [--no-anchor] [--threads 2]
+    python benchmarks/bench_bytes.py --no-anchor --device cuda --model DIR
 """
 
 from __future__ import annotations
@@ -56,8 +64,18 @@ def model_path() -> Path:
 
 
 # ---------------------------------------------------------------------- (a) genlm-core
+#: the engine counters whose change a run reports: (a)'s paths through genlm-hf
+PATHS = ("forward_calls", "tokens_computed", "static_steps", "rows_resumed", "resident_eager",
+         "resident_eager_passes", "resident_joined")  # fmt: skip
+
+
 async def run_ours(
-    path: Path, ks: list[int], threads: int, options: dict[str, Any] | None = None
+    path: Path,
+    ks: list[int],
+    threads: int,
+    options: dict[str, Any] | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     import torch
 
@@ -66,7 +84,7 @@ async def run_ours(
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    llm = genlm_core.load("hf", model=str(path), **(options or {}))
+    llm = genlm_core.load("hf", model=str(path), device=device, dtype=dtype, **(options or {}))
     load_s = time.perf_counter() - t0
     bos = llm.tokenizer.bos_token_id
     data = PARAGRAPH.encode()
@@ -78,10 +96,12 @@ async def run_ours(
         beam = await ByteBeamState.initial(llm, BeamParams(K=k, eos_tokens=(), initial_context=(bos,)))
         calls0 = llm.batcher.stats.batches
         rows0 = llm.batcher.stats.computed
-        tokens0 = llm.stats()["engine"]["tokens_computed"]
+        engine0 = dict(llm.stats()["engine"])
+        tokens0 = engine0["tokens_computed"]
         t0 = time.perf_counter()
         after = await beam.prefill(data)
         dt = time.perf_counter() - t0
+        engine = llm.stats()["engine"]
         out["runs"][str(k)] = {
             "seconds": dt,
             "bytes_per_s": len(data) / dt,
@@ -89,7 +109,8 @@ async def run_ours(
             "bits_per_byte": -after.logZ / (len(data) * math.log(2)),
             "model_batches": llm.batcher.stats.batches - calls0,
             "contexts_scored": llm.batcher.stats.computed - rows0,
-            "tokens_computed": llm.stats()["engine"]["tokens_computed"] - tokens0,
+            "tokens_computed": engine["tokens_computed"] - tokens0,
+            "engine": {name: engine[name] - engine0.get(name, 0) for name in PATHS if name in engine},
             "load_avg_1m": os.getloadavg()[0],
         }
         print(f"(a) K={k}: {out['runs'][str(k)]}", flush=True)
@@ -215,7 +236,11 @@ def main() -> None:
     p.add_argument("--k", type=int, nargs="+", default=[5, 1], help="beam widths")
     p.add_argument("--no-anchor", action="store_true", help="skip (b) genlm-bytes")
     p.add_argument("--options", type=load_options, default={}, help="JSON of extra load() options for (a)")
-    p.add_argument("--model", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--model", type=Path, default=None, help="(a)'s model folder (default: the embedded SmolLM2)"
+    )
+    p.add_argument("--device", default="cpu", help="(a)'s device: cpu, cuda, cuda:1, ... (default: cpu)")
+    p.add_argument("--dtype", default="float32", help="(a)'s dtype (float32, bfloat16, float16)")
     p.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--anchor-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -223,8 +248,14 @@ def main() -> None:
         anchor_worker(args)
         return
 
-    path = model_path()
-    figures: dict[str, Any] = {"a": asyncio.run(run_ours(path, args.k, args.threads, args.options))}
+    if (args.device != "cpu" or args.dtype != "float32") and not args.no_anchor:
+        p.error(
+            f"--device {args.device} --dtype {args.dtype}: the reference (genlm-bytes) runs on the CPU "
+            "in float32 only (its venv holds CPU torch); pass --no-anchor to run genlm-core's side alone"
+        )
+    path = args.model or model_path()
+    run = run_ours(path, args.k, args.threads, args.options, args.device, args.dtype)
+    figures: dict[str, Any] = {"a": asyncio.run(run)}
     write_report(figures, args)  # (a) alone first: the anchor takes long on a busy machine
     if not args.no_anchor:
         figures["b"] = run_anchor(path, args.k, args.threads)
@@ -232,17 +263,20 @@ def main() -> None:
 
 
 def write_report(figures: dict[str, Any], args: argparse.Namespace) -> None:
-    from common import machine, markdown_table
+    from common import device_info, device_line, machine, markdown_table
 
     rows = []
     for k in args.k:
         a = figures["a"]["runs"][str(k)]
+        paths = a.get("engine", {})
         row: dict[str, Any] = {
             "K": k,
             "(a) bytes/s": a["bytes_per_s"],
             "(a) bits/byte": a["bits_per_byte"],
             "(a) model batches": a["model_batches"],
             "(a) contexts": a["contexts_scored"],
+            "(a) static steps": paths.get("static_steps", 0),
+            "(a) eager passes": paths.get("resident_eager_passes", 0),
         }
         if "b" in figures:
             b = figures["b"]["runs"][str(k)]
@@ -253,10 +287,12 @@ def write_report(figures: dict[str, Any], args: argparse.Namespace) -> None:
                 "|logZ a - b|": abs(a["logZ"] - b["logZ"]),
             }
         rows.append(row)
+    device = device_info(args.device, args.dtype, str(args.model or "SmolLM2-135M-Instruct"))
     record = {
         "benchmark": "bytes",
         "machine": machine(),
-        "model": "SmolLM2-135M-Instruct (float32, CPU)",
+        "device": device,
+        "model": f"{device['model']} ({args.dtype}, {args.device})",
         "paragraph_bytes": len(PARAGRAPH.encode()),
         "paragraph": PARAGRAPH,
         "threads": args.threads,
@@ -276,10 +312,13 @@ def write_report(figures: dict[str, Any], args: argparse.Namespace) -> None:
     (out_dir / "bytes.json").write_text(json.dumps(record, indent=2))
     table = markdown_table(rows)
     note = (
-        f"SmolLM2-135M on the CPU ({args.threads} torch threads), {len(PARAGRAPH.encode())}-byte paragraph, "
+        f"{device_line(device)}; {args.threads} torch threads, {len(PARAGRAPH.encode())}-byte paragraph, "
         f"prefill with pruning to K before each byte; load average {record['machine'].get('load_avg_1m')}.\n"
         "(a) genlm-core beam over genlm-hf (default BeamParams: lookahead 16 bytes over the known paragraph);\n"
         "(b) genlm-bytes 0.2.0 over genlm-backend 0.3.1 AsyncTransformer.\n"
+        "Static steps: genlm-hf's static decode steps (resident rows continued in place; replayed graphs\n"
+        "on CUDA); eager passes: the passes of the contexts that continue no row (a new tokenisation's\n"
+        "several tokens), each launching every kernel from Python on a GPU.\n"
         "logZ: (b) sums each 49k-token distribution in float32 (torch sparse mm), so its root mass is off by\n"
         "about -9e-5 in log per committed token (measured); over ~60 tokens that moves (b)'s logZ up by ~5e-3.\n"
         "(a) accumulates in float64 and matches a plain one-pass transformers forward along the same path\n"

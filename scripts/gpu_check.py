@@ -123,6 +123,15 @@ SIZES = {
     # the batches on the event loop's thread (a GPU engine runs them in the batcher's
     # worker, beside the program's sampling): what the thread gives SIS on a GPU
     "sis_inline": _sis_ab('{"forward_thread": false}', '{"forward_thread": true}'),
+    # the byte beam (genlm-hf's default on CUDA: the static path), K=5 and K=1: its calls mix
+    # rows continued in place with new tokenisations' contexts, run in eager passes beside
+    # the replay (the engine counters in its JSON say how many of each)
+    "bytes": (["--no-anchor", "--k", "5", "1"], ["--no-anchor", "--k", "2"]),
+    # the same beam on the eager path alone: what the static path gives the beam on a GPU
+    "bytes_eager": (
+        ["--no-anchor", "--k", "5", "1", "--options", '{"static_decode": "off"}'],
+        ["--no-anchor", "--k", "2", "--options", '{"static_decode": "on"}'],
+    ),
     "serve": (
         # three SIS runs a client: one run was 21 steps, a few passes of noise in its figures
         ["--clients", "4", "--particles", "16", "--max-tokens", "20", "--runs", "3", "--repeat", "5"],
@@ -133,7 +142,8 @@ SIZES = {
 #: models, burst and SIS on the 1.7B, serve on the 135M), then the rest while the budget
 #: lasts (OPTIONAL: a run the budget leaves out is listed, not failed). The optional runs
 #: no check has made come first: the H200 check (benchmarks/results/gpu/nvidia-h200/)
-#: answered sis_batch64, sis_inline and hf_step_unfused, and its budget left these out
+#: answered sis_batch64, sis_inline and hf_step_unfused, and its budget left the hf step's
+#: A/B runs out; the byte beam (static path against eager) was never measured on a GPU
 PLAN = [
     ("hf_step", "smollm2-1.7b-bf16"),
     ("hf_step", "smollm2-135m-f32"),
@@ -144,6 +154,8 @@ PLAN = [
     ("hf_step_inline", "smollm2-135m-f32"),
     ("hf_step_nocache", "smollm2-135m-f32"),
     ("hf_step_cachecpu", "smollm2-135m-f32"),
+    ("bytes", "smollm2-135m-f32"),
+    ("bytes_eager", "smollm2-135m-f32"),
     ("serve", "smollm2-1.7b-bf16"),
     ("sis_inline", "smollm2-1.7b-bf16"),
     ("hf_step_unfused", "smollm2-135m-f32"),
@@ -160,6 +172,8 @@ OPTIONAL = {
     ("hf_step_nocache", "smollm2-135m-f32"),
     ("hf_step_cachecpu", "smollm2-135m-f32"),
     ("hf_step_sdpa", "smollm2-135m-f32"),
+    ("bytes", "smollm2-135m-f32"),
+    ("bytes_eager", "smollm2-135m-f32"),
     ("serve", "smollm2-1.7b-bf16"),
     ("burst", "smollm2-135m-f32"),
     ("sis", "smollm2-135m-f32"),
@@ -172,6 +186,7 @@ WRITES = {
     "hf_step_nocache": "hf_step_grow",
     "hf_step_cachecpu": "hf_step_grow",
     "hf_step_sdpa": "hf_step_grow",
+    "bytes_eager": "bytes",
 }
 #: the benchmark script of a run, when not ``bench_<name>.py``
 SCRIPTS = {
@@ -182,6 +197,7 @@ SCRIPTS = {
     "hf_step_sdpa": "hf_step",
     "sis_batch64": "sis",
     "sis_inline": "sis",
+    "bytes_eager": "bytes",
 }
 #: the most seconds a step may take (and never past the budget)
 CAPS = {
@@ -195,6 +211,8 @@ CAPS = {
     "sis": 90,
     "sis_batch64": 60,
     "sis_inline": 60,
+    "bytes": 60,
+    "bytes_eager": 60,
     "serve": 150,
 }
 

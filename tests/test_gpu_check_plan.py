@@ -29,6 +29,7 @@ def _written(tmp: Path, plan: list[tuple[str, str]]) -> None:
             "hf_step": {"rows": [{"rows": 64, "step_ms": 1.0}]},
             "burst": {"rows": [{"engine": "hf", "mode": "burst", "particles": 64, "calls_per_s": 9e3}]},
             "sis": {"hf": {"sweep_speedup_vs_genlm_backend": {"64": 2.0}}},
+            "bytes": {"rows": [{"K": 5, "(a) bytes/s": 100.0}]},  # no target reads it
             "serve": {
                 "figures": {
                     "b_over_a_calls_per_s": 1.2,

@@ -7,7 +7,7 @@ mixes a few long suffixes with many one-token rows - a prompt joining running pa
 particles whose cached prefixes the prefix cache could not keep - pads every row to the
 long ones. SmolLM2-135M on the CPU, 64 rows of 404 tokens under the default 1 GiB prefix
 cache: each step 7 rows lost their prefixes, and the padded pass ran 64 x 400 positions
-(38.5 s a step, against 0.26 s for transformers' own step).
+(42-53 s a step, against 0.26 s for transformers' own step).
 
 :func:`pass_groups` splits such a call into passes of rows of similar suffix length, the
 split that minimises the padded positions plus :data:`PASS_COST` positions for each pass
