@@ -177,8 +177,10 @@ class ResidentBlocks:
         """An eager context's prefix KV as the call keeps it until its pass runs: a live
         row itself (read by :meth:`_view` when its pass runs, since placement may evict it
         and an earlier pass copy another context's KV into its row), else a tensor's first
-        ``depth`` columns."""
-        return src if isinstance(src, ResidentRow) else cls._view(src, depth)
+        ``depth`` columns; None for no prefix (a one-token context's)."""
+        if src is None or isinstance(src, ResidentRow):
+            return src
+        return cls._view(src, depth)
 
     # ------------------------------------------------------------------ placement
     def _place(self, placements: list[Any], call: CallPlan) -> None:

@@ -146,6 +146,36 @@ def test_no_room_runs_eagerly(tiny_llama_path: str) -> None:
         off.close()
 
 
+@pytest.mark.parametrize("room", [0, 1])
+def test_one_token_contexts_without_a_row(tiny_llama_path: str, room: int) -> None:
+    """A one-token context has no prefix to copy (it would join a row with nothing in it);
+    with no row to take (no buffers at all, or one row that a live context holds) it runs
+    on the eager path from nothing."""
+    probe = load_hf(tiny_llama_path, batch_size=1, static_decode="on", cache_size=0)
+    cfg = probe.engine.model.config
+    per_column = (
+        cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    )
+    probe.close()
+    on = load_hf(
+        tiny_llama_path,
+        batch_size=2,
+        static_decode="on",
+        cache_size=0,
+        static_decode_bytes=room * 16 * per_column,
+    )
+    try:
+        shape = model_shape(on)
+        program = [[(5,), (9, 4, 7)], [(5, 11), (9, 4, 7, 3), (6,)], [(5, 11, 2), (8,), (6, 1)]]
+        for step, contexts in enumerate(program):
+            got = on.batch_next_token_logprobs_sync(contexts)
+            ref = on._finalize(torch.stack(on.engine.forward_uncached(contexts)))
+            assert_rows_close(got, ref, shape, what=f"step {step}")
+        assert on.stats()["engine"]["resident_eager"] > 0
+    finally:
+        on.close()
+
+
 def test_a_burst_takes_the_buffers_and_calls_resume_after(tiny_llama_path: str) -> None:
     on = load_hf(tiny_llama_path, batch_size=4, static_decode="on", cache_size=0)
     try:
