@@ -1,0 +1,94 @@
+"""Random programs on the resident rows (genlm_hf.resident), every row against the
+uncached model (one full pass per context) at the bound derived from the arithmetic.
+
+The programs mix what programs do to their contexts: a token a step (SIS), forks of one
+context into several (a beam's candidates, SMC's resampled particles), jumps of many
+tokens (a new tokenisation), backing up and diverging, contexts re-asked, new prompts of
+one to 120 tokens; under static buffers from one row to sixteen, prefix caches from none
+up, and eager passes split at any cost (:attr:`ResidentBlocks.pass_cost` 0: a pass per
+suffix length). A program that fails names its seed and its options.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+from hf_helpers import load_hf
+
+from genlm_core.testing.tolerance import assert_rows_close, model_shape
+
+Context = tuple[int, ...]
+
+
+def _per_column(path: str) -> int:
+    probe = load_hf(path, batch_size=1, static_decode="on", cache_size=0)
+    cfg = probe.engine.model.config
+    probe.close()
+    return (
+        cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    )
+
+
+def _next(rng: random.Random, live: list[Context], before: list[Context], token: Any) -> list[Context]:
+    """The contexts of the program's next step."""
+    out: list[Context] = []
+    for c in live:
+        r = rng.random()
+        if r < 0.55:  # one token
+            out.append(c + (token(),))
+        elif r < 0.75:  # forked
+            out += [c + (token(),) for _ in range(rng.randint(2, 4))]
+        elif r < 0.85:  # a jump
+            out.append(c + tuple(token() for _ in range(rng.randint(2, 20))))
+        elif r < 0.9 and len(c) > 2:  # backed up, then diverging
+            k = rng.randint(1, min(len(c) - 1, 10))
+            out.append(c[:-k] + tuple(token() for _ in range(rng.randint(1, 4))))
+        elif r < 0.95 and before:  # a context of the step before, asked again
+            out.append(rng.choice(before))
+        # else: the context dies
+    if rng.random() < 0.2:  # a new prompt
+        out.append(tuple(token() for _ in range(rng.randint(1, 120))))
+    rng.shuffle(out)
+    out = [c[-200:] for c in out][: rng.randint(1, 40)]
+    return out or [tuple(token() for _ in range(rng.randint(1, 8)))]
+
+
+@pytest.fixture(scope="module")
+def per_column(tiny_llama_path: str) -> int:
+    return _per_column(tiny_llama_path)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fuzzed_programs_match_the_uncached_model(tiny_llama_path: str, per_column: int, seed: int) -> None:
+    rng = random.Random(seed)
+    rows, columns = rng.choice([1, 2, 4, 8, 16]), rng.choice([16, 32, 64])
+    options: dict[str, Any] = {
+        "batch_size": rng.choice([2, 3, 4, 8, 16]),
+        "static_decode": "on",
+        "cache_size": 0,
+        "static_decode_bytes": rows * columns * per_column,
+    }
+    if rng.random() < 0.3:
+        options["kv_cache_bytes"] = rng.choice([0, 64 * per_column, 1 << 20])
+    llm = load_hf(tiny_llama_path, **options)
+    try:
+        llm.engine.resident.pass_cost = rng.choice([0, 0, 8, 64, 512])
+        shape = model_shape(llm)
+
+        def token() -> int:
+            return rng.randrange(3, llm.vocab_size)
+
+        live = [tuple(token() for _ in range(rng.randint(1, 12))) for _ in range(rng.randint(1, 10))]
+        before: list[Context] = []
+        for step in range(rng.randint(5, 25)):
+            if step:
+                before, live = live, _next(rng, live, before, token)
+            live = list(dict.fromkeys(live))
+            got = llm.batch_next_token_logprobs_sync(live)
+            ref = llm._finalize(torch.stack(llm.engine.forward_uncached(live)))
+            assert_rows_close(got, ref, shape, what=f"seed {seed}, step {step} ({options})")
+    finally:
+        llm.close()
