@@ -17,6 +17,16 @@ def load_hf(path: str, **options: Any) -> Any:
     return genlm_core.load("hf", model=path, **options)
 
 
+def column_bytes(path: str, itemsize: int = 4) -> int:
+    """The bytes one column of a static slot takes per row (every layer's K and V of one
+    position), from the model's config: bounds in tests are counted in these."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path)
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    return cfg.num_hidden_layers * 2 * heads * (cfg.hidden_size // cfg.num_attention_heads) * itemsize
+
+
 def max_diff(a: Any, b: Any) -> float:
     return float((a.float().cpu() - b.float().cpu()).abs().max())
 

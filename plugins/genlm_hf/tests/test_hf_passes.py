@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from genlm_hf.passes import PASS_COST, pass_groups
-from hf_helpers import load_hf, reference
+from hf_helpers import column_bytes, load_hf, reference
 
 from genlm_core.testing.tolerance import assert_rows_close, assert_tiny_close, model_shape
 
@@ -80,18 +80,12 @@ def test_a_mixed_call_runs_in_two_passes_and_matches_the_uncached_model(tiny_lla
 # ---------------------------------------------------------------- the resident rows' passes
 def _tight(path: str, rows: int, columns: int, **options: Any) -> Any:
     """A static-path backend whose buffers hold one block of ``rows`` x ``columns``."""
-    probe = load_hf(path, batch_size=rows, static_decode="on", cache_size=0)
-    cfg = probe.engine.model.config
-    per_column = (
-        cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
-    )
-    probe.close()
     return load_hf(
         path,
         batch_size=rows,
         static_decode="on",
         cache_size=0,
-        static_decode_bytes=rows * columns * per_column,
+        static_decode_bytes=rows * columns * column_bytes(path),
         **options,
     )
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from genlm_hf.passes import pass_groups
-from hf_helpers import load_hf
+from hf_helpers import column_bytes, load_hf
 
 from genlm_core.testing.tolerance import assert_rows_close, model_shape
 
@@ -151,19 +151,8 @@ def test_one_token_contexts_without_a_row(tiny_llama_path: str, room: int) -> No
     """A one-token context has no prefix to copy (it would join a row with nothing in it);
     with no row to take (no buffers at all, or one row that a live context holds) it runs
     on the eager path from nothing."""
-    probe = load_hf(tiny_llama_path, batch_size=1, static_decode="on", cache_size=0)
-    cfg = probe.engine.model.config
-    per_column = (
-        cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
-    )
-    probe.close()
-    on = load_hf(
-        tiny_llama_path,
-        batch_size=2,
-        static_decode="on",
-        cache_size=0,
-        static_decode_bytes=room * 16 * per_column,
-    )
+    bound = room * 16 * column_bytes(tiny_llama_path)
+    on = load_hf(tiny_llama_path, batch_size=2, static_decode="on", cache_size=0, static_decode_bytes=bound)
     try:
         shape = model_shape(on)
         program = [[(5,), (9, 4, 7)], [(5, 11), (9, 4, 7, 3), (6,)], [(5, 11, 2), (8,), (6, 1)]]
@@ -260,12 +249,7 @@ def test_random_programs_under_a_tight_bound(
     pass per suffix length (no cost to a pass), so a pass reads prefixes from rows that
     placement evicted and that an earlier pass's contexts were copied into."""
     g = torch.Generator().manual_seed(100 + seed)
-    probe = load_hf(tiny_llama_path, batch_size=3, static_decode="on", cache_size=0)
-    cfg = probe.engine.model.config
-    per_column = (
-        cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
-    )
-    probe.close()
+    per_column = column_bytes(tiny_llama_path)
     on = load_hf(
         tiny_llama_path,
         batch_size=3,

@@ -16,20 +16,11 @@ from typing import Any
 
 import pytest
 import torch
-from hf_helpers import load_hf
+from hf_helpers import column_bytes, load_hf
 
 from genlm_core.testing.tolerance import assert_rows_close, model_shape
 
 Context = tuple[int, ...]
-
-
-def _per_column(path: str) -> int:
-    probe = load_hf(path, batch_size=1, static_decode="on", cache_size=0)
-    cfg = probe.engine.model.config
-    probe.close()
-    return (
-        cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
-    )
 
 
 def _next(rng: random.Random, live: list[Context], before: list[Context], token: Any) -> list[Context]:
@@ -56,13 +47,9 @@ def _next(rng: random.Random, live: list[Context], before: list[Context], token:
     return out or [tuple(token() for _ in range(rng.randint(1, 8)))]
 
 
-@pytest.fixture(scope="module")
-def per_column(tiny_llama_path: str) -> int:
-    return _per_column(tiny_llama_path)
-
-
 @pytest.mark.parametrize("seed", range(12))
-def test_fuzzed_programs_match_the_uncached_model(tiny_llama_path: str, per_column: int, seed: int) -> None:
+def test_fuzzed_programs_match_the_uncached_model(tiny_llama_path: str, seed: int) -> None:
+    per_column = column_bytes(tiny_llama_path)
     rng = random.Random(seed)
     rows, columns = rng.choice([1, 2, 4, 8, 16]), rng.choice([16, 32, 64])
     options: dict[str, Any] = {

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from genlm_hf.static import MIN_COLUMNS, batch_bucket, column_bucket
-from hf_helpers import load_hf
+from hf_helpers import column_bytes, load_hf
 
 from genlm_core.testing.tolerance import assert_rows_close, model_shape
 
@@ -113,14 +113,7 @@ def test_free_buckets_are_dropped_within_the_bound(tiny_llama_path: str) -> None
     llm = load_hf(tiny_llama_path, batch_size=4, static_decode="on")
     try:
         static = llm.engine.static
-        cfg = llm.engine.model.config
-        per_column = (
-            cfg.num_hidden_layers
-            * 2
-            * cfg.num_key_value_heads
-            * (cfg.hidden_size // cfg.num_attention_heads)
-            * 4
-        )
+        per_column = column_bytes(tiny_llama_path)
         static.max_bytes = 4 * 32 * per_column  # one 4 x 32 bucket, or two 4 x 16 ones
         # 4 rows, then 5 (a batch of 4 and one of 1), crossing 16 and 32 columns: moves pass
         # the bound mid-burst, and what is pooled once the burst ends is within it
