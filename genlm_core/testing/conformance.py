@@ -19,6 +19,9 @@ Usage in a plugin's tests::
 Every test compares the backend with itself along an independent path (single
 vs batched, sync vs async, cached vs uncached, sampling with and without EOS), so
 it can fail without any hard-coded expected value.
+
+Kept in one module: it is one class, the suite a plugin subclasses; the checks that need
+machinery of their own live beside it (``burst``, ``programs``, ``tolerance``).
 """
 
 from __future__ import annotations
@@ -59,24 +62,29 @@ class LogprobBackendConformance:
     max_len: int = 8
     #: event loops (one ``asyncio.run`` each) in the no-leak check
     loop_steps: int = 8
+    #: the seeds of :meth:`test_random_programs`' programs, and their rounds
+    program_seeds: tuple[int, ...] = (0, 1)
+    program_steps: int = 8
 
     @pytest.fixture
     def backend(self) -> Any:  # pragma: no cover - plugins override
         raise NotImplementedError("define a `backend` fixture returning the LogprobBackend under test")
 
     # ------------------------------------------------------------------ helpers
-    def contexts(self, backend: Any, seed: int = 0) -> list[list[int]]:
-        """Random contexts of ordinary (non-special) tokens, some sharing prefixes."""
-        rng = random.Random(seed)
+    def token_ids(self, backend: Any) -> list[int]:
+        """Ordinary token ids (not special, with bytes) among the first 5,000."""
         special = set(getattr(backend, "eos_token_ids", []) or [])
-        tok = backend.tokenizer
-        for attr in ("all_special_ids",):
-            special |= set(getattr(tok, attr, []) or [])
-        ids = [
+        special |= set(getattr(backend.tokenizer, "all_special_ids", []) or [])
+        return [
             i
             for i in range(min(len(backend.byte_vocab), 5000))
             if i not in special and len(backend.byte_vocab[i]) > 0
         ]
+
+    def contexts(self, backend: Any, seed: int = 0) -> list[list[int]]:
+        """Random contexts of ordinary (non-special) tokens, some sharing prefixes."""
+        rng = random.Random(seed)
+        ids = self.token_ids(backend)
         out: list[list[int]] = []
         for k in range(self.n_contexts):
             if k % 3 == 2 and out:
@@ -398,6 +406,27 @@ class LogprobBackendConformance:
             backend.clear_lora()
         assert backend.active_lora is None
         self.assert_close(backend, rows(), base, "base rows after clear_lora")
+
+    # ------------------------------------------------------------------ programs
+    def test_random_programs(self, backend: Any) -> None:
+        """Random programs (:mod:`genlm_core.testing.programs`: contexts taking a token,
+        forking, jumping several tokens, backing up, asked again, dying, new prompts) run
+        through batch calls, concurrent calls and cache clears; every row of every step
+        equals the context computed alone without any cache."""
+        from genlm_core.testing.programs import alone, random_program, run_program
+
+        tokens = self.token_ids(backend)
+        longest = min(48, (getattr(backend, "max_context_length", None) or 49) - 1)
+        oracle = alone(backend)
+        for seed in self.program_seeds:
+            backend.clear_cache()
+            program = random_program(tokens, seed, steps=self.program_steps, max_len=longest)
+            for step, (contexts, rows) in enumerate(zip(program, run_program(backend, program, seed))):
+                want = [oracle(c) for c in contexts]
+                for c, got, ref in zip(contexts, rows, want):
+                    self.assert_close(
+                        backend, got, ref, f"program {seed}, step {step}, a {len(c)}-token context"
+                    )
 
     # ------------------------------------------------------------------ bursts
     def test_burst_matches_steps(self, backend: Any) -> None:
