@@ -302,7 +302,8 @@ class BackendConfig(GenlmConfig):
         None,
         description=(
             "run async forward passes in a worker thread (True) or on the event loop's own thread "
-            "(False); None: the backend decides (a thread for accelerators, the loop for CPU engines)"
+            "(False); None: the backend decides (genlm-hf on any device and genlm-llamacpp: the "
+            "loop, measured faster; other engines: a thread)"
         ),
     )
 

@@ -97,9 +97,10 @@ SIZES = {
     "hf_step": HF_STEP,
     # the same with the model's own forward in the static step: the fused step's before/after
     "hf_step_unfused": _hf_step_ab("--fused-decode", "off"),
-    # the batches on the event loop's thread, not the batcher's worker (a GPU engine's
-    # default): the hand-over and hand-back against the loop kept free during a pass
-    "hf_step_inline": _hf_step_ab("--forward-thread", "off", dry=["--forward-thread", "on"]),
+    # the batches in the batcher's worker thread, not on the event loop (genlm-hf's default
+    # since the H200 check of d0aafca): the hand-over and hand-back against a loop kept
+    # free during a pass
+    "hf_step_thread": _hf_step_ab("--forward-thread", "on", dry=["--forward-thread", "off"]),
     # the step without the output cache: on a GPU the step copies each row for the cache
     # (a second batched copy) and, while the cache fills, takes new device memory for it
     "hf_step_nocache": _hf_step_ab("--options", '{"cache_size": 0}'),
@@ -122,7 +123,7 @@ SIZES = {
     "sis_batch64": _sis_ab('{"batch_size": 64}', '{"batch_size": 8}'),
     # the batches on the event loop's thread (a GPU engine runs them in the batcher's
     # worker, beside the program's sampling): what the thread gives SIS on a GPU
-    "sis_inline": _sis_ab('{"forward_thread": false}', '{"forward_thread": true}'),
+    "sis_thread": _sis_ab('{"forward_thread": true}', '{"forward_thread": false}'),
     # the byte beam (genlm-hf's default on CUDA: the static path), K=5 and K=1: its calls mix
     # rows continued in place with new tokenisations' contexts, run in eager passes beside
     # the replay (the engine counters in its JSON say how many of each)
@@ -141,34 +142,34 @@ SIZES = {
 #: the benchmark runs of a GPU check, in order: item 3's figures first (the hf step on both
 #: models, burst and SIS on the 1.7B, serve on the 135M), then the rest while the budget
 #: lasts (OPTIONAL: a run the budget leaves out is listed, not failed). The optional runs
-#: no check has made come first: the H200 check (benchmarks/results/gpu/nvidia-h200/)
-#: answered sis_batch64, sis_inline and hf_step_unfused, and its budget left the hf step's
-#: A/B runs out; the byte beam (static path against eager) was never measured on a GPU
+#: no check has made come first: the H200 check of d0aafca (benchmarks/results/gpu/
+#: nvidia-h200/d0aafca/) answered the step's A/B runs and the byte beam, and made the event
+#: loop genlm-hf's default, so its other side (the worker thread) comes first now
 PLAN = [
     ("hf_step", "smollm2-1.7b-bf16"),
     ("hf_step", "smollm2-135m-f32"),
     ("burst", "smollm2-1.7b-bf16"),
     ("sis", "smollm2-1.7b-bf16"),
     ("serve", "smollm2-135m-f32"),
-    ("hf_step_sdpa", "smollm2-135m-f32"),
-    ("hf_step_inline", "smollm2-135m-f32"),
+    ("hf_step_thread", "smollm2-135m-f32"),
+    ("sis_thread", "smollm2-1.7b-bf16"),
+    ("serve", "smollm2-1.7b-bf16"),
+    ("sis", "smollm2-135m-f32"),
     ("hf_step_nocache", "smollm2-135m-f32"),
+    ("hf_step_sdpa", "smollm2-135m-f32"),
     ("hf_step_cachecpu", "smollm2-135m-f32"),
     ("bytes", "smollm2-135m-f32"),
     ("bytes_eager", "smollm2-135m-f32"),
-    ("serve", "smollm2-1.7b-bf16"),
-    ("sis_inline", "smollm2-1.7b-bf16"),
     ("hf_step_unfused", "smollm2-135m-f32"),
     ("sis_batch64", "smollm2-1.7b-bf16"),
     ("burst", "smollm2-135m-f32"),
-    ("sis", "smollm2-135m-f32"),
 ]
 #: the runs left out when the budget is spent (listed in the summary, not failed)
 OPTIONAL = {
     ("sis_batch64", "smollm2-1.7b-bf16"),
-    ("sis_inline", "smollm2-1.7b-bf16"),
+    ("sis_thread", "smollm2-1.7b-bf16"),
     ("hf_step_unfused", "smollm2-135m-f32"),
-    ("hf_step_inline", "smollm2-135m-f32"),
+    ("hf_step_thread", "smollm2-135m-f32"),
     ("hf_step_nocache", "smollm2-135m-f32"),
     ("hf_step_cachecpu", "smollm2-135m-f32"),
     ("hf_step_sdpa", "smollm2-135m-f32"),
@@ -182,7 +183,7 @@ OPTIONAL = {
 WRITES = {
     "hf_step": "hf_step_grow",
     "hf_step_unfused": "hf_step_grow",
-    "hf_step_inline": "hf_step_grow",
+    "hf_step_thread": "hf_step_grow",
     "hf_step_nocache": "hf_step_grow",
     "hf_step_cachecpu": "hf_step_grow",
     "hf_step_sdpa": "hf_step_grow",
@@ -191,26 +192,26 @@ WRITES = {
 #: the benchmark script of a run, when not ``bench_<name>.py``
 SCRIPTS = {
     "hf_step_unfused": "hf_step",
-    "hf_step_inline": "hf_step",
+    "hf_step_thread": "hf_step",
     "hf_step_nocache": "hf_step",
     "hf_step_cachecpu": "hf_step",
     "hf_step_sdpa": "hf_step",
     "sis_batch64": "sis",
-    "sis_inline": "sis",
+    "sis_thread": "sis",
     "bytes_eager": "bytes",
 }
 #: the most seconds a step may take (and never past the budget)
 CAPS = {
     "hf_step": 90,
     "hf_step_unfused": 90,
-    "hf_step_inline": 90,
+    "hf_step_thread": 90,
     "hf_step_nocache": 90,
     "hf_step_cachecpu": 90,
     "hf_step_sdpa": 90,
     "burst": 90,
     "sis": 90,
     "sis_batch64": 60,
-    "sis_inline": 60,
+    "sis_thread": 60,
     "bytes": 60,
     "bytes_eager": 60,
     "serve": 150,
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=[],
         choices=["tests", *SIZES],
-        help="steps left out: the tests, or a benchmark run by its name (hf_step, sis_inline, ...)",
+        help="steps left out: the tests, or a benchmark run by its name (hf_step, sis_thread, ...)",
     )
     args = ap.parse_args(argv)
     args.started = args.started or time.time()

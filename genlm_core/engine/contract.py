@@ -139,8 +139,8 @@ class Engine:
     device: Any = "cpu"
     #: where its rows come back, when not on :attr:`device` (e.g. an engine handing back numpy rows)
     rows_device: Any = None
-    #: run async batches in a worker thread (an accelerator's wait) or on the event loop's
-    #: own thread (a CPU engine already using every core); the ``forward_thread`` option wins
+    #: run async batches in a worker thread (a wait on another process or the network) or on
+    #: the event loop's own thread (genlm-hf on any device, llama.cpp); ``forward_thread`` wins
     forward_in_thread: bool = True
     #: the model's configuration as the engine loaded it, for a checkpoint whose files were
     #: not on this machine before loading (a hub id the engine fetched, a model built in

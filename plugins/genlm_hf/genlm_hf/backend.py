@@ -56,9 +56,13 @@ class HFEngine(Engine):
         embeddings = model.get_input_embeddings().num_embeddings
         #: the id written in padding positions (masked: any id the embedding has)
         self.pad_id = pad if isinstance(pad, int) and 0 <= pad < embeddings else 0
-        # on CPU torch's intra-op threads already use every core: a worker thread only
-        # adds a hop (the SIS benchmark ran 7% slower with one, benchmarks/bench_sis.py)
-        self.forward_in_thread = torch.device(self._device).type != "cpu"
+        # batches on the event loop's thread, on every device. On the CPU torch's intra-op
+        # threads already use every core: a worker thread only adds a hop (SIS 7% slower
+        # with one). On a GPU the hop is the step's largest host cost: the H200 check of
+        # d0aafca ran SmolLM2-135M's 64-row step in 4.95 ms on the loop against 8.68 with
+        # the thread (the host's hand-back 0.29 ms against 0.93), and SIS on the 1.7B ran
+        # 546 calls/s against 521 (docs/gpu.md). `forward_thread=True` brings it back.
+        self.forward_in_thread = False
         #: the batch KV buffer's memory, kept between passes
         self.workspace = Workspace()
         self._batch_size = config.batch_size
