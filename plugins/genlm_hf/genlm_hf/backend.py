@@ -22,14 +22,18 @@ from typing import Any
 
 import torch
 
-from genlm_core.engine import Checkpoint, Engine
+from genlm_core.engine import Checkpoint, Engine, note
 from genlm_core.engine.backend import backend_class
+from genlm_core.engine.contexts import run_distinct
 from genlm_core.engine.decode_batches import DecodeBatches
 from genlm_hf.config import HFConfig
+from genlm_hf.cpu_linear import pack_linears, packing_problem, unpack_linears
 from genlm_hf.decode import HFDecodeOps
 from genlm_hf.kv import Row, Slots, Workspace, forward_rows, run_rows, supports_kv_reuse
 from genlm_hf.loading import load_model_and_tokenizer, supported_dtypes
 from genlm_hf.passes import pass_groups
+from genlm_hf.pool import KVPool, KVSeq
+from genlm_hf.pool_pass import PassRow, pages_needed, probe_layout, run_pass
 from genlm_hf.resident import ResidentBlocks
 from genlm_hf.static_setup import make_static_decoder
 
@@ -74,6 +78,25 @@ class HFEngine(Engine):
         #: ordinary calls' rows continued in place on the static buffers (genlm_hf.resident),
         #: when the static path is on and KV is reused
         self.resident = ResidentBlocks(self, self.static) if self.static is not None else None
+        #: linear layers packed for oneDNN on the CPU (genlm_hf.cpu_linear), and why not
+        self.packed_linears = 0
+        self.packed_off: str | None = "cpu_packed_linears=False"
+        if config.cpu_packed_linears:
+            self.packed_off = (
+                packing_problem(model) if self.static is None else "the static decode path is on"
+            )
+            if self.packed_off is None:
+                self.packed_linears = pack_linears(model)
+        #: every context's KV in one pool of pages (genlm_hf.pool), shared prefixes held and
+        #: read once; None on the static path (its own buffers) or for a model whose cache
+        #: is not plain full-attention KV
+        self.pool: KVPool | None = None
+        if self.static is None and supports_kv_reuse(model):
+            budget = config.kv_cache_bytes if config.prefix_cache and config.kv_cache_bytes else None
+            self.pool = KVPool(probe_layout(model, self.pad_id), budget)
+            self.pool.reclaim = self._reclaim
+            # a burst's steps are ordinary calls over the pool: the core's decode step
+            self.supports = frozenset({"burst", "kv", "lora"})
         # static buckets run other shapes (padded rows and columns) than a step's fresh pass
         self.decode_same_arithmetic = self.static is None
         self._adapters_loaded = False
@@ -100,6 +123,24 @@ class HFEngine(Engine):
                 return str(param.dtype).removeprefix("torch.")
         return "float32"
 
+    def kv_budget(self, config: HFConfig) -> int | None:  # type: ignore[override]
+        """On the pool, ``kv_cache_bytes`` bounds the pool (every context's KV, kept or
+        running), not the prefix cache's entries: the cache keeps what the pool holds."""
+        if self.pool is not None:
+            return None if config.kv_cache_bytes != 0 else 0
+        return config.kv_cache_bytes
+
+    def kv_sizeof(self, payload: Any) -> int:
+        if isinstance(payload, KVSeq):
+            return 0  # its pages are the pool's (stats: kv_pool_bytes_in_use)
+        return super().kv_sizeof(payload)
+
+    def kv_owner(self, payload: Any) -> Any:
+        return payload if isinstance(payload, KVSeq) else None
+
+    def release_kv(self, owner: Any) -> None:
+        owner.release()  # the prefix cache dropped a context: its pages go back to the pool
+
     def kv_problem(self) -> str | None:
         if supports_kv_reuse(self.model):
             return None
@@ -113,7 +154,75 @@ class HFEngine(Engine):
         if self.resident is not None and self.kv.enabled:
             with torch.inference_mode():
                 return self.resident.forward(contexts, self._active_adapter)
+        if self.pool is not None:
+            with torch.inference_mode():
+                return self._forward_pool(contexts)
         return self._forward_eager(contexts)
+
+    def _forward_pool(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        """:meth:`forward` over the KV pool: each context forks the deepest kept prefix's
+        pages and runs its tokens past them; its KV is kept in the prefix cache (its pages,
+        no copy). Rows of very different suffix lengths run in passes of their own
+        (genlm_hf.passes); a pass the pool cannot hold runs in halves."""
+        kv = self.kv
+        reuse = kv.enabled
+        looked = kv.lookup(contexts) if reuse else [(0, None)] * len(contexts)
+        pool = self.pool
+        assert pool is not None
+        rows = [
+            PassRow(c, depth, seq.fork(depth) if seq is not None else KVSeq(pool))
+            for c, (depth, seq) in zip(contexts, looked)
+        ]
+        out: list[torch.Tensor] = [None] * len(rows)  # type: ignore[list-item]
+        try:
+            for group in pass_groups([r.suffix for r in rows]):
+                self._pool_passes([rows[i] for i in group], group, out)
+        finally:
+            for r in rows:  # the rows not kept (a failed pass, or no reuse) give their pages back
+                if not r.kept:
+                    r.seq.release()
+        return out
+
+    def _pool_passes(self, rows: list[PassRow], index: list[int], out: list[torch.Tensor]) -> None:
+        """Run ``rows`` (positions ``index`` of ``out``) in one pass, or in halves when the
+        pool cannot hold their new columns at once."""
+        pool = self.pool
+        assert pool is not None
+        need = pages_needed(rows, pool.page)
+        if not pool.reserve(need):
+            if len(rows) == 1:  # it must run: past the bound, said once
+                if not pool.overflows:
+                    note(
+                        f"hf: the KV pool passed its bound (kv_cache_bytes: {pool.max_pages} pages of "
+                        f"{pool.page} tokens, {pool.page_bytes} bytes each) to run a context of "
+                        f"{len(rows[0].ctx)} tokens beside the contexts this call holds; raise "
+                        "kv_cache_bytes in load()",
+                        advice=True,
+                    )
+                pool.reserve(need, force=True)
+            else:
+                half = len(rows) // 2
+                self._pool_passes(rows[:half], index[:half], out)
+                self._pool_passes(rows[half:], index[half:], out)
+                return
+        logits = run_pass(
+            self.model,
+            pool,
+            rows,
+            layers=pool.layout.layers,
+            pad_id=self.pad_id,
+            logits_to_keep=self.logits_to_keep,
+        )
+        self.kv.count(sum(r.suffix for r in rows), sum(r.depth for r in rows))
+        for n, (i, r) in enumerate(zip(index, rows)):
+            out[i] = logits[n]
+            r.kept = self.kv.store(r.ctx, r.seq)
+
+    def _reclaim(self) -> bool:
+        """The pool needs a page: the prefix cache releases its least recently used
+        context (False when it keeps none)."""
+        cache = self.kv.cache if self.kv is not None else None
+        return cache is not None and cache.evict_lru_kv() is not None
 
     def _forward_eager(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
         """:meth:`forward` on the eager path: one pass from the prefix cache, every row's KV
@@ -155,6 +264,9 @@ class HFEngine(Engine):
         tensor of logits. Without KV reuse (``prefix_cache=False``, or a model whose cache is not
         plain full-attention KV) every step runs the eager :meth:`forward`. The ordinary
         calls' resident rows leave the static buffers first (their KV to the prefix cache)."""
+        if self.pool is not None:  # every row resumes from the pool: the step loop's calls
+            contexts = list(rows.values())
+            return torch.stack(run_distinct(contexts, self._batch_size, self._chunks))
         with torch.inference_mode():
             if self.resident is not None and len(self.resident.blocks):
                 self.resident.flush()
@@ -167,8 +279,14 @@ class HFEngine(Engine):
                 cat=torch.cat,
             )
 
+    def _chunks(self, chunks: list[list[tuple[int, ...]]]) -> list[torch.Tensor]:
+        return [row for chunk in chunks for row in self.forward(chunk)]
+
     def end_burst(self, released: Collection[int]) -> None:
-        """The burst ended: every kept row's KV to the prefix cache, the buffers freed."""
+        """The burst ended: every kept row's KV to the prefix cache, the buffers freed
+        (on the pool every row's KV is in the prefix cache already)."""
+        if self.pool is not None:
+            return
         with torch.inference_mode():
             self._decode.end_burst(released, self.kv)
 
@@ -178,6 +296,9 @@ class HFEngine(Engine):
             out.update(self.static.stats())
         if self.resident is not None:
             out.update(self.resident.stats())
+        if self.pool is not None:
+            out.update(self.pool.stats())
+        out.update(cpu_packed_linears=self.packed_linears, cpu_packed_linears_off=self.packed_off)
         return out
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
@@ -202,6 +323,9 @@ class HFEngine(Engine):
         active = self._active_adapter
         if self.static is not None:  # the fused step reads the base weights only
             self.static.unfuse(f"LoRA adapter {name!r} loaded")
+        if self.packed_linears:  # peft injects itself into nn.Linear layers only
+            unpack_linears(self.model)
+            self.packed_linears, self.packed_off = 0, f"LoRA adapter {name!r} loaded"
         self.model.load_adapter(folder, adapter_name=name)
         self._adapters_loaded = True
         if active is not None:
@@ -240,6 +364,7 @@ class HFEngine(Engine):
         if self.static is not None:
             self.static.clear()
             self.static.model = None  # it holds the model for its captures: let it go
+        self.pool = None
         self.model = None
         gc.collect()
         if torch.cuda.is_available():

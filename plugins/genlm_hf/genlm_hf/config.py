@@ -67,6 +67,15 @@ class HFConfig(KVCacheOptions, BackendConfig):
             "kernel on CUDA where a backend takes the mask); rows equal up to rounding order"
         ),
     )
+    cpu_packed_linears: bool = Field(
+        True,
+        description=(
+            "on the CPU, a float32 or bfloat16 model's linear layers run through oneDNN over weights "
+            "packed once at load (genlm_hf.cpu_linear: 2-4x MKL's float32 product on the shapes of a step "
+            "and a prompt; the same weights, rows equal up to float32 rounding order); off on the static "
+            "path and while a LoRA adapter is loaded"
+        ),
+    )
     static_decode_bytes: int | None = Field(
         None,
         ge=0,

@@ -132,21 +132,23 @@ async def test_suffix_merge_fault_async(tiny) -> None:
 
 
 def test_eviction_mid_run_stays_correct(tiny_gpt2_path: str) -> None:
-    # one KV entry of this model holds 2 layers x 2 x 2 heads x 32 x 4 bytes = 1 KiB per token
-    llm = load_hf(tiny_gpt2_path, kv_cache_bytes=24 * 1024, cache_size=0, batch_size=4)
+    # a column of this model is 2 layers x 2 x 2 heads x 32 x 4 bytes = 1 KiB: a page of 16
+    # tokens 16 KiB; the pool holds 6 pages (one reserved), fewer than the particles need
+    bound = 6 * 16 * 1024
+    llm = load_hf(tiny_gpt2_path, kv_cache_bytes=bound, cache_size=0, batch_size=4)
     try:
         rng = random.Random(7)
         V = llm.vocab_size
         particles = [[rng.randrange(3, V) for _ in range(rng.randint(1, 6))] for _ in range(6)]
-        for step in range(6):
+        for step in range(12):
             got = llm.batch_next_token_logprobs_sync(particles)
             assert_tiny_close(got, reference(llm, particles), str(step))
-            assert llm.prefix_cache.kv_bytes <= 24 * 1024
+            assert llm.engine.pool.nbytes <= bound  # the pool never passed its bound
             for p in particles:
                 p.append(rng.randrange(3, V))
         stats = llm.prefix_cache.stats()
         assert stats["kv_evictions"] > 0
-        assert _engine(llm)["tokens_reused"] > 0
+        assert _engine(llm)["tokens_reused"] > 0 and _engine(llm)["kv_pool_overflows"] == 0
     finally:
         llm.close()
 
@@ -173,41 +175,61 @@ def test_cache_kv_and_clear_kv_cache(llama) -> None:
         llm.cache_kv([])
 
 
-def test_kv_payloads_own_exactly_their_bytes(llama) -> None:
+def _pool_kv(llm, seq) -> torch.Tensor:
+    """A kept context's columns as ``[layers, 2, kv_heads, length, head_dim]``."""
+    return llm.engine.pool.storage[:, :, :, seq.slots(), :]
+
+
+def _model_kv(llm, ctx) -> torch.Tensor:
+    """The model's own KV of ``ctx`` (an uncached pass with transformers' cache)."""
+    from genlm_hf.cache_names import output_cache
+
+    model = llm.engine.model
+    with torch.inference_mode():
+        cache = output_cache(model(torch.tensor([list(ctx)]), use_cache=True))
+    return torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])
+
+
+def test_kept_contexts_hold_the_models_kv_and_share_pages(llama) -> None:
+    """Every kept context's columns are the model's own KV of that context (oracle: an
+    uncached pass with transformers' cache), and a context and its extensions share
+    their pages: the pool holds the common prefix once."""
     llm = llama
     llm.clear_cache()
-    llm.batch_next_token_logprobs_sync([[1, 2, 3], [4, 5], [6, 7, 8, 9]])
-    total = 0
+    base = list(range(3, 43))  # 40 tokens: two full pages and 8 columns
+    ctxs = [base, base + [50], base + [51], base + [51, 52], [6, 7, 8, 9]]
+    for c in ctxs:
+        llm.next_token_logprobs_sync(c)
+    pool = llm.engine.pool
+    seqs = {}
     for prefix in llm.prefix_cache.kv_prefixes():
-        depth, kv = llm.prefix_cache.deepest_kv(prefix)
-        assert depth == len(prefix)
-        cfg = llm.model.config
-        assert kv.shape == (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, depth, cfg.head_dim)
-        assert kv.is_contiguous()
-        assert kv.untyped_storage().nbytes() == kv.numel() * kv.element_size()
-        total += kv.numel() * kv.element_size()
-    assert total == llm.prefix_cache.kv_bytes
+        depth, seq = llm.prefix_cache.deepest_kv(prefix)
+        assert depth == len(prefix) == seq.length
+        got, want = _pool_kv(llm, seq), _model_kv(llm, prefix)
+        assert got.shape == want.shape
+        assert_tiny_close(got, want, f"KV of {len(prefix)} tokens")  # float32 rounding only
+        seqs[prefix] = seq
+    full = [seqs[tuple(c)].pages[:2] for c in ctxs[:4]]
+    assert all(p == full[0] for p in full)  # the 32 columns of two full pages: held once
+    # base's 40 columns + one page per fork that wrote its own third page, + the short one
+    assert pool.pages_in_use <= 2 + 3 + 1
 
 
-def test_a_stored_kv_is_never_the_reused_batch_buffer(llama) -> None:
-    """The batch KV buffer's memory is reused from pass to pass: a row's stored KV must
-    be a copy, also where its slice of the buffer is the whole buffer (one row, no
-    padding), else the next pass would overwrite it. Oracle: the KV as first stored."""
+def test_a_kept_context_is_never_overwritten(llama) -> None:
+    """Contexts that extend a kept one (forks, in one batch and in later calls) write their
+    own columns: the kept context's columns stay as first written (oracle: a copy taken
+    then), and each extension's row is the uncached model's."""
     llm = llama
     llm.clear_cache()
-    llm.next_token_logprobs_sync([11, 12, 13])  # one row: its slice is the whole buffer
-    depth, first = llm.prefix_cache.deepest_kv((11, 12, 13))
-    assert depth == 3
-    kept = first.clone()
-    block = llm.engine.workspace._block
-    assert block is not None  # the buffer's memory was kept for the next pass
-    start = block.untyped_storage().data_ptr()
-    assert not start <= first.data_ptr() < start + block.untyped_storage().nbytes()
-    llm.next_token_logprobs_sync([21, 22, 23])  # same shape: the same memory again
-    assert llm.engine.workspace._block is block
-    assert torch.equal(llm.prefix_cache.deepest_kv((11, 12, 13))[1], kept)
-    row = llm.next_token_logprobs_sync([11, 12, 13, 14])  # resumes from the kept KV
-    assert_tiny_close(row, reference(llm, [[11, 12, 13, 14]])[0])
+    llm.next_token_logprobs_sync([11, 12, 13])
+    _, seq = llm.prefix_cache.deepest_kv((11, 12, 13))
+    kept = _pool_kv(llm, seq).clone()
+    forks = [[11, 12, 13, 14], [11, 12, 13, 15], [11, 12, 13, 15, 16], [21, 22, 23]]
+    rows = llm.batch_next_token_logprobs_sync(forks)
+    rows2 = llm.batch_next_token_logprobs_sync([f + [17] for f in forks])
+    assert torch.equal(_pool_kv(llm, llm.prefix_cache.deepest_kv((11, 12, 13))[1]), kept)
+    assert_tiny_close(rows, reference(llm, forks))
+    assert_tiny_close(rows2, reference(llm, [f + [17] for f in forks]))
 
 
 def test_padded_batch_of_lengths_without_reuse(tiny_llama_path: str) -> None:

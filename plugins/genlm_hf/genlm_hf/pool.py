@@ -1,0 +1,262 @@
+"""genlm-hf's KV memory: one pool of pages that every context's KV lives in.
+
+A context's KV is a :class:`KVSeq`: the pages holding its columns, in order, and its
+length. Pages are :data:`PAGE` token columns of every layer's keys and values; the pool
+keeps them in one tensor ``[n_layers, 2, kv_heads, pages * PAGE, head_dim]`` (a column's
+flat index is its *slot*: ``page * PAGE + column``), so a context's KV is never copied to
+be kept, looked up, forked or extended:
+
+* a context that extends a kept one forks it (:meth:`KVSeq.fork`: the same pages, one
+  reference more on each) and writes its new tokens' KV into the next free columns of its
+  last page, or of new pages (:meth:`KVSeq.extend`);
+* a page is shared by every context whose prefix it holds: a prompt that 64 particles
+  share is held once, and a resampled particle copies a page table, not KV;
+* columns are written once: a page records how many of its columns are written
+  (``used``), and a context may write the next column of its last page only if no other
+  context wrote there first; otherwise it copies the page's first columns to a page of
+  its own (copy on write, at most ``PAGE - 1`` columns, once per fork).
+
+A page is freed when the last context holding it releases it (:meth:`KVSeq.release`).
+The pool's tensor grows by doubling up to ``max_bytes`` (a copy per doubling); past
+that, :attr:`KVPool.reclaim` is asked to release kept contexts (the prefix cache's least
+recently used) until a page is free, and :class:`PoolFullError` is raised when nothing
+is left to release. So ``max_bytes`` bounds every byte of KV the engine holds: kept
+prefixes and the rows of the pass running alike.
+
+Page 0 is never handed out: its first column is where padded positions of a pass write
+and read (finite values, masked out), so a pass needs no branch for padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["PAGE", "KVLayout", "KVPool", "KVSeq", "PoolFullError"]
+
+#: token columns per page
+PAGE = 16
+#: the slot padded positions write and read (column 0 of the reserved page 0)
+PAD_SLOT = 0
+#: the pool's first size, in pages (it doubles from there, up to its bound)
+_FIRST_PAGES = 64
+
+
+class PoolFullError(RuntimeError):
+    """No page is free, the pool is at its bound and nothing kept can be released."""
+
+
+class KVLayout(NamedTuple):
+    """The shape of one model's KV: ``layers`` blocks of ``heads`` KV heads of
+    ``head_dim``, in ``dtype`` on ``device``."""
+
+    layers: int
+    heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def column_bytes(self) -> int:
+        """Bytes of one token's keys and values over every layer."""
+        return self.layers * 2 * self.heads * self.head_dim * self.dtype.itemsize
+
+
+class KVPool:
+    """Pages of KV columns for one model (see the module doc).
+
+    Args:
+        layout: the model's KV layout.
+        max_bytes: the most bytes the pool's tensor may take (None: no bound). At least
+            two pages (the reserved one and one to use) are always allowed.
+        page: token columns per page.
+    """
+
+    def __init__(self, layout: KVLayout, max_bytes: int | None, page: int = PAGE) -> None:
+        self.layout = layout
+        self.page = page
+        self.page_bytes = layout.column_bytes * page
+        self.max_pages = None if max_bytes is None else max(2, max_bytes // self.page_bytes)
+        first = _FIRST_PAGES if self.max_pages is None else min(_FIRST_PAGES, self.max_pages)
+        self.storage = self._new_storage(first)
+        self.storage[:, :, :, :page].zero_()  # the padding page: finite values
+        #: per page: contexts holding it, and columns written
+        self.refs = [0] * first
+        self.used = [0] * first
+        self.refs[0] = 1  # reserved, never freed
+        self._free = list(range(first - 1, 0, -1))  # popped from the end: lowest first
+        #: called when no page is free at the bound: releases something kept (True), or
+        #: returns False when nothing is left to release
+        self.reclaim: Callable[[], bool] = lambda: False
+        self.grown = 0  # doublings of the tensor
+        self.copied_columns = 0  # columns copied on write (forks that wrote a shared page)
+        self.overflows = 0  # passes that grew the tensor past its bound
+
+    def _new_storage(self, pages: int) -> torch.Tensor:
+        lay = self.layout
+        return torch.empty(
+            (lay.layers, 2, lay.heads, pages * self.page, lay.head_dim), dtype=lay.dtype, device=lay.device
+        )
+
+    # ------------------------------------------------------------------ pages
+    @property
+    def pages(self) -> int:
+        """Pages the tensor holds now."""
+        return len(self.refs)
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def pages_in_use(self) -> int:
+        return self.pages - 1 - len(self._free)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the pool's tensor."""
+        return self.storage.numel() * self.storage.element_size()
+
+    def take(self) -> int:
+        """A free page (grown into, or released by :attr:`reclaim` when the pool is at
+        its bound), holding one reference; raises :class:`PoolFullError` when none is left."""
+        while not self._free:
+            if not self._grow() and not self.reclaim():
+                raise PoolFullError(
+                    f"hf: the KV pool is full ({self.pages_in_use} pages of {self.page} tokens, "
+                    f"{self.nbytes} bytes) and every page is used by the running pass"
+                )
+        p = self._free.pop()
+        self.refs[p] = 1
+        self.used[p] = 0
+        return p
+
+    def reserve(self, pages: int, force: bool = False) -> bool:
+        """Make ``pages`` pages takeable (free, or room to grow into), releasing kept
+        contexts through :attr:`reclaim` as needed; False when that cannot be done. With
+        ``force`` the tensor grows past the bound instead (a context that must run:
+        :attr:`overflows` counts it)."""
+        while self.free_pages + self._growable() < pages:
+            if not self.reclaim():
+                if not force:
+                    return False
+                self.overflows += 1
+                while self.free_pages < pages:
+                    self._grow(past_bound=True)
+                return True
+        return True
+
+    def _growable(self) -> int:
+        return (1 << 62) if self.max_pages is None else max(0, self.max_pages - self.pages)
+
+    def _grow(self, past_bound: bool = False) -> bool:
+        old = self.pages
+        new = old * 2 if self.max_pages is None or past_bound else min(old * 2, self.max_pages)
+        if new <= old:
+            return False
+        storage = self._new_storage(new)
+        storage[:, :, :, : old * self.page].copy_(self.storage)
+        self.storage = storage
+        self.refs += [0] * (new - old)
+        self.used += [0] * (new - old)
+        self._free = list(range(new - 1, old - 1, -1)) + self._free
+        self.grown += 1
+        return True
+
+    def incref(self, pages: Sequence[int]) -> None:
+        refs = self.refs
+        for p in pages:
+            refs[p] += 1
+
+    def decref(self, pages: Sequence[int]) -> None:
+        refs = self.refs
+        for p in pages:
+            refs[p] -= 1
+            if refs[p] == 0:
+                self.used[p] = 0
+                self._free.append(p)
+
+    def copy_columns(self, src: int, dst: int, columns: int) -> None:
+        """Columns ``[0, columns)`` of page ``src`` into page ``dst``."""
+        P = self.page
+        self.storage[:, :, :, dst * P : dst * P + columns].copy_(
+            self.storage[:, :, :, src * P : src * P + columns]
+        )
+        self.used[dst] = columns
+        self.copied_columns += columns
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "kv_pool_pages": self.pages,
+            "kv_pool_pages_in_use": self.pages_in_use,
+            "kv_pool_bytes": self.nbytes,
+            "kv_pool_bytes_in_use": self.pages_in_use * self.page_bytes,
+            "kv_pool_grown": self.grown,
+            "kv_pool_copied_columns": self.copied_columns,
+            "kv_pool_overflows": self.overflows,
+        }
+
+
+class KVSeq:
+    """The KV of one context: ``pages`` hold its ``length`` columns in order (a reference
+    on each). Release it once when it is no longer kept (:meth:`release`)."""
+
+    __slots__ = ("pool", "pages", "length")
+
+    def __init__(self, pool: KVPool, pages: list[int] | None = None, length: int = 0) -> None:
+        self.pool = pool
+        self.pages = pages if pages is not None else []
+        self.length = length
+
+    def fork(self, length: int | None = None) -> "KVSeq":
+        """A context holding the first ``length`` columns (default: all) of this one: the
+        same pages, one more reference on each."""
+        n = self.length if length is None else length
+        if not 0 <= n <= self.length:
+            raise ValueError(f"fork({n}) of a context of {self.length} columns")
+        P = self.pool.page
+        pages = self.pages[: (n + P - 1) // P]
+        self.pool.incref(pages)
+        return KVSeq(self.pool, list(pages), n)
+
+    def extend(self, n: int) -> list[int]:
+        """Room for ``n`` more columns: their slots, in order (pages taken as needed; a
+        last page another context wrote past this one's end is copied first)."""
+        pool, P = self.pool, self.pool.page
+        slots: list[int] = []
+        pos, end = self.length, self.length + n
+        while pos < end:
+            col = pos % P
+            if col == 0:
+                self.pages.append(pool.take())
+            elif pool.used[self.pages[-1]] != col:  # another context wrote this page on
+                fresh = pool.take()
+                pool.copy_columns(self.pages[-1], fresh, col)
+                pool.decref(self.pages[-1:])
+                self.pages[-1] = fresh
+            page = self.pages[-1]
+            take = min(P - col, end - pos)
+            base = page * P + col
+            slots.extend(range(base, base + take))
+            pool.used[page] = col + take
+            pos += take
+        self.length = end
+        return slots
+
+    def slots(self, start: int = 0, end: int | None = None) -> list[int]:
+        """The slots of columns ``[start, end)``."""
+        stop = self.length if end is None else end
+        P, pages = self.pool.page, self.pages
+        return [pages[i // P] * P + i % P for i in range(start, stop)]
+
+    def release(self) -> None:
+        """Give back this context's references (idempotent)."""
+        if self.pages:
+            self.pool.decref(self.pages)
+            self.pages = []
+        self.length = 0
+
+    def __repr__(self) -> str:
+        return f"KVSeq(length={self.length}, pages={len(self.pages)})"

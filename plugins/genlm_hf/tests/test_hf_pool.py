@@ -1,0 +1,134 @@
+"""The KV pool's pages: forks share, extensions write their own columns, copies on write
+keep every context's columns, references free pages, and the bound holds.
+
+The oracle is a plain list of values per context: every column a context writes gets a
+value of its own in the pool's tensor, and every live context must read back exactly its
+list, whatever other contexts forked, extended or released meanwhile."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from genlm_hf.pool import PAGE, KVLayout, KVPool, KVSeq, PoolFullError
+
+LAYOUT = KVLayout(layers=2, heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"))
+
+
+def _write(pool: KVPool, slots: list[int], values: list[float]) -> None:
+    v = torch.tensor(values)
+    pool.storage[:, :, :, slots, :] = v.view(1, 1, 1, -1, 1)
+
+
+def _read(pool: KVPool, seq: KVSeq) -> list[float]:
+    return pool.storage[0, 0, 0, seq.slots(), 0].tolist()
+
+
+def test_a_fork_shares_pages_and_the_second_writer_copies() -> None:
+    pool = KVPool(LAYOUT, None)
+    base = KVSeq(pool)
+    _write(pool, base.extend(20), [float(i) for i in range(20)])  # a page and 4 columns
+    a, b = base.fork(), base.fork()
+    assert a.pages == base.pages and b.pages == base.pages
+    _write(pool, a.extend(1), [100.0])  # a writes column 20 in place
+    assert a.pages == base.pages
+    _write(pool, b.extend(1), [200.0])  # b cannot: it copies the last page's 4 columns
+    assert b.pages[0] == base.pages[0] and b.pages[1] != base.pages[1]
+    assert pool.copied_columns == 20 - PAGE
+    assert _read(pool, base) == [float(i) for i in range(20)]
+    assert _read(pool, a) == [float(i) for i in range(20)] + [100.0]
+    assert _read(pool, b) == [float(i) for i in range(20)] + [200.0]
+
+
+def test_a_shorter_fork_and_release_free_every_page() -> None:
+    pool = KVPool(LAYOUT, None)
+    base = KVSeq(pool)
+    base.extend(3 * PAGE)
+    short = base.fork(PAGE + 2)
+    assert short.pages == base.pages[:2] and short.length == PAGE + 2
+    _write(pool, short.extend(1), [7.0])  # base wrote past column PAGE + 2: a copy
+    assert short.pages[1] != base.pages[1]
+    used = pool.pages_in_use
+    base.release()
+    assert pool.pages_in_use == used - 2  # its third page and its own second page
+    short.release()
+    short.release()  # idempotent
+    assert pool.pages_in_use == 0
+    with pytest.raises(ValueError, match="fork"):
+        base.fork(1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_programs_keep_every_context_intact(seed: int) -> None:
+    rng = random.Random(seed)
+    pool = KVPool(LAYOUT, None)
+    live: list[tuple[KVSeq, list[float]]] = []
+    counter = 0.0
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.45 or not live:
+            if live and rng.random() < 0.8:
+                seq, vals = rng.choice(live)
+                n = rng.randrange(0, seq.length + 1)
+                seq, vals = seq.fork(n), vals[:n]
+            else:
+                seq, vals = KVSeq(pool), []
+            k = rng.randrange(1, 2 * PAGE)
+            new = [counter + i for i in range(k)]
+            counter += k
+            _write(pool, seq.extend(k), new)
+            live.append((seq, vals + new))
+        elif op < 0.8:
+            seq, vals = rng.choice(live)
+            new = [counter]
+            counter += 1
+            _write(pool, seq.extend(1), new)
+            vals.append(new[0])
+        else:
+            seq, _ = live.pop(rng.randrange(len(live)))
+            seq.release()
+        for seq, vals in live:
+            assert _read(pool, seq) == vals
+        assert all(r >= 0 for r in pool.refs)
+    for seq, _ in live:
+        seq.release()
+    assert pool.pages_in_use == 0 and pool.free_pages == pool.pages - 1
+
+
+def test_the_bound_reclaims_then_refuses() -> None:
+    pool = KVPool(LAYOUT, max_bytes=5 * PAGE * LAYOUT.column_bytes)  # 5 pages, one reserved
+    assert pool.max_pages == 5
+    kept = [KVSeq(pool) for _ in range(4)]
+    for s in kept:
+        s.extend(PAGE)
+    released = []
+
+    def reclaim() -> bool:
+        if not kept:
+            return False
+        released.append(kept.pop(0))
+        released[-1].release()
+        return True
+
+    pool.reclaim = reclaim
+    extra = KVSeq(pool)
+    extra.extend(2 * PAGE)  # two pages: two kept contexts released
+    assert len(released) == 2 and pool.pages == 5
+    assert pool.reserve(2) and len(released) == 4
+    assert not pool.reserve(3)
+    with pytest.raises(PoolFullError, match="KV pool is full"):
+        KVSeq(pool).extend(3 * PAGE)
+
+
+def test_growth_keeps_the_columns() -> None:
+    pool = KVPool(LAYOUT, None)
+    first = pool.pages
+    seqs = []
+    for i in range(first + 3):  # past the first size: the tensor doubles
+        s = KVSeq(pool)
+        _write(pool, s.extend(3), [float(i)] * 3)
+        seqs.append(s)
+    assert pool.grown >= 1 and pool.pages >= 2 * first
+    for i, s in enumerate(seqs):
+        assert _read(pool, s) == [float(i)] * 3
