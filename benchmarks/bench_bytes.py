@@ -15,7 +15,7 @@ cleared before each run) and bits/byte (``-logZ / (n ln 2)``).
 The logZ of (a) and (b) must agree within 1e-3 at K=5. Output:
 ``benchmarks/out/bytes.json`` and ``bytes.md`` (``$GENLM_BENCH_OUT`` when it is set).
 Each run also reports (a)'s engine paths: the forward calls, the static steps and the
-eager passes of genlm-hf's static path (resident rows; on a GPU, by default) - on a GPU an
+eager passes beside genlm-hf's decode step (on a GPU, by default) - on a GPU an
 eager pass launches every kernel from Python, a static step replays one graph.
 
 ``--device``, ``--dtype`` and ``--model`` choose (a)'s device, dtype and model folder
@@ -65,8 +65,7 @@ def model_path() -> Path:
 
 # ---------------------------------------------------------------------- (a) genlm-core
 #: the engine counters whose change a run reports: (a)'s paths through genlm-hf
-PATHS = ("forward_calls", "tokens_computed", "static_steps", "rows_resumed", "resident_eager",
-         "resident_eager_passes", "resident_joined")  # fmt: skip
+PATHS = ("forward_calls", "tokens_computed", "static_steps", "pool_passes", "span_rows")
 
 
 async def run_ours(
@@ -276,7 +275,7 @@ def write_report(figures: dict[str, Any], args: argparse.Namespace) -> None:
             "(a) model batches": a["model_batches"],
             "(a) contexts": a["contexts_scored"],
             "(a) static steps": paths.get("static_steps", 0),
-            "(a) eager passes": paths.get("resident_eager_passes", 0),
+            "(a) eager passes": paths.get("pool_passes", 0) - paths.get("static_steps", 0),
         }
         if "b" in figures:
             b = figures["b"]["runs"][str(k)]
@@ -316,7 +315,7 @@ def write_report(figures: dict[str, Any], args: argparse.Namespace) -> None:
         f"prefill with pruning to K before each byte; load average {record['machine'].get('load_avg_1m')}.\n"
         "(a) genlm-core beam over genlm-hf (default BeamParams: lookahead 16 bytes over the known paragraph);\n"
         "(b) genlm-bytes 0.2.0 over genlm-backend 0.3.1 AsyncTransformer.\n"
-        "Static steps: genlm-hf's static decode steps (resident rows continued in place; replayed graphs\n"
+        "Static steps: genlm-hf's decode steps (one token a row over the KV pool; replayed graphs\n"
         "on CUDA); eager passes: the passes of the contexts that continue no row (a new tokenisation's\n"
         "several tokens), each launching every kernel from Python on a GPU.\n"
         "logZ: (b) sums each 49k-token distribution in float32 (torch sparse mm), so its root mass is off by\n"

@@ -30,14 +30,14 @@ forward), with the smallest of their derived bounds (``batch_vs_alone_*``).
 contexts (``step``'s, ``batch``'s and raw's, all started from the same pasts) and every
 call extends each row by one new token, so a way's call ``N`` asks contexts of ``past + N``
 tokens (the warmup calls count); raw's ``DynamicCache`` grows (never cropped). That is
-the shape the hf backend's resident rows continue in place (``genlm_hf.resident``: on
-the static decode path, on by default on CUDA); the fixed past above never continues a
-row. The backend is loaded with ``batch_size=max(64, B)`` in both modes; under ``--grow``
-the ``step`` and ``batch`` ways each hold ``B`` resident rows. Before timing, raw and
+the shape of a program's particles: each call forks its rows' pages and writes one
+column each (``genlm_hf.pool``; the decode step, ``genlm_hf.step``, on CUDA by default).
+The backend is loaded with ``batch_size=max(64, B)`` in both modes; under ``--grow``
+the ``step`` and ``batch`` ways each keep ``B`` contexts. Before timing, raw and
 ``step`` run once on the same one-token extension (``batch`` once on another token of its
 own, so every way starts the timed calls at the same length), and those rows are compared.
 Every result row records ``grow``; ``--grow`` writes ``hf_step_grow.*`` (with the engine's
-resident-row counters where it has them) instead of ``hf_step.*``.
+decode-step and pool counters) instead of ``hf_step.*``.
 
 ``--options`` passes more load() options as JSON (``'{"cache_size": 0}'``: the step
 without the output cache, whose copy of each row a GPU makes in the step).
@@ -96,15 +96,15 @@ ACCOUNT = (
     "compiled_max_abs_diff",
     "compiled_error",
 )
-#: the hf engine's resident-row counters recorded under --grow (on the static decode path)
+#: the hf engine's counters recorded under --grow (the decode step's and the pool's)
 RESIDENT = (
-    "rows_resumed",
-    "rows_restarted",
-    "resident_joined",
-    "resident_eager",
-    "resident_evicted",
+    "static_steps",
     "static_captured",
     "static_capture_failed",
+    "static_declined",
+    "pool_passes",
+    "span_rows",
+    "kv_pool_copied_columns",
     "fused_decode",
 )
 
@@ -243,8 +243,8 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
             in_model[-1] += time.perf_counter()
 
     hooks = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
-    fused = getattr(getattr(llm.engine, "static", None), "fused", None)
-    if fused is not None:  # genlm_hf.fused runs a Llama's static step without model.forward
+    fused = getattr(getattr(llm.engine, "step", None), "fused", None)
+    if fused is not None:  # genlm_hf.fused runs a Llama's decode step without model.forward
         step_fn = fused.step
 
         def fused_step(*a: Any) -> Any:
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--graph-account",
         action="store_true",
-        help="after the steps, the largest resident block's step alone: graph replay, kernels (graph_account.py)",
+        help="after the steps, the largest decode-step bucket's step alone: graph replay, kernels (graph_account.py)",
     )
     ap.add_argument(
         "--host-account",

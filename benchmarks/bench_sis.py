@@ -132,10 +132,10 @@ LAST_RUN_ENGINE = (
     "tokens_computed",
     "static_steps",
     "static_captured",
-    "static_refused",
-    "resident_joined",
-    "resident_eager",
-    "resident_evicted",
+    "static_declined",
+    "pool_passes",
+    "span_rows",
+    "kv_pool_copied_columns",
 )
 
 

@@ -1,9 +1,9 @@
 """Where a captured decode step's time goes (``bench_hf_step --graph-account``).
 
-The hf engine's step of ``B`` resident rows on CUDA is one replayed graph plus the host's
-work around it (the batcher, the rows' placement, normalising and handing out the rows).
-:func:`account` takes the engine's largest resident block after a benchmark's steps and
-measures its step alone:
+The hf engine's decode step of ``B`` rows on CUDA is one replayed graph plus the host's
+work around it (the batcher, the rows' pages and inputs, normalising and handing out the
+rows). :func:`account` takes the engine's largest decode-step bucket after a benchmark's
+steps and measures its step alone:
 
   graph_replay_ms     one replay of its captured graph (CUDA events, the median of a few):
                       the device's part of a step; ``step_ms`` less this is the host's
@@ -39,11 +39,12 @@ NAME_CHARS = 120
 
 
 def _block_slot(llm: Any) -> Any:
-    resident = getattr(llm.engine, "resident", None)
-    blocks = list(getattr(resident, "blocks", []) or [])
-    if not blocks:
+    """The engine's decode-step bucket of the most rows (None: no step ran)."""
+    step = getattr(llm.engine, "step", None)
+    buckets = list(getattr(step, "buckets", {}).values())
+    if not buckets:
         return None
-    return max(blocks, key=lambda b: b.slot.bucket[0]).slot
+    return max(buckets, key=lambda b: b.key[0])
 
 
 def _kernels(fn: Any, runs: int) -> tuple[float, float, list[list[Any]]]:
@@ -119,34 +120,34 @@ def _wall_ms(fn: Any, runs: int = 5) -> float:
 
 
 def account(llm: Any, compile_probe: bool = False) -> dict[str, Any]:
-    """The figures above for ``llm``'s largest resident block (empty without one)."""
+    """The figures above for ``llm``'s largest decode-step bucket (empty without one)."""
     import torch
 
     slot = _block_slot(llm)
     if slot is None:
-        return {"graph_account": "no resident block"}
-    B, C = slot.bucket
-    out: dict[str, Any] = {"account_bucket": f"{B}x{C}"}
-    cuda = slot.kv.device.type == "cuda"
+        return {"graph_account": "no decode step ran"}
+    B, U, L = slot.key
+    out: dict[str, Any] = {"account_bucket": f"{B}x{U}+{L}"}
+    cuda = slot.inputs.device.type == "cuda"
     with torch.inference_mode():
-        ref = slot._step().float().clone()
+        ref = slot.step().float().clone()
         if cuda:
             if slot.graph is not None:
                 out["graph_replay_ms"] = _replay_ms(slot.graph)
             else:
-                out["graph_account"] = "the block's step was not captured"
-            out["step_kernels"], out["step_kernel_ms"], top = _kernels(slot._step, 3)
+                out["graph_account"] = "the bucket's step was not captured"
+            out["step_kernels"], out["step_kernel_ms"], top = _kernels(slot.step, 3)
             out["step_kernels_top"] = top
         else:
-            out["eager_step_ms"] = _wall_ms(slot._step)
+            out["eager_step_ms"] = _wall_ms(slot.step)
         print(f"[graph_account] {out}", file=sys.stderr, flush=True)  # before a probe that may run long
         if not compile_probe:
             return out
-        compiled = torch.compile(slot._step, dynamic=False)
+        compiled = torch.compile(slot.step, dynamic=False)
         t0 = time.perf_counter()
         try:
             if cuda:
-                graph, logits = _capture(compiled, slot.kv.device)
+                graph, logits = _capture(compiled, slot.inputs.device)
                 out["compiled_graph_replay_ms"] = _replay_ms(graph)
                 out["compiled_kernels"], out["compiled_kernel_ms"], _ = _kernels(graph.replay, 3)
             else:

@@ -27,7 +27,7 @@ Sections (``--only`` picks some):
             memory, network frame): calls/s, per-call latency, total RSS, where a step goes
   hf-step   the hf backend's SIS-like step vs the raw transformers forward, 16 and 64 rows
   hf-step-grow  the same with every row's context growing a token a call, as SIS's
-            (``bench_hf_step.py --grow``: the path of genlm-hf's resident rows)
+            (``bench_hf_step.py --grow``: the path of genlm-hf's decode step)
   burst     the SIS program as per-step calls vs one burst (hf f32, llama.cpp f16)
 
 Anchors (genlm-backend 0.3.1, genlm-bytes 0.2.0) are installed from PyPI into

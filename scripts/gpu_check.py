@@ -12,7 +12,7 @@ On a CUDA machine, within a time budget (default 350 s from the shell script's s
 3. the GPU benchmarks, short repetitions, in :data:`PLAN`'s order (item 3's figures
    first; the runs of :data:`OPTIONAL` only while the budget lasts): ``bench_hf_step
    --grow --graph-account --host-account`` (16 and 64 rows whose contexts grow by a token a call, as
-   SIS's: the resident rows' static step; its graph's replay against the host's part), ``bench_burst`` (hf, 16 and 64 particles), ``bench_sis`` (SIS, 16
+   SIS's: the decode step over the KV pool; its graph's replay against the host's part), ``bench_burst`` (hf, 16 and 64 particles), ``bench_sis`` (SIS, 16
    particles and 64 in its sweep; against genlm-backend 0.3.1 where its reference stack
    is importable, see :func:`anchor`) and ``bench_serve`` (four SIS clients, one server;
    GPU memory of every process). Each benchmark warms up in its timed runs' shape first
@@ -54,11 +54,10 @@ GPU_MODELS = [("1.7b", "smollm2-1.7b-bf16", "bfloat16"), ("135m", "smollm2-135m-
 DRY_MODELS = [("tiny", "tiny-llama-f32", "float32")]
 #: cuda tests the check must collect (a suite that stops collecting them fails the check)
 REQUIRED_CUDA_TESTS = [
-    # issue 44: the captured static decode step against the eager one, float32 and bfloat16
-    "plugins/genlm_hf/tests/test_hf_static.py::test_static_decode_captured_on_cuda",
+    # the captured decode step over the KV pool against eager passes, float32 and bfloat16
+    # (SIS/SMC shapes: resampling, joins, jumps), and the fused step
+    "plugins/genlm_hf/tests/test_hf_step.py::test_steps_captured_on_cuda",
     "plugins/genlm_hf/tests/test_hf_fused.py::test_the_fused_step_equals_the_models_forward",
-    # ordinary calls' resident rows on the captured step (SIS/SMC shapes)
-    "plugins/genlm_hf/tests/test_hf_resident.py::test_resident_captured_on_cuda",
     # the conformance kit on CUDA: float32 and bfloat16 on the captured step, GPT-2 with a
     # small KV budget, the eager path
     "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaConformance",
@@ -67,9 +66,9 @@ REQUIRED_CUDA_TESTS = [
     # the output cache in host memory: hits back on the GPU
     "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaHostCacheConformance",
 ]
-#: bench_hf_step's settings: contexts growing a token a call, as SIS's (the resident rows'
+#: bench_hf_step's settings: contexts growing a token a call, as SIS's (the decode step's
 #: path), with both accounts of a step (on a GPU, in a dry run on the CPU: there with the
-#: static step on, the path the GPU's "auto" takes)
+#: decode step on, the path the GPU's "auto" takes)
 HF_STEP = (
     "--grow --rows 16 64 --repeat 5 --warmup 2 --graph-account --host-account".split(),
     "--grow --rows 2 4 --repeat 1 --warmup 1 --past 4 --graph-account --host-account --static-decode on".split(),
@@ -107,9 +106,6 @@ SIZES = {
     # the same with the output cache in host memory (genlm serve's setting): one transfer
     # of the step's rows to the host instead of a device copy of each
     "hf_step_cachecpu": _hf_step_ab("--options", '{"cache_to_cpu": true}'),
-    # the fused step attending with torch's scaled_dot_product_attention (one kernel where
-    # a backend takes the mask) instead of two batched GEMMs, a softmax and two copies
-    "hf_step_sdpa": _hf_step_ab("--options", '{"fused_attention": "sdpa"}'),
     "burst": (
         ["--engines", "hf", "--particles", "16", "64", "--repeats", "1"],
         ["--engines", "hf", "--particles", "4", "--max-tokens", "3", "--repeats", "1"],
@@ -124,11 +120,11 @@ SIZES = {
     # the batches on the event loop's thread (a GPU engine runs them in the batcher's
     # worker, beside the program's sampling): what the thread gives SIS on a GPU
     "sis_thread": _sis_ab('{"forward_thread": true}', '{"forward_thread": false}'),
-    # the byte beam (genlm-hf's default on CUDA: the static path), K=5 and K=1: its calls mix
-    # rows continued in place with new tokenisations' contexts, run in eager passes beside
-    # the replay (the engine counters in its JSON say how many of each)
+    # the byte beam (genlm-hf's default on CUDA: the decode step), K=5 and K=1: its calls mix
+    # one-token extensions (decode steps) with new tokenisations' contexts (eager passes;
+    # the engine counters in its JSON say how many of each)
     "bytes": (["--no-anchor", "--k", "5", "1"], ["--no-anchor", "--k", "2"]),
-    # the same beam on the eager path alone: what the static path gives the beam on a GPU
+    # the same beam on eager passes alone: what the decode step gives the beam on a GPU
     "bytes_eager": (
         ["--no-anchor", "--k", "5", "1", "--options", '{"static_decode": "off"}'],
         ["--no-anchor", "--k", "2", "--options", '{"static_decode": "on"}'],

@@ -106,6 +106,31 @@ token_seqs = st.lists(st.integers(0, 3), max_size=5).map(tuple)
     kv_budget=st.one_of(st.none(), st.integers(0, 100)),
 )
 def test_prefix_cache_matches_brute_force(ops, kv_budget):
+    _prefix_cache_against_brute_force(ops, kv_budget)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["insert", "deepest", "clear_kv"]), token_seqs, st.integers(1, 30)),
+        max_size=120,
+    ),
+    kv_budget=st.one_of(st.none(), st.integers(0, 100)),
+)
+def test_prefix_cache_with_a_recent_index_of_two_matches_brute_force(ops, kv_budget):
+    """The index of nodes stored lately (found by context, no walk) at its smallest: nodes
+    leave it as often as they join, and pruned or evicted ones are never found through it."""
+    from genlm_core.engine import prefix_cache
+
+    kept = prefix_cache.RECENT
+    prefix_cache.RECENT = 2
+    try:
+        _prefix_cache_against_brute_force(ops, kv_budget)
+    finally:
+        prefix_cache.RECENT = kept
+
+
+def _prefix_cache_against_brute_force(ops, kv_budget):
     cache = PrefixCache(budget=kv_budget)
     model = BruteForcePrefixCache(kv_budget)
     for op, tokens, size in ops:
@@ -123,6 +148,19 @@ def test_prefix_cache_matches_brute_force(ops, kv_budget):
         # nodes holding nothing are pruned: the trie is no bigger than the prefixes held
         closure = {p[:i] for p in model.kv for i in range(len(p) + 1)} | {()}
         assert cache.node_count() == len(closure)
+
+
+def test_a_context_past_an_evicted_one_is_stored_in_the_trie():
+    """A node the recent index holds whose payload the budget evicted (and which the trie
+    pruned) must not take children: the context one token past it is stored under the
+    trie's own path, found from the root."""
+    cache = PrefixCache(budget=20, sizeof=len)
+    cache.insert((1, 2), kv="x" * 10)
+    cache.insert((3,), kv="y" * 15)  # evicts (1, 2): its nodes are pruned
+    cache.insert((1, 2, 5), kv="z")
+    assert cache.kv_prefixes() == [(3,), (1, 2, 5)]
+    assert cache.deepest_kv((1, 2, 5, 6)) == (3, "z")
+    assert cache.node_count() == 1 + 1 + 3
 
 
 def test_prefix_cache_deepest_respects_max_depth():

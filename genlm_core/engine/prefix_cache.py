@@ -13,6 +13,12 @@ the trie's size follows what it holds.
 
 Next-token logprobs are not kept here: a backend caches them in its one
 :class:`~genlm_core.engine.caches.OutputCache` (one logprob budget, ``cache_bytes``).
+
+A walk from the root costs a Python step per token: a particle's context of 4,000
+tokens, looked up and stored once a step, would walk 8,000 nodes. The nodes stored last
+(at most :data:`RECENT`) are also found by their whole context (a dict keyed by the
+context's tuple: hashing it runs in C), so a context one token past one stored lately
+finds its prefix, and is stored under it, without a walk.
 """
 
 from __future__ import annotations
@@ -25,13 +31,16 @@ from typing import Any
 
 from genlm_core.engine.memory import sizeof as default_sizeof
 
-__all__ = ["PrefixCache", "PrefixNode"]
+__all__ = ["RECENT", "PrefixCache", "PrefixNode"]
+
+#: the nodes stored last that are found by their context without a walk
+RECENT = 1024
 
 
 class PrefixNode:
     """One prefix. ``children`` maps the next token id to the child node."""
 
-    __slots__ = ("token", "depth", "parent", "children", "kv", "kv_bytes")
+    __slots__ = ("token", "depth", "parent", "children", "kv", "kv_bytes", "key")
 
     def __init__(self, token: int | None, depth: int, parent: "PrefixNode | None") -> None:
         self.token = token
@@ -40,6 +49,8 @@ class PrefixNode:
         self.children: dict[int, PrefixNode] = {}
         self.kv: Any = None
         self.kv_bytes = 0
+        #: the context it is found by in the cache's recent index (None: not there)
+        self.key: tuple[int, ...] | None = None
 
     def prefix(self) -> tuple[int, ...]:
         out: list[int] = []
@@ -86,6 +97,8 @@ class PrefixCache:
         self.on_evict_kv = on_evict_kv
         self.root = PrefixNode(None, 0, None)
         self._kv_lru: OrderedDict[int, PrefixNode] = OrderedDict()
+        #: the nodes stored last, by context (see the module doc)
+        self._recent: OrderedDict[tuple[int, ...], PrefixNode] = OrderedDict()
         self.kv_bytes = 0
         self.kv_evictions = 0
         self.hits = 0
@@ -112,6 +125,13 @@ class PrefixCache:
         """
         limit = len(tokens) if max_depth is None else min(max_depth, len(tokens))
         with self._lock:
+            if self._recent:
+                key = tokens[:limit]
+                near = self._recent.get(key if isinstance(key, tuple) else tuple(key))
+                if near is not None and near.kv is not None:
+                    self._kv_lru.move_to_end(id(near))
+                    self.hits += 1
+                    return near.depth, near.kv
             path = self._walk(tokens[:limit])
             for node in reversed(path):
                 if node.kv is not None:
@@ -140,8 +160,19 @@ class PrefixCache:
         size = self.sizeof(kv)
         if self.budget is not None and size > self.budget:
             return
+        key = tokens if isinstance(tokens, tuple) else tuple(tokens)
         with self._lock:
-            node = self._node(tokens)
+            node = self._recent.get(key)
+            if node is None:
+                parent = self._recent.get(key[:-1]) if key else None
+                if parent is not None:  # one token past a node stored lately: no walk
+                    t = int(key[-1])
+                    node = parent.children.get(t)
+                    if node is None:
+                        node = parent.children[t] = PrefixNode(t, parent.depth + 1, parent)
+                else:
+                    node = self._node(key)
+                self._remember(key, node)
             if node.kv is not None and node.kv is not kv:
                 self._dropped(node.kv)
             self.kv_bytes += size - node.kv_bytes
@@ -149,6 +180,15 @@ class PrefixCache:
             self._kv_lru[id(node)] = node
             self._kv_lru.move_to_end(id(node))
             self._evict(protect=node)
+
+    def _remember(self, key: tuple[int, ...], node: PrefixNode) -> None:
+        if node.key is not None:
+            self._recent.pop(node.key, None)
+        node.key = key
+        self._recent[key] = node
+        while len(self._recent) > RECENT:
+            _, old = self._recent.popitem(last=False)
+            old.key = None
 
     def _evict(self, protect: PrefixNode | None = None) -> None:
         while self.budget is not None and self.kv_bytes > self.budget and self._kv_lru:
@@ -182,12 +222,14 @@ class PrefixCache:
                     return payload
             return None
 
-    @staticmethod
-    def _prune(node: PrefixNode) -> None:
+    def _prune(self, node: PrefixNode) -> None:
         while node.parent is not None and not node.children and node.kv is None:
             parent = node.parent
             parent.children.pop(node.token, None)  # type: ignore[arg-type]
             node.parent = None
+            if node.key is not None:  # a detached node is found by no context
+                self._recent.pop(node.key, None)
+                node.key = None
             node = parent
 
     def clear(self) -> None:
@@ -196,6 +238,9 @@ class PrefixCache:
             dropped = [n.kv for n in self._kv_lru.values()]
             self.root = PrefixNode(None, 0, None)
             self._kv_lru.clear()
+            for node in self._recent.values():
+                node.key = None
+            self._recent.clear()
             self.kv_bytes = 0
             for payload in dropped:
                 self._dropped(payload)

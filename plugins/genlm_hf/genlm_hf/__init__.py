@@ -4,10 +4,14 @@ __all__ = ["HFBackend", "HFConfig", "HFEngine"]
 
 
 def __getattr__(name: str):  # lazy: `import genlm_hf` must not import torch
-    if name in ("HFBackend", "HFEngine"):
-        from genlm_hf import backend
+    if name == "HFEngine":
+        from genlm_hf.engine import HFEngine
 
-        return getattr(backend, name)
+        return HFEngine
+    if name == "HFBackend":  # deprecated (genlm_hf._deprecated)
+        from genlm_hf._deprecated import hf_backend_class
+
+        return hf_backend_class()
     if name == "HFConfig":
         from genlm_hf.config import HFConfig
 

@@ -59,6 +59,9 @@ class SharedSpan:
     length: int
     start: int = 0
     slots: torch.Tensor | None = None
+    #: an additive mask ``[rows, 1, new, length]`` (0 or -inf), or None: every row reads
+    #: every column (a captured step's span is padded to its bucket and masked)
+    mask: torch.Tensor | None = None
 
 
 class PoolPass:
@@ -150,6 +153,8 @@ class PoolPass:
             n = span.rows.numel()
             qs = q.index_select(1, span.rows).reshape(Hk, n * G * S, D)
             ss = (torch.bmm(qs, ks.transpose(1, 2)) * scaling).float().view(Hk, n, G, S, -1)
+            if span.mask is not None:  # [rows, 1, S, L] against [Hk, rows, G, S, L]
+                ss += span.mask
             span_scores.append(ss)
             top.index_copy_(
                 1, span.rows, torch.maximum(top.index_select(1, span.rows), ss.amax(-1, keepdim=True))

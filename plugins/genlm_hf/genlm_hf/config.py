@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from genlm_core.engine import DTYPES, BackendConfig, KVCacheOptions, normalize_dtype
 
@@ -40,49 +40,66 @@ class HFConfig(KVCacheOptions, BackendConfig):
     trust_remote_code: bool = Field(False, description="allow model code shipped with the checkpoint")
     lora_path: str | None = Field(None, description="LoRA adapter folder loaded (and activated) at start")
     lora_name: str = Field("default", description="name of the adapter given by `lora_path`")
+    kv_cache_bytes: int | Literal["auto"] | None = Field(  # type: ignore[assignment]
+        "auto",
+        description=(
+            "bytes of KV the engine's pool holds: every kept context's and the running call's, a "
+            "prefix many contexts share held once (genlm_hf.pool; kept contexts are released least "
+            "recently used first at the bound). 'auto': a quarter of the memory of the model's device "
+            "(the machine's RAM, or its cgroup limit, on the CPU; the GPU's free memory once the model "
+            "is loaded on CUDA), at least 1 GiB; 0: no KV kept between calls; None: no bound"
+        ),
+    )
     static_decode: Literal["auto", "on", "off"] = Field(
         "auto",
         description=(
-            "a burst's kept decode batches, and the rows of ordinary calls that extend the call "
-            "before's by one token (SIS, SMC: genlm_hf.resident), step over static KV buffers, one "
-            "per (batch, length) bucket, captured as CUDA graphs on CUDA (docs/gpu.md): 'auto' is on "
-            "for CUDA and off elsewhere ('on' pays on the CPU for SIS and SMC over long contexts, not for "
-            "the byte beam: docs/gpu.md), 'on' everywhere, 'off' never"
+            "calls whose every row runs one new token (a step of SIS, SMC, a burst, the byte beam) "
+            "run as the decode step (genlm_hf.step): a fixed shape per (rows, columns) bucket, captured "
+            "as a CUDA graph on CUDA (docs/gpu.md). 'auto': on for CUDA, off elsewhere (on the CPU the "
+            "eager pass over the pool costs no more); 'on': everywhere; 'off': never"
         ),
     )
     fused_decode: bool = Field(
         True,
         description=(
-            "the static decode step of a transformers Llama, Mistral, Qwen2 or Qwen3 causal LM runs "
-            "genlm-hf's fused step (genlm_hf.fused: about 16 kernels a layer instead of 48, the same "
-            "weights, rows equal up to rounding order); False: the model's own forward. Models it "
-            "cannot run (other architectures, quantised or adapted layers) use their own forward"
-        ),
-    )
-    fused_attention: Literal["bmm", "sdpa"] = Field(
-        "bmm",
-        description=(
-            "how the fused step attends (genlm_hf.fused.ATTENTION): 'bmm', two batched GEMMs with "
-            "softmax in float32 between them, or 'sdpa', torch's scaled_dot_product_attention (one "
-            "kernel on CUDA where a backend takes the mask); rows equal up to rounding order"
+            "the decode step of a transformers Llama, Mistral, Qwen2 or Qwen3 causal LM runs "
+            "genlm-hf's fused step (genlm_hf.fused: fewer kernels a layer, the same weights, rows "
+            "equal up to rounding order); False: the model's own forward. Models it cannot run "
+            "(other architectures, quantised or adapted layers) use their own forward"
         ),
     )
     cpu_packed_linears: bool = Field(
         True,
         description=(
             "on the CPU, a float32 or bfloat16 model's linear layers run through oneDNN over weights "
-            "packed once at load (genlm_hf.cpu_linear: 2-4x MKL's float32 product on the shapes of a step "
-            "and a prompt; the same weights, rows equal up to float32 rounding order); off on the static "
-            "path and while a LoRA adapter is loaded"
+            "packed once at load (genlm_hf.cpu_linear: 2-4x MKL's float32 product at the shapes of a "
+            "step and a prompt; the same weights, rows equal up to float32 rounding order); off while "
+            "a LoRA adapter is loaded and beside the fused decode step"
         ),
     )
     static_decode_bytes: int | None = Field(
         None,
         ge=0,
-        description="the most bytes the static decode buffers take together (free buckets are dropped "
-        "least recently used first; a batch that finds no room runs on the eager path); None: a quarter "
-        "of the device's free memory once the model is loaded, at least 1 GiB, on CUDA, and 1 GiB elsewhere",
+        description="deprecated, ignored (genlm-hf 0.3 removes it): kv_cache_bytes bounds every KV column",
     )
+    fused_attention: str | None = Field(
+        None,
+        description="deprecated, ignored (genlm-hf 0.3 removes it): the decode step attends over the KV pool",
+    )
+
+    @field_validator("kv_cache_bytes")
+    @classmethod
+    def _bytes(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise ValueError(f"kv_cache_bytes={value}: expected bytes >= 0, 'auto' or None")
+        return value
+
+    @model_validator(mode="after")
+    def _deprecated(self) -> "HFConfig":
+        from genlm_hf._deprecated import warn_deprecated_options
+
+        warn_deprecated_options(self)
+        return self
 
     def requested_dtype(self) -> str:
         """``dtype``, or genlm-backend's ``hf_opts={"torch_dtype": ...}`` when dtype is 'auto'."""

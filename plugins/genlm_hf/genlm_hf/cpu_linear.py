@@ -24,6 +24,8 @@ one that computes them wrongly, keeps MKL.
 
 from __future__ import annotations
 
+import ctypes
+import os
 from typing import Any
 
 import torch
@@ -118,6 +120,7 @@ def pack_linears(model: Any) -> int:
         for name, child in parent.named_children()
         if type(child) is torch.nn.Linear or (conv1d is not None and type(child) is conv1d)
     ]
+    mapped = _checkpoint_mappings()
     for parent, name in found:  # one at a time: the dense weight goes as its packed one comes
         child = getattr(parent, name)
         linear = type(child) is torch.nn.Linear
@@ -126,8 +129,57 @@ def pack_linears(model: Any) -> int:
         setattr(
             parent, name, PackedLinear(w if linear else w.t(), child.bias, transposed=not linear, tied=tied)
         )
+        if tied is None:
+            _drop_file_pages(w, mapped)
         del child, w
+    if found:
+        # transformers maps a safetensors checkpoint into memory and its tensors are views of
+        # the mapping: while any of them (the embedding, the norms) lives, the whole file
+        # stays resident beside the packed weights. Copies of what is left let it go.
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                t.data = t.data.clone()
     return len(found)
+
+
+def _checkpoint_mappings() -> list[tuple[int, int]]:
+    """The address ranges of the safetensors files this process maps (Linux; none elsewhere)."""
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[1].endswith("p") and parts[5].endswith(".safetensors"):
+            lo, hi = parts[0].split("-")
+            out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def _drop_file_pages(weight: torch.Tensor, mapped: list[tuple[int, int]]) -> None:
+    """Give the OS back the pages of a packed layer's dense weight when they are pages of a
+    mapped checkpoint (transformers maps safetensors files, and the mapping lives while any
+    of its tensors does: without this, every packed weight would stay resident twice until
+    the last layer is packed). Only pages wholly inside the weight are dropped; they are
+    pages of a private, unmodified file mapping, which the kernel would read again from
+    the file if anything touched them."""
+    if not mapped or weight.device.type != "cpu":
+        return
+    start = weight.data_ptr()
+    end = start + weight.numel() * weight.element_size()
+    if not any(lo <= start and end <= hi for lo, hi in mapped):
+        return
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, last = -(-start // page) * page, end // page * page
+    if last > first:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED)
+
+
+#: madvise's advice that drops a range's pages (Linux)
+_MADV_DONTNEED = 4
 
 
 def unpack_linears(model: Any) -> int:

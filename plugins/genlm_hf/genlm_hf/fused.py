@@ -1,45 +1,35 @@
-"""A fused decode step for Llama-architecture models: the static step in fewer kernels.
+"""A fused decode step for Llama-architecture models: the decode step in fewer kernels.
 
-A captured decode step (:mod:`genlm_hf.static`) replays every kernel the model's forward
+A captured decode step (:mod:`genlm_hf.step`) replays every kernel the model's forward
 launches. transformers' Llama layer launches about 48 for one new token: its RMSNorm is
 six elementwise kernels (cast, square, mean, add, rsqrt, two multiplies), q, k and v
 are three GEMMs, the rotary embedding ten more (``rotate_half`` is a slice, a negation
-and a concatenation, for q and for k), grouped-query attention copies each KV head
-``num_key_value_groups`` times before attending, and the residual adds are kernels of
-their own. A replay of such small kernels costs about 4 us each whatever they compute:
-the H100 replayed SmolLM2-135M's step (1,456 kernels) in 5.5 ms of kernel time for 64
-rows, when reading its weights takes 0.2 ms (``bench_hf_step --graph-account``).
+and a concatenation, for q and for k), and the residual adds are kernels of their own. A
+replay of such small kernels costs a few microseconds each whatever they compute
+(docs/gpu.md has the figures).
 
-:class:`FusedLlama` computes the same step from the same weights in about 16 kernels a
-layer:
+:class:`FusedLlama` computes the same step from the same weights in fewer kernels:
 
 - RMSNorm is ``torch.nn.functional.rms_norm`` (one fused kernel on CUDA);
 - q, k and v are one GEMM over their weights concatenated, and the MLP's gate and up
   projections one GEMM too. The model's own ``q_proj``/``k_proj``/``v_proj`` (and
   ``gate_proj``/``up_proj``) weights become views of the concatenated tensor, so no
-  weight is held twice and the model's forward (prefill, the eager path) reads the very
+  weight is held twice and the model's forward (prompts, the eager pass) reads the very
   same numbers;
 - the rotary embedding is applied to q and k together, in place in the GEMM's output (a
   concatenation swapping the halves, then ``q * cos + rot * sin'`` where ``sin'`` carries
   ``rotate_half``'s negation), with ``cos``/``sin`` computed once a step by the model's
-  own rotary module (so its rope type and scaling are the model's); the new key and value,
-  side by side in that output, are written into the KV buffer by one scatter;
-- attention of one new token is two batched GEMMs: the query heads of each KV head
-  attend to that head's columns without copying it (``(B * kv_heads, groups, C)``
-  scores), the mask (columns past a row's position) added in the same ``baddbmm``,
-  softmax in float32 (as transformers' eager attention); ``fused_attention="sdpa"``
-  runs torch's ``scaled_dot_product_attention`` over the same views instead (one kernel on
-  CUDA where a backend takes the mask; the default until a GPU measures it);
+  own rotary module (so its rope type and scaling are the model's);
+- attention is the KV pool's (:class:`~genlm_hf.attention.PoolPass`): the new key and
+  value go into the pool, a shared prefix is read once for every row;
 - the output and down projections add their residual in the GEMM, in place (``addmm_``:
   an ``addmm`` into a new tensor first copies the residual there, one more kernel each).
 
-The step writes the new token's KV at each row's column exactly as the model's step
-does (:class:`~genlm_hf.static.StaticSlot`), so the slots, the eager path and the prefix
-cache keep sharing one KV layout. Rows equal the model's step up to rounding order (a
-fused residual add, float32 normalisation inside the RMSNorm kernel):
-``plugins/genlm_hf/tests/test_hf_fused.py`` checks it against transformers'
-forward at the derived bounds of :mod:`genlm_core.testing.tolerance`, for float32 and
-bfloat16, with grouped-query attention, scaled rope and every architecture below.
+Rows equal the model's own forward up to rounding order (a fused residual add, float32
+normalisation inside the RMSNorm kernel): ``plugins/genlm_hf/tests/test_hf_fused.py``
+checks it against the uncached model at the derived bounds of
+:mod:`genlm_core.testing.tolerance`, for float32 and bfloat16, with grouped-query
+attention, scaled rope and every architecture below.
 
 Eligible: transformers' ``LlamaForCausalLM`` (SmolLM2, Llama 2/3, TinyLlama, ...),
 ``MistralForCausalLM`` and ``Qwen2ForCausalLM`` (q/k/v biases: one bias for the one GEMM)
@@ -58,12 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ARCHITECTURES", "ATTENTION", "FusedLlama", "fused_reason"]
-
-#: how the fused step attends: ``"bmm"``, two batched GEMMs (the mask added in the first,
-#: softmax in float32 between them); ``"sdpa"``, torch's ``scaled_dot_product_attention``
-#: (one fused kernel on CUDA where a backend takes the mask, softmax inside it)
-ATTENTION = ("bmm", "sdpa")
+__all__ = ["ARCHITECTURES", "FusedLlama", "fused_reason"]
 
 #: rope types whose inverse frequencies are fixed (``dynamic`` rescales them with the length)
 _STATIC_ROPE = ("default", "linear", "llama3")
@@ -187,11 +172,7 @@ class FusedLlama:
     :meth:`build`, which re-points the model's q/k/v and gate/up weights at the
     concatenated tensors (values unchanged, nothing held twice)."""
 
-    def __init__(self, model: Any, attention: str = "bmm") -> None:
-        if attention not in ATTENTION:
-            raise ValueError(f"fused_attention={attention!r}: expected one of {', '.join(ATTENTION)}")
-        #: how one new token attends (:data:`ATTENTION`)
-        self.attention = attention
+    def __init__(self, model: Any) -> None:
         config = model.config
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()
@@ -211,32 +192,26 @@ class FusedLlama:
         self.hidden = int(config.hidden_size)
 
     @classmethod
-    def build(cls, model: Any, attention: str = "bmm") -> FusedLlama:
+    def build(cls, model: Any) -> FusedLlama:
         reason = fused_reason(model)
         if reason is not None:
             raise ValueError(f"hf: the fused decode step cannot run this model: {reason}")
         with torch.no_grad():
-            return cls(model, attention)
+            return cls(model)
 
-    def step(
-        self, ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, index: torch.Tensor
-    ) -> torch.Tensor:
-        """The ``(B, V')`` logits of token ``ids[i, 0]`` at position and column ``pos[i, 0]``
-        of row ``i`` over the KV buffer ``kv`` (``[n_layers, 2, B, kv_heads, C, head_dim]``),
-        into which each layer's new key and value are scattered at ``index`` (the positions
-        expanded to ``(B, kv_heads, 1, head_dim)``). Reads only static tensors (capturable)."""
-        B, C = kv.shape[2], kv.shape[4]
-        D, Hq, Hk, G = self.head_dim, self.heads, self.kv_heads, self.groups
-        dtype = kv.dtype
+    def step(self, ids: torch.Tensor, pos: torch.Tensor, attend: Any) -> torch.Tensor:
+        """The ``(B, V')`` logits of token ``ids[i, 0]`` at position ``pos[i, 0]`` of row
+        ``i``; each layer's queries, new keys and values go to ``attend(layer, q, k, v,
+        scaling)`` (a :class:`~genlm_hf.attention.PoolPass`'s: it writes the KV into the
+        pool and attends, returning ``[B, 1, Hq, D]``). Reads only static tensors
+        (capturable)."""
+        B = ids.shape[0]
+        D, Hq, Hk = self.head_dim, self.heads, self.kv_heads
         h = F.embedding(ids.view(B), self.embed)  # (B, hidden)
         cos, sin = self.rotary(h, pos)  # (B, 1, D) in the model's dtype, its rope type's scaling
-        cols = torch.arange(C, device=kv.device).view(1, 1, 1, C)
-        mask = torch.where(cols <= pos.view(B, 1, 1, 1), 0.0, torch.finfo(dtype).min).to(dtype)
-        mask = mask.expand(B, Hk, G, C).contiguous()  # once a step: every layer reads it
         half = D // 2
         # rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2): the negation moves to sin, once
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        index = index.unsqueeze(0).expand(2, *index.shape)  # keys and values: one scatter
         for i, lw in enumerate(self.layers):
             a = F.rms_norm(h, (self.hidden,), lw.w_in, lw.eps_in)
             qkv = F.linear(a, lw.qkv, lw.qkv_bias)  # (B, (Hq + 2 Hk) D): [q | k | v] per row
@@ -245,33 +220,14 @@ class FusedLlama:
             if lw.qk_norm is not None:
                 x = F.rms_norm(qk, (D,), None, lw.eps_qk) * lw.qk_norm
             rot = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-            torch.addcmul(x * cos, rot, sin, out=qk)  # rotated in place: k lies beside v again
-            # the new token's key and value, (2, B, Hk, 1, D), scattered at each row's column
-            kv[i].scatter_(3, index, qkv[:, Hq * D :].view(B, 2, Hk, 1, D).transpose(0, 1))
-            # the G query heads of a KV head are that head's G queries: no KV head copied
-            q = qkv[:, : Hq * D].view(B, Hk, G, D)
-            out = self._attend(q, kv[i, 0], kv[i, 1], mask).reshape(B, Hq * D)
+            torch.addcmul(x * cos, rot, sin, out=qk)  # rotated in place
+            q = qkv[:, : Hq * D].view(B, Hq, 1, D)
+            k = qkv[:, Hq * D : (Hq + Hk) * D].view(B, Hk, 1, D)
+            v = qkv[:, (Hq + Hk) * D :].view(B, Hk, 1, D)
+            out = attend(i, q, k, v, self.scaling).reshape(B, Hq * D)
             h.addmm_(out, lw.o.t())  # in place: no copy of h into a new output first
             a = F.rms_norm(h, (self.hidden,), lw.w_post, lw.eps_post)
             gate_up = F.linear(a, lw.gate_up)
             h.addmm_(F.silu(gate_up[:, : lw.inter]) * gate_up[:, lw.inter :], lw.down.t())
         h = F.rms_norm(h, (self.hidden,), self.w_final, self.eps_final)
         return F.linear(h, self.head)
-
-    def _attend(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """``(B, Hk, G, D)`` queries over ``(B, Hk, C, D)`` keys and values, the additive
-        ``(B, Hk, G, C)`` mask: the attention output, ``(B, Hk, G, D)``."""
-        if self.attention == "sdpa":
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
-        B, Hk, G, D = q.shape
-        C = keys.shape[2]
-        scores = torch.baddbmm(
-            mask.view(B * Hk, G, C),
-            q.reshape(B * Hk, G, D),
-            keys.view(B * Hk, C, D).transpose(1, 2),
-            alpha=self.scaling,
-        )
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.bmm(probs, values.view(B * Hk, C, D)).view(B, Hk, G, D)

@@ -12,7 +12,7 @@ from genlm_core import hookimpl
 def genlm_register_backends(register: Callable[..., Any]) -> None:
     register(
         "hf",
-        "genlm_hf.backend:HFEngine",
+        "genlm_hf.engine:HFEngine",
         config="genlm_hf.config:HFConfig",
         devices=["cuda", "mps", "cpu"],
         priority={"cuda": 50, "mps": 50, "cpu": 50},

@@ -90,7 +90,7 @@ class KVPool:
         #: called when no page is free at the bound: releases something kept (True), or
         #: returns False when nothing is left to release
         self.reclaim: Callable[[], bool] = lambda: False
-        self.grown = 0  # doublings of the tensor
+        self.grown = 0  # doublings of the tensor (each moves it: views and captures of it go stale)
         self.copied_columns = 0  # columns copied on write (forks that wrote a shared page)
         self.overflows = 0  # passes that grew the tensor past its bound
 

@@ -1,4 +1,4 @@
-"""The static decode step can be captured as a CUDA graph: checked on the CPU.
+"""The decode step can be captured as a CUDA graph: checked on the CPU.
 
 A CUDA graph replays kernels with the values their inputs hold at replay; a step that
 reads a device value on the host (``.item()``, ``bool(t)``, ``nonzero``, a shape that
@@ -7,14 +7,15 @@ capture raises, or worse, bakes in the value of the capture's step). On a GPU th
 engine then falls back to the uncaptured step (slow, still right) and the speed of
 issue 44 is gone; on the CPU the step runs without graphs, so no CPU test would see it.
 
-This suite runs the step (:meth:`genlm_hf.static.StaticSlot._step`, the model's forward
-or the fused Llama step of :mod:`genlm_hf.fused`) with the model, the
-buffers and the inputs on the ``meta`` device, where tensors have shapes and no values:
+This suite runs the step (:meth:`genlm_hf.step.StepBucket.step`, the model's forward
+through the KV pool's attention or the fused Llama step of :mod:`genlm_hf.fused`, with a
+shared span and without) with the model, the pool and the inputs on the ``meta`` device,
+where tensors have shapes and no values:
 an op that needs a value raises there, and a dispatch mode records every op fed a host
 tensor of one or more dimensions (0-d host tensors are scalars to a kernel and are
 fine in a capture). Run for the architectures the tests build, SmolLM2-135M's config
-and SmolLM2-1.7B's shape (the GPU benchmarks' model, scripts/gpu_models.py), each with
-both attention implementations the static step masks for and float32 and bfloat16.
+and SmolLM2-1.7B's shape (the GPU benchmarks' model, scripts/gpu_models.py), in float32
+and bfloat16.
 A model that calls ``.item()`` in its forward, or mixes a host tensor in, fails the
 check (the last tests), so the check can fail.
 """
@@ -28,7 +29,8 @@ from typing import Any
 import pytest
 import torch
 from genlm_hf.fused import FusedLlama
-from genlm_hf.static import MASKS, StaticSlot
+from genlm_hf.pool import KVLayout, KVPool
+from genlm_hf.step import StepBucket
 from torch.utils._python_dispatch import TorchDispatchMode
 
 META = torch.device("meta")
@@ -74,58 +76,53 @@ def _config(name: str) -> Any:
 
 
 def _meta_slot(
-    config: Any, attn: str, dtype: torch.dtype, rows: int = 4, columns: int = 32, fused: bool = False
-) -> StaticSlot:
+    config: Any, dtype: torch.dtype, rows: int = 4, span: int = 64, fused: bool = False
+) -> StepBucket:
+    """A decode-step bucket of ``rows`` rows, 32 private columns and a ``span``-column span,
+    over a pool on the meta device."""
     from transformers import AutoModelForCausalLM
 
     with torch.device(META):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype).eval()
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return StaticSlot(
-        model,
-        (rows, columns),
-        (config.num_hidden_layers, heads, head_dim),
-        dtype,
-        META,
-        MASKS[attn],
-        True,
-        False,
-        FusedLlama.build(model) if fused else None,
-    )
+    pool = KVPool(KVLayout(config.num_hidden_layers, heads, head_dim, dtype, META), None)
+    return StepBucket(model, pool, (rows, 32, span), FusedLlama.build(model) if fused else None, graph=False)
 
 
-def _run_watched(slot: StaticSlot) -> tuple[torch.Tensor, HostWatch]:
+def _run_watched(slot: StepBucket) -> tuple[torch.Tensor, HostWatch]:
     watch = HostWatch()
     with torch.inference_mode(), watch:
-        out = slot._step()
+        out = slot.step()
     return out, watch
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("attn", sorted(MASKS))
+@pytest.mark.parametrize("span", [0, 64])
 @pytest.mark.parametrize("name", ["llama", "gpt2", "smollm2-135m", "smollm2-1.7b"])
-def test_the_step_reads_no_device_value_and_no_host_tensor(name: str, attn: str, dtype: torch.dtype) -> None:
+def test_the_step_reads_no_device_value_and_no_host_tensor(name: str, span: int, dtype: torch.dtype) -> None:
     config = _config(name)
-    slot = _meta_slot(config, attn, dtype)
+    slot = _meta_slot(config, dtype, span=span)
     out, watch = _run_watched(slot)
     assert out.shape == (4, config.vocab_size)
     assert watch.ops > 20, "the step ran too few ops to be the model's forward"
-    assert not watch.host_inputs, f"{name}/{attn}: ops fed a host tensor inside the step: {watch.host_inputs}"
+    assert not watch.host_inputs, (
+        f"{name}/span {span}: ops fed a host tensor inside the step: {watch.host_inputs}"
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "smollm2-135m", "smollm2-1.7b"])
 def test_the_fused_step_reads_no_device_value_and_no_host_tensor(name: str, dtype: torch.dtype) -> None:
     config = _config(name)
-    slot = _meta_slot(config, "sdpa", dtype, fused=True)
+    slot = _meta_slot(config, dtype, fused=True)
     out, watch = _run_watched(slot)
     assert out.shape == (4, config.vocab_size)
     assert watch.ops > 10 * config.num_hidden_layers, "the step ran too few ops to be the fused step"
     assert not watch.host_inputs, f"{name} fused: ops fed a host tensor inside the step: {watch.host_inputs}"
 
 
-def _patched_forward(slot: StaticSlot, extra: Any) -> None:
+def _patched_forward(slot: StepBucket, extra: Any) -> None:
     model = slot.model
     forward = model.forward
 
@@ -137,10 +134,10 @@ def _patched_forward(slot: StaticSlot, extra: Any) -> None:
 
 
 def test_a_step_that_reads_a_device_value_fails_the_check() -> None:
-    slot = _meta_slot(_config("llama"), "sdpa", torch.float32)
+    slot = _meta_slot(_config("llama"), torch.float32)
 
     def sync(kwargs: dict) -> None:
-        if kwargs["attention_mask"].all():  # a host sync: bool() of a device tensor
+        if kwargs["position_ids"].all():  # a host sync: bool() of a device tensor
             pass
 
     _patched_forward(slot, sync)
@@ -149,7 +146,7 @@ def test_a_step_that_reads_a_device_value_fails_the_check() -> None:
 
 
 def test_a_step_that_copies_a_host_tensor_in_fails_the_check() -> None:
-    slot = _meta_slot(_config("llama"), "sdpa", torch.float32)
+    slot = _meta_slot(_config("llama"), torch.float32)
 
     def host(kwargs: dict) -> None:
         kwargs["position_ids"] = kwargs["position_ids"] + torch.zeros((4, 1), dtype=torch.long).to(META)

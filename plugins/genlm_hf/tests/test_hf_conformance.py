@@ -53,29 +53,28 @@ class TestHFNoPrefixCacheConformance(LogprobBackendConformance):
 
 
 class TestHFStaticDecodeConformance(LogprobBackendConformance):
-    """Bursts' kept batches on the static decode step (genlm_hf.static; on the CPU it is
-    off unless asked), in batches of 3 (padded to the 4-row bucket)."""
+    """The decode step (genlm_hf.step; on the CPU it is off unless asked) for every call of
+    one token a row, bursts included, in batches of 3 (padded to the 4-row bucket)."""
 
     max_len = 12
 
     @pytest.fixture(scope="class")
     def backend(self, tiny_llama_path):
         llm = load_hf(tiny_llama_path, batch_size=3, static_decode="on")
-        assert llm.engine.static is not None
+        assert llm.engine.step is not None
         yield llm
         llm.close()
 
 
 class TestHFBFloat16StaticConformance(LogprobBackendConformance):
-    """bfloat16 on the static decode step (bursts' batches and ordinary calls' resident
-    rows), batches of 3: every comparison at the bfloat16 bound the kit derives (two
-    bfloat16 paths; :func:`genlm_core.testing.tolerance.row_atol`)."""
+    """bfloat16 on the decode step, batches of 3: every comparison at the bfloat16 bound the
+    kit derives (two bfloat16 paths; :func:`genlm_core.testing.tolerance.row_atol`)."""
 
     max_len = 12
 
     @pytest.fixture(scope="class")
     def backend(self, tiny_llama_path):
         llm = load_hf(tiny_llama_path, batch_size=3, dtype="bfloat16", static_decode="on")
-        assert llm.engine.static is not None and llm.engine.resident is not None
+        assert llm.engine.step is not None
         yield llm
         llm.close()

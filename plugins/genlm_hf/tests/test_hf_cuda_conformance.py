@@ -19,7 +19,7 @@ def _on_cuda(path: str, **options) -> object:
 @pytest.mark.cuda
 class TestHFCudaConformance(LogprobBackendConformance):
     """The kit on CUDA, float32 and bfloat16, with the defaults a GPU user gets: the static
-    decode step captured as CUDA graphs (bursts and resident rows), batches of 3. The
+    decode step captured as CUDA graphs (every call of one token a row), batches of 3. The
     bounds are the kit's derived ones for the dtype (the same as on the CPU: two paths
     differ by the order of their sums, whatever the device)."""
 
@@ -28,7 +28,7 @@ class TestHFCudaConformance(LogprobBackendConformance):
     @pytest.fixture(scope="class", params=["float32", "bfloat16"])
     def backend(self, request, tiny_llama_path):  # pragma: no cover - GPU
         llm = _on_cuda(tiny_llama_path, batch_size=3, dtype=request.param)
-        assert llm.engine.static is not None and llm.engine.static.graph
+        assert llm.engine.step is not None and llm.engine.step.graph
         yield llm
         llm.close()
 

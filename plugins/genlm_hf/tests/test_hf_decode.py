@@ -1,23 +1,12 @@
-"""Bursts: on the KV pool (the default off the static path) a burst's steps are ordinary
-calls, checked against the step loop (exact) and the counters; on the static path its
-decode batches (genlm_hf.decode) keep their KV between steps, checked by the kit."""
+"""Bursts: a burst's steps are ordinary calls over the KV pool (the core's decode step),
+checked against the step loop (exact) and the counters."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from hf_helpers import load_hf
 
-from genlm_core.testing.burst import check_decode_batches, check_parity
-
-
-@pytest.fixture(scope="module")
-def small_batches(tiny_llama_path):
-    """Batches of 4: ten particles make three batches, which rows ending and resampling
-    reshuffle."""
-    llm = load_hf(tiny_llama_path, batch_size=4, static_decode="on")  # kept batches: the static path's
-    yield llm
-    llm.close()
+from genlm_core.testing.burst import check_parity
 
 
 def _prompt(llm, n: int = 7) -> list[int]:
@@ -43,7 +32,3 @@ def test_a_burst_on_the_pool_matches_steps_exactly_and_runs_new_tokens_only(tiny
         assert reused > 5 * (after["tokens_computed"] - before["tokens_computed"])
     finally:
         llm.close()
-
-
-def test_the_kit_checks_decode_batches_with_three_batches_a_step(small_batches) -> None:
-    check_decode_batches(small_batches, _prompt(small_batches))

@@ -2,11 +2,13 @@
 
 The oracle is the model's uncached forward over each whole context (transformers'
 LlamaForCausalLM, another implementation of the same arithmetic); the bound is
-:func:`~genlm_core.testing.tolerance.row_atol` for two paths in the dtype. Configurations
-cover what the tiny Llama does not: several KV heads with several query heads each
-(grouped-query attention's grouping), scaled rope (``llama3``, ``linear``), a tied head,
-Mistral, Qwen2's q/k/v biases, Qwen3's per-head q and k norms, bfloat16, padded rows and
-columns; the real SmolLM2-135M (9 query heads over 3 KV heads,
+:func:`~genlm_core.testing.tolerance.row_atol` for two paths in the dtype. The step runs
+in a decode-step bucket over a KV pool whose columns hold the model's own KV of each
+context's past (written from transformers' cache, not by genlm-hf), with and without a
+shared span. Configurations cover what the tiny Llama does not: several KV heads with
+several query heads each (grouped-query attention's grouping), scaled rope (``llama3``,
+``linear``), a tied head, Mistral, Qwen2's q/k/v biases, Qwen3's per-head q and k norms,
+bfloat16, padded rows and columns; the real SmolLM2-135M (9 query heads over 3 KV heads,
 30 layers) runs through the engine.
 """
 
@@ -17,7 +19,10 @@ from typing import Any
 import pytest
 import torch
 from genlm_hf.cache_names import output_cache
-from genlm_hf.fused import ATTENTION, FusedLlama, fused_reason
+from genlm_hf.fused import FusedLlama, fused_reason
+from genlm_hf.passes import PassRow, extend_rows, lay_out, probe_layout
+from genlm_hf.pool import KVPool, KVSeq
+from genlm_hf.step import StepBucket
 from hf_helpers import load_hf, make_lora_adapter
 
 from genlm_core.testing.tolerance import ModelShape, assert_rows_close
@@ -79,54 +84,53 @@ def _model(name: str, dtype: torch.dtype, device: str = "cpu", **extra: Any) -> 
     return model
 
 
-def _kv_of(model: Any, contexts: list[list[int]], bucket: tuple[int, int]) -> torch.Tensor:
-    """The static buffer of ``contexts`` minus their last tokens, each row's KV from the
-    model's own prefill in columns ``[0, n)``; padding rows and columns hold noise (masked)."""
-    B, C = bucket
-    cfg = model.config
-    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv = torch.randn((cfg.num_hidden_layers, 2, B, cfg.num_key_value_heads, C, D)).to(model.dtype)
-    kv = kv.to(model.device)
-    for i, ctx in enumerate(contexts):
-        cache = output_cache(model(torch.tensor([ctx[:-1]], device=model.device), use_cache=True))
-        for layer, lay in enumerate(cache.layers):
-            n = len(ctx) - 1
-            kv[layer, 0, i, :, :n] = lay.keys[0]
-            kv[layer, 1, i, :, :n] = lay.values[0]
-    return kv
+def _model_kv(model: Any, ctx: list[int]) -> list[Any]:
+    """The model's own cache layers of ``ctx`` (one uncached prefill)."""
+    return output_cache(model(torch.tensor([ctx], device=model.device), use_cache=True)).layers
 
 
-def _step(fused: FusedLlama, model: Any, contexts: list[list[int]], bucket: tuple[int, int]) -> torch.Tensor:
-    B, C = bucket
-    kv = _kv_of(model, contexts, bucket)
-    n = len(contexts)
-    ids = torch.tensor([c[-1] for c in contexts] + [0] * (B - n), device=kv.device).view(B, 1)
-    pos = torch.tensor([len(c) - 1 for c in contexts] + [0] * (B - n), device=kv.device).view(B, 1)
-    index = pos.view(B, 1, 1, 1).expand(B, kv.shape[3], 1, kv.shape[5])
-    if kv.device.type == "cuda":  # captured and replayed, as the static slots run it
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fused.step(ids, pos, kv, index)  # warm-up (idempotent: the same KV again)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fused.step(ids, pos, kv, index)
-        graph.replay()
-        logits = out[:n].clone()
-    else:
-        logits = fused.step(ids, pos, kv, index)[:n]
-    # the new token's KV went where the model's own step puts it: its prefill of the whole context
-    for i, ctx in enumerate(contexts):
-        whole = output_cache(model(torch.tensor([ctx], device=kv.device), use_cache=True)).layers[0]
+def _step(
+    fused: FusedLlama, model: Any, contexts: list[list[int]], rows_bucket: int, shared: int = 0
+) -> torch.Tensor:
+    """The fused step over a pool holding each context's past, as the model computed it:
+    ``shared`` leading tokens common to every context held once (one span), in a bucket
+    of ``rows_bucket`` rows (padding rows past the contexts)."""
+    pool = KVPool(probe_layout(model, 0), None)
+
+    def write(seq_slots: list[int], layers: list[Any], start: int) -> None:
+        for layer, lay in enumerate(layers):
+            n = len(seq_slots)
+            pool.storage[layer, 0, :, seq_slots] = lay.keys[0, :, start : start + n]
+            pool.storage[layer, 1, :, seq_slots] = lay.values[0, :, start : start + n]
+
+    prompt = KVSeq(pool)
+    if shared:
+        write(prompt.extend(shared), _model_kv(model, contexts[0][:shared]), 0)
+    rows = []
+    for ctx in contexts:
+        seq = prompt.fork()
+        write(seq.extend(len(ctx) - 1 - shared), _model_kv(model, ctx[:-1]), shared)
+        rows.append(PassRow(tuple(ctx), len(ctx) - 1, seq))
+    extend_rows(rows)
+    layout = lay_out(rows, pool.page, min_span=16, max_spans=1)
+    if shared:  # the prompt's full pages: one span every row reads
+        assert layout.spans[0] == (list(range(len(rows))), shared // pool.page * pool.page)
+    B = rows_bucket
+    U = max(16, layout.width)
+    L = 64 if layout.spans else 0
+    bucket = StepBucket(model, pool, (B, U, L), fused, graph=pool.layout.device.type == "cuda")
+    bucket.fill(rows, layout, pad_id=0)
+    logits = bucket.run()[: len(rows)].clone()
+    # the new token's KV went where the model's own prefill of the whole context puts it
+    dtype = str(pool.layout.dtype).removeprefix("torch.")
+    for i, (ctx, r) in enumerate(zip(contexts, rows)):
+        whole = _model_kv(model, ctx)[0]
         col = len(ctx) - 1
         # layer 0's key and value: a norm and a projection of the token's embedding (and the
         # rope) on each side, well within one block's bound in the model's dtype
-        dtype = str(kv.dtype).removeprefix("torch.")
         for j, want in enumerate((whole.keys[0, :, col], whole.values[0, :, col])):
-            assert_rows_close(
-                kv[0, j, i, :, col], want, KV_SHAPE, dtype=dtype, what=f"row {i}: the new {'kv'[j]} written"
-            )
+            got = pool.storage[0, j, :, r.new[0]]
+            assert_rows_close(got, want, KV_SHAPE, dtype=dtype, what=f"row {i}: the new {'kv'[j]} written")
     return torch.log_softmax(logits.float(), dim=-1).cpu()
 
 
@@ -138,17 +142,18 @@ def _uncached(model: Any, contexts: list[list[int]]) -> torch.Tensor:
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-@pytest.mark.parametrize("attention", ATTENTION)
-def test_the_fused_step_equals_the_models_forward(name: str, dtype: str, device: str, attention: str) -> None:
+def test_the_fused_step_equals_the_models_forward(name: str, dtype: str, device: str) -> None:
     if device == "cuda" and not torch.cuda.is_available():  # pragma: no cover - GPU
         pytest.skip("no CUDA device (the cuda marker deselects this test on such machines)")
     model = _model(name, getattr(torch, dtype), device)
     g = torch.Generator().manual_seed(3)
     contexts = [torch.randint(1, 96, (k,), generator=g).tolist() for k in (3, 17, 9)]
+    prompt = torch.randint(1, 96, (37,), generator=g).tolist()
+    sharing = [prompt + c for c in contexts]
     shape = ModelShape(width=160, layers=2)
     with torch.inference_mode():
         before = _uncached(model, contexts)
-        fused = FusedLlama.build(model, attention)
+        fused = FusedLlama.build(model)
         want = _uncached(model, contexts)
         # the model's weights are views of the fused ones: its own forward is unchanged
         assert torch.equal(before, want)
@@ -157,10 +162,12 @@ def test_the_fused_step_equals_the_models_forward(name: str, dtype: str, device:
             attn.k_proj.weight.untyped_storage().data_ptr()
             == fused.layers[0].qkv.untyped_storage().data_ptr()
         )
-        for bucket in ((4, 32), (3, 64)):  # a padding row, padding columns
-            got = _step(fused, model, contexts, bucket)
-            what = f"{name} {dtype} {device} {attention} {bucket}: fused vs forward"
-            assert_rows_close(got, want, shape, dtype=dtype, what=what)
+        for rows_bucket in (4, 3):  # a padding row, or none
+            got = _step(fused, model, contexts, rows_bucket)
+            assert_rows_close(got, want, shape, dtype=dtype, what=f"{name} {dtype} {device} {rows_bucket}")
+        got = _step(fused, model, sharing, 4, shared=len(prompt))  # a span of 32 columns
+        want = _uncached(model, sharing)
+        assert_rows_close(got, want, shape, dtype=dtype, what=f"{name} {dtype} {device}: a shared span")
 
 
 def test_what_cannot_take_the_fused_step() -> None:
@@ -181,43 +188,37 @@ def test_what_cannot_take_the_fused_step() -> None:
         gpt2.close()
 
 
-def _burst(llm: Any, script: list[dict[int, tuple[int, ...]]]) -> list[torch.Tensor]:
-    llm.clear_cache()
-    outs = [llm._finalize(llm.engine.decode_step(rows, ())).clone() for rows in script]
-    llm.engine.end_burst(list(script[-1]))
-    return outs
-
-
-def _script(prompts: list[list[int]], steps: int, vocab: int) -> list[dict[int, tuple[int, ...]]]:
+def _steps(llm: Any, prompts: list[list[int]], steps: int, vocab: int) -> list[list[tuple[int, ...]]]:
+    """The contexts of each call: the prompts, then one random token a step each."""
     g = torch.Generator().manual_seed(5)
-    rows = {i: tuple(p) for i, p in enumerate(prompts)}
-    out = [dict(rows)]
+    rows = [tuple(p) for p in prompts]
+    out = [list(rows)]
     for _ in range(steps):
-        rows = {i: c + (int(torch.randint(3, vocab, (1,), generator=g)),) for i, c in rows.items()}
-        out.append(dict(rows))
+        rows = [c + (int(torch.randint(3, vocab, (1,), generator=g)),) for c in rows]
+        out.append(list(rows))
     return out
 
 
-def _check_burst(llm: Any, script: list[dict[int, tuple[int, ...]]], what: str) -> None:
+def _check_steps(llm: Any, program: list[list[tuple[int, ...]]], what: str) -> None:
     from genlm_core.testing.tolerance import model_shape
 
     shape = model_shape(llm)
-    for step, (rows, got) in enumerate(zip(script, _burst(llm, script))):
-        ref = llm._finalize(torch.stack(llm.engine.forward_uncached(list(rows.values()))))
-        assert_rows_close(got, ref, shape, what=f"{what}, step {step}: static vs uncached")
+    llm.clear_cache()
+    for step, contexts in enumerate(program):
+        got = llm.batch_next_token_logprobs_sync(contexts)
+        ref = llm._finalize(torch.stack(llm.engine.forward_uncached(contexts)))
+        assert_rows_close(got, ref, shape, what=f"{what}, step {step}: decode step vs uncached")
 
 
-@pytest.mark.parametrize("attention", ATTENTION)
-def test_smollm2_through_the_engine(attention: str) -> None:
+def test_smollm2_through_the_engine() -> None:
     from genlm_core.testing import models
 
     path = str(models.smollm2())
-    llm = load_hf(path, static_decode="on", batch_size=4, fused_attention=attention)
+    llm = load_hf(path, static_decode="on", batch_size=4, cache_size=0)
     try:
-        stats = llm.stats()["engine"]
-        assert stats["fused_decode"] is True and stats["fused_attention"] == attention
+        assert llm.stats()["engine"]["fused_decode"] is True
         prompts = [list(llm.tokenizer.encode(t)) for t in ("Montreal is", "The cat sat on the", "1, 2, 3,")]
-        _check_burst(llm, _script(prompts, 3, len(llm.byte_vocab)), f"SmolLM2-135M fused ({attention})")
+        _check_steps(llm, _steps(llm, prompts, 3, len(llm.byte_vocab)), "SmolLM2-135M fused")
         assert llm.stats()["engine"]["static_steps"] >= 3
     finally:
         llm.close()
@@ -226,7 +227,7 @@ def test_smollm2_through_the_engine(attention: str) -> None:
 def test_a_lora_adapter_turns_the_fused_step_off(tiny_llama_path: str, tmp_path: Any) -> None:
     pytest.importorskip("peft")
     adapter = make_lora_adapter(tiny_llama_path, tmp_path / "a", seed=1)
-    llm = load_hf(tiny_llama_path, static_decode="on", batch_size=4)
+    llm = load_hf(tiny_llama_path, static_decode="on", batch_size=4, cache_size=0)
     try:
         assert llm.stats()["engine"]["fused_decode"] is True
         llm.load_lora(adapter, "a")
@@ -234,7 +235,7 @@ def test_a_lora_adapter_turns_the_fused_step_off(tiny_llama_path: str, tmp_path:
         stats = llm.stats()["engine"]
         assert stats["fused_decode"] is False and "'a'" in stats["fused_decode_off"]
         # the adapter's rows on the static path (the model's own forward, adapted)
-        _check_burst(llm, _script([[5, 6, 7], [9, 10]], 3, 100), "tiny Llama with a LoRA adapter")
+        _check_steps(llm, _steps(llm, [[5, 6, 7], [9, 10]], 3, 100), "tiny Llama with a LoRA adapter")
     finally:
         llm.close()
 
@@ -242,18 +243,18 @@ def test_a_lora_adapter_turns_the_fused_step_off(tiny_llama_path: str, tmp_path:
 @pytest.mark.parametrize("name", ["qwen2-bias", "qwen3-qk-norm"])
 def test_other_architectures_through_the_engine(name: str, tiny_llama_path: str, tmp_path: Any) -> None:
     """A random Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms, a head_dim of its own)
-    saved as a model folder with the tiny Llama's tokenizer: bursts on the fused static
-    step against the uncached model."""
+    saved as a model folder with the tiny Llama's tokenizer: calls on the fused decode step
+    against the uncached model."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path)
     model = _model(name, torch.float32, vocab_size=len(tokenizer))
     model.save_pretrained(str(tmp_path))
     tokenizer.save_pretrained(str(tmp_path))
-    llm = load_hf(str(tmp_path), static_decode="on", batch_size=4)
+    llm = load_hf(str(tmp_path), static_decode="on", batch_size=4, cache_size=0)
     try:
         assert llm.stats()["engine"]["fused_decode"] is True
-        _check_burst(llm, _script([[5, 6, 7], [9, 10], [11, 12, 13, 14, 15]], 4, 100), f"{name} fused")
+        _check_steps(llm, _steps(llm, [[5, 6, 7], [9, 10], [11, 12, 13, 14, 15]], 4, 100), f"{name} fused")
         assert llm.stats()["engine"]["static_steps"] >= 4
     finally:
         llm.close()
@@ -263,16 +264,16 @@ def test_a_fused_step_that_fails_at_once_falls_back_to_the_models(
     tiny_llama_path: str, monkeypatch: Any
 ) -> None:
     """An op the fused step needs and this torch or device lacks: its first step raises, and
-    the static step runs the model's own forward instead (same rows as the uncached model)."""
+    the decode step runs the model's own forward instead (same rows as the uncached model)."""
 
     def broken(self: FusedLlama, *args: Any) -> torch.Tensor:
         raise NotImplementedError("an op this device lacks")
 
     monkeypatch.setattr(FusedLlama, "step", broken)
-    llm = load_hf(tiny_llama_path, static_decode="on", batch_size=4)
+    llm = load_hf(tiny_llama_path, static_decode="on", batch_size=4, cache_size=0)
     try:
         assert llm.stats()["engine"]["fused_decode"] is True
-        _check_burst(llm, _script([[5, 6, 7], [9, 10]], 3, 100), "after the fused step failed")
+        _check_steps(llm, _steps(llm, [[5, 6, 7], [9, 10]], 3, 100), "after the fused step failed")
         stats = llm.stats()["engine"]
         assert stats["fused_decode"] is False and "an op this device lacks" in stats["fused_decode_off"]
         assert stats["static_steps"] >= 3

@@ -262,17 +262,48 @@ async def test_forward_thread_choice_gives_the_same_results(tiny_llama_path: str
         llm.close()
 
 
-def test_kv_slots_refuse_a_layer_of_another_shape() -> None:
-    """A model whose layers cache KV of different shapes gets a clear error, not a corrupt batch."""
-    from genlm_hf.kv import Row, Slots, _SlotLayer
+def test_a_pass_that_skips_the_pools_attention_is_refused(llama) -> None:
+    """A model whose attention does not go through transformers' attention interface
+    would compute rows that ignore the pool: a pass counts the layers that attended
+    through it and raises (here: a pass told the model has one layer more)."""
+    from genlm_hf.attention import PoolPass, use_pool_attention
 
-    slots = Slots([Row((1, 2))], past_len=0, new_len=2)
-    first, second = _SlotLayer(slots, 0, 2), _SlotLayer(slots, 1, 2)
-    k = torch.randn(1, 2, 2, 8)
-    keys, values = first.update(k, k + 1)
-    assert torch.equal(keys, k) and torch.equal(values, k + 1) and first.get_seq_length() == 2
+    engine = llama.engine
+    run = PoolPass(
+        engine.pool,
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, 1, 0, 0),
+        [],
+    )
     with pytest.raises(RuntimeError, match="prefix_cache=False"):
-        second.update(torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8))
+        with use_pool_attention(engine.model, run, engine.pool.layout.layers + 1):
+            pass
+    assert engine.model.config._attn_implementation != "genlm_pool"  # switched back
+
+
+def test_a_model_the_pool_cannot_hold_runs_whole(tiny_llama_path: str, tmp_path) -> None:
+    """A sliding-window model's cache is not plain full-attention KV: no pool, no reuse
+    (said once), every context run whole in padded batches of the model's own forward,
+    rows equal to the uncached model's."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_path)
+    config = AutoConfig.for_model(
+        "mistral", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, sliding_window=4, max_position_embeddings=128,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(str(tmp_path))
+    tokenizer.save_pretrained(str(tmp_path))
+    with pytest.warns(UserWarning, match="cannot reuse KV"):
+        llm = load_hf(str(tmp_path), cache_size=0)
+    try:
+        assert llm.engine.pool is None and "sliding window" in llm.stats()["engine"]["kv_pool_off"]
+        ctxs = _contexts(llm.vocab_size, seed=2)
+        assert_tiny_close(llm.batch_next_token_logprobs_sync(ctxs), reference(llm, ctxs))
+    finally:
+        llm.close()
 
 
 def _logprob_rows_held(llm) -> list[torch.Tensor]:

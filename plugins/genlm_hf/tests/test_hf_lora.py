@@ -89,8 +89,8 @@ def test_lora_from_config(tiny_llama_path: str, adapters: dict[str, Path]) -> No
 def test_switching_adapters_in_a_burst_drops_its_kept_kv(
     tiny_llama_path: str, adapters: dict[str, Path]
 ) -> None:
-    """A burst keeps its rows' KV between steps (genlm_hf.decode); a program switching the
-    adapter between two steps gets, from then on, the new adapter's rows (peft's own
+    """A burst's rows resume from KV kept between its steps (the pool); a program switching
+    the adapter between two steps gets, from then on, the new adapter's rows (peft's own
     forward, no cache), not rows over KV the old weights computed."""
     from genlm_core.testing.burst import AdapterSwitchControl, SMCProgram
 

@@ -1,9 +1,10 @@
 """Rows of very different suffix lengths in passes of their own (genlm_hf.passes).
 
 The split is checked against brute force (every partition of a call's rows into passes:
-none costs less), and calls mixing long suffixes with short ones (the eager path's, and
-the static path's contexts that continue no row) against the uncached model, row for
-row, at the bound derived from the arithmetic.
+none costs less), and calls mixing long suffixes with short ones against the uncached
+model, row for row, at the bound derived from the arithmetic. The prefixes several new
+contexts of a call share (computed once, :func:`common_prefixes`) are checked against
+every pair compared token by token.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-from genlm_hf.passes import PASS_COST, pass_groups
-from hf_helpers import column_bytes, load_hf, reference
+from genlm_hf.passes import MIN_COMMON, PASS_COST, common_prefixes, pass_groups
+from hf_helpers import load_hf, reference
 
 from genlm_core.testing.tolerance import assert_rows_close, assert_tiny_close, model_shape
 
@@ -77,75 +78,65 @@ def test_a_mixed_call_runs_in_two_passes_and_matches_the_uncached_model(tiny_lla
         llm.close()
 
 
-# ---------------------------------------------------------------- the resident rows' passes
-def _tight(path: str, rows: int, columns: int, **options: Any) -> Any:
-    """A static-path backend whose buffers hold one block of ``rows`` x ``columns``."""
-    return load_hf(
-        path,
-        batch_size=rows,
-        static_decode="on",
-        cache_size=0,
-        static_decode_bytes=rows * columns * column_bytes(path),
-        **options,
-    )
-
-
-def _uncached(llm: Any, contexts: list[tuple[int, ...]]) -> torch.Tensor:
-    return llm._finalize(torch.stack(llm.engine.forward_uncached(contexts)))
-
-
-def test_resident_new_prompts_beside_short_suffixes_run_in_two_passes(tiny_llama_path: str) -> None:
-    """The static path's eager contexts (those that continue no row) split the same way:
-    contexts a few tokens past live rows and long new prompts, then every row continued."""
+def test_a_mixed_call_on_the_decode_step_splits_too(tiny_llama_path: str) -> None:
+    """With the decode step on, a call of contexts a few tokens past kept ones and long
+    new prompts splits the same way (each pass eager: no pass is one token a row), and the
+    next call, one token a row, is one decode step."""
     llm = load_hf(tiny_llama_path, batch_size=64, static_decode="on", cache_size=0)
     try:
         shape = model_shape(llm)
         rng = random.Random(5)
         V = llm.vocab_size
         prompts = [tuple(rng.randrange(3, V) for _ in range(6)) for _ in range(20)]
-        llm.batch_next_token_logprobs_sync(prompts)  # 20 live rows
-        ahead = [p + tuple(rng.randrange(3, V) for _ in range(3)) for p in prompts]  # 3 past a row
+        llm.batch_next_token_logprobs_sync(prompts)
+        ahead = [p + tuple(rng.randrange(3, V) for _ in range(3)) for p in prompts]  # 3 past a kept one
         joining = [tuple(rng.randrange(3, V) for _ in range(150)) for _ in range(3)]
-        before = llm.engine.resident.stats()
+        before = dict(llm.stats()["engine"])
         got = llm.batch_next_token_logprobs_sync(ahead + joining)
-        after = llm.engine.resident.stats()
+        after = dict(llm.stats()["engine"])
         # 20 x 3 and 3 x 150 positions, not 23 x 150
-        assert after["resident_eager_passes"] - before["resident_eager_passes"] == 2
-        assert after["resident_eager"] - before["resident_eager"] == 23
+        assert after["pool_passes"] - before["pool_passes"] == 2
+        assert after["tokens_computed"] - before["tokens_computed"] == 20 * 3 + 3 * 150
         assert_rows_close(got, _uncached(llm, ahead + joining), shape, what="the split call")
-        nxt = [c + (7,) for c in ahead + joining]  # each continues the row its KV went to
+        nxt = [c + (7,) for c in ahead + joining]
         got = llm.batch_next_token_logprobs_sync(nxt)
-        assert llm.engine.resident.stats()["rows_resumed"] - after["rows_resumed"] == 23
+        assert llm.stats()["engine"]["static_steps"] - after["static_steps"] == 1
         assert_rows_close(got, _uncached(llm, nxt), shape, what="the rows continued")
     finally:
         llm.close()
 
 
-def test_a_later_pass_reads_a_prefix_whose_row_an_earlier_pass_took(tiny_llama_path: str) -> None:
-    """One block of two rows, full: a new 3-token prompt takes the row of the live context
-    that a context 10 tokens past it forks from. The prompt's pass runs first (shorter) and
-    its KV goes into that row before the other pass reads its prefix: the prefix is read
-    from the row's KV as placement evicted it, not from the row."""
-    llm = _tight(tiny_llama_path, rows=2, columns=16)
-    llm.engine.resident.pass_cost = 0  # a pass per suffix length
-    try:
-        shape = model_shape(llm)
-        rng = random.Random(9)
-        V = llm.vocab_size
-        p1, p2 = (tuple(rng.randrange(3, V) for _ in range(6)) for _ in range(2))
-        llm.batch_next_token_logprobs_sync([p1, p2])
-        new, ahead = (
-            tuple(rng.randrange(3, V) for _ in range(3)),
-            p1 + tuple(rng.randrange(3, V) for _ in range(10)),
-        )
-        before = llm.engine.resident.stats()
-        got = llm.batch_next_token_logprobs_sync([new, ahead])
-        after = llm.engine.resident.stats()
-        assert after["resident_eager_passes"] - before["resident_eager_passes"] == 2
-        assert after["resident_flushed"] - before["resident_flushed"] == 2  # both rows taken
-        assert_rows_close(got, _uncached(llm, [new, ahead]), shape, what="a prefix from a taken row")
-        nxt = [new + (5,), ahead + (5,)]
-        got = llm.batch_next_token_logprobs_sync(nxt)
-        assert_rows_close(got, _uncached(llm, nxt), shape, what="the rows continued")
-    finally:
-        llm.close()
+def _uncached(llm: Any, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+    return llm._finalize(torch.stack(llm.engine.forward_uncached(contexts)))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_common_prefixes_against_brute_force(seed: int) -> None:
+    """:func:`common_prefixes` finds, for each context with enough new tokens, the longest
+    proper prefix it shares with another such context (oracle: every pair compared token
+    by token)."""
+    rng = random.Random(seed)
+    base = [rng.randrange(4) for _ in range(rng.randint(0, 80))]
+    kept: dict[tuple[int, ...], int] = {}
+    for _ in range(rng.randint(1, 8)):
+        cut = rng.randint(0, len(base))
+        ctx = tuple(base[:cut] + [rng.randrange(4) for _ in range(rng.randint(0, 60))])
+        if ctx:
+            kept[ctx] = rng.randint(0, len(ctx) - 1)
+    contexts, depths = list(kept), list(kept.values())
+    m = rng.choice([1, 4, MIN_COMMON])
+    got = common_prefixes(contexts, depths, m)
+    long = [(c, d) for c, d in kept.items() if len(c) - d > m]
+    want = set()
+    for a, da in long:
+        n = 0
+        for b, _ in long:
+            if b != a:
+                k = 0
+                while k < min(len(a), len(b)) and a[k] == b[k]:
+                    k += 1
+                n = max(n, k)
+        n = min(n, len(a) - 1)
+        if n - da >= m:
+            want.add(a[:n])
+    assert set(got) == want and got == sorted(got, key=len)

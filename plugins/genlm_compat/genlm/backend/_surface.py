@@ -30,7 +30,7 @@ TARGETS: dict[str, str] = {
        "StatefulTokenizedLM TokenByteTrie TrieMode".split()},
     "ByteVocabError": "builtins:ValueError", "ByteDecoderError": "builtins:ValueError",
     "OutputCache": "genlm.backend.cache:OutputCache", "TokenTrie": "genlm.backend.cache:TokenTrie",
-    "Query": "genlm_hf.backend.HFBackend (its batcher forms the queries)",
+    "Query": "genlm_hf.HFBackend (its batcher forms the queries)",
     **{n: f"genlm.backend.llm.futures:{n}" for n in ("BatchAbandoned", "batch_abandoned", "fail_futures")},
     **{n: f"genlm.backend.tokenization:{n}" for n in ("get_byte_vocab", "bytes_to_strs")},
     "check_byte_decoder": _VOCAB, "get_byte_tokens_from_byte_decoder": _VOCAB, "get_byte_tokens_from_sp": _VOCAB,

@@ -1,12 +1,14 @@
-"""Random programs on the resident rows (genlm_hf.resident), every row against the
-uncached model (one full pass per context) at the bound derived from the arithmetic.
+"""Random programs over the KV pool (genlm_hf.pool), every row against the uncached model
+(one full pass per context) at the bound derived from the arithmetic.
 
 The programs mix what programs do to their contexts: a token a step (SIS), forks of one
-context into several (a beam's candidates, SMC's resampled particles), jumps of many
-tokens (a new tokenisation), backing up and diverging, contexts re-asked, new prompts of
-one to 120 tokens; under static buffers from one row to sixteen, prefix caches from none
-up, and eager passes split at any cost (:attr:`ResidentBlocks.pass_cost` 0: a pass per
-suffix length). A program that fails names its seed and its options.
+context into several (a beam's candidates, SMC's resampled particles: pages shared, the
+last one copied on write), jumps of many tokens (a new tokenisation), backing up and
+diverging (a fork shorter than the kept context), contexts re-asked, new prompts of one
+to 120 tokens; with the decode step on and off, pools from a few pages up (kept contexts
+released under pressure, calls split in halves), no reuse at all, and eager passes split
+at any cost (:attr:`HFEngine.pass_cost` 0: a pass per suffix length). A program that
+fails names its seed and its options.
 """
 
 from __future__ import annotations
@@ -51,18 +53,17 @@ def _next(rng: random.Random, live: list[Context], before: list[Context], token:
 def test_fuzzed_programs_match_the_uncached_model(tiny_llama_path: str, seed: int) -> None:
     per_column = column_bytes(tiny_llama_path)
     rng = random.Random(seed)
-    rows, columns = rng.choice([1, 2, 4, 8, 16]), rng.choice([16, 32, 64])
     options: dict[str, Any] = {
         "batch_size": rng.choice([2, 3, 4, 8, 16]),
-        "static_decode": "on",
+        "static_decode": rng.choice(["on", "off"]),
         "cache_size": 0,
-        "static_decode_bytes": rows * columns * per_column,
+        "kv_cache_bytes": rng.choice([0, 6, 12, 24, 64, None]),
     }
-    if rng.random() < 0.3:
-        options["kv_cache_bytes"] = rng.choice([0, 64 * per_column, 1 << 20])
+    if options["kv_cache_bytes"]:
+        options["kv_cache_bytes"] *= 16 * per_column  # pages of 16 columns
     llm = load_hf(tiny_llama_path, **options)
     try:
-        llm.engine.resident.pass_cost = rng.choice([0, 0, 8, 64, 512])
+        llm.engine.pass_cost = rng.choice([0, 0, 8, 64, 512])
         shape = model_shape(llm)
 
         def token() -> int:
@@ -77,5 +78,11 @@ def test_fuzzed_programs_match_the_uncached_model(tiny_llama_path: str, seed: in
             got = llm.batch_next_token_logprobs_sync(live)
             ref = llm._finalize(torch.stack(llm.engine.forward_uncached(live)))
             assert_rows_close(got, ref, shape, what=f"seed {seed}, step {step} ({options})")
+        pool = llm.engine.pool
+        bound = options["kv_cache_bytes"]
+        if bound:  # the bound held, unless a single context needed more than all of it
+            assert pool.nbytes <= bound or pool.overflows > 0
+        llm.clear_cache()
+        assert pool.pages_in_use == 0  # every page went back: no reference leaked
     finally:
         llm.close()
