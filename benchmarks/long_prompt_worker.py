@@ -252,7 +252,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     kv_token = kv_bytes_per_token(spec, engine)
     from common import device_info
 
-    device = spec["device"] if spec["kind"] in ("hf", "reference") else "cpu"
+    # hf and the reference run where they are told; vLLM where its platform put it; llama.cpp
+    # (no layers offloaded by default) and MLX (Linux: the CPU build) on the CPU
+    device = spec["device"] if spec["kind"] in ("hf", "reference") else "cuda" if cuda_in_use() else "cpu"
     out = {
         "status": "ok",
         "calls": res["calls"],

@@ -324,7 +324,7 @@ def test_run_all_runs_the_section_and_its_smoke(bench: dict[str, ModuleType]) ->
 
 # ---------------------------------------------------------------------- end to end
 def test_the_benchmark_end_to_end_on_real_engines(bench: dict[str, ModuleType], tmp_path: Path) -> None:
-    """genlm-hf and genlm-llamacpp on the tiny Llama (each shape in its worker process):
+    """genlm-hf (SIS) and genlm-llamacpp (SMC) on the tiny Llama, in their worker processes:
     every run finishes, its minimum is the SIS particles' own distinct prefixes, no engine
     computes fewer tokens than the minimum, memory is read, and the report is written."""
     from genlm_llamacpp.convert import tiny_gguf_path
@@ -332,15 +332,16 @@ def test_the_benchmark_end_to_end_on_real_engines(bench: dict[str, ModuleType], 
     from genlm_core.testing.models import tiny_llama
 
     out = tmp_path / "long_prompt.json"
-    argv = ["--engines", "hf", "llamacpp", "--shapes", "3x6x5:sis", "3x8x6:smc", "--model", str(tiny_llama())]
-    argv += ["--gguf", str(tiny_gguf_path("llama")), "--warmup", "short", "--contexts", "--out", str(out)]
-    record = bench["bench_long_prompt"].main(argv)
+    argv = ["--model", str(tiny_llama()), "--gguf", str(tiny_gguf_path("llama")), "--warmup", "short"]
+    argv += ["--contexts", "--out", str(out)]
+    main = bench["bench_long_prompt"].main
+    main([*argv, "--engines", "hf", "--shapes", "3x6x5:sis"])
+    record = main([*argv, "--engines", "llamacpp", "--shapes", "3x8x6:smc", "--merge"])  # keeps hf's run
     assert json.loads(out.read_text()) == json.loads(json.dumps(record))
-    assert (
-        out.with_suffix(".md").read_text().count("| 3x6x5:sis |") == 6
-    )  # four pivots, a detail row per engine
+    md = out.with_suffix(".md").read_text()
+    assert md.count("| 3x6x5:sis |") == md.count("| 3x8x6:smc |") == 5  # four pivots and one detail row
     runs = {(r["engine"], r["shape"]): r for r in record["runs"]}
-    assert set(runs) == {(e, s) for e in ("hf", "llamacpp") for s in ("3x6x5:sis", "3x8x6:smc")}
+    assert set(runs) == {("hf", "3x6x5:sis"), ("llamacpp", "3x8x6:smc")}
     for (engine, shape), run in runs.items():
         assert run["status"] == "ok", (engine, shape, run["status"])
         p = run["prompt_tokens"]
