@@ -104,7 +104,7 @@ def engine_options(text: str) -> tuple[str, dict[str, Any]]:
 def kind_of(label: str) -> str:
     kind = label.partition("@")[0]
     if kind not in KINDS:
-        raise SystemExit(f"--engines {label!r}: the engines are {', '.join(KINDS)} (or KIND@NAME, a variant)")
+        raise ValueError(f"--engines {label!r}: the engines are {', '.join(KINDS)} (or KIND@NAME, a variant)")
     return kind
 
 
@@ -165,8 +165,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(str(e))
     if args.engines is None:
         args.engines = list(SMOKE_ENGINES if args.smoke else KINDS[:-1] if args.quick else KINDS)
-    for label in args.engines:
-        kind_of(label)
+    try:
+        kinds = {kind_of(label) for label in args.engines}
+    except ValueError as e:
+        p.error(str(e))
+    if args.model is not None and args.gguf is None and "llamacpp" in kinds:
+        p.error(
+            f"--model {args.model} with llamacpp: pass that model's GGUF as --gguf (the default is SmolLM2's)"
+        )
     args.options = dict(args.options)
     for label in args.options:
         if label not in args.engines:

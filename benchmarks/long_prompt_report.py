@@ -180,7 +180,8 @@ def detail(run: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"shape": run["shape"], "engine": run["engine"], "status": run.get("status", "")}
     if not ok(run):
         prog = run.get("progress") or {}
-        if prog.get("phase"):  # what a stopped run did: its phase's calls and time, its peak so far
+        stopped = str(run.get("status", "")).startswith("did not finish")
+        if stopped and prog.get("phase"):  # what it did: its phase's calls and time, its peak so far
             row.update(
                 {
                     "calls": f"{prog.get('calls', 0)} ({prog['phase']})",
