@@ -133,5 +133,5 @@ HEADLINE = Shape("907", 32, 30, "sis")
 #: "within 2x of the 3-token prompt's figure": these shapes against the same shape at prompt "3"
 WITHIN_2X = (Shape("907", 64, 200, "sis"), Shape("4096", 32, 30, "sis"), Shape("4096", 64, 200, "sis"))
 #: --smoke (CI) and --quick: the long prompt shared by 32 particles for a few tokens (SIS),
-#: and by 16 for 8 tokens (SMC: resampling within 8 steps) - counters only
-SMOKE = [Shape("907", 32, 3, "sis"), Shape("907", 16, 8, "smc")]
+#: and for 8 tokens (SMC: resampling within 8 steps) - counters only
+SMOKE = [Shape("907", 32, 3, "sis"), Shape("907", 32, 8, "smc")]

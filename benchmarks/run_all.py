@@ -32,7 +32,7 @@ Sections (``--only`` picks some):
   long-prompt  a 907- and a 4,096-token prompt shared by 32-256 particles (SIS, SMC with
             resampling) on hf, llama.cpp, vLLM, MLX and genlm-backend (time-capped): calls/s,
             tokens computed against the minimum, peak RSS, time outside the engine
-            (``--smoke``: 907 x 32 x 3 on hf and llama.cpp, counters only)
+            (``--smoke``: 907 x 32 x 3 SIS and 907 x 32 x 8 SMC on hf and llama.cpp, counters only)
 
 Anchors (genlm-backend 0.3.1, genlm-bytes 0.2.0) are installed from PyPI into
 ``benchmarks/.anchor-venv*`` the first time (a few minutes). ``--quick`` skips the
