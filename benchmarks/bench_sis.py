@@ -226,7 +226,9 @@ def ensure_anchor_venv() -> Path:
     """Create the anchor venv (torch CPU first, then genlm-backend) unless it works already."""
     py = ANCHOR_VENV / "bin" / "python"
     check = [str(py), "-c", "import genlm.backend, torch; assert torch.__version__.startswith('2.13.0')"]
-    if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+    # without PYTHONPATH, as the worker runs: a worktree's genlm-compat there also holds genlm.backend
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if py.exists() and subprocess.run(check, capture_output=True, env=env).returncode == 0:
         return py
     subprocess.run(["python3.11", "-m", "venv", str(ANCHOR_VENV)], check=True)
     pip = [str(py), "-m", "pip", "install", "-q"]
@@ -237,7 +239,7 @@ def ensure_anchor_venv() -> Path:
     out = subprocess.run([str(py), "-m", "pip", "list"], capture_output=True, text=True, check=True).stdout
     if any(name in out.lower() for name in ("nvidia-", "vllm ")):
         raise RuntimeError(f"the anchor venv pulled CUDA packages or vllm:\n{out}")
-    subprocess.run(check, check=True)
+    subprocess.run(check, check=True, env=env)
     return py
 
 

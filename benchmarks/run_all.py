@@ -29,6 +29,10 @@ Sections (``--only`` picks some):
   hf-step-grow  the same with every row's context growing a token a call, as SIS's
             (``bench_hf_step.py --grow``: the path of genlm-hf's decode step)
   burst     the SIS program as per-step calls vs one burst (hf f32, llama.cpp f16)
+  long-prompt  a 907- and a 4,096-token prompt shared by 32-256 particles (SIS, SMC with
+            resampling) on hf, llama.cpp, vLLM, MLX and genlm-backend (time-capped): calls/s,
+            tokens computed against the minimum, peak RSS, time outside the engine
+            (``--smoke``: 907 x 32 x 3 SIS and 907 x 32 x 8 SMC on hf and llama.cpp, counters only)
 
 Anchors (genlm-backend 0.3.1, genlm-bytes 0.2.0) are installed from PyPI into
 ``benchmarks/.anchor-venv*`` the first time (a few minutes). ``--quick`` skips the
@@ -126,6 +130,7 @@ def _sections(quick: bool) -> dict[str, list[str]]:
         "hf-step": ["bench_hf_step.py", *(["--quick"] if q else [])],
         "hf-step-grow": ["bench_hf_step.py", "--grow", *(["--quick"] if q else [])],
         "burst": ["bench_burst.py", *(["--quick"] if q else [])],
+        "long-prompt": ["bench_long_prompt.py", *(["--smoke"] if q else [])],
     }
 
 
@@ -141,6 +146,7 @@ NEEDS = {
     "hf-step": "hf",
     "hf-step-grow": "hf",
     "burst": "hf",
+    "long-prompt": "hf",
 }
 # the JSON files each section writes into benchmarks/out; its verdict reads the first
 FILES = {
@@ -158,6 +164,7 @@ FILES = {
     "hf-step": ["hf_step"],
     "hf-step-grow": ["hf_step_grow"],
     "burst": ["burst"],
+    "long-prompt": ["long_prompt"],
 }
 # keyword arguments of a section's verdict: bench_sis judges one backend's record of sis.json
 VERDICT_ARGS = {"sis": {"backend": "hf"}, "sis-mlx": {"backend": "mlx"}, "sis-vllm": {"backend": "vllm"}}

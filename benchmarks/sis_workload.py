@@ -21,6 +21,9 @@ def log(msg: str) -> None:
 
 
 NextLogprobs = Callable[[list[int]], Awaitable[Any]]
+#: a program as ``timed_runs`` calls it: ``(next_logprobs, vocab, eos_id, prompt_ids, *,
+#: n_particles, max_tokens, seed)`` -> its figures (``particles``, ``calls``, ``steps``, ``copy_s``, ``sample_s``)
+Program = Callable[..., Awaitable[dict[str, Any]]]
 
 
 # ---------------------------------------------------------------------- workload
@@ -82,6 +85,7 @@ async def timed_runs(
     reset: Callable[[], None] = lambda: None,
     tokens: Callable[[], int] = lambda: 0,
     full_warmup: bool = True,
+    program: Program | None = None,
 ) -> dict[str, Any]:
     """A warm-up run, then ``args.repeats`` timed runs from clean caches (median reported).
 
@@ -90,17 +94,24 @@ async def timed_runs(
     prepares once per shape (a GPU's captured decode graphs, which clearing the caches
     keeps) is not in the figure, as a program's later runs do not pay it.
     ``full_warmup=False``: 2 particles x 2 tokens (a backend with nothing to prepare per
-    shape, whose every call costs the same)."""
+    shape, whose every call costs the same).
+
+    ``program``: the program run (default :func:`sis`), called as ``sis`` is, with
+    ``token_lengths`` as its second argument (``smc_workload.smc`` takes the byte
+    vocabulary there); ``program_result`` holds what the last timed run returned (less its particles)."""
+    program = program or sis
     reset()
     n, k = (args.particles, args.max_tokens) if full_warmup else (2, 2)
-    await sis(make_next(), token_lengths, eos_id, prompt_ids, n_particles=n, max_tokens=k, seed=args.seed + 1)
+    await program(
+        make_next(), token_lengths, eos_id, prompt_ids, n_particles=n, max_tokens=k, seed=args.seed + 1
+    )
     walls, calls, texts, ran, own = [], 0, [], 0, []
     for _ in range(args.repeats):
         reset()
         next_lp = make_next()
         before = tokens()
         t0 = time.perf_counter()
-        res = await sis(
+        res = await program(
             next_lp,
             token_lengths,
             eos_id,
@@ -124,6 +135,7 @@ async def timed_runs(
         "contexts": texts,
         "tokens_computed_per_run": ran,
         "program": program_account(walls, own, calls),
+        "program_result": {k: v for k, v in res.items() if k != "particles"},
     }
 
 
