@@ -10,9 +10,9 @@ below) and returns milliseconds per step, each the median over the steps:
   host_batch_ms           the batcher's batch function: everything below
   host_forward_ms         the engine's ``forward``: the rows' placement, KV moves, the
                           model's step, the logits gathered
-  host_model_step_ms      of which the static slots' step (genlm-hf's static decoder):
-                          on a GPU the graph's launch (its input copies and the replay
-                          call), on the CPU the computation
+  host_model_step_ms      of which the decode step (genlm-hf's ``genlm_hf.step``): on a
+                          GPU the graph's launch (its inputs' copy and the replay call),
+                          on the CPU the computation
   host_normalise_ms       the rows normalised (``log_softmax``), copied for each caller
                           and checked
   host_device_wait_ms     on a GPU, of which waiting for the queued device work (the row
@@ -52,7 +52,7 @@ The step's host time on a GPU is ``host_step_ms - host_device_wait_ms`` (the dev
 works while the host waits); on the CPU the model's step is the computation itself.
 The timers cost about a microsecond a wrapped call. A step that moves the rows to a
 longer column bucket (and on a GPU captures its graph) is one of the steps, and the
-median leaves it out. A backend without a stage (no output cache, no static step) leaves
+median leaves it out. A backend without a stage (no output cache, no decode step) leaves
 its figure out.
 """
 
@@ -118,12 +118,12 @@ class _Patches:
 
 
 def _model_step(llm: Any) -> tuple[Any, str] | None:
-    """The object and attribute of the engine's static step (genlm-hf's static decoder:
-    the slot's input copies and its graph's replay, or the step computed where there is
-    no graph), or None."""
-    static = getattr(llm.engine, "static", None)
-    if static is not None and hasattr(static, "run"):
-        return static, "run"
+    """The object and attribute of the engine's decode step (genlm-hf's ``DecodeStep``: the
+    bucket's input copy and its graph's replay, or the step computed where there is no
+    graph), or None."""
+    step = getattr(llm.engine, "step", None)
+    if step is not None and hasattr(step, "run"):
+        return step, "run"
     return None
 
 

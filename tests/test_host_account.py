@@ -47,7 +47,7 @@ def _attributes(llm: Any) -> dict[str, Any]:
         "backend": dict(vars(llm)).keys() - {"_recent"},
         "batch_fn": llm.batcher.batch_fn,
         "engine": set(vars(llm.engine)),
-        "static": set(vars(llm.engine.static)),
+        "step": set(vars(llm.engine.step)),
         "cache": set(vars(cache)),
         "private_copies": backend_mod.private_copies,
     }
@@ -81,7 +81,7 @@ def test_the_account_measures_nested_stages_and_leaves_the_backend_as_it_was(llm
         return loop.run_until_complete(calls())
 
     try:
-        step()  # the rows resident, as the benchmark's warmup leaves them
+        step()  # the rows' KV kept, as the benchmark's warmup leaves it
         before = _attributes(llm)
         out = ha.account(llm, step, ROWS, steps=4)
         assert _attributes(llm) == before
@@ -98,7 +98,7 @@ def test_the_account_measures_nested_stages_and_leaves_the_backend_as_it_was(llm
         assert out["host_outside_batch_ms"] == pytest.approx(
             out["host_per_row_us"] * ROWS / 1e3, rel=0.01, abs=1e-3
         )
-        # each caller's row copied once a step at least: counted outside the static step
+        # each caller's row copied once a step at least: counted outside the decode step
         assert out["host_ops"] >= ROWS
         assert set(out["host_copy_probe_us"]) == {"private_copies", "clone_each", "foreach_mul"}
         # the backend computes as before: a further step's rows against the uncached model
@@ -106,7 +106,7 @@ def test_the_account_measures_nested_stages_and_leaves_the_backend_as_it_was(llm
         later = state["ctxs"]
         want = torch.stack([llm.next_token_logprobs_uncached(list(c)) for c in later])
         assert_backend_close(llm, got, want, "rows after the host account")
-        assert llm.stats()["engine"]["rows_resumed"] > 0  # the steps continued resident rows
+        assert llm.stats()["engine"]["static_steps"] > 0  # the steps ran as decode steps
     finally:
         for task in asyncio.all_tasks(loop):
             task.cancel()

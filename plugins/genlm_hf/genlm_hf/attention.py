@@ -44,7 +44,7 @@ __all__ = ["NAME", "PoolPass", "SharedSpan", "pool_attention", "use_pool_attenti
 #: the attention implementation's name in transformers' ``AttentionInterface``
 NAME = "genlm_pool"
 #: the most bytes one chunk's float32 scores take
-SCORE_BYTES = 64 * 2**20
+SCORE_BYTES = 16 * 2**20
 
 _PASS: ContextVar["PoolPass | None"] = ContextVar("genlm_hf_pool_pass", default=None)
 

@@ -24,11 +24,11 @@ one that computes them wrongly, keeps MKL.
 
 from __future__ import annotations
 
-import ctypes
-import os
 from typing import Any
 
 import torch
+
+from genlm_hf.host_memory import drop_pages
 
 __all__ = ["PackedLinear", "pack_linears", "packing_problem", "unpack_linears"]
 
@@ -162,24 +162,14 @@ def _drop_file_pages(weight: torch.Tensor, mapped: list[tuple[int, int]]) -> Non
     """Give the OS back the pages of a packed layer's dense weight when they are pages of a
     mapped checkpoint (transformers maps safetensors files, and the mapping lives while any
     of its tensors does: without this, every packed weight would stay resident twice until
-    the last layer is packed). Only pages wholly inside the weight are dropped; they are
-    pages of a private, unmodified file mapping, which the kernel would read again from
-    the file if anything touched them."""
+    the last layer is packed). They are pages of a private, unmodified file mapping, which
+    the kernel would read again from the file if anything touched them."""
     if not mapped or weight.device.type != "cpu":
         return
     start = weight.data_ptr()
     end = start + weight.numel() * weight.element_size()
-    if not any(lo <= start and end <= hi for lo, hi in mapped):
-        return
-    page = os.sysconf("SC_PAGE_SIZE")
-    first, last = -(-start // page) * page, end // page * page
-    if last > first:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED)
-
-
-#: madvise's advice that drops a range's pages (Linux)
-_MADV_DONTNEED = 4
+    if any(lo <= start and end <= hi for lo, hi in mapped):
+        drop_pages(start, end)
 
 
 def unpack_linears(model: Any) -> int:

@@ -128,6 +128,7 @@ class HFEngine(Engine):
                 self.packed_off = "the fused decode step reads the dense weights"
             if self.packed_off is None:
                 self.packed_linears = pack_linears(model)
+        self._last_logits: torch.Tensor | None = None
         #: the cost of one more eager pass, in token positions (genlm_hf.passes.pass_groups)
         self.pass_cost = PASS_COST
         #: passes and what they read: rows, span columns read once for a group, private columns
@@ -179,7 +180,7 @@ class HFEngine(Engine):
         return cache is not None and cache.evict_lru_kv() is not None
 
     # ------------------------------------------------------------------ model calls
-    def forward(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor] | torch.Tensor:
+    def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         """The logits of distinct contexts, one row each. Each context resumes from the
         deepest kept prefix (its pages forked) and runs its new tokens only; its KV is kept
         in the prefix cache (its pages). Rows of very different suffix lengths run in
@@ -207,7 +208,11 @@ class HFEngine(Engine):
                 for r in rows:  # rows not kept (no reuse, or a failed pass) give their pages back
                     if not r.kept:
                         r.seq.release()
-            return out  # normalised row by row by the core
+            whole = self._last_logits
+            self._last_logits = None
+            if whole is not None and whole.shape[0] == len(out):
+                return whole  # one pass in the call's order: its logits, normalised as a batch
+            return torch.stack(out)
 
     def _passes(self, rows: list[PassRow], index: list[int], out: list[torch.Tensor]) -> None:
         """Run ``rows`` (positions ``index`` of ``out``) in one pass, or in halves when the
@@ -250,6 +255,8 @@ class HFEngine(Engine):
         for n, (i, r) in enumerate(zip(index, rows)):
             out[i] = logits[n]
             r.kept = self.kv.store(r.ctx, r.seq)
+        # the call's logits when this pass ran every row of it in order (the usual call)
+        self._last_logits = logits if index == list(range(len(out))) else None
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
         """One full forward pass per context, no padding, no cache: the reference."""

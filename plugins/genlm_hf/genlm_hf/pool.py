@@ -17,8 +17,9 @@ be kept, looked up, forked or extended:
   its own (copy on write, at most ``PAGE - 1`` columns, once per fork).
 
 A page is freed when the last context holding it releases it (:meth:`KVSeq.release`).
-The pool's tensor grows by doubling up to ``max_bytes`` (a copy per doubling); past
-that, :attr:`KVPool.reclaim` is asked to release kept contexts (the prefix cache's least
+On the CPU the pool's tensor reserves ``max_bytes`` at once (memory becomes resident as
+pages are written, lowest pages first, and freed pages are reused first); on a GPU it
+grows by doubling up to ``max_bytes`` (a copy per doubling). Past the bound, :attr:`KVPool.reclaim` is asked to release kept contexts (the prefix cache's least
 recently used) until a page is free, and :class:`PoolFullError` is raised when nothing
 is left to release. So ``max_bytes`` bounds every byte of KV the engine holds: kept
 prefixes and the rows of the pass running alike.
@@ -33,6 +34,8 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
+
+from genlm_hf.host_memory import no_huge_pages
 
 __all__ = ["PAGE", "KVLayout", "KVPool", "KVSeq", "PoolFullError"]
 
@@ -80,7 +83,14 @@ class KVPool:
         self.page_bytes = layout.column_bytes * page
         self.max_pages = None if max_bytes is None else max(2, max_bytes // self.page_bytes)
         first = _FIRST_PAGES if self.max_pages is None else min(_FIRST_PAGES, self.max_pages)
+        if self.max_pages is not None and layout.device.type == "cpu":
+            # the whole bound at once: on the CPU untouched memory is only reserved (resident
+            # as pages are written), and the tensor never moves (no copy, no transient double)
+            first = self.max_pages
         self.storage = self._new_storage(first)
+        if layout.device.type == "cpu":
+            start = self.storage.data_ptr()
+            no_huge_pages(start, start + self.storage.numel() * self.storage.element_size())
         self.storage[:, :, :, :page].zero_()  # the padding page: finite values
         #: per page: contexts holding it, and columns written
         self.refs = [0] * first
@@ -93,6 +103,9 @@ class KVPool:
         self.grown = 0  # doublings of the tensor (each moves it: views and captures of it go stale)
         self.copied_columns = 0  # columns copied on write (forks that wrote a shared page)
         self.overflows = 0  # passes that grew the tensor past its bound
+        #: the pages below the highest ever taken (what the pool has written: on the CPU,
+        #: about what of it is resident)
+        self.touched = 1
 
     def _new_storage(self, pages: int) -> torch.Tensor:
         lay = self.layout
@@ -129,6 +142,7 @@ class KVPool:
                     f"{self.nbytes} bytes) and every page is used by the running pass"
                 )
         p = self._free.pop()
+        self.touched = max(self.touched, p + 1)
         self.refs[p] = 1
         self.used[p] = 0
         return p
@@ -192,6 +206,7 @@ class KVPool:
             "kv_pool_pages": self.pages,
             "kv_pool_pages_in_use": self.pages_in_use,
             "kv_pool_bytes": self.nbytes,
+            "kv_pool_bytes_touched": self.touched * self.page_bytes,
             "kv_pool_bytes_in_use": self.pages_in_use * self.page_bytes,
             "kv_pool_grown": self.grown,
             "kv_pool_copied_columns": self.copied_columns,

@@ -15,8 +15,8 @@ from typing import Any
 from genlm.backend._surface import placeholder, public_dir
 from genlm.backend.cache import TokenTrie
 from genlm.backend.llm.calls import UNKNOWN_ADAPTER, AsyncLM, ReferenceCalls
-from genlm_hf.engine import HFEngine
 from genlm_hf.config import HFConfig
+from genlm_hf.engine import HFEngine
 from genlm_hf.loading import load_model_and_tokenizer
 from genlm_mock.engine import MockEngine
 
