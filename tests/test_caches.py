@@ -163,6 +163,25 @@ def test_a_context_past_an_evicted_one_is_stored_in_the_trie():
     assert cache.node_count() == 1 + 1 + 3
 
 
+def test_eviction_on_demand_takes_leaves_first():
+    """``evict_lru_kv(leaves_first=True)``: the least recently used payload that no other
+    kept context extends, so a prompt its particles share stays while they do; a branch
+    goes leaf by leaf, and the prompt last."""
+    cache = PrefixCache(budget=None)
+    cache.insert((1, 2, 3), kv="prompt")
+    cache.insert((1, 2, 3, 4), kv="a")
+    cache.insert((1, 2, 3, 5), kv="b")
+    cache.insert((1, 2, 3, 5, 6), kv="b2")
+    assert cache.evict_lru_kv(leaves_first=True) == "a"
+    assert cache.evict_lru_kv(leaves_first=True) == "b2"
+    assert cache.evict_lru_kv(leaves_first=True) == "b"
+    assert cache.evict_lru_kv(leaves_first=True) == "prompt"
+    assert cache.evict_lru_kv(leaves_first=True) is None
+    cache.insert((1,), kv="x")
+    cache.insert((1, 2), kv="y")
+    assert cache.evict_lru_kv() == "x"  # without it: the least recently used, a prefix or not
+
+
 def test_prefix_cache_deepest_respects_max_depth():
     cache = PrefixCache()
     cache.insert((1, 2, 3), kv="abc")

@@ -208,18 +208,26 @@ class PrefixCache:
         if self.on_evict_kv is not None:
             self.on_evict_kv(payload)
 
-    def evict_lru_kv(self, keep: Callable[[Any], bool] | None = None) -> Any:
+    def evict_lru_kv(self, keep: Callable[[Any], bool] | None = None, leaves_first: bool = False) -> Any:
         """Evict the least recently used KV payload for which ``keep`` is not true (an
         engine short of another resource than bytes, e.g. sequence slots). Returns the
-        payload (``on_evict_kv`` has been called with it), or ``None`` when none qualifies."""
+        payload (``on_evict_kv`` has been called with it), or ``None`` when none qualifies.
+
+        ``leaves_first``: the least recently used payload no longer context extends, if
+        any: for payloads that share their prefixes' memory (genlm-hf's page tables), only
+        a leaf's eviction can free memory, and a prefix that other contexts extend (a
+        prompt many particles share) stays while they do; a branch goes leaf by leaf."""
         with self._lock:
-            for key, node in self._kv_lru.items():
-                if keep is None or not keep(node.kv):
-                    payload = node.kv
-                    del self._kv_lru[key]
-                    self._drop_kv(node)
-                    self._prune(node)
-                    return payload
+            for leaves in (True, False) if leaves_first else (False,):
+                for key, node in self._kv_lru.items():
+                    if leaves and node.children:
+                        continue
+                    if keep is None or not keep(node.kv):
+                        payload = node.kv
+                        del self._kv_lru[key]
+                        self._drop_kv(node)
+                        self._prune(node)
+                        return payload
             return None
 
     def _prune(self, node: PrefixNode) -> None:

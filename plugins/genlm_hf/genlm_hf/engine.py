@@ -129,6 +129,8 @@ class HFEngine(Engine):
             if self.packed_off is None:
                 self.packed_linears = pack_linears(model)
         self._last_logits: torch.Tensor | None = None
+        #: pages the running pass reads (see :meth:`_passes`)
+        self._protected: set[int] = set()
         #: the cost of one more eager pass, in token positions (genlm_hf.passes.pass_groups)
         self.pass_cost = PASS_COST
         #: passes and what they read: rows, span columns read once for a group, private columns
@@ -175,9 +177,19 @@ class HFEngine(Engine):
 
     def _reclaim(self) -> bool:
         """The pool needs a page: the prefix cache releases its least recently used
-        context (False when it keeps none)."""
+        context that no kept context extends (a leaf: its pages are the only ones a
+        release can free; a prompt that particles share stays while they do, so a particle
+        released computes its own tokens again, not the prompt's), else its least recently
+        used one, never one whose pages the running pass holds; False when none is left."""
         cache = self.kv.cache if self.kv is not None else None
-        return cache is not None and cache.evict_lru_kv() is not None
+        if cache is None:
+            return False
+        held = self._protected
+        keep = (lambda seq: all(p in held for p in seq.pages)) if held else None
+        try:
+            return cache.evict_lru_kv(keep, leaves_first=True) is not None
+        except TypeError:  # a registered prefix cache without leaves_first
+            return cache.evict_lru_kv(keep) is not None
 
     # ------------------------------------------------------------------ model calls
     def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
@@ -206,7 +218,7 @@ class HFEngine(Engine):
                     self._passes([rows[i] for i in group], group, out)
             finally:
                 for r in rows:  # rows not kept (no reuse, or a failed pass) give their pages back
-                    if not r.kept:
+                    if not r.kept and r.seq is not None:
                         r.seq.release()
             whole = self._last_logits
             self._last_logits = None
@@ -219,10 +231,27 @@ class HFEngine(Engine):
         pool cannot hold their new columns at once."""
         pool = self.pool
         assert pool is not None
+        for r in rows:  # a row whose fork was given back (the pass before ran in halves)
+            if r.seq is None:
+                depth, seq = self.kv.lookup([r.ctx])[0] if self.kv.enabled else (0, None)
+                r.depth, r.seq = depth, seq.fork(depth) if seq is not None else KVSeq(pool)
         need = pages_needed(rows, pool.page)
-        if not pool.reserve(need):
+        # what the pass reads is the pass's: the prefix cache's entries wholly within it (its
+        # rows' prompt) are not released for it, as that would free nothing now and lose them
+        self._protected = {p for r in rows for p in r.seq.pages}
+        try:
+            fits = pool.reserve(need)
+        finally:
+            self._protected = set()
+        if not fits:
             if len(rows) > 1:
+                # the second half gives its forks back (their pages may go to the first
+                # half) and finds its prefixes again when its pass comes: what the pool let
+                # go, it computes again, a row's own tokens when its prompt is still kept
                 half = len(rows) // 2
+                for r in rows[half:]:
+                    r.seq.release()
+                    r.seq = None  # type: ignore[assignment]
                 self._passes(rows[:half], index[:half], out)
                 self._passes(rows[half:], index[half:], out)
                 return

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from hf_helpers import load_hf, max_diff, reference
+from hf_helpers import column_bytes, load_hf, max_diff, reference
 
 from genlm_core.testing.tolerance import assert_tiny_close
 
@@ -149,6 +149,56 @@ def test_eviction_mid_run_stays_correct(tiny_gpt2_path: str) -> None:
         stats = llm.prefix_cache.stats()
         assert stats["kv_evictions"] > 0
         assert _engine(llm)["tokens_reused"] > 0 and _engine(llm)["kv_pool_overflows"] == 0
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("leaves_first", [True, False])
+def test_a_full_pool_releases_particles_not_their_prompt(
+    tiny_llama_path: str, leaves_first: bool, monkeypatch
+) -> None:
+    """Particles of one 64-token prompt, a pool with room for the prompt and about half the
+    particles' own pages: each step some particles' contexts are released and computed
+    again, from the prompt (every context after the first call resumes at least the
+    prompt's 64 tokens: the cost of a release is the particle's own tokens, in proportion
+    to what does not fit). Releasing the least recently used context whatever it is (the
+    prompt's own entry while a pass reads it, particles' older ones: ``leaves_first=False``
+    stands for that policy here) loses the prompt: contexts run from their first token."""
+    from genlm_core.engine.prefix_cache import PrefixCache
+
+    if not leaves_first:
+        real = PrefixCache.evict_lru_kv
+        monkeypatch.setattr(
+            PrefixCache, "evict_lru_kv", lambda self, keep=None, leaves_first=False: real(self)
+        )
+    # 64 + 8 x 20 columns need 4 + 8 x 2 pages; the pool has 13 (one reserved)
+    per_page = 16 * column_bytes(tiny_llama_path)
+    llm = load_hf(tiny_llama_path, kv_cache_bytes=13 * per_page, cache_size=0)
+    try:
+        depths: list[int] = []
+        lookup = llm.engine.kv.lookup
+
+        def record(contexts):
+            found = lookup(contexts)
+            depths.extend(d for d, _ in found)
+            return found
+
+        llm.engine.kv.lookup = record
+        rng = random.Random(4)
+        prompt = [rng.randrange(3, llm.vocab_size) for _ in range(64)]
+        parts = [prompt + [rng.randrange(3, llm.vocab_size)] for _ in range(8)]
+        llm.next_token_logprobs_sync(prompt)
+        depths.clear()
+        for step in range(20):
+            got = llm.batch_next_token_logprobs_sync(parts)
+            if step % 5 == 0:
+                assert_tiny_close(got, reference(llm, parts), f"step {step}")
+            parts = [p + [rng.randrange(3, llm.vocab_size)] for p in parts]
+        assert llm.stats()["prefix_cache"]["kv_evictions"] > 0 and llm.engine.pool.overflows == 0
+        if leaves_first:
+            assert min(depths) >= 64  # the prompt always resumed
+        else:
+            assert min(depths) < 64  # the failure the policy prevents
     finally:
         llm.close()
 
