@@ -281,14 +281,14 @@ def clear_server(url: str) -> None:
 
 
 def held_mb(stats: dict[str, Any]) -> dict[str, float | None]:
-    """MiB a backend holds, from its ``stats()``: its output cache's rows, its prefix
-    cache's KV and (hf) its static decode buffers; the memory model's parts of M + R."""
+    """MiB a backend holds, from its ``stats()``: its output cache's rows and its KV (the
+    prefix cache's, or hf's pool: the pages it has written); the memory model's parts of M + R."""
     cache = (stats.get("output_cache") or {}).get("bytes")
-    kv = (stats.get("prefix_cache") or {}).get("kv_bytes")
-    static = (stats.get("engine") or {}).get("static_bytes")
+    engine = stats.get("engine") or {}
+    kv = engine.get("kv_pool_bytes_touched", (stats.get("prefix_cache") or {}).get("kv_bytes"))
     return {
         name: (value / 2**20 if isinstance(value, (int, float)) else None)
-        for name, value in (("output_cache", cache), ("prefix_kv", kv), ("static_decode", static))
+        for name, value in (("output_cache", cache), ("prefix_kv", kv))
     }
 
 

@@ -33,8 +33,8 @@ def _tiny_gguf() -> str:
 
 HF = {"model": lambda: str(tiny_llama()), "opts": {"dtype": "float32", "device": "cpu"}}
 LLAMACPP = {"model": _tiny_gguf, "opts": {"kv_cache_type": "f32", "n_threads": 2}}
-# the server's hf engine with the static decode step on (on CUDA it is on by default): its
-# passes continue the clients' rows in place (genlm_hf.resident)
+# the server's hf engine with the decode step on (on CUDA it is on by default): the clients'
+# calls of one token a row run as decode steps over its KV pool (genlm_hf.step)
 HF_STATIC = {"engine": "hf", "model": HF["model"], "opts": {**HF["opts"], "static_decode": "on"}}
 ENGINES = {"hf": HF, "hf-static": HF_STATIC, "llamacpp": LLAMACPP}
 
