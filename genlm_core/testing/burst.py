@@ -162,8 +162,11 @@ def check_parity(
 ) -> dict[str, Any]:
     """The parity gate of bursts against steps (:class:`SMCProgram` with ``n`` particles).
 
-    For each of ``seeds``, where neither run evicted a cached prefix: the
-    same tokens, the same weights (to 1e-9 relative: the same floats summed in the same
+    For each of ``seeds``, every row either driver drew from is the uncached model's row of
+    its context (each as it comes, then all of them together: the derived bounds of
+    :func:`~genlm_core.testing.tolerance.assert_rows_close`, or ``atol``): drivers that
+    agree with each other are not enough, a defect both share would pass. Then, where
+    neither run evicted a cached prefix: the same tokens, the same weights (to 1e-9 relative: the same floats summed in the same
     order), every drawn row reported, at least one abort/re-add cycle. Where they did not
     (the arithmetic differs, e.g. decode KV against a re-prefill): the anchors' criterion
     over ``gate_seeds`` seeds - the mean burst-minus-steps difference of the
@@ -173,13 +176,19 @@ def check_parity(
     and the prompt row's magnitude). Returns what it checked; raises AssertionError naming
     what differs."""
 
-    def make(seed: int) -> SMCProgram:
-        return SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed)
+    def make(seed: int, record: bool = False) -> SMCProgram:
+        return SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed, record=record)
 
     exact, differ = 0, 0
     arithmetic = same_arithmetic(llm, prompt)
+    rows = _UncachedRows(llm, atol)
     for seed in seeds:
-        steps, burst, same = _paired(llm, make, seed)
+        steps, burst, same = _paired(llm, lambda s: make(s, record=True), seed)
+        for driver, result in (("step loop", steps), ("burst", burst)):
+            for ctx, row in result.extra["seen"]:
+                rows.compare(
+                    ctx, row, f"seed {seed}: a row the {driver} drew from against the uncached model's"
+                )
         same = same and arithmetic
         report = burst.extra["report"]
         if not (report.rows_drawn == burst.rows and report.aborted >= 1 and report.added > n):
@@ -198,6 +207,7 @@ def check_parity(
             # agree to ~1e-15 relative; 1e-9 leaves room for a sum regrouped by a resample
             if abs(a - b) > 1e-9 * max(1.0, abs(a)):
                 raise AssertionError(f"seed {seed}: weights {burst.log_weights} != {steps.log_weights}")
+    rows.compare_all(f"every row the programs of seeds {list(seeds)} drew from against the uncached model's")
     out: dict[str, Any] = {"exact": exact, "statistical": differ, "same_arithmetic": arithmetic}
     if differ:
         pairs = [_paired(llm, make, 1000 + s)[:2] for s in range(gate_seeds)]
@@ -214,6 +224,30 @@ def check_parity(
                 )
         out["gaps"] = gaps
     return out
+
+
+class _UncachedRows:
+    """Rows checked against the uncached model's row of their context (each computed once):
+    each as it comes (:meth:`compare`), then all of them together (:meth:`compare_all`)."""
+
+    def __init__(self, llm: Any, atol: float | None) -> None:
+        self.llm, self.close = llm, _row_comparison(llm, atol)
+        self.ref: dict[tuple[int, ...], Any] = {}
+        self.pairs: list[tuple[Any, Any]] = []
+
+    def compare(self, ctx: Sequence[int], row: Any, what: str) -> None:
+        ctx = tuple(ctx)
+        if ctx not in self.ref:
+            self.ref[ctx] = self.llm.next_token_logprobs_uncached(list(ctx))
+        self.close(row, self.ref[ctx], what)
+        self.pairs.append((row, self.ref[ctx]))
+
+    def compare_all(self, what: str) -> None:
+        import torch
+
+        if self.pairs:
+            got, want = (torch.stack([p[i].float().cpu() for p in self.pairs]) for i in (0, 1))
+            self.close(got, want, what)
 
 
 class RecordingControl(ProgramControl):
@@ -274,12 +308,14 @@ def check_decode_rows(
     """A burst with another caller's rows between its steps and a cache clear in its
     middle (what a LoRA switch does), and for an engine with ``decode_same_arithmetic``
     False first a burst alone: every row the control drew from is the uncached model's row
-    of its context, and so is every row the other caller got. Then a control failing
+    of its context, and so is every row the other caller got (each as it comes, then all
+    of them together). Then a control failing
     mid-burst: the error reaches the caller, the engine keeps no decode state
     (``decode_batches``, or an engine's live ``decode_sessions``), and the backend answers
     as before. Rows are compared at ``atol``, or (None) at the bound derived for the model
     and its dtype (:func:`~genlm_core.testing.tolerance.row_atol`). Raises AssertionError."""
     close = _row_comparison(llm, atol)
+    checked = _UncachedRows(llm, atol)
 
     # A burst alone first (nothing disturbs its kept state) where the engine's decode step
     # computes with other kernels than its forward: elsewhere check_parity's exact gate
@@ -295,13 +331,12 @@ def check_decode_rows(
             raise AssertionError(
                 f"the burst ran {control.calls} steps, {len(control.seen)} rows: too short a check"
             )
-        contexts = list(dict.fromkeys(c for c, _ in control.seen))
-        ref = dict(zip(contexts, (llm.next_token_logprobs_uncached(list(c)) for c in contexts)))
         for c, row in control.seen:
             what = "a burst row" + ("" if alone else " (other calls between steps)")
-            close(row, ref[c], f"{what} against the uncached model's")
+            checked.compare(c, row, f"{what} against the uncached model's")
     for c, row in control.other:
-        close(row, llm.next_token_logprobs_uncached(c), "another caller's row during the burst")
+        checked.compare(c, row, "another caller's row during the burst against the uncached model's")
+    checked.compare_all("every row of the bursts and of the other caller against the uncached model's")
     llm.clear_cache()
     control = RecordingControl(
         llm, SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed + 1), fail_at=3

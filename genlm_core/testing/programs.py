@@ -30,16 +30,23 @@ Context = tuple[int, ...]
 
 
 def random_program(
-    tokens: Sequence[int], seed: int, steps: int = 8, width: int = 12, max_len: int = 48
+    tokens: Sequence[int],
+    seed: int,
+    steps: int = 8,
+    width: int = 12,
+    max_len: int = 48,
+    prompt_lengths: tuple[int, int] = (1, 8),
 ) -> list[list[Context]]:
     """``steps`` rounds of at most ``width`` distinct contexts of ``tokens`` (ids), none
-    longer than ``max_len`` (a longer one keeps its last ``max_len`` ids: a new context)."""
+    longer than ``max_len`` (a longer one keeps its last ``max_len`` ids: a new context);
+    the first contexts have between ``prompt_lengths[0]`` and ``prompt_lengths[1]`` ids."""
     rng = random.Random(seed)
 
     def new(k: int) -> Context:
         return tuple(rng.choice(tokens) for _ in range(k))
 
-    live = [new(rng.randint(1, 8)) for _ in range(rng.randint(1, max(1, width // 2)))]
+    lo, hi = prompt_lengths
+    live = [new(rng.randint(lo, hi)) for _ in range(rng.randint(1, max(1, width // 2)))]
     program = [live]
     for _ in range(1, steps):
         out: list[Context] = []
