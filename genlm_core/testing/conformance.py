@@ -154,19 +154,26 @@ class LogprobBackendConformance:
         return backend.next_token_logprobs_sync(ctx)
 
     def test_batch_equals_single(self, backend: Any) -> None:
-        import torch
+        """A batch's rows equal each context computed alone, for a fresh batch and for a
+        batch whose contexts extend the first one's (resumed from what it cached)."""
+        from genlm_core.testing.tolerance import RowComparisons
 
         ctxs = self.contexts(backend, seed=2)
         ctxs = ctxs + [ctxs[0]]  # a repeated context in the batch
+        rng = random.Random(2)
+        longer = [c + [rng.choice(self.token_ids(backend))] for c in ctxs[:-1]]
+        rows = RowComparisons(
+            lambda got, want, what: self.assert_close(backend, got, want, what),
+            "the batches' rows against the contexts alone",
+        )
         backend.clear_cache()
         batch = backend.batch_next_token_logprobs_sync(ctxs)
         assert batch.shape == (len(ctxs), len(backend.byte_vocab))
-        singles = []
-        for row, ctx in zip(batch, ctxs):
-            backend.clear_cache()
-            singles.append(self.alone(backend, ctx))
-            self.assert_close(backend, row, singles[-1], "a batch row against the context alone")
-        self.assert_close(backend, batch, torch.stack(singles), "the batch's rows against the contexts alone")
+        resumed = backend.batch_next_token_logprobs_sync(longer)
+        for what, got, asked in (("a batch row", batch, ctxs), ("a resumed batch's row", resumed, longer)):
+            for row, ctx in zip(got, asked):
+                rows.add(row, self.alone(backend, ctx), f"{what} against the context alone")
+        rows.finish()
 
     @pytest.mark.asyncio
     async def test_async_equals_sync(self, backend: Any) -> None:
@@ -433,14 +440,16 @@ class LogprobBackendConformance:
         forking, jumping several tokens, backing up, asked again, dying, new prompts) run
         through batch calls, concurrent calls and cache clears; every row of every step
         equals the context computed alone without any cache."""
-        import torch
-
-        from genlm_core.testing.programs import alone, random_program, run_program
+        from genlm_core.testing.programs import alone, program_steps, random_program
+        from genlm_core.testing.tolerance import RowComparisons
 
         tokens = self.token_ids(backend)
         longest = min(48, (getattr(backend, "max_context_length", None) or 49) - 1)
         oracle = alone(backend)
-        everything: list[tuple[Any, Any]] = []
+        rows = RowComparisons(
+            lambda got, want, what: self.assert_close(backend, got, want, what),
+            f"the rows of programs {list(self.program_seeds)}",
+        )
         for seed in self.program_seeds:
             backend.clear_cache()
             program = random_program(
@@ -450,15 +459,10 @@ class LogprobBackendConformance:
                 max_len=longest,
                 prompt_lengths=self.program_prompt_lengths,
             )
-            for step, (contexts, rows) in enumerate(zip(program, run_program(backend, program, seed))):
-                want = [oracle(c) for c in contexts]
-                for c, got, ref in zip(contexts, rows, want):
-                    self.assert_close(
-                        backend, got, ref, f"program {seed}, step {step}, a {len(c)}-token context"
-                    )
-                    everything.append((got, ref))
-        got, ref = (torch.stack([pair[i] for pair in everything]) for i in (0, 1))
-        self.assert_close(backend, got, ref, f"every row of programs {list(self.program_seeds)}")
+            for step, (contexts, got) in enumerate(zip(program, program_steps(backend, program, seed))):
+                for c, row in zip(contexts, got):
+                    rows.add(row, oracle(c), f"program {seed}, step {step}, a {len(c)}-token context")
+        rows.finish()
 
     # ------------------------------------------------------------------ bursts
     def test_burst_matches_steps(self, backend: Any) -> None:

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["alone", "random_program", "run_program"]
+__all__ = ["alone", "program_steps", "random_program", "run_program"]
 
 Context = tuple[int, ...]
 
@@ -75,22 +75,26 @@ def random_program(
 def run_program(backend: Any, program: list[list[Context]], seed: int) -> list[list[Any]]:
     """Each step's rows, through the ways a program calls: one batch call, concurrent
     single calls (the auto-batcher's calls), with the caches cleared before some steps."""
+    return list(program_steps(backend, program, seed))
+
+
+def program_steps(backend: Any, program: list[list[Context]], seed: int) -> Iterator[list[Any]]:
+    """:func:`run_program` one step at a time (a check can compare a step's rows before the
+    next step runs)."""
     rng = random.Random(seed)
-    rows = []
     for contexts in program:
         way = rng.random()
         if way < 0.1:
             backend.clear_cache()
         asked = [list(c) for c in contexts]
         if way < 0.6:
-            rows.append(list(backend.batch_next_token_logprobs_sync(asked)))
+            yield list(backend.batch_next_token_logprobs_sync(asked))
         else:
 
             async def calls(asked: list[list[int]] = asked) -> list[Any]:
                 return await asyncio.gather(*(backend.next_token_logprobs(c) for c in asked))
 
-            rows.append(asyncio.run(calls()))
-    return rows
+            yield asyncio.run(calls())
 
 
 def alone(backend: Any) -> Callable[[Context], Any]:

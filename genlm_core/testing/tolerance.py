@@ -54,9 +54,11 @@ cross - fails on every machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,12 +67,14 @@ __all__ = [
     "UNIT_ROUNDOFF",
     "BoundExceeded",
     "ModelShape",
+    "RowComparisons",
     "assert_backend_close",
     "assert_rows_close",
     "assert_tiny_close",
     "assert_within",
     "headroom",
     "logit_scale",
+    "measuring",
     "model_shape",
     "row_atol",
     "row_diff",
@@ -220,9 +224,29 @@ class BoundExceeded(AssertionError):
         return self.measured / self.bound
 
 
+#: where :func:`measuring` collects comparisons instead of failing them (None: off)
+_MEASURING: list[tuple[str, float, float]] | None = None
+
+
+@contextlib.contextmanager
+def measuring() -> Iterator[list[tuple[str, float, float]]]:
+    """Inside the block no comparison fails: each is appended to the list yielded as
+    ``(what, measured, bound)`` (a check then runs to its end; the defect catalogue's
+    figures, :mod:`genlm_core.testing.defects`, are the largest ratios so seen)."""
+    global _MEASURING
+    outer, _MEASURING = _MEASURING, []
+    try:
+        yield _MEASURING
+    finally:
+        _MEASURING = outer
+
+
 def assert_within(measured: float, bound: float, what: str) -> float:
     """Record ``measured`` against ``bound`` and fail (:class:`BoundExceeded`) when it
     exceeds ``bound / headroom()``. Returns ``measured``."""
+    if _MEASURING is not None:
+        _MEASURING.append((what, float(measured), float(bound)))
+        return float(measured)
     limit = bound / headroom()
     if not measured <= limit:  # NaN fails too
         extra = "" if limit == bound else f" (the bound {bound:.3g} over headroom {headroom():g})"
@@ -342,6 +366,34 @@ def assert_rows_close(
             abs(t), scale_bound(shape, n, dtype, other_dtype), f"{what} (logit scale 1{t:+.3g}, {rows})"
         )
     return diff
+
+
+class RowComparisons:
+    """The rows of one check, compared as they come and together: :meth:`add` compares a
+    row (``close(got, want, what)``, e.g. :func:`assert_rows_close` bound to a model) and,
+    each time the count of rows reaches 8, 16, 32..., all of them so far (the common logit
+    scale of many rows is resolved far finer than one row's, and a check that fails should
+    fail early); :meth:`finish` compares all of them. A handful of looks at a 4-sigma
+    bound adds nothing worth counting to its false alarms."""
+
+    def __init__(self, close: Any, what: str) -> None:
+        self.close, self.what = close, what
+        self.pairs: list[tuple[Any, Any]] = []
+        self._next = 8
+
+    def add(self, got: Any, want: Any, what: str) -> None:
+        self.close(got, want, what)
+        self.pairs.append((got, want))
+        if len(self.pairs) >= self._next:
+            self._next *= 2
+            self.finish(f" (the first {len(self.pairs)})")
+
+    def finish(self, which: str = "") -> None:
+        import torch
+
+        if self.pairs:
+            got, want = (torch.stack([p[i].detach().float().cpu() for p in self.pairs]) for i in (0, 1))
+            self.close(got, want, self.what + which)
 
 
 def assert_backend_close(llm: Any, got: Any, want: Any, what: str = "rows") -> float:
