@@ -41,7 +41,7 @@ and ``test_lora``, :func:`~genlm_core.testing.burst.check_parity` (the kit's
 ``test_burst_matches_steps``), :func:`~genlm_core.testing.burst.check_decode_rows` and
 :func:`~genlm_core.testing.burst.check_decode_batches` (the kit's ``test_decode_batches``).
 :func:`gate_settings` sizes their inputs so that each defect has rows to show on: contexts
-of 30 to 50 tokens, a 40-token burst prompt, and as many rows as the logit-scale statistic
+of 36 to 56 tokens, a 40-token burst prompt, and as many rows as the logit-scale statistic
 needs to resolve a 1.03 scale at 2.5 times its bound in the backend's dtype
 (:func:`~genlm_core.testing.tolerance.rows_to_resolve`: 102 for the tiny models in bfloat16).
 
@@ -306,7 +306,7 @@ class Injection:
 
         if getattr(type(engine), "forward_uncached", None) is Engine.forward_uncached:
             # the default reads self.forward: the reference must not read the defect
-            engine.forward_uncached = forward
+            engine.forward_uncached = self._saved["forward_uncached"] = forward
         clear = self._saved["clear_cache"]
 
         def clear_cache() -> None:
@@ -393,8 +393,8 @@ def gate_settings(
     kit: type | None = None,
     seed: int = 63,
 ) -> GateSettings:
-    """Settings under which every gate has rows to show each defect on: contexts of 30 to
-    50 tokens (most past the 40+ defects' threshold, some short of it), a 40-token burst
+    """Settings under which every gate has rows to show each defect on: contexts of 36 to
+    56 tokens (most past the 40+ defects' threshold, some short of it), a 40-token burst
     prompt (the first token weighs most in the shortest context the 40+ defects change),
     and as many kit contexts as the logit-scale statistic needs to resolve a 1.03 scale at
     2.5 times its bound in the backend's dtype (``shape``: the model's, read from its
@@ -404,7 +404,7 @@ def gate_settings(
     from genlm_core.testing.conformance import LogprobBackendConformance
     from genlm_core.testing.tolerance import model_shape, rows_to_resolve
 
-    n = 6
+    n = 8
     if atol is None:
         shape = model_shape(shape if shape is not None else backend)
         n = max(n, rows_to_resolve(shape, backend.dtype, scale=0.03, ratio=2.5))
@@ -414,8 +414,8 @@ def gate_settings(
     prompt = tuple(rng.choice(tokens) for _ in range(LONG))
     return GateSettings(
         n_contexts=n,
-        min_len=min(30, limit - 20),
-        max_len=min(50, limit - 20),
+        min_len=min(36, limit - 20),
+        max_len=min(56, limit - 20),
         prompt=prompt,
         atol=atol,
         lora_adapters=tuple(lora_adapters),

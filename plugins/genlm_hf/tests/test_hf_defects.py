@@ -92,3 +92,15 @@ def test_every_gate_fails_on_a_wrong_adapter(
                 catch(llm, defect, gate, settings)
     finally:
         llm.close()
+
+
+def test_a_defects_own_rows_leave_the_engines_counters(llama: Any) -> None:
+    """The rows a defect computes to stand in (the uncached model's) are not the engine's
+    work: check_decode_batches counts the tokens an engine ran, and must count the same
+    with a defect applied."""
+    from genlm_core.testing.defects import StaleRow, inject
+
+    with inject(llama, StaleRow()) as inj:
+        before = llama.tokens_computed
+        inj.reference([(1, 2, 3, 4)])
+        assert llama.tokens_computed == before
