@@ -84,6 +84,7 @@ __all__ = [
     "StaleRow",
     "WrongAdapter",
     "catch",
+    "discrimination",
     "gate_settings",
     "gates_for",
     "inject",
@@ -613,6 +614,60 @@ def measure(backend: Any, defect: Defect | None, gate: Gate, settings: GateSetti
         len(seen),
         stopped,
     )
+
+
+def discrimination(
+    backend: Any,
+    *,
+    lengths: Sequence[int] = (16, 40),
+    contexts: int = 8,
+    shape: Any = None,
+    seed: int = 0,
+) -> dict[str, float]:
+    """How far rows of contexts that differ in one token are apart, against the bound two
+    computations of one row may differ by: for random contexts of each length in
+    ``lengths``, the context with its last, middle or first token changed; each pair's
+    figure is the larger of the tail's and the logit scale's ``measured / bound`` (one row:
+    :func:`~genlm_core.testing.tolerance.row_atol`,
+    :func:`~genlm_core.testing.tolerance.scale_bound`), computed by the backend's uncached
+    path. Returns ``"L<length>-<position>"`` -> the median over ``contexts`` contexts.
+
+    A figure above 1 says a wrong context (a stale row, a dropped token) can fail a check of
+    one row; at or below 1 only the pooled statistics and other rows can see it. Random
+    weights at a small scale give rows that are averages of their context (the GPU check's
+    models before issue 63: 0.04-0.8)."""
+    import random
+    import statistics
+
+    from genlm_core.testing.conformance import LogprobBackendConformance
+    from genlm_core.testing.tolerance import (
+        logit_scale,
+        model_shape,
+        row_atol,
+        row_diff,
+        row_magnitude,
+        scale_bound,
+    )
+
+    shape = model_shape(shape if shape is not None else backend)
+    dtype = backend.dtype
+    tokens = LogprobBackendConformance().token_ids(backend)
+    rng = random.Random(seed)
+    out: dict[str, float] = {}
+    for length in lengths:
+        base = [[rng.choice(tokens) for _ in range(length)] for _ in range(contexts)]
+        for where, p in (("last", length - 1), ("middle", length // 2), ("first", 0)):
+            figures = []
+            for c in base:
+                other = list(c)
+                other[p] = rng.choice([t for t in tokens[:64] if t != c[p]])
+                a = backend.next_token_logprobs_uncached(c).double().cpu()
+                b = backend.next_token_logprobs_uncached(other).double().cpu()
+                tail = row_diff(b, a) / row_atol(shape, row_magnitude(a), dtype)
+                scale = abs(logit_scale(b, a)[0]) / scale_bound(shape, 1.0, dtype)
+                figures.append(max(tail, scale))
+            out[f"L{length}-{where}"] = statistics.median(figures)
+    return out
 
 
 @contextlib.contextmanager
