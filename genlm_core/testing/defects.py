@@ -83,6 +83,7 @@ __all__ = [
     "Scale",
     "StaleRow",
     "WrongAdapter",
+    "active_adapter",
     "catch",
     "discrimination",
     "gate_settings",
