@@ -36,6 +36,18 @@ DTYPES = ("float32", "bfloat16", "float16")
 DEFECTS = [d for d in CATALOGUE if not d.needs_adapter]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Any:
+    """One intra-op thread: the catalogue proves gates fail, whatever the GEMM split, and
+    runs 10x faster so on a busy 2-core machine (two threads spin against other work)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _load(path: str, name: str, dtype: str) -> Any:
     llm = load_hf(path, dtype=dtype, **PATHS[name])
     if name == "fused":
