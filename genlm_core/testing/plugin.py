@@ -84,8 +84,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.section("defect catalogue (genlm_core.testing.defects)")
         bounded = [(t, c) for t, c in CAUGHT if c.ratio is not None]
         terminalreporter.write_line(
-            f"{len(CAUGHT)} gate runs failed on their defect as they must ({len(bounded)} on a bound); "
-            "the nearest their bound:"
+            f"{len(CAUGHT)} gate runs failed on their defect as they must ({len(bounded)} on a bound). Each "
+            "stops at its first comparison past the bound (scripts/defect_table.py measures the largest); "
+            "the first failures nearest their bound:"
         )
         for test, c in sorted(bounded, key=lambda tc: tc[1].ratio)[:5]:
             terminalreporter.write_line(f"  {c.ratio:8.3g} x  {test}: {c.gate}, {c.statistic}")
