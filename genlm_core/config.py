@@ -221,6 +221,8 @@ def describe_validation_error(
         name = ".".join(str(p) for p in err["loc"][: 1 if len(errs) > 1 else None]) or "(config)"
         if err["type"] == "missing":
             text = f"{name} is required"
+        elif not err["loc"]:  # the config's own check of several options: its sentence says it all
+            text = why
         else:
             text = f"{name}={_short(err.get('input'))}" + (f": {why}" if why else "")
         if accepted and err["type"] not in ("literal_error", "enum"):  # those list the choices

@@ -9,7 +9,12 @@ On a CUDA machine, within a time budget (default 350 s from the shell script's s
    a suite that cannot be collected here - an engine not installed - is listed, and the
    ``cuda`` tests that were collected still run; those of :data:`REQUIRED_CUDA_TESTS`,
    the captured static decode step among them, must be collected);
-3. the GPU benchmarks, short repetitions, in :data:`PLAN`'s order (item 3's figures
+3. the defect catalogue on the device (``scripts/defect_table.py --mode catch``: every
+   gate of :mod:`genlm_core.testing.defects` fails on every defect, the tiny Llama on
+   genlm-hf's eager, static and fused paths in float32, bfloat16 and float16) and the
+   discrimination of the check's models (rows of contexts that differ in one token are
+   farther apart than the bound: the random weights are scaled for it, gpu_models.init_std);
+4. the GPU benchmarks, short repetitions, in :data:`PLAN`'s order (item 3's figures
    first; the runs of :data:`OPTIONAL` only while the budget lasts): ``bench_hf_step
    --grow --graph-account --host-account`` (16 and 64 rows whose contexts grow by a token a call, as
    SIS's: the decode step over the KV pool; its graph's replay against the host's part), ``bench_burst`` (hf, 16 and 64 particles), ``bench_sis`` (SIS, 16
@@ -26,8 +31,8 @@ and ``check.json`` (the steps, their commands, exit status and seconds). A step 
 recorded and the next one runs; the exit status is 1 when any did.
 
 ``--dry-run-cpu`` runs the same steps on the CPU with the tiny offline model and the
-smallest settings (the tests only collected), into ``build/gpu-check-dry-run/``: a check
-of this script, not figures.
+smallest settings (the tests only collected; the defect catalogue and the discrimination
+run whole), into ``build/gpu-check-dry-run/``: a check of this script, not figures.
 """
 
 from __future__ import annotations
@@ -211,6 +216,8 @@ CAPS = {
     "bytes": 60,
     "bytes_eager": 60,
     "serve": 150,
+    "defects": 240,
+    "discrimination": 120,
 }
 
 
@@ -355,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         nargs="*",
         default=[],
-        choices=["tests", *SIZES],
-        help="steps left out: the tests, or a benchmark run by its name (hf_step, sis_thread, ...)",
+        choices=["tests", "defects", *SIZES],
+        help="steps left out: the tests, the defect catalogue, or a benchmark run by its name (hf_step, ...)",
     )
     args = ap.parse_args(argv)
     args.started = args.started or time.time()
@@ -387,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     models = DRY_MODELS if dry else GPU_MODELS
     names = [*SIZES, *WRITES.values()]  # (hf_step-<tag>: an earlier run's, before --grow)
     stale = [f"{name}-{tag}.{ext}" for name in names for _, tag, _ in models for ext in ("json", "md")]
+    stale += [f"discrimination-{tag}.md" for _, tag, _ in models] + ["defects-tiny.jsonl", "defects-tiny.md"]
     for name in [*stale, "junit-cuda.xml", "summary.md", "check.json"]:  # an earlier run's
         (args.out / name).unlink(missing_ok=True)
 
@@ -450,7 +458,33 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
 
-    # 3. the benchmarks
+    # 3. the defect catalogue on this device (issue 63): every gate fails on every defect
+    # (genlm_core.testing.defects, the tiny Llama on each genlm-hf path and dtype), and the
+    # check's models give rows that depend on their context (one token changed moves a row
+    # past the bound, or no rows check of them could fail)
+    if "defects" not in args.skip:
+        check.run(
+            Step(
+                "defects (catalogue)",
+                [py, "scripts/defect_table.py", "--engines", "hf", "--device", device, "--mode", "catch",
+                 "--out", str(args.out / "defects-tiny.jsonl"), "--md", str(args.out / "defects-tiny.md")],
+                cap_s=CAPS["defects"],
+                tables=["defects-tiny"],
+            )
+        )  # fmt: skip
+        for _shape, tag, dtype in models:
+            if tag in built:
+                check.run(
+                    Step(
+                        f"defects (discrimination) {tag}",
+                        [py, "scripts/defect_table.py", "--discrimination", built[tag], "--dtypes", dtype,
+                         "--device", device, "--md", str(args.out / f"discrimination-{tag}.md")],
+                        cap_s=CAPS["discrimination"],
+                        tables=[f"discrimination-{tag}"],
+                    )
+                )  # fmt: skip
+
+    # 4. the benchmarks
     anchor_py, anchor_path, why = (None, None, "")
     if "sis" not in args.skip:
         anchor_py, anchor_path, why = anchor(py, check.env)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check (docs/gpu.md): on a machine with an NVIDIA GPU, the `cuda` tests and the
-# GPU benchmarks (hf step, burst, SIS - against genlm-backend 0.3.1 where its reference
+# The GPU check (docs/gpu.md): on a machine with an NVIDIA GPU, the `cuda` tests, the
+# defect catalogue (every rows check fails on every defect; the models' rows depend on
+# their context) and the GPU benchmarks (hf step, burst, SIS - against genlm-backend 0.3.1 where its reference
 # stack is importable - and serve) on models built offline from a config with random
 # weights (SmolLM2-135M float32, SmolLM2-1.7B's shape bfloat16; scripts/gpu_models.py),
 # in under 6 minutes on an H100 (a 350 s budget; --budget S changes it). Writes each

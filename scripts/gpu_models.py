@@ -5,7 +5,8 @@ Weights do not travel to a lent GPU machine (nothing can be fetched there, and a
 bundle is capped at 64 MiB), and a step's time does not depend on the weights' values:
 each model is built from a real config and tokenizer with random weights
 (``AutoModelForCausalLM.from_config`` under ``torch.device(device)``, then
-``save_pretrained``). Shapes:
+``save_pretrained``), scaled so that rows depend on their context (:func:`init_std`: the
+rows checks of the GPU check must be able to fail). Shapes:
 
   135m   SmolLM2-135M as it is (the embedded model's config.json), float32
   1.7b   SmolLM2-1.7B's shape (hidden 2048, MLP 8192, 24 layers, 32 heads and 32 KV
@@ -99,8 +100,30 @@ def default_source(shape: str) -> Path:
     return smollm2()
 
 
+#: the random weights' standard deviation times sqrt(hidden size) (``initializer_range``,
+#: see :func:`init_std`)
+INIT_SCALE = 2.4
+
+
+def init_std(hidden: int) -> float:
+    """The random weights' standard deviation for a hidden size ``hidden``: ``2.4 /
+    sqrt(hidden)`` (0.1 for the 135M, 0.053 for the 1.7B, 0.3 for the tiny shape).
+
+    Rows must depend on their context, or no check of them can tell a wrong context from a
+    right one (issue 63). With weights of standard deviation ``s`` over RMS-normalised
+    inputs of size ``d``, a query's and a key's entries have standard deviation ``s sqrt(d)``
+    and their scaled dot product ``s^2 d``. The configs' own ``initializer_range`` 0.02
+    gives 0.23 (135M) and 0.82 (1.7B): attention nearly uniform, each row an average of its
+    context, and two contexts differing in one token differed by 0.04-0.08 (135M) and
+    0.5-0.8 (1.7B) of the bfloat16 bound. At ``s = 2.4 / sqrt(d)`` the scores have standard
+    deviation 5.8 and the tied head's logits 2.4: one token changed moves a row by 1.1-1.8
+    times the bound (docs/numerics.md, "Rows that depend on their context")."""
+    return round(INIT_SCALE / hidden**0.5, 4)
+
+
 def shape_config(shape: str, source: Path, dtype: str) -> dict[str, Any]:
-    """The config.json of ``shape``: the source's, with 1.7B's fields for ``1.7b``."""
+    """The config.json of ``shape``: the source's, with 1.7B's fields for ``1.7b``, and the
+    random weights' scale of :func:`init_std` (``initializer_range``)."""
     config = json.loads((source / "config.json").read_text())
     if shape == "1.7b":
         config.update(SMOLLM2_1_7B)
@@ -109,6 +132,7 @@ def shape_config(shape: str, source: Path, dtype: str) -> dict[str, Any]:
                 **config["rope_parameters"],
                 "rope_theta": SMOLLM2_1_7B["rope_theta"],
             }
+    config["initializer_range"] = init_std(int(config["hidden_size"]))
     config["dtype"] = dtype
     config.pop("torch_dtype", None)
     return config

@@ -313,3 +313,14 @@ def test_vllm_start_says_what_it_does_and_how_to_start_faster_on_cpu(caplog):
     texts = [r.getMessage() for r in caplog.records if r.name == "genlm"]
     assert len(texts) == 2 and all("compile" not in t or "torch.compile" in t for t in texts)
     assert "compiling" not in texts[0] and not any("enforce_eager=True" in t for t in texts)
+
+
+def test_cli_serve_limits_that_cannot_hold_say_what_to_change(capsys):
+    """A limit that contradicts another (no body of the largest size fits in the bytes read
+    at once) is the validator's own sentence on one line, not pydantic's summary."""
+    assert main(["serve", "mock", "--max-open-body-bytes", "20000"]) == 2
+    err = capsys.readouterr().err
+    line = next(ln for ln in err.splitlines() if ln.startswith("genlm serve: error"))
+    assert "max_open_body_bytes (20000) is below max_body_bytes" in line, err
+    assert "raise --max-open-body-bytes or lower --max-body-bytes" in line, err
+    assert "validation error" not in err

@@ -178,3 +178,54 @@ def test_the_check_is_one_reduction_over_the_batch_or_the_rows() -> None:
     for scores in (rows, torch.stack(rows)):
         assert unreadable_rows(scores) == [1, 3, 4]
     assert unreadable_rows([partly_masked, rows[0]]) == [] and unreadable_rows([]) == []
+
+
+class PaddedRowsEngine(Engine):
+    """Logits wider than the tokenizer's vocabulary (an embedding padded to a multiple of 64,
+    as many checkpoints have): ``PAD`` extra columns the core cuts off. Contexts ending in
+    token 1: every real token -inf, the padded columns finite (a row no caller may read);
+    ending in 2: NaN in the padded columns only (a readable row: the cut row is finite).
+    ``as_rows``: a list of rows (genlm-hf's eager path), else one batch."""
+
+    PAD = 3
+    supports = frozenset({"burst"})
+
+    def __init__(self, as_rows: bool) -> None:
+        self.tokenizer = Tok()
+        self.byte_vocab = [Token(i, bytes([97 + i])) for i in range(V)]
+        self.as_rows = as_rows
+        self.masked = True  # token 1's row masked (False: the engine recovered)
+
+    def row(self, ctx: tuple[int, ...]) -> torch.Tensor:
+        row = torch.cat([torch.arange(V, dtype=torch.float32) % 3, torch.zeros(self.PAD)])
+        if ctx[-1] == 1 and self.masked:
+            row[:V] = float("-inf")
+        if ctx[-1] == 2:
+            row[V:] = float("nan")
+        return row
+
+    def forward(self, contexts: list[tuple[int, ...]]) -> Any:
+        rows = [self.row(c) for c in contexts]
+        return rows if self.as_rows else torch.stack(rows)
+
+
+@pytest.mark.parametrize("as_rows", [True, False], ids=["rows", "batch"])
+def test_rows_are_checked_as_cut_to_the_vocabulary(as_rows: bool) -> None:
+    """What a caller reads is the row cut to the tokenizer's vocabulary, so that is what is
+    checked, whether the engine hands back one batch or a list of rows: every real token
+    -inf (finite padded columns) is refused and never cached, and NaN in the padded
+    columns only is served as the batch path serves it."""
+    engine = PaddedRowsEngine(as_rows)
+    llm = BaseLogprobBackend(engine, BackendConfig(), name="test")
+    try:
+        with pytest.raises(EngineOutputError, match="no finite score"):
+            llm.next_token_logprobs_sync([3, 1])
+        engine.masked = False  # the engine recovers: the context's row is computed again
+        row = llm.next_token_logprobs_sync([3, 1])
+        assert torch.isfinite(row).all() and row.shape == (V,)
+        served = llm.next_token_logprobs_sync([3, 2])
+        want = torch.log_softmax(torch.arange(V, dtype=torch.float32) % 3, -1)
+        assert torch.equal(served, want)
+        assert torch.equal(llm.batch_next_token_logprobs_sync([[4], [2]])[1], want)
+    finally:
+        llm.close()

@@ -226,3 +226,22 @@ def test_a_served_backend_keeps_its_output_cache_in_host_memory() -> None:
         assert llm.next_token_logprobs_sync([1, 2]).equal(row)
     finally:
         llm.close()
+
+
+def test_a_request_with_two_host_headers_is_a_bad_request() -> None:
+    """RFC 7230 section 5.4: a request carrying more than one Host is answered 400, whatever
+    the first one names (a check reading only one of them lets the other through to
+    whatever reads it next: a proxy, a log, a handler)."""
+    guard = RequestGuard(
+        None, hosts=allowed_host_names("127.0.0.1"), any_ip=False, token=None, media_types={}
+    )
+
+    def scope(*hosts: str) -> dict:
+        return {"type": "http", "method": "GET", "path": "/v1/stats",
+                "headers": [(b"host", h.encode()) for h in hosts]}  # fmt: skip
+
+    assert guard.problem(scope("127.0.0.1:9")) is None
+    for hosts in (("127.0.0.1:9", "evil.com"), ("evil.com", "127.0.0.1:9"), ("127.0.0.1:9", "127.0.0.1:9")):
+        status, message, kind = guard.problem(scope(*hosts))
+        assert (status, kind) == (400, "BadRequest"), hosts
+        assert "2 Host headers" in message and "RFC 7230" in message, message

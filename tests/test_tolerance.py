@@ -110,3 +110,66 @@ def test_headroom_tightens_every_comparison(monkeypatch) -> None:
     monkeypatch.setenv("GENLM_TEST_HEADROOM", "0.5")
     with pytest.raises(ValueError, match="GENLM_TEST_HEADROOM"):
         headroom()
+
+
+def test_the_logit_scale_is_recovered_and_pooled_over_distinct_rows() -> None:
+    """``logit_scale`` finds the scale a row was computed at (a temperature), weighs rows
+    by their spread, counts a repeated row once and gives masked tokens no mass."""
+    from genlm_core.testing.tolerance import logit_scale
+
+    gen = torch.Generator().manual_seed(0)
+    want = torch.log_softmax(2.0 * torch.randn(5, 300, generator=gen, dtype=torch.float64), -1)
+    got = torch.log_softmax(1.03 * want, -1)
+    t, n = logit_scale(got, want)
+    assert abs(t - 0.03) < 1e-9 and 1 < n <= 5
+    assert logit_scale(torch.cat([got, got]), torch.cat([want, want])) == (t, n)  # repeats count once
+    masked = want.clone()
+    masked[:, :10] = -torch.inf
+    masked = torch.log_softmax(masked, -1)
+    t_masked, _ = logit_scale(torch.log_softmax(1.03 * masked, -1), masked)
+    assert abs(t_masked - 0.03) < 1e-9
+    assert logit_scale(torch.zeros(3, 4), torch.zeros(3, 4)) == (0.0, 0.0)  # flat rows: no spread
+
+
+def test_the_scale_bound_shrinks_with_the_rows_and_resolves_a_3_percent_scale() -> None:
+    """Independent zero-mean errors: ``lam (e1 + e2) / sqrt(n)``. The tiny models need 66
+    rows for a 1.03 scale to be twice the bound in bfloat16, 2 in float16, 1 in float32."""
+    from genlm_core.testing.tolerance import rows_to_resolve, scale_bound
+
+    shape = tiny_shape()
+    one = scale_bound(shape, 1, "bfloat16")
+    assert one == pytest.approx(4 * 2 * shape.relative_error("bfloat16"))
+    assert scale_bound(shape, 100, "bfloat16") == pytest.approx(one / 10)
+    assert [rows_to_resolve(shape, d) for d in ("bfloat16", "float16", "float32")] == [66, 2, 1]
+    assert scale_bound(shape, 66, "bfloat16") * 2 <= 0.03
+
+
+def test_assert_rows_close_fails_a_scale_every_row_shares() -> None:
+    """A 1.03 logit scale on 100 rows of the tiny models' spread (logits of standard
+    deviation 2 over 1024 tokens): every entry is inside the bfloat16 tail bound, the rows'
+    common scale is twice its pooled bound."""
+    from genlm_core.testing.tolerance import RECORDED, BoundExceeded, logit_scale, row_atol, scale_bound
+
+    gen = torch.Generator().manual_seed(1)
+    rows = torch.log_softmax(2.0 * torch.randn(100, 1024, generator=gen, dtype=torch.float64), -1)
+    scaled = torch.log_softmax(1.03 * rows, -1)
+    assert row_diff(scaled, rows) < row_atol(tiny_shape(), row_magnitude(rows), "bfloat16") / 2
+    held = len(RECORDED)
+    with pytest.raises(BoundExceeded, match="logit scale 1\\+0.03, 9") as exc:
+        assert_rows_close(scaled, rows, tiny_shape(), dtype="bfloat16")
+    del RECORDED[held:]  # a wrong row's passing tail says nothing of correct paths
+    assert exc.value.ratio > 2
+    t, n = logit_scale(scaled[:3], rows[:3])  # 3 rows cannot resolve it
+    assert t == pytest.approx(0.03) and t < scale_bound(tiny_shape(), n, "bfloat16")
+
+
+def test_measuring_records_instead_of_failing() -> None:
+    from genlm_core.testing.tolerance import RowComparisons, measuring
+
+    with measuring() as seen:
+        assert_within(2.0, 1.0, "over")
+        rows = RowComparisons(lambda g, w, what: assert_within(float((g - w).abs().max()), 1.0, what), "all")
+        for i in range(9):
+            rows.add(torch.tensor([float(i)]), torch.tensor([0.0]), f"row {i}")
+    assert seen[0] == ("over", 2.0, 1.0)
+    assert [w for w, *_ in seen].count("all (the first 8)") == 1  # pooled at 8 rows

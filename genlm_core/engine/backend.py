@@ -345,8 +345,10 @@ class BaseLogprobBackend:
         copied = False  # the rows are private copies already (no compact() below)
         if self.engine.returns == "logits" and not isinstance(out, torch.Tensor):
             # rows one by one (an engine handing back each row as it comes): each row is
-            # normalised into a tensor of its own, no batch and no copy after it
-            scores = [torch.as_tensor(r) for r in out]
+            # normalised into a tensor of its own, no batch and no copy after it. What is
+            # checked is what a caller reads: each row cut to the vocabulary (a padded
+            # column's NaN is no caller's; a finite one does not make a masked row readable)
+            scores = [torch.as_tensor(r)[..., : self.vocab_size] for r in out]
             rows = self._normalised_rows(scores)
         elif self.engine.returns == "logits":
             scores = self._logits(out)

@@ -9,7 +9,9 @@ import socket
 import stat
 import sys
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from genlm_core.config import GenlmConfig
 
 __all__ = ["TOKEN_ENV", "ServeLimits", "check_bind", "is_loopback", "read_token", "token_matches"]
 
@@ -17,10 +19,13 @@ __all__ = ["TOKEN_ENV", "ServeLimits", "check_bind", "is_loopback", "read_token"
 TOKEN_ENV = "GENLM_SERVE_TOKEN"
 
 
-class ServeLimits(BaseModel):
-    """Limits a server enforces; each violation is a clear error to that client only."""
+class ServeLimits(GenlmConfig):
+    """Limits a server enforces; each violation is a clear error to that client only.
 
-    model_config = ConfigDict(extra="forbid")
+    Limits that cannot hold together (no body of the largest size fits in the bytes read at
+    once) are a :class:`~genlm_core.errors.ConfigError` whose message says what to change."""
+
+    component = "serve"
 
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="largest request body (bytes)")
     max_batch: int = Field(256, ge=1, description="most contexts in one request")

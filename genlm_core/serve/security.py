@@ -6,6 +6,8 @@ requests (a POST with ``Content-Type: text/plain`` needs no preflight) and, afte
 rebinding (``attacker.example`` re-resolved to 127.0.0.1, the class of Ollama's
 CVE-2024-28224), same-origin requests whose ``Host`` is the attacker's name. So:
 
+* exactly one ``Host``: a request with two is a 400 (RFC 7230 section 5.4), whichever
+  names the server;
 * ``Host`` must name the server as it is bound: ``127.0.0.1``, ``localhost``, ``[::1]``,
   the ``--host`` value, the names given with ``--allow-host``; any IP literal when it
   listens on every interface (a rebinding attack always carries a DNS name). It is
@@ -129,8 +131,18 @@ class RequestGuard:
     def problem(self, scope: Scope) -> tuple[int, str, str] | None:
         """``(status, message, kind)`` of the first check ``scope`` fails, or None."""
         headers: dict[str, str] = {}
+        hosts = 0
         for k, v in scope.get("headers", []):
-            headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
+            name = k.decode("latin-1").lower()
+            hosts += name == "host"
+            headers.setdefault(name, v.decode("latin-1"))
+        if hosts > 1:  # RFC 7230 5.4: which one names the server is no check's to guess
+            return (
+                400,
+                f"the request carries {hosts} Host headers; HTTP/1.1 (RFC 7230 section 5.4) allows "
+                "one: send the name or address the server was reached by, once",
+                "BadRequest",
+            )
         given = headers.get("host", "")
         try:
             host, _ = parse_host(given)

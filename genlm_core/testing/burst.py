@@ -162,8 +162,11 @@ def check_parity(
 ) -> dict[str, Any]:
     """The parity gate of bursts against steps (:class:`SMCProgram` with ``n`` particles).
 
-    For each of ``seeds``, where neither run evicted a cached prefix: the
-    same tokens, the same weights (to 1e-9 relative: the same floats summed in the same
+    For each of ``seeds``, every row either driver drew from is the uncached model's row of
+    its context (each as it comes, then all of them together: the derived bounds of
+    :func:`~genlm_core.testing.tolerance.assert_rows_close`, or ``atol``): drivers that
+    agree with each other are not enough, a defect both share would pass. Then, where
+    neither run evicted a cached prefix: the same tokens, the same weights (to 1e-9 relative: the same floats summed in the same
     order), every drawn row reported, at least one abort/re-add cycle. Where they did not
     (the arithmetic differs, e.g. decode KV against a re-prefill): the anchors' criterion
     over ``gate_seeds`` seeds - the mean burst-minus-steps difference of the
@@ -173,13 +176,21 @@ def check_parity(
     and the prompt row's magnitude). Returns what it checked; raises AssertionError naming
     what differs."""
 
-    def make(seed: int) -> SMCProgram:
-        return SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed)
+    def make(seed: int, record: bool = False) -> SMCProgram:
+        return SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed, record=record)
 
     exact, differ = 0, 0
     arithmetic = same_arithmetic(llm, prompt)
+    rows = _UncachedRows(
+        llm, atol, f"the rows the programs of seeds {list(seeds)} drew from, against the uncached model's"
+    )
     for seed in seeds:
-        steps, burst, same = _paired(llm, make, seed)
+        steps, burst, same = _paired(llm, lambda s: make(s, record=True), seed)
+        for driver, result in (("step loop", steps), ("burst", burst)):
+            for ctx, row in result.extra["seen"]:
+                rows.compare(
+                    ctx, row, f"seed {seed}: a row the {driver} drew from against the uncached model's"
+                )
         same = same and arithmetic
         report = burst.extra["report"]
         if not (report.rows_drawn == burst.rows and report.aborted >= 1 and report.added > n):
@@ -198,6 +209,7 @@ def check_parity(
             # agree to ~1e-15 relative; 1e-9 leaves room for a sum regrouped by a resample
             if abs(a - b) > 1e-9 * max(1.0, abs(a)):
                 raise AssertionError(f"seed {seed}: weights {burst.log_weights} != {steps.log_weights}")
+    rows.compare_all()
     out: dict[str, Any] = {"exact": exact, "statistical": differ, "same_arithmetic": arithmetic}
     if differ:
         pairs = [_paired(llm, make, 1000 + s)[:2] for s in range(gate_seeds)]
@@ -216,16 +228,46 @@ def check_parity(
     return out
 
 
+class _UncachedRows:
+    """Rows checked against the uncached model's row of their context (each computed once),
+    as they come and together (:class:`~genlm_core.testing.tolerance.RowComparisons`)."""
+
+    def __init__(self, llm: Any, atol: float | None, what: str) -> None:
+        from genlm_core.testing.tolerance import RowComparisons
+
+        self.llm = llm
+        self.rows = RowComparisons(_row_comparison(llm, atol), what)
+        self.ref: dict[tuple[int, ...], Any] = {}
+
+    def compare(self, ctx: Sequence[int], row: Any, what: str) -> None:
+        ctx = tuple(ctx)
+        if ctx not in self.ref:
+            self.ref[ctx] = self.llm.next_token_logprobs_uncached(list(ctx))
+        self.rows.add(row, self.ref[ctx], what)
+
+    def compare_all(self) -> None:
+        self.rows.finish()
+
+
 class RecordingControl(ProgramControl):
     """The program's control, recording every row it is handed with its context, and doing
     what a program may do between steps: ask the backend for another context's row (another
-    caller), clear the backend's caches (``clear_at``: that step), or fail (``fail_at``)."""
+    caller), clear the backend's caches (``clear_at``: that step), or fail (``fail_at``).
+    ``checked``: an ``_UncachedRows`` each row is compared with as it is drawn."""
 
     def __init__(
-        self, llm: Any, program: SMCProgram, *, clear_at: int = -1, fail_at: int = -1, interleave: bool = True
+        self,
+        llm: Any,
+        program: SMCProgram,
+        *,
+        clear_at: int = -1,
+        fail_at: int = -1,
+        interleave: bool = True,
+        checked: Any = None,
     ) -> None:
         super().__init__(program)
         self.llm, self.clear_at, self.fail_at, self.interleave = llm, clear_at, fail_at, interleave
+        self.checked = checked
         self.seen: list[tuple[tuple[int, ...], Any]] = []
         self.other: list[tuple[list[int], Any]] = []
         self.calls = 0
@@ -233,9 +275,19 @@ class RecordingControl(ProgramControl):
     def draw(self, logprobs: Any, handles: Sequence[int]) -> list[int]:
         contexts = [tuple(self.program.context(self.particle[h])) for h in handles]
         self.seen += list(zip(contexts, logprobs.clone()))
+        if self.checked is not None:
+            what = "a burst row" + (" (other calls between steps)" if self.interleave else "")
+            for c, row in self.seen[-len(contexts) :]:
+                self.checked.compare(c, row, f"{what} against the uncached model's")
         if self.interleave:
             other = self.program.prompt[:3] + [self.calls + 5]
             self.other.append((other, self.llm.next_token_logprobs_sync(other)))
+            if self.checked is not None:
+                self.checked.compare(
+                    other,
+                    self.other[-1][1],
+                    "another caller's row during the burst against the uncached model's",
+                )
         if self.calls == self.clear_at:
             self.llm.clear_cache()
         if self.calls == self.fail_at:
@@ -274,12 +326,16 @@ def check_decode_rows(
     """A burst with another caller's rows between its steps and a cache clear in its
     middle (what a LoRA switch does), and for an engine with ``decode_same_arithmetic``
     False first a burst alone: every row the control drew from is the uncached model's row
-    of its context, and so is every row the other caller got. Then a control failing
+    of its context, and so is every row the other caller got (each as it comes, then all
+    of them together). Then a control failing
     mid-burst: the error reaches the caller, the engine keeps no decode state
     (``decode_batches``, or an engine's live ``decode_sessions``), and the backend answers
     as before. Rows are compared at ``atol``, or (None) at the bound derived for the model
     and its dtype (:func:`~genlm_core.testing.tolerance.row_atol`). Raises AssertionError."""
     close = _row_comparison(llm, atol)
+    checked = _UncachedRows(
+        llm, atol, "the rows of the bursts and of the other caller, against the uncached model's"
+    )
 
     # A burst alone first (nothing disturbs its kept state) where the engine's decode step
     # computes with other kernels than its forward: elsewhere check_parity's exact gate
@@ -289,19 +345,15 @@ def check_decode_rows(
     for alone in passes:
         llm.clear_cache()
         program = SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed)
-        control = RecordingControl(llm, program, clear_at=-1 if alone else 4, interleave=not alone)
+        control = RecordingControl(
+            llm, program, clear_at=-1 if alone else 4, interleave=not alone, checked=checked
+        )
         llm.run_burst(control, max_steps=max_tokens + 1)
         if not (control.calls > 6 and len(control.seen) > 4 * n):
             raise AssertionError(
                 f"the burst ran {control.calls} steps, {len(control.seen)} rows: too short a check"
             )
-        contexts = list(dict.fromkeys(c for c, _ in control.seen))
-        ref = dict(zip(contexts, (llm.next_token_logprobs_uncached(list(c)) for c in contexts)))
-        for c, row in control.seen:
-            what = "a burst row" + ("" if alone else " (other calls between steps)")
-            close(row, ref[c], f"{what} against the uncached model's")
-    for c, row in control.other:
-        close(row, llm.next_token_logprobs_uncached(c), "another caller's row during the burst")
+    checked.compare_all()
     llm.clear_cache()
     control = RecordingControl(
         llm, SMCProgram(prompt, llm.eos_token_ids, n=n, max_tokens=max_tokens, seed=seed + 1), fail_at=3
@@ -353,12 +405,14 @@ def check_decode_batches(
     """An engine's own decode step (decode batches kept between steps): it resumes kept
     batches; where no prefix was evicted it runs exactly the tokens the step loop runs (one
     per distinct context a step) and leaves every row's KV in the prefix cache when the
-    burst ends (a next-token call on each particle then computes one token); and
+    burst ends (a next-token call on each particle then computes one token); and, first,
     :func:`check_decode_rows`. Raises AssertionError."""
 
     def engine() -> dict[str, Any]:
         return dict(llm.stats().get("engine", {}))
 
+    # the rows first: a wrong row is the first thing to report
+    check_decode_rows(llm, prompt, atol=atol, n=n, max_tokens=max_tokens)
     computed = []
     program = None
     evicted = _evictions(llm)
@@ -386,4 +440,3 @@ def check_decode_batches(
             raise AssertionError(
                 f"after the burst, {len(ends)} particles' next rows ran {ran} tokens, not one each"
             )
-    check_decode_rows(llm, prompt, atol=atol, n=n, max_tokens=max_tokens)

@@ -58,13 +58,16 @@ class LogprobBackendConformance:
     norm_tol: float = 1e-4
     #: number of random contexts used by the comparisons
     n_contexts: int = 6
-    #: longest random context
+    #: shortest and longest random context
+    min_len: int = 1
     max_len: int = 8
     #: event loops (one ``asyncio.run`` each) in the no-leak check
     loop_steps: int = 8
     #: the seeds of :meth:`test_random_programs`' programs, and their rounds
     program_seeds: tuple[int, ...] = (0, 1)
     program_steps: int = 8
+    #: the lengths of the programs' first contexts (random, between the two)
+    program_prompt_lengths: tuple[int, int] = (1, 8)
 
     @pytest.fixture
     def backend(self) -> Any:  # pragma: no cover - plugins override
@@ -90,7 +93,7 @@ class LogprobBackendConformance:
             if k % 3 == 2 and out:
                 out.append(out[-1] + [rng.choice(ids)])  # shares a prefix with the previous
             else:
-                out.append([rng.choice(ids) for _ in range(rng.randint(1, self.max_len))])
+                out.append([rng.choice(ids) for _ in range(rng.randint(self.min_len, self.max_len))])
         return out
 
     def model_shape(self, backend: Any) -> Any:
@@ -103,7 +106,10 @@ class LogprobBackendConformance:
 
     def assert_close(self, backend: Any, got: Any, want: Any, what: str = "rows") -> None:
         """``got`` and ``want`` are two computations of the same row(s): within ``atol``
-        when the class sets one, else within the derived bound."""
+        when the class sets one, else within the derived bounds (each entry, and the rows'
+        common logit scale: :func:`~genlm_core.testing.tolerance.assert_rows_close`). The
+        tests compare each row as it comes, then all of a test's rows together (the scale
+        of many independent rows is resolved far finer than one row's)."""
         from genlm_core.testing.tolerance import assert_rows_close, assert_within, row_diff
 
         what = f"{type(self).__name__}: {what}"
@@ -140,31 +146,52 @@ class LogprobBackendConformance:
         b = backend.next_token_logprobs_sync(ctx)
         self.assert_close(backend, a, b, "the same context after clear_cache")
 
+    def alone(self, backend: Any, ctx: list[int]) -> Any:
+        """The row of ``ctx`` computed alone without any cache (the kit's oracle)."""
+        if hasattr(backend, "next_token_logprobs_uncached"):
+            return backend.next_token_logprobs_uncached(ctx)
+        backend.clear_cache()
+        return backend.next_token_logprobs_sync(ctx)
+
     def test_batch_equals_single(self, backend: Any) -> None:
+        """A batch's rows equal each context computed alone, for a fresh batch and for a
+        batch whose contexts extend the first one's (resumed from what it cached)."""
+        from genlm_core.testing.tolerance import RowComparisons
+
         ctxs = self.contexts(backend, seed=2)
         ctxs = ctxs + [ctxs[0]]  # a repeated context in the batch
+        rng = random.Random(2)
+        longer = [c + [rng.choice(self.token_ids(backend))] for c in ctxs[:-1]]
+        rows = RowComparisons(
+            lambda got, want, what: self.assert_close(backend, got, want, what),
+            "the batches' rows against the contexts alone",
+        )
         backend.clear_cache()
         batch = backend.batch_next_token_logprobs_sync(ctxs)
         assert batch.shape == (len(ctxs), len(backend.byte_vocab))
-        for row, ctx in zip(batch, ctxs):
-            backend.clear_cache()
-            single = (
-                backend.next_token_logprobs_uncached(ctx)
-                if hasattr(backend, "next_token_logprobs_uncached")
-                else backend.next_token_logprobs_sync(ctx)
-            )
-            self.assert_close(backend, row, single, "a batch row against the context alone")
+        resumed = backend.batch_next_token_logprobs_sync(longer)
+        for what, got, asked in (("a batch row", batch, ctxs), ("a resumed batch's row", resumed, longer)):
+            for row, ctx in zip(got, asked):
+                rows.add(row, self.alone(backend, ctx), f"{what} against the context alone")
+        rows.finish()
 
     @pytest.mark.asyncio
     async def test_async_equals_sync(self, backend: Any) -> None:
+        import torch
+
         ctxs = self.contexts(backend, seed=3)
         sync = [backend.next_token_logprobs_sync(c) for c in ctxs]
         backend.clear_cache()
         rows = await asyncio.gather(*(backend.next_token_logprobs(c) for c in ctxs))
         batch = await backend.batch_next_token_logprobs(ctxs)
-        for s, a, b in zip(sync, rows, batch):
+        alone = [self.alone(backend, c) for c in ctxs]
+        for s, a, b, ref in zip(sync, rows, batch, alone):
+            self.assert_close(backend, s, ref, "sync against the context alone")
             self.assert_close(backend, a, s, "async against sync")
             self.assert_close(backend, b, s, "async batch against sync")
+        ref = torch.stack(alone)
+        self.assert_close(backend, torch.stack(sync), ref, "the sync rows against the contexts alone")
+        self.assert_close(backend, torch.stack(list(rows)), ref, "the async rows against the contexts alone")
 
     @pytest.mark.asyncio
     async def test_seeded_sampling_reproducible(self, backend: Any) -> None:
@@ -413,20 +440,29 @@ class LogprobBackendConformance:
         forking, jumping several tokens, backing up, asked again, dying, new prompts) run
         through batch calls, concurrent calls and cache clears; every row of every step
         equals the context computed alone without any cache."""
-        from genlm_core.testing.programs import alone, random_program, run_program
+        from genlm_core.testing.programs import alone, program_steps, random_program
+        from genlm_core.testing.tolerance import RowComparisons
 
         tokens = self.token_ids(backend)
         longest = min(48, (getattr(backend, "max_context_length", None) or 49) - 1)
         oracle = alone(backend)
+        rows = RowComparisons(
+            lambda got, want, what: self.assert_close(backend, got, want, what),
+            f"the rows of programs {list(self.program_seeds)}",
+        )
         for seed in self.program_seeds:
             backend.clear_cache()
-            program = random_program(tokens, seed, steps=self.program_steps, max_len=longest)
-            for step, (contexts, rows) in enumerate(zip(program, run_program(backend, program, seed))):
-                want = [oracle(c) for c in contexts]
-                for c, got, ref in zip(contexts, rows, want):
-                    self.assert_close(
-                        backend, got, ref, f"program {seed}, step {step}, a {len(c)}-token context"
-                    )
+            program = random_program(
+                tokens,
+                seed,
+                steps=self.program_steps,
+                max_len=longest,
+                prompt_lengths=self.program_prompt_lengths,
+            )
+            for step, (contexts, got) in enumerate(zip(program, program_steps(backend, program, seed))):
+                for c, row in zip(contexts, got):
+                    rows.add(row, oracle(c), f"program {seed}, step {step}, a {len(c)}-token context")
+        rows.finish()
 
     # ------------------------------------------------------------------ bursts
     def test_burst_matches_steps(self, backend: Any) -> None:

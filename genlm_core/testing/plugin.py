@@ -17,8 +17,8 @@ session-wide in-process vLLM engines: run with the other such suites, in their o
 process), ``own_process`` (starts and closes engines of its own: run alone),
 ``native_engine`` (native code that can crash the interpreter: run in a process of its
 own whose crash becomes the suite's failure, ``scripts/pytest_isolated.py``) and
-``numeric`` (run again with the SIMD path capped). :func:`mark_directory` marks a
-whole test folder from its conftest.
+``numeric`` (run again with the SIMD path capped), ``defects`` (the defect catalogue: not
+run again there). :func:`mark_directory` marks a whole test folder from its conftest.
 
 Importing this module imports no engine.
 """
@@ -36,6 +36,10 @@ MARKERS = {
     "vllm_engine": "uses the session-wide in-process vLLM engines: run in a process with the other such suites",
     "own_process": "starts and closes in-process engines of its own: run in a process of its own",
     "numeric": "float32 numeric suite: run a second time with the SIMD path capped (scripts/isa_env.sh)",
+    "defects": (
+        "the defect catalogue (genlm_core.testing.defects): proves the gates fail; not repeated in the "
+        "ISA-capped pass, which holds correct paths under their bounds"
+    ),
     "native_engine": (
         "the engine is native code compiled for this host that can kill the interpreter (llama.cpp): "
         "run in a process of its own, whose crash is reported as this suite's failure"
@@ -50,8 +54,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """Which checkpoint each conformance class's policy check read (a model folder, a GGUF
-    file, or none: a backend that declares it reads no model), and the comparisons that
-    came nearest their derived bounds (:mod:`genlm_core.testing.tolerance`)."""
+    file, or none: a backend that declares it reads no model), the comparisons that came
+    nearest their derived bounds (:mod:`genlm_core.testing.tolerance`), and the defect
+    catalogue's failures that came nearest theirs (:mod:`genlm_core.testing.defects`)."""
     from genlm_core.testing.conformance import CHECKED_CHECKPOINTS
     from genlm_core.testing.tolerance import RECORDED, headroom
 
@@ -73,6 +78,18 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         for test, what, measured, bound in sorted(RECORDED, key=ratio, reverse=True)[:5]:
             line = f"  {ratio((test, what, measured, bound)):8.4f}  {measured:.3g} of {bound:.3g}  {test}: {what}"
             terminalreporter.write_line(line)
+    from genlm_core.testing.defects import CAUGHT
+
+    if CAUGHT:
+        terminalreporter.section("defect catalogue (genlm_core.testing.defects)")
+        bounded = [(t, c) for t, c in CAUGHT if c.ratio is not None]
+        terminalreporter.write_line(
+            f"{len(CAUGHT)} gate runs failed on their defect as they must ({len(bounded)} on a bound). Each "
+            "stops at its first comparison past the bound (scripts/defect_table.py measures the largest); "
+            "the first failures nearest their bound:"
+        )
+        for test, c in sorted(bounded, key=lambda tc: tc[1].ratio)[:5]:
+            terminalreporter.write_line(f"  {c.ratio:8.3g} x  {test}: {c.gate}, {c.statistic}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -21,25 +21,32 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["alone", "random_program", "run_program"]
+__all__ = ["alone", "program_steps", "random_program", "run_program"]
 
 Context = tuple[int, ...]
 
 
 def random_program(
-    tokens: Sequence[int], seed: int, steps: int = 8, width: int = 12, max_len: int = 48
+    tokens: Sequence[int],
+    seed: int,
+    steps: int = 8,
+    width: int = 12,
+    max_len: int = 48,
+    prompt_lengths: tuple[int, int] = (1, 8),
 ) -> list[list[Context]]:
     """``steps`` rounds of at most ``width`` distinct contexts of ``tokens`` (ids), none
-    longer than ``max_len`` (a longer one keeps its last ``max_len`` ids: a new context)."""
+    longer than ``max_len`` (a longer one keeps its last ``max_len`` ids: a new context);
+    the first contexts have between ``prompt_lengths[0]`` and ``prompt_lengths[1]`` ids."""
     rng = random.Random(seed)
 
     def new(k: int) -> Context:
         return tuple(rng.choice(tokens) for _ in range(k))
 
-    live = [new(rng.randint(1, 8)) for _ in range(rng.randint(1, max(1, width // 2)))]
+    lo, hi = prompt_lengths
+    live = [new(rng.randint(lo, hi)) for _ in range(rng.randint(1, max(1, width // 2)))]
     program = [live]
     for _ in range(1, steps):
         out: list[Context] = []
@@ -68,22 +75,26 @@ def random_program(
 def run_program(backend: Any, program: list[list[Context]], seed: int) -> list[list[Any]]:
     """Each step's rows, through the ways a program calls: one batch call, concurrent
     single calls (the auto-batcher's calls), with the caches cleared before some steps."""
+    return list(program_steps(backend, program, seed))
+
+
+def program_steps(backend: Any, program: list[list[Context]], seed: int) -> Iterator[list[Any]]:
+    """:func:`run_program` one step at a time (a check can compare a step's rows before the
+    next step runs)."""
     rng = random.Random(seed)
-    rows = []
     for contexts in program:
         way = rng.random()
         if way < 0.1:
             backend.clear_cache()
         asked = [list(c) for c in contexts]
         if way < 0.6:
-            rows.append(list(backend.batch_next_token_logprobs_sync(asked)))
+            yield list(backend.batch_next_token_logprobs_sync(asked))
         else:
 
             async def calls(asked: list[list[int]] = asked) -> list[Any]:
                 return await asyncio.gather(*(backend.next_token_logprobs(c) for c in asked))
 
-            rows.append(asyncio.run(calls()))
-    return rows
+            yield asyncio.run(calls())
 
 
 def alone(backend: Any) -> Callable[[Context], Any]:

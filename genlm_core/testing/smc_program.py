@@ -6,8 +6,9 @@
 the model at ``temperature`` (one batched, seeded draw over the live rows in particle
 order), weighs it by target/proposal (the target is the model at temperature 1), ends a
 particle at EOS or after ``max_tokens`` tokens, and every ``resample_every`` steps
-resamples the live particles (multinomial, seeded). It knows nothing of how rows are
-computed:
+resamples the live particles (multinomial, seeded); with ``record`` it keeps every row it
+drew from with its context (what the parity gate compares with the uncached model). It
+knows nothing of how rows are computed:
 
 * :func:`run_steps` drives it with ``batch_next_token_logprobs_sync`` over the live
   contexts (the step loop of every SMC library);
@@ -64,6 +65,7 @@ class SMCProgram:
         temperature: float = 1.3,
         resample_every: int = 3,
         seed: int = 0,
+        record: bool = False,
     ) -> None:
         import torch
 
@@ -78,6 +80,9 @@ class SMCProgram:
         self.steps = 0
         self.rows = 0
         self.resamples = 0
+        #: with ``record``: ``(context, row)`` of every row the program drew from, in order
+        #: (:meth:`result` hands them on as ``extra["seen"]``)
+        self.seen: list[tuple[tuple[int, ...], Any]] | None = [] if record else None
 
     def live(self) -> list[int]:
         return [i for i in range(self.n) if not self.done[i]]
@@ -92,6 +97,10 @@ class SMCProgram:
         the live ones were resampled."""
         import torch
 
+        if self.seen is not None:
+            self.seen += [
+                (tuple(self.context(i)), row.detach().clone()) for i, row in zip(particles, logprobs)
+            ]
         lp = logprobs.detach().to("cpu", torch.float64)
         q = torch.log_softmax(lp / self.temperature, dim=-1)
         drawn = torch.multinomial(q.exp(), 1, generator=self.gen).reshape(-1).tolist()
@@ -137,6 +146,8 @@ class SMCProgram:
         w = self.log_w
         m = max(w)
         log_ml = m + math.log(sum(math.exp(x - m) for x in w)) - math.log(self.n)
+        if self.seen is not None:
+            extra = {"seen": self.seen, **extra}
         return SMCResult([list(t) for t in self.tokens], list(w), log_ml, self.rows, self.resamples, extra)
 
 

@@ -29,6 +29,21 @@ whole chain is, far rarer). On the tiny test models (width 256, 2 layers) in flo
 is 1.6e-5 per unit of magnitude per path: 4.7e-4 for two paths over a 15-nat row, against
 1.4e-5 measured on AVX-512 and 1.0e-5 on an H100, the largest differences seen anywhere.
 
+That bound holds each entry of a row (the tail included: the largest difference is
+usually on an unlikely token). It cannot see a small error that every row shares: in
+bfloat16 two correct paths may differ by a fifth of a nat on a row's tail, and so may a
+path that scales every row's logits by 1.03. What tells them apart is the sign: rounding
+errors are zero-mean and independent from one context to the next (the model's premise
+above), a wrong scale moves every row the same way. So :func:`assert_rows_close` also
+measures the rows' common logit scale, :func:`logit_scale`: the least-squares ``T`` with
+``got - want ~ T * (want - its mean)`` where the probability mass is (weights
+``exp(want)``), pooled over the distinct rows compared. A path's rounding moves one
+row's scale by at most its relative error, ``u_store * sqrt(depth) + u_acc *
+sqrt(width * depth)`` (:meth:`ModelShape.relative_error`: the bound above per unit of
+magnitude, one standard deviation), so ``T`` of ``n`` independent rows is within
+:func:`scale_bound` ``= lam * (e_1 + e_2) / sqrt(n)`` of 0, while a scale ``s`` gives
+``T = s - 1`` whatever ``n``. docs/numerics.md derives both and lists what each catches.
+
 Every comparison goes through :func:`assert_rows_close`, which records ``measured /
 bound``. The worst ratios are listed at the end of a pytest run (the kit's plugin), and
 ``GENLM_TEST_HEADROOM=k`` makes every comparison require ``measured <= bound / k``: the
@@ -39,25 +54,33 @@ cross - fails on every machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "UNIT_ROUNDOFF",
+    "BoundExceeded",
     "ModelShape",
+    "RowComparisons",
     "assert_backend_close",
     "assert_rows_close",
     "assert_tiny_close",
     "assert_within",
     "headroom",
+    "logit_scale",
+    "measuring",
     "model_shape",
     "row_atol",
     "row_diff",
     "row_magnitude",
+    "rows_to_resolve",
+    "scale_bound",
     "tiny_shape",
 ]
 
@@ -88,8 +111,9 @@ class ModelShape:
     def depth(self) -> int:
         return 6 * self.layers + 3 if self.layers else 1
 
-    def one_path(self, dtype: str, magnitude: float) -> float:
-        """How far one computation of a row in ``dtype`` can be from the exact row."""
+    def relative_error(self, dtype: str) -> float:
+        """One computation's relative error in ``dtype``, one standard deviation: ``u_store
+        * sqrt(depth) + u_acc * sqrt(width * depth)`` (the chain of rounded reductions)."""
         try:
             u_store = UNIT_ROUNDOFF[str(dtype).removeprefix("torch.")]
         except KeyError:
@@ -97,8 +121,11 @@ class ModelShape:
                 f"no unit roundoff known for dtype {dtype!r}; use one of {list(UNIT_ROUNDOFF)}"
             ) from None
         u_acc = min(U_ACC, u_store)  # float64 accumulates in float64
-        m = max(float(magnitude), 1.0)
-        return LAM * m * (u_store * math.sqrt(self.depth) + u_acc * math.sqrt(self.width * self.depth))
+        return u_store * math.sqrt(self.depth) + u_acc * math.sqrt(self.width * self.depth)
+
+    def one_path(self, dtype: str, magnitude: float) -> float:
+        """How far one computation of a row in ``dtype`` can be from the exact row."""
+        return LAM * max(float(magnitude), 1.0) * self.relative_error(dtype)
 
 
 def _from_config(cfg: dict[str, Any]) -> ModelShape | None:
@@ -181,13 +208,49 @@ def headroom() -> float:
 RECORDED: list[tuple[str, str, float, float]] = []
 
 
+class BoundExceeded(AssertionError):
+    """A comparison of rows that failed: ``measured`` against ``bound`` (``what`` says
+    which comparison and which statistic)."""
+
+    def __init__(self, message: str, measured: float, bound: float, what: str) -> None:
+        super().__init__(message)
+        self.measured, self.bound, self.what = float(measured), float(bound), what
+
+    @property
+    def ratio(self) -> float:
+        """``measured / bound`` (inf for a NaN or a zero bound)."""
+        if math.isnan(self.measured) or self.bound <= 0:
+            return math.inf
+        return self.measured / self.bound
+
+
+#: where :func:`measuring` collects comparisons instead of failing them (None: off)
+_MEASURING: list[tuple[str, float, float]] | None = None
+
+
+@contextlib.contextmanager
+def measuring() -> Iterator[list[tuple[str, float, float]]]:
+    """Inside the block no comparison fails: each is appended to the list yielded as
+    ``(what, measured, bound)`` (a check then runs to its end; the defect catalogue's
+    figures, :mod:`genlm_core.testing.defects`, are the largest ratios so seen)."""
+    global _MEASURING
+    outer, _MEASURING = _MEASURING, []
+    try:
+        yield _MEASURING
+    finally:
+        _MEASURING = outer
+
+
 def assert_within(measured: float, bound: float, what: str) -> float:
-    """Record ``measured`` against ``bound`` and fail when it exceeds ``bound /
-    headroom()``. Returns ``measured``."""
+    """Record ``measured`` against ``bound`` and fail (:class:`BoundExceeded`) when it
+    exceeds ``bound / headroom()``. Returns ``measured``."""
+    if _MEASURING is not None:
+        _MEASURING.append((what, float(measured), float(bound)))
+        return float(measured)
     limit = bound / headroom()
     if not measured <= limit:  # NaN fails too
         extra = "" if limit == bound else f" (the bound {bound:.3g} over headroom {headroom():g})"
-        raise AssertionError(f"{what}: differs by {measured:.3g} > {limit:.3g}{extra}")
+        raise BoundExceeded(f"{what}: differs by {measured:.3g} > {limit:.3g}{extra}", measured, bound, what)
     test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
     RECORDED.append((test, what, float(measured), float(bound)))  # the comparisons that held
     return float(measured)
@@ -218,6 +281,64 @@ def row_diff(got: Any, want: Any, what: str = "rows") -> float:
     return float((a[fin] - b[fin]).abs().max()) if bool(fin.any()) else 0.0
 
 
+def logit_scale(got: Any, want: Any) -> tuple[float, float]:
+    """``(T, n)``: the common logit scale of ``got`` against ``want`` (two rows or two
+    stacks of rows of logprobs) and the number of independent rows it pools.
+
+    Each row ``r`` of ``want`` gives its probability mass ``p = softmax(want_r)`` and its
+    centred log-probabilities ``z = want_r - E_p[want_r]``; the difference ``d = got_r -
+    want_r``, centred alike, has the least-squares scale ``t_r = E_p[d z] / E_p[z z]``
+    (``got_r`` is ``want_r`` at logit scale ``1 + t_r``, up to normalisation). ``T`` pools
+    them, each row weighted by ``v_r = E_p[z z]``: ``T = sum E_p[d z] / sum v_r``, and
+    ``n = (sum v_r)^2 / sum v_r^2`` (the number of rows for equal weights). A row repeated
+    with the same two values counts once; ``-inf`` entries of ``want`` (masked tokens)
+    carry no mass. ``(0.0, 0.0)`` when no row has any spread."""
+    import torch
+
+    a = torch.as_tensor(got).detach().to("cpu", torch.float64)
+    b = torch.as_tensor(want).detach().to("cpu", torch.float64)
+    if a.shape != b.shape:
+        raise AssertionError(f"shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}")
+    a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+    seen: set[tuple[bytes, bytes]] = set()
+    keep = []
+    for i in range(b.shape[0]):  # a repeated row is one row, not n independent ones
+        key = (a[i].numpy().tobytes(), b[i].numpy().tobytes())
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    a, b = a[keep], b[keep]
+    finite = torch.isfinite(b)
+    p = torch.softmax(b.masked_fill(~finite, -math.inf), dim=-1)
+    d = (a - b).masked_fill(~finite, 0.0)
+    bz = b.masked_fill(~finite, 0.0)
+    z = bz - (p * bz).sum(-1, keepdim=True)
+    dc = d - (p * d).sum(-1, keepdim=True)
+    v = (p * z * z).sum(-1)
+    c = (p * dc * z).sum(-1)
+    total = float(v.sum())
+    if not total > 0:
+        return 0.0, 0.0
+    return float(c.sum()) / total, total**2 / float((v * v).sum())
+
+
+def scale_bound(shape: Any, n: float, dtype: str = "float32", other_dtype: str | None = None) -> float:
+    """How far :func:`logit_scale` ``T`` of ``n`` independent rows may be from 0 when both
+    computations are right: ``lam * (e_1 + e_2) / sqrt(n)``, ``e`` each path's
+    :meth:`ModelShape.relative_error` (a path's rounding rescales a row by at most its
+    relative error; independent zero-mean errors average out as ``1 / sqrt(n)``)."""
+    s = model_shape(shape)
+    return LAM * (s.relative_error(dtype) + s.relative_error(other_dtype or dtype)) / math.sqrt(max(n, 1.0))
+
+
+def rows_to_resolve(shape: Any, dtype: str = "float32", scale: float = 0.03, ratio: float = 2.0) -> int:
+    """How many independent rows a comparison needs for a logit scale of ``1 + scale`` to
+    be ``ratio`` times :func:`scale_bound` (two paths in ``dtype``): 65 for the tiny models
+    in bfloat16 at 1.03, 2 in float16, 1 in float32."""
+    per_row = scale_bound(shape, 1.0, dtype)
+    return max(1, math.ceil((ratio * per_row / scale) ** 2))
+
+
 def assert_rows_close(
     got: Any,
     want: Any,
@@ -228,13 +349,51 @@ def assert_rows_close(
     what: str = "rows",
 ) -> float:
     """Assert two (stacks of) logprob rows are within :func:`row_atol` of each other,
-    the magnitude taken from ``want``: ``got`` computed in ``dtype``, ``want`` in
-    ``other_dtype`` (default: the same). Returns the largest difference."""
+    the magnitude taken from ``want`` (every entry: the tail), and that their common logit
+    scale :func:`logit_scale` is within :func:`scale_bound` of 0 (pooled over the rows
+    given: compare the rows of a check together, as well as one by one). ``got`` is
+    computed in ``dtype``, ``want`` in ``other_dtype`` (default: the same). Returns the
+    largest difference."""
     import torch
 
     diff = row_diff(got, want, what)
     bound = row_atol(shape, row_magnitude(torch.as_tensor(want).double()), dtype, other_dtype)
-    return assert_within(diff, bound, what)
+    assert_within(diff, bound, what)
+    t, n = logit_scale(got, want)
+    if n > 0:
+        rows = f"{n:.0f} row" + ("" if round(n) == 1 else "s")
+        assert_within(
+            abs(t), scale_bound(shape, n, dtype, other_dtype), f"{what} (logit scale 1{t:+.3g}, {rows})"
+        )
+    return diff
+
+
+class RowComparisons:
+    """The rows of one check, compared as they come and together: :meth:`add` compares a
+    row (``close(got, want, what)``, e.g. :func:`assert_rows_close` bound to a model) and,
+    each time the count of rows reaches 8, 16, 32..., all of them so far (the common logit
+    scale of many rows is resolved far finer than one row's, and a check that fails should
+    fail early); :meth:`finish` compares all of them. A handful of looks at a 4-sigma
+    bound adds nothing worth counting to its false alarms."""
+
+    def __init__(self, close: Any, what: str) -> None:
+        self.close, self.what = close, what
+        self.pairs: list[tuple[Any, Any]] = []
+        self._next = 8
+
+    def add(self, got: Any, want: Any, what: str) -> None:
+        self.close(got, want, what)
+        self.pairs.append((got, want))
+        if len(self.pairs) >= self._next:
+            self._next *= 2
+            self.finish(f" (the first {len(self.pairs)})")
+
+    def finish(self, which: str = "") -> None:
+        import torch
+
+        if self.pairs:
+            got, want = (torch.stack([p[i].detach().float().cpu() for p in self.pairs]) for i in (0, 1))
+            self.close(got, want, self.what + which)
 
 
 def assert_backend_close(llm: Any, got: Any, want: Any, what: str = "rows") -> float:

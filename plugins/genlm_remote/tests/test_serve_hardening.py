@@ -504,6 +504,26 @@ def test_a_host_header_is_parsed_whole(server) -> None:
         assert request(server.url, "POST", "/v1/logprobs", ctx, headers={"Host": host})[0] == 200, host
 
 
+def test_two_host_headers_are_a_bad_request(server) -> None:
+    """A request carrying two Host headers (the server's name, then another) is answered
+    400 (RFC 7230 section 5.4), on every endpoint, before any handler runs."""
+    port = server.url.rsplit(":", 1)[1]
+    ctx = frame.encode_contexts([[1]])
+    for method, path, body in (("GET", "/v1/stats", b""), ("POST", "/v1/logprobs", ctx)):
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: evil.com\r\n"
+            f"Content-Type: {frame.MEDIA_TYPE}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        with socket.create_connection(host_port(server.url), timeout=30) as sock:
+            sock.sendall(head.encode() + body)
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+        status_line = reply.split(b"\r\n", 1)[0].decode()
+        assert status_line.split()[1] == "400", (path, reply[:300])
+        assert b"Host" in reply.split(b"\r\n\r\n", 1)[1], reply
+
+
 def test_allow_host_adds_a_name() -> None:
     with ServerProcess("mock", args=["--allow-host", "genlm.internal"]) as srv:
         ctx = frame.encode_contexts([[1]])
