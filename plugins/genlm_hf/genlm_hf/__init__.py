@@ -10,8 +10,9 @@ def __getattr__(name: str):  # lazy: `import genlm_hf` must not import torch
         return HFEngine
     if name == "HFBackend":  # deprecated (genlm_hf._deprecated)
         from genlm_hf._deprecated import hf_backend_class
+        from genlm_hf.engine import HFEngine
 
-        return hf_backend_class()
+        return hf_backend_class(HFEngine)
     if name == "HFConfig":
         from genlm_hf.config import HFConfig
 

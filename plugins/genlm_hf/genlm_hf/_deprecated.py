@@ -38,10 +38,9 @@ def warn_deprecated_options(config: Any) -> None:
 
 
 @functools.cache
-def hf_backend_class() -> type:
-    """``genlm_hf.HFBackend``: a backend class loading :class:`~genlm_hf.engine.HFEngine`
-    (warns when made)."""
+def hf_backend_class(engine_class: type) -> type:
+    """``genlm_hf.HFBackend``: a backend class loading ``engine_class``
+    (:class:`~genlm_hf.engine.HFEngine`; warns when made)."""
     from genlm_core.engine.backend import backend_class
-    from genlm_hf.engine import HFEngine
 
-    return backend_class("hf", HFEngine, deprecated="genlm_hf.HFBackend")
+    return backend_class("hf", engine_class, deprecated="genlm_hf.HFBackend")
