@@ -10,8 +10,9 @@ calls are its parts' (:mod:`genlm_core.engine.backend`).
 from __future__ import annotations
 
 import threading
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from genlm_core import _deprecated
 from genlm_core.config import BackendConfig
 from genlm_core.engine.backend.burst_calls import BurstCalls
 from genlm_core.engine.backend.cache_controls import CacheControls
@@ -21,30 +22,32 @@ from genlm_core.engine.backend.sample_calls import SampleCalls
 from genlm_core.engine.batching import AutoBatcher
 from genlm_core.engine.caches import output_cache_for
 from genlm_core.engine.checkpoint import Checkpoint, engine_context_limit, read_checkpoint
-from genlm_core.engine.contract import (
-    Engine,
-    SampleRequest,
-    check_engine,
-    refuse_unsupported_dtype,
-)
-from genlm_core.engine.dtypes import UnsupportedDtypeError
+from genlm_core.engine.contract import Engine, SampleRequest, check_engine
 from genlm_core.engine.heap import settle_after_load
 from genlm_core.engine.lora import LoraAdapters
 from genlm_core.engine.memory import accelerator
+from genlm_core.engine.placement import Placement, place, refuse_unsupported
+from genlm_core.engine.services import EngineServices
 from genlm_core.engine.validation import RecentContexts
+
+if TYPE_CHECKING:  # pragma: no cover
+    from genlm_core.registry import Registration
 
 __all__ = ["BaseLogprobBackend", "backend_class", "registered_name"]
 
 
-def registered_name(engine_class: type) -> str | None:
-    """The name under which a plugin registered ``engine_class`` (None: not registered)."""
+def registration(engine_class: type) -> Registration | None:
+    """The registration a plugin made of ``engine_class`` (None: not registered)."""
     from genlm_core.registry import get_registry
 
     target = f"{engine_class.__module__}:{engine_class.__qualname__}"
-    for reg in get_registry().all("backend"):
-        if reg.target == target:
-            return reg.name
-    return None
+    return next((reg for reg in get_registry().all("backend") if reg.target == target), None)
+
+
+def registered_name(engine_class: type) -> str | None:
+    """The name under which a plugin registered ``engine_class`` (None: not registered)."""
+    reg = registration(engine_class)
+    return reg.name if reg is not None else None
 
 
 class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, LoraControls):
@@ -62,10 +65,13 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
         config: BackendConfig | None = None,
         checkpoint: Checkpoint | None = None,
         *,
+        services: EngineServices | None = None,
         name: str | None = None,
     ) -> None:
-        """Hold ``engine`` (loaded from ``checkpoint``; None: what the engine itself loaded,
-        :attr:`Engine.model_config`, for an engine built by hand)."""
+        """Hold ``engine``, loaded from ``checkpoint`` with ``services`` (what
+        :meth:`from_checkpoint` made). An engine built by hand: ``checkpoint`` None (what the
+        engine itself loaded, :attr:`Engine.model_config`), ``services`` its own
+        (``engine.services``) or none."""
         check_engine(engine)
         if name is None and type(self).backend_name == "backend":
             name = registered_name(type(engine))
@@ -76,16 +82,15 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
                 self.config_class if self.config_class is not BackendConfig else engine.config_class
             )
             config = config_class()
-        served = engine.serves_model
-        if served is not None and config.model is not None and str(config.model) != served:
-            raise ValueError(
-                f"{self.backend_name}: model={config.model!r}, but the engine serves {served!r}: leave "
-                "model out (the engine decides it) or point the backend at an engine serving that model"
-            )
-        if served is not None and config.model is None:
-            config = config.model_copy(update={"model": served})
         self.config = config
         self.engine = engine
+        if services is None:
+            own = getattr(engine, "services", None)
+            services = (
+                own if isinstance(own, EngineServices) else EngineServices(config, name=self.backend_name)
+            )
+        #: what the core lent the engine: its placement, its KV reuse, the row width
+        self.services = services
         checkpoint = checkpoint if checkpoint is not None else Checkpoint("none", self.config.model)
         self.checkpoint = checkpoint.completed(engine.model_config, engine.generation_config)
         self.tokenizer = engine.tokenizer
@@ -99,25 +104,15 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
         self.byte_vocab = byte_vocab
         self.str_vocab = str_vocab
         self.vocab_size = len(byte_vocab)
-        engine.vocab_size = self.vocab_size  # the one width of a row, for the engine too
+        services.set_vocab_size(self.vocab_size)  # the one width of a row, for the engine too
         tokenizer_eos = engine.eos_token_ids
         if tokenizer_eos is None:
             tokenizer_eos = getattr(engine.tokenizer, "eos_token_id", None)
         self.eos_token_ids: list[int] = self.checkpoint.eos_token_ids(tokenizer_eos, self.vocab_size)
         self._max_context_length = engine_context_limit(
-            self.checkpoint.max_context_length, engine.max_context_length, engine.max_positions
+            self.checkpoint.max_context_length, None, _deprecated.engine_positions(engine)
         )
-        requested = self.config.requested_dtype()
-        wanted = self.checkpoint.dtype or (None if requested == "auto" else requested)
-        if wanted is not None and engine.dtype != wanted:
-            raise UnsupportedDtypeError(
-                self.backend_name, wanted, str(engine.device), f"the engine computes in {engine.dtype}"
-            )
         cfg = self.config
-        if "kv" in engine.supports:  # the engine resumes from cached prefixes: the core wires its cache
-            from genlm_core.engine.kv_reuse import KVReuse
-
-            engine.kv = KVReuse.for_engine(engine, cfg)
         #: the LoRA adapters loaded, by name, and the active one (capability "lora")
         self.adapters = LoraAdapters()
         #: held by every call into the engine: batches, samples, cache resets, adapters, close
@@ -148,7 +143,7 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
         #: where a row the output cache holds in host memory goes back to (None: the rows
         #: are on the CPU already): see :meth:`own_row`
         self._rows_accelerator = accelerator(
-            engine.rows_device if engine.rows_device is not None else engine.device
+            engine.rows_device if engine.rows_device is not None else self.device
         )
         self._closed = False
 
@@ -160,18 +155,26 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
         *,
         engine_class: type[Engine] | None = None,
         name: str | None = None,
+        placement: Placement | None = None,
     ) -> "BaseLogprobBackend":
         """Load the engine for ``checkpoint`` (what ``genlm_core.load`` read) and hold it.
 
-        A dtype the engine cannot compute in on its device is refused before it loads."""
+        ``placement`` is where and in what it computes (None: :func:`~genlm_core.engine.placement.place`
+        decides it here, from the engine's registration); a dtype the engine cannot compute
+        in there is refused before it loads. The engine loads with the services the core
+        lends it (:class:`~genlm_core.engine.services.EngineServices`)."""
         engine_class = engine_class or cls.engine_class
         name = name or cls.backend_name
         if config.model is None and checkpoint.model is not None:  # model=None: the default it resolved to
             config = config.model_copy(update={"model": checkpoint.model})
-        refuse_unsupported_dtype(engine_class, checkpoint, config, name)
-        engine = engine_class.load(checkpoint, config)
+        if placement is None:
+            reg = registration(engine_class)
+            placement = place(config, checkpoint, reg.supported_devices() if reg is not None else None, name)
+        refuse_unsupported(engine_class, placement, config, name)
+        services = EngineServices(config, placement, name)
+        engine = _deprecated.engine_loader(engine_class)(checkpoint, config, services)
         try:
-            backend = cls(engine, config, checkpoint, name=name)
+            backend = cls(engine, config, checkpoint, services=services, name=name)
         except BaseException:
             engine.close()
             raise
@@ -204,25 +207,7 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
     def __getattr__(self, name: str) -> Any:
         """Deprecated: the engine's own public attributes (``llm.weights_type``,
         ``llm.in_process``...) read through the backend; read ``llm.engine.<name>``."""
-        engine = self.__dict__.get("engine")
-        if engine is None or name.startswith("_"):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        try:
-            value = getattr(engine, name)
-        except AttributeError:
-            raise AttributeError(
-                f"{type(self).__name__!r} object and its engine {type(engine).__name__!r} have no "
-                f"attribute {name!r}"
-            ) from None
-        import warnings
-
-        warnings.warn(
-            f"reading the engine's {name!r} through the backend (llm.{name}) is deprecated and "
-            f"will be removed in genlm-core 0.3: read llm.engine.{name}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return value
+        return _deprecated.engine_attribute(self, name)
 
     @property
     def max_context_length(self) -> int | None:
@@ -232,14 +217,19 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
 
     @property
     def device(self) -> Any:
-        return self.engine.device
+        """Where the engine computes: its placement (an engine the core did not place, built
+        by hand or serving elsewhere, says it)."""
+        placed = self.services.device
+        return placed if placed is not None else self.engine.device
 
     @property
     def dtype(self) -> str:
-        """The dtype the engine computes in (``"float32"``, ``"float16"`` or ``"bfloat16"``),
-        read from the engine; with ``dtype="auto"`` the checkpoint's (see
-        :mod:`genlm_core.engine.dtypes`). Results are float32 whatever it is."""
-        return self.engine.dtype
+        """The dtype the engine computes in (``"float32"``, ``"float16"`` or ``"bfloat16"``):
+        its placement (:mod:`genlm_core.engine.placement`; with ``dtype="auto"`` the
+        checkpoint's); an engine the core did not place says it. Results are float32 whatever
+        it is."""
+        placed = self.services.dtype
+        return placed if placed is not None else self.engine.dtype
 
     @property
     def healthy(self) -> bool:
@@ -265,7 +255,7 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
             out["output_cache"] = self.output_cache.stats()
         if self.sampler is not None:
             out["sample_batcher"] = self.sampler.stats.as_dict()
-        kv = self.engine.kv
+        kv = self.services.kv
         if kv is not None and kv.cache is not None:
             out["prefix_cache"] = kv.cache.stats()
         engine = {**(kv.stats() if kv is not None else {}), **self.engine.stats()}
@@ -299,6 +289,8 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
             self.sampler.close()
         with self.engine_lock:
             self.engine.close()
+            if self.services.kv is not None:  # the engine freed its memory: drop what is left
+                self.services.kv.forget()
 
     def __enter__(self) -> "BaseLogprobBackend":
         return self

@@ -18,22 +18,28 @@ class CacheControls:
     """``clear_cache``, ``cache_kv``, ``clear_kv_cache`` and what KV reuse keeps."""
 
     def clear_cache(self) -> None:
-        """Drop the output cache and engine caches (KV)."""
+        """Drop the output cache and engine caches (the engine's, then the KV reuse it was lent)."""
         if self.output_cache is not None:
             self.output_cache.clear()
         with self.engine_lock:
-            self.engine.clear_cache()
+            self._clear_engine_caches()
+
+    def _clear_engine_caches(self) -> None:
+        """The engine's caches, then the KV reuse it was lent (under the engine lock)."""
+        self.engine.clear_cache()
+        if self.services.kv is not None:
+            self.services.kv.clear()
 
     @property
     def prefix_cache(self) -> "PrefixKVCache | None":
         """The engine's KV prefix cache (None: the engine keeps none, or reuse is off)."""
-        kv = self.engine.kv
+        kv = self.services.kv
         return kv.cache if kv is not None else None
 
     @property
     def kv_reuse(self) -> bool:
         """Whether later contexts resume from the engine KV of cached prefixes."""
-        kv = self.engine.kv
+        kv = self.services.kv
         return kv is not None and kv.enabled
 
     def cache_kv(self, prompt_token_ids: Sequence[int]) -> None:
@@ -49,6 +55,6 @@ class CacheControls:
 
     def clear_kv_cache(self) -> None:
         """Drop every cached KV state (the output cache's rows stay)."""
-        if self.engine.kv is not None:
+        if self.services.kv is not None:
             with self.engine_lock:
-                self.engine.kv.clear()
+                self.services.kv.clear()

@@ -68,4 +68,4 @@ class LoraControls:
             if self.output_cache is not None:
                 self.output_cache.clear()
             if not self.engine.adapter_keyed_kv:
-                self.engine.clear_cache()
+                self._clear_engine_caches()

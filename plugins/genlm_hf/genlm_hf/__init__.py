@@ -4,12 +4,16 @@ __all__ = ["HFBackend", "HFConfig", "HFEngine"]
 
 
 def __getattr__(name: str):  # lazy: `import genlm_hf` must not import torch
-    if name in ("HFBackend", "HFEngine"):
-        from genlm_hf import backend
+    if name == "HFEngine":
+        from genlm_hf.backend import HFEngine
 
-        return getattr(backend, name)
+        return HFEngine
     if name == "HFConfig":
         from genlm_hf.config import HFConfig
 
         return HFConfig
+    if name == "HFBackend":  # deprecated
+        from genlm_hf import _deprecated
+
+        return _deprecated.HFBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,6 @@ steps (:mod:`genlm_hf.decode`).
 
 Importing this module imports torch; ``genlm_core.load("hf", ...)`` loads it. Around a
 model and tokenizer loaded by hand: ``BaseLogprobBackend(HFEngine(model, tokenizer, config), config)``.
-``HFBackend`` is deprecated (``genlm_core.load("hf", ...)``).
 """
 
 from __future__ import annotations
@@ -22,18 +21,17 @@ from typing import Any
 
 import torch
 
-from genlm_core.engine import Checkpoint, Engine
-from genlm_core.engine.backend import backend_class
+from genlm_core.engine import Checkpoint, Engine, EngineServices
 from genlm_core.engine.decode_batches import DecodeBatches
 from genlm_hf.config import HFConfig
 from genlm_hf.decode import HFDecodeOps
 from genlm_hf.kv import Row, Slots, Workspace, forward_rows, run_rows, supports_kv_reuse
-from genlm_hf.loading import load_model_and_tokenizer, supported_dtypes
+from genlm_hf.loading import dtypes_on, load_model_and_tokenizer
 from genlm_hf.passes import pass_groups
 from genlm_hf.resident import ResidentBlocks
 from genlm_hf.static_setup import make_static_decoder
 
-__all__ = ["HFBackend", "HFEngine"]
+__all__ = ["HFEngine"]
 
 
 class HFEngine(Engine):
@@ -41,11 +39,20 @@ class HFEngine(Engine):
     adapters and kept decode batches."""
 
     config_class = HFConfig
-    supports = frozenset({"decode", "kv", "lora"})
+    supports = frozenset({"decode", "lora"})
 
-    def __init__(self, model: Any, tokenizer: Any, config: HFConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: HFConfig | None = None,
+        services: EngineServices | None = None,
+    ) -> None:
         config = config if config is not None else HFConfig()
+        #: what the core lent at load (built by hand: its own; its device and dtype the model's)
+        self.services = services if services is not None else EngineServices(config)
         self.model = model.eval()
+        self.kv = self.services.kv_reuse(problem=self.kv_problem())
         self._device = model.device
         self.tokenizer = tokenizer
         self.model_config = model.config.to_dict()
@@ -80,13 +87,13 @@ class HFEngine(Engine):
         self._active_adapter: str | None = None
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: HFConfig) -> "HFEngine":  # type: ignore[override]
-        model, tokenizer, _ = load_model_and_tokenizer(checkpoint, config)
-        return cls(model, tokenizer, config)
+    def load(cls, checkpoint: Checkpoint, config: HFConfig, services: EngineServices) -> "HFEngine":  # type: ignore[override]
+        model, tokenizer, _ = load_model_and_tokenizer(checkpoint, config, services.placement)
+        return cls(model, tokenizer, config, services)
 
     @classmethod
-    def supported_dtypes(cls, config: HFConfig) -> tuple[str, tuple[str, ...]]:  # type: ignore[override]
-        return supported_dtypes(config)
+    def dtypes_on(cls, device: str) -> tuple[str, ...]:
+        return dtypes_on(device)
 
     @property
     def device(self) -> Any:
@@ -244,10 +251,6 @@ class HFEngine(Engine):
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-#: deprecated (genlm-core 0.3 removes it): ``genlm_core.load("hf", ...)``
-HFBackend = backend_class("hf", HFEngine, deprecated="genlm_hf.HFBackend")
 
 
 def _generation_config(model: Any) -> dict[str, Any]:
