@@ -211,7 +211,7 @@ def account(llm: Any, step: Callable[[], None], rows: int, steps: int = 8) -> di
     contexts each call) on ``llm``, a genlm-core backend: see the module doc."""
     import torch
 
-    from genlm_core.engine import backend as backend_mod
+    from genlm_core.engine.backend import rows as rows_mod  # where _normalised copies the rows
 
     cuda = torch.device(llm.device).type == "cuda"
     timers = _Timers()
@@ -231,7 +231,7 @@ def account(llm: Any, step: Callable[[], None], rows: int, steps: int = 8) -> di
         return row_errors(*a, **k)
 
     patches.set(llm, "_row_errors", wrap("row_check", checked))
-    patches.set(backend_mod, "private_copies", wrap("row_copies", backend_mod.private_copies))
+    patches.set(rows_mod, "private_copies", wrap("row_copies", rows_mod.private_copies))
     cache = llm.output_cache
     for attr in ("adopt_many", "put_many"):
         if cache is not None and hasattr(cache, attr):

@@ -12,7 +12,7 @@ The package, by audience (docs/architecture.md has the picture):
 * many programs on one engine: ``serve/`` (``genlm serve``).
 """
 
-from genlm_core import _moved_modules
+from genlm_core import _deprecated
 from genlm_core.api import (
     backend_config,
     explain_auto,
@@ -30,7 +30,7 @@ from genlm_core.registry import UnavailableImplementationError, UnknownImplement
 from genlm_core.registry.hookspecs import hookimpl
 from genlm_core.token import Token
 
-_moved_modules.install()  # the module paths of genlm-core 0.1 keep working
+_deprecated.install()  # the module paths of older releases keep working, warning
 
 
 def _version() -> str:

@@ -50,10 +50,13 @@ def load(name: str | None = "auto", /, model: str | os.PathLike[str] | None = No
     (or ``"auto"``) picks the best available one for this machine: vLLM on CUDA, MLX
     on Apple silicon, transformers otherwise (plugins may declare priorities).
     ``model`` may be a ``pathlib.Path``. Options are validated by the backend's
-    pydantic config; then the checkpoint is read once, before any engine is imported
+    pydantic config; then, before any engine is imported, the checkpoint is read once
     (:func:`genlm_core.engine.checkpoint.read_checkpoint`: the model folder or file
-    checked, ``model=None`` resolved to the embedded default, config, generation
-    config, context limit, EOS ids and dtype), and the plugin's engine loads from it.
+    checked, ``model=None`` resolved to the embedded default, config, generation config,
+    context limit, EOS ids, the dtype it declares) and the engine is placed once
+    (:func:`genlm_core.engine.placement.place`: device and dtype). The plugin's engine
+    class is then imported, asked which dtypes it computes in on that device, and loaded
+    (``Engine.load(checkpoint, config, services)``).
     """
     reg = resolve(name, model=model)
     status, reason = reg.status()
@@ -68,16 +71,21 @@ def load(name: str | None = "auto", /, model: str | os.PathLike[str] | None = No
     from genlm_core.engine.backend import BaseLogprobBackend
     from genlm_core.engine.checkpoint import read_checkpoint
     from genlm_core.engine.contract import Engine
+    from genlm_core.engine.placement import place
 
     checkpoint = read_checkpoint(config, reg.model_formats, reg.name)
+    placement = place(config, checkpoint, reg.supported_devices(), reg.name)
     target = reg.load_target()
-    if isinstance(target, type) and issubclass(target, BaseLogprobBackend):
-        return target.from_checkpoint(checkpoint, config, name=reg.name)
-    if isinstance(target, type) and issubclass(target, Engine):
-        return BaseLogprobBackend.from_checkpoint(checkpoint, config, engine_class=target, name=reg.name)
-    raise ConfigError(
-        f"{reg.target} (backend {reg.name!r}) is neither a genlm_core.engine.Engine nor a "
-        "BaseLogprobBackend subclass: register the plugin's Engine class"
+    if not (isinstance(target, type) and issubclass(target, Engine)):
+        hint = getattr(target, "engine_class", None)  # a backend class made around an engine
+        known = isinstance(hint, type) and issubclass(hint, Engine) and hint is not Engine
+        fix = f" ({target.__name__}'s is {hint.__module__}:{hint.__qualname__})" if known else ""
+        raise ConfigError(
+            f"{reg.target} (backend {reg.name!r}) is not a genlm_core.engine.Engine: a plugin registers "
+            f"its Engine class{fix}; the core builds the backend around it"
+        )
+    return BaseLogprobBackend.from_checkpoint(
+        checkpoint, config, engine_class=target, name=reg.name, placement=placement
     )
 
 

@@ -240,6 +240,9 @@ class BackendConfig(GenlmConfig):
     #: whether the model's checkpoint is read on this machine (False: it lives elsewhere,
     #: e.g. on a ``genlm serve`` server, whose answers the engine reports)
     reads_checkpoint: ClassVar[bool] = True
+    #: the engine's one default dtype: what ``dtype="auto"`` means where the checkpoint
+    #: declares none (a quantised GGUF file, no model at all). A plugin's config overrides it
+    default_dtype: ClassVar[str] = "float32"
 
     model: str | None = Field(
         None,
@@ -295,9 +298,10 @@ class BackendConfig(GenlmConfig):
         validation_alias=AliasChoices("dtype", "torch_dtype"),
         description=(
             "dtype the model computes in, the same on every backend: 'auto' = the checkpoint's "
-            "dtype (config.json dtype/torch_dtype, else its safetensors weights, else float32); "
-            "float32, float16 or bfloat16 otherwise. A backend that cannot run it on its device "
-            "raises an error instead of substituting another (old name: torch_dtype)"
+            "dtype (config.json dtype/torch_dtype, else its safetensors weights, else the backend's "
+            "default: float32; llama.cpp's float16 for a quantised GGUF); float32, float16 or "
+            "bfloat16 otherwise. A backend that cannot run it on its device raises an error before "
+            "loading instead of substituting another (old name: torch_dtype)"
         ),
     )
     forward_thread: bool | None = Field(
@@ -313,6 +317,11 @@ class BackendConfig(GenlmConfig):
         """The dtype asked for (``"auto"`` or a name of :data:`~genlm_core.engine.dtypes.DTYPES`),
         before the checkpoint resolves ``"auto"``; configs with another way to ask override it."""
         return self.dtype
+
+    def requested_device(self) -> str | None:
+        """The device asked for (``"cuda"``, ``"cuda:1"``, ``"mps"``, ``"cpu"``; None: the best
+        this machine has for the backend); a config with a ``device`` option overrides it."""
+        return None
 
     @field_validator("dtype", mode="before")
     @classmethod

@@ -1,9 +1,10 @@
-"""Engine contract v2: the core reads the checkpoint once and decides; an engine computes.
+"""The engine contract: the core reads the checkpoint and places the engine once; an engine
+loads from what it is handed and computes; the talk is one way.
 
 Oracles: checkpoint folders and GGUF files written here with known values (the limit,
 EOS ids and dtype they must give), engines written here that record what the core
-hands them, and the rows of the backend itself (sampling without an engine sampler
-must draw what the rows say).
+hands them and refuse any attribute written into them, and the rows of the backend
+itself (sampling without an engine sampler must draw what the rows say).
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ from genlm_core.engine import (
     BaseLogprobBackend,
     Checkpoint,
     Engine,
+    EngineServices,
+    Placement,
     SampleRequest,
     Token,
+    place,
     read_checkpoint,
 )
 from genlm_core.engine import checkpoint as checkpoint_module
@@ -64,7 +68,14 @@ class Tok:
 class TableEngine(Engine):
     """A fixed row per last token; records what the core asks."""
 
-    def __init__(self, checkpoint: Checkpoint | None = None, config: Any = None, **facts: Any) -> None:
+    def __init__(
+        self,
+        checkpoint: Checkpoint | None = None,
+        config: Any = None,
+        services: EngineServices | None = None,
+        **facts: Any,
+    ) -> None:
+        self.services = services
         self.tokenizer = Tok()
         self.byte_vocab = [Token(i, bytes([97 + i])) for i in range(V)]
         self.table = torch.log_softmax(torch.arange(V * V, dtype=torch.float32).reshape(V, V) % 5, -1)
@@ -95,16 +106,18 @@ def test_a_folder_is_read_into_a_checkpoint(tmp_path: Path) -> None:
     )
     ckpt = read_checkpoint(BackendConfig(model=path), ["hf-folder", "hub-id"], "test")
     assert (ckpt.kind, ckpt.model, ckpt.tokenizer) == ("folder", path, path)
-    assert ckpt.max_context_length == 9 and ckpt.dtype == "bfloat16"
+    assert ckpt.max_context_length == 9 and place(BackendConfig(model=path), ckpt).dtype == "bfloat16"
     assert ckpt.eos_token_ids(7, V) == [4, 5]  # generation_config wins over config.json and the tokenizer
-    assert read_checkpoint(BackendConfig(model=path, dtype="float16"), None).dtype == "float16"
+    asked = BackendConfig(model=path, dtype="float16")
+    assert place(asked, read_checkpoint(asked, None)) == Placement("cpu", "float16")
 
 
 def test_a_gguf_file_is_read_from_its_metadata(tmp_path: Path) -> None:
     path = gguf_file(tmp_path, context_length=64, eos=2, file_type=1)  # F16 weights
     for formats in (["gguf"], ["hf-folder", "hub-id"]):  # a .gguf file is a GGUF checkpoint for any backend
         ckpt = read_checkpoint(BackendConfig(model=path), formats)
-        assert (ckpt.kind, ckpt.path, ckpt.max_context_length, ckpt.dtype) == ("gguf", path, 63, "float16")
+        assert (ckpt.kind, ckpt.path, ckpt.max_context_length) == ("gguf", path, 63)
+        assert place(BackendConfig(model=path), ckpt).dtype == "float16"  # its weights' file type
         assert ckpt.eos_token_ids(7, V) == [2]
 
     class GGUFConfig(BackendConfig):
@@ -126,7 +139,8 @@ def test_model_none_is_the_default_model_for_what_the_backend_reads(tmp_path: Pa
     assert read_checkpoint(BackendConfig(), None).max_context_length == 31
     assert asked == [False, False]
     none = read_checkpoint(BackendConfig(), [])  # loads no model: nothing to resolve
-    assert (none.kind, none.model, none.max_context_length, none.dtype) == ("none", None, None, "float32")
+    assert (none.kind, none.model, none.max_context_length) == ("none", None, None)
+    assert place(BackendConfig(), none).dtype == "float32"  # the config's default_dtype
 
 
 def test_the_folder_is_checked_and_read_once_per_load(tiny_llama_path: Path, monkeypatch) -> None:
@@ -154,7 +168,9 @@ def test_a_served_model_is_not_read_here() -> None:
         reads_checkpoint = False
 
     ckpt = read_checkpoint(Served(model="/not/on/this/machine"), None)
-    assert (ckpt.kind, ckpt.max_context_length, ckpt.dtype) == ("served", None, None)
+    assert (ckpt.kind, ckpt.max_context_length) == ("served", None)
+    assert place(Served(), ckpt).dtype is None  # the server decided it
+    assert place(Served(dtype="bf16"), ckpt).dtype == "bfloat16"  # asked: the engine checks it
 
 
 # ---------------------------------------------------------------------- the backend decides
@@ -166,8 +182,8 @@ def test_the_smaller_context_limit_and_the_checkpoints_eos_ids(tmp_path: Path) -
     ckpt = read_checkpoint(
         BackendConfig(model=folder(tmp_path, {"max_position_embeddings": 10, "eos_token_id": 3}))
     )
-    assert backend(TableEngine(max_context_length=4), ckpt).max_context_length == 4  # the engine's own bound
-    llm = backend(TableEngine(max_context_length=50), ckpt)
+    assert backend(TableEngine(max_positions=5), ckpt).max_context_length == 4  # the engine's own bound
+    llm = backend(TableEngine(max_positions=51), ckpt)
     assert llm.max_context_length == 9  # the checkpoint's
     assert llm.eos_token_ids == [3]  # config.json over the tokenizer's 7
     with pytest.raises(ValueError, match="at most 9"):
@@ -179,34 +195,140 @@ def test_the_smaller_context_limit_and_the_checkpoints_eos_ids(tmp_path: Path) -
     ]  # the engine's tokenizer knows more
 
 
-def test_dtypes_are_refused_before_loading_and_after(tmp_path: Path) -> None:
-    loads = []
+def test_a_dtype_is_refused_before_loading_and_the_engine_loads_placed(tmp_path: Path) -> None:
+    loads: list[EngineServices] = []
+    asked: list[str] = []
 
     class Float32Only(TableEngine):
         @classmethod
-        def supported_dtypes(cls, config: Any) -> tuple[str, tuple[str, ...]]:
-            return "cpu", ("float32",)
+        def dtypes_on(cls, device: str) -> tuple[str, ...]:
+            asked.append(device)
+            return ("float32",)
 
         @classmethod
-        def load(cls, checkpoint: Checkpoint, config: Any) -> "Float32Only":
-            loads.append(checkpoint)
-            return cls(checkpoint, config)
+        def load(cls, checkpoint: Checkpoint, config: Any, services: EngineServices) -> "Float32Only":
+            loads.append(services)
+            return cls(checkpoint, config, services)
 
     ckpt = read_checkpoint(BackendConfig(model=folder(tmp_path, {}), dtype="bfloat16"))
     with pytest.raises(UnsupportedDtypeError, match="dtype='bfloat16' cannot run on device 'cpu'"):
         BaseLogprobBackend.from_checkpoint(ckpt, BackendConfig(dtype="bfloat16"), engine_class=Float32Only)
-    assert loads == []  # refused before anything loaded
-    closed = []
+    assert loads == [] and asked == ["cpu"]  # refused before anything loaded, asked once
+    llm = BaseLogprobBackend.from_checkpoint(ckpt, BackendConfig(dtype="float32"), engine_class=Float32Only)
+    (services,) = loads
+    assert services.placement == Placement("cpu", "float32") and asked == ["cpu", "cpu"]
+    assert (llm.device, llm.dtype) == ("cpu", "float32")  # the placement's, not checked again
+    llm.close()
 
-    class Substitutes(TableEngine):  # says it runs anything, then computes in float16
-        dtype = "float16"
 
-        def close(self) -> None:
-            closed.append(True)
+def test_the_placement_names_a_device_this_machine_lacks() -> None:
+    class Placed(BackendConfig):
+        device: str | None = None
 
-    with pytest.raises(UnsupportedDtypeError, match="the engine computes in float16"):
-        BaseLogprobBackend.from_checkpoint(ckpt, BackendConfig(dtype="bfloat16"), engine_class=Substitutes)
-    assert closed == [True]  # the engine it loaded was released
+        def requested_device(self) -> str | None:
+            return self.device
+
+    none = Checkpoint("none")
+    assert place(Placed(device="cpu"), none, ["cpu"]).device == "cpu"
+    with pytest.raises(ConfigError, match="device='tpu': expected 'cuda', 'cuda:N', 'mps' or 'cpu'"):
+        place(Placed(device="tpu"), none, ["cpu"])
+    with pytest.raises(ConfigError, match="device='cuda:1' is not available to this backend here"):
+        place(Placed(device="cuda:1"), none, ["cpu"])
+    assert place(BackendConfig(), none, ["cuda", "cpu"]).device == "cuda"  # the best present
+
+    class Half(BackendConfig):
+        default_dtype = "float16"  # an engine's one default, declared with its options
+
+    assert place(Half(), none).dtype == "float16" and place(Half(dtype="float32"), none).dtype == "float32"
+
+
+class Guarded(TableEngine):
+    """Refuses every attribute written after it loaded: the core writes nothing into it."""
+
+    loaded = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.loaded:
+            raise AssertionError(f"something wrote {name!r} into the engine")
+        super().__setattr__(name, value)
+
+    def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        assert self.services is not None and self.services.vocab_size == V  # lent, read at call time
+        return self.table[torch.tensor([c[-1] for c in contexts])] * 3
+
+
+def test_the_core_writes_nothing_into_an_engine(tmp_path: Path) -> None:
+    class Loads(Guarded):
+        @classmethod
+        def load(cls, checkpoint: Checkpoint, config: Any, services: EngineServices) -> "Loads":
+            engine = cls(checkpoint, config, services)
+            with pytest.raises(RuntimeError, match="read it in forward"):
+                services.vocab_size  # noqa: B018 - not known before the backend reads the vocabulary
+            object.__setattr__(engine, "loaded", True)
+            return engine
+
+    ckpt = read_checkpoint(BackendConfig(model=folder(tmp_path, {})))
+    llm = BaseLogprobBackend.from_checkpoint(ckpt, BackendConfig(), engine_class=Loads)
+    llm.batch_next_token_logprobs_sync([[1], [2, 3]])
+    llm.sample_sync([1], max_tokens=2, seed=0)
+    llm.clear_cache()
+    llm.close()
+    by_hand = Guarded(services=EngineServices(BackendConfig()))  # built by hand: its own services
+    object.__setattr__(by_hand, "loaded", True)
+    held = BaseLogprobBackend(by_hand, name="test")
+    assert held.services is by_hand.services and held.next_token_logprobs_sync([1]).shape == (V,)
+    held.close()
+
+
+def test_kv_reuse_is_lent_on_request_under_the_configs_options() -> None:
+    from genlm_core.engine import KVCacheOptions
+
+    class KVConfig(KVCacheOptions, BackendConfig):
+        pass
+
+    class Resumes(TableEngine):
+        @classmethod
+        def load(cls, checkpoint: Any, config: Any, services: EngineServices) -> "Resumes":
+            engine = cls(checkpoint, config, services)
+            engine.kv = services.kv_reuse(problem=getattr(config, "problem", None), sizeof=len)
+            return engine
+
+    llm = BaseLogprobBackend.from_checkpoint(
+        Checkpoint("none"), KVConfig(kv_cache_bytes=7), engine_class=Resumes
+    )
+    kv = llm.engine.kv
+    assert llm.services.kv is kv and llm.kv_reuse and llm.prefix_cache is kv.cache and kv.cache.budget == 7
+    kv.store((1, 2), (0, 0, 0))
+    assert kv.lookup([(1, 2, 3)]) == [(2, (0, 0, 0))] and llm.stats()["prefix_cache"]["kv_entries"] == 1
+    llm.clear_kv_cache()
+    assert kv.lookup([(1, 2, 3)]) == [(0, None)]
+    with pytest.raises(RuntimeError, match="asked for its KV reuse twice"):
+        llm.services.kv_reuse()
+    llm.close()
+    off = EngineServices(KVConfig(prefix_cache=False))
+    assert not off.kv_reuse().enabled
+    with pytest.warns(UserWarning, match="test: this model cannot reuse KV state \\(recurrent\\)"):
+        assert not EngineServices(KVConfig(), name="test").kv_reuse(problem="recurrent").enabled
+
+
+def test_an_engine_of_the_old_contract_loads_warning(tmp_path: Path) -> None:
+    class Old(TableEngine):  # genlm-core 0.1: load(checkpoint, config), supported_dtypes(config)
+        def __init__(self, checkpoint: Any, config: Any) -> None:
+            super().__init__(checkpoint, config, max_context_length=3)
+
+        @classmethod
+        def supported_dtypes(cls, config: Any) -> tuple[str, tuple[str, ...]]:
+            return "cpu", ("float32",)
+
+    ckpt = read_checkpoint(BackendConfig(model=folder(tmp_path, {})))
+    with pytest.warns(DeprecationWarning) as caught:
+        llm = BaseLogprobBackend.from_checkpoint(ckpt, BackendConfig(), engine_class=Old)
+    said = " ".join(str(w.message) for w in caught)
+    assert "Old.supported_dtypes(config) is deprecated" in said and "Old.__init__(checkpoint, config)" in said
+    assert "Old.max_context_length" in said and llm.max_context_length == 3
+    with pytest.warns(DeprecationWarning), pytest.raises(UnsupportedDtypeError):
+        BaseLogprobBackend.from_checkpoint(ckpt, BackendConfig(dtype="float16"), engine_class=Old)
+    llm.close()
 
 
 def test_the_engine_gets_distinct_validated_contexts_and_rows_are_normalised() -> None:
@@ -237,11 +359,13 @@ def test_a_declared_capability_needs_its_method() -> None:
         backend(Claims())
     with pytest.raises(TypeError, match="not a capability"):
         backend(type("Odd", (TableEngine,), {"supports": frozenset({"teleport"})})())
+    with pytest.raises(TypeError, match="'kv'.*services.kv_reuse"):  # the old capability names its fix
+        backend(type("OldKV", (TableEngine,), {"supports": frozenset({"kv"})})())
 
 
 # ---------------------------------------------------------------------- the sampling template
 async def test_the_engine_sampler_gets_checked_clamped_requests() -> None:
-    engine = SamplingEngine(max_context_length=6)
+    engine = SamplingEngine(max_positions=7)
     llm = backend(engine)
     out = await llm.sample([1, 2, 3, 4], max_tokens=10, seed=3, temperature=0.5)
     # room for the tokens drawn from contexts of 4, 5 and 6 tokens: 6 + 1 - 4
@@ -261,7 +385,7 @@ async def test_the_engine_sampler_gets_checked_clamped_requests() -> None:
 
 
 async def test_without_a_sampler_tokens_are_drawn_from_the_rows() -> None:
-    engine = TableEngine(max_context_length=3)
+    engine = TableEngine(max_positions=4)
     llm = backend(engine)
     greedy = await llm.sample([0], max_tokens=10, temperature=0.0, eos_token_ids=[])
     ctx = [0]
@@ -272,3 +396,25 @@ async def test_without_a_sampler_tokens_are_drawn_from_the_rows() -> None:
     seeded = await llm.sample([0], max_tokens=3, seed=11, eos_token_ids=[])
     assert seeded == await llm.sample([0], max_tokens=3, seed=11, eos_token_ids=[])
     assert seeded == llm.sample_sync([0], max_tokens=3, seed=11, eos_token_ids=[])
+
+
+def test_a_plugin_registers_its_engine_class_only(monkeypatch) -> None:
+    import types
+
+    from genlm_core import api, hookimpl
+    from genlm_core.registry import Registry
+
+    plugin = types.ModuleType("old_style_plugin")
+
+    def register_backends(register: Any) -> None:
+        register("old-style", "genlm_mock._deprecated:MockBackend", devices=["cpu"], model_formats=[])
+        register("table", "genlm_core.bytes.testing:TableBackend", devices=["cpu"], model_formats=[])
+
+    plugin.genlm_register_backends = hookimpl(register_backends)
+    reg = Registry()
+    reg._add_plugin(plugin, "old", "old-dist", "1")
+    monkeypatch.setattr(api, "get_registry", lambda: reg)
+    with pytest.raises(ConfigError, match="is not a genlm_core.engine.Engine.*genlm_mock.engine:MockEngine"):
+        genlm_core.load("old-style")
+    with pytest.raises(ConfigError, match="registers its Engine class; the core builds the backend"):
+        genlm_core.load("table")

@@ -22,6 +22,7 @@ import torch
 
 import genlm_core
 from genlm_core.engine import backend as backend_mod
+from genlm_core.engine.backend import rows as rows_mod
 from genlm_core.testing.models import tiny_llama
 from genlm_core.testing.tolerance import assert_backend_close
 
@@ -49,7 +50,7 @@ def _attributes(llm: Any) -> dict[str, Any]:
         "engine": set(vars(llm.engine)),
         "step": set(vars(llm.engine.step)),
         "cache": set(vars(cache)),
-        "private_copies": backend_mod.private_copies,
+        "private_copies": rows_mod.private_copies,
     }
 
 

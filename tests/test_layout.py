@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import genlm_core
-from genlm_core._moved_modules import MOVED
+from genlm_core._deprecated import MOVED
 
 ROOT = Path(genlm_core.__file__).resolve().parent
 REPO = ROOT.parent
@@ -24,7 +24,7 @@ REPO = ROOT.parent
 #: the package's top level: what every user touches, nothing else
 TOP_LEVEL = {
     "__init__.py",
-    "_moved_modules.py",
+    "_deprecated.py",
     "api.py",
     "config.py",
     "dtype_names.py",  # what dtype= means, below config, the registry and the engines
@@ -87,7 +87,7 @@ def test_old_paths_work_in_a_fresh_interpreter_without_importing_engines() -> No
 
 
 def test_an_old_path_warns_naming_the_new_one_and_the_removal_version() -> None:
-    from genlm_core._moved_modules import REMOVAL
+    from genlm_core._deprecated import REMOVAL
 
     code = (
         "import warnings\n"
@@ -157,3 +157,72 @@ def test_a_long_module_says_why_at_its_top() -> None:
         if lines > MAX_LINES and REASON not in doc:
             long.append(f"{path.relative_to(REPO)} ({lines} lines)")
     assert long == [], f"over {MAX_LINES} lines without '{REASON}: ...' in the docstring"
+
+
+#: first-party backend name -> the module holding its engine (every plugin's is ``engine.py``)
+ENGINE_MODULES = {
+    "hf": "genlm_hf.engine",
+    "vllm": "genlm_vllm.engine",
+    "mlx": "genlm_mlx.engine",
+    "llamacpp": "genlm_llamacpp.engine",
+    "mock": "genlm_mock.engine",
+    "remote": "genlm_remote.engine",
+}
+
+
+def test_every_plugin_registers_the_engine_of_its_engine_module() -> None:
+    from genlm_core.engine import Engine
+    from genlm_core.registry import get_registry
+
+    for name, module in ENGINE_MODULES.items():
+        reg = get_registry().get("backend", name)
+        assert reg.target.split(":")[0] == module, (name, reg.target)
+        assert issubclass(reg.load_target(), Engine)
+
+
+def _package_roots() -> dict[str, Path]:
+    roots = {"genlm_core": ROOT}
+    for folder in sorted((REPO / "plugins").glob("genlm_*/genlm_*")):
+        if (folder / "__init__.py").is_file():
+            roots[folder.name] = folder
+    return roots
+
+
+def test_each_package_keeps_its_shims_in_one_deprecated_module() -> None:
+    """Each package's ``_deprecated.py`` says the release that removes what it holds, and
+    every old module path it lists resolves to a module that answers for it."""
+    from genlm_core import _deprecated
+
+    for package, root in _package_roots().items():
+        if not (root / "_deprecated.py").is_file():
+            continue
+        module = importlib.import_module(f"{package}._deprecated")
+        assert module.REMOVAL == "0.3", package
+        for old, new in getattr(module, "MOVED", {}).items():
+            assert old.startswith(package + ".") and importlib.import_module(new), (old, new)
+            found = _deprecated.moved(old)
+            assert found is not None and found[:2] == (new, "0.3"), (old, found)
+            if not (root / (old.rpartition(".")[2] + ".py")).is_file():  # no file answers first
+                spec = _deprecated.MovedModuleFinder().find_spec(old)
+                assert spec is not None and spec.loader.target == new  # type: ignore[union-attr]
+    for package in ("genlm_mock", "genlm_mlx", "genlm_llamacpp", "genlm_vllm", "genlm_remote"):
+        assert not (_package_roots()[package] / "backend.py").exists(), package  # the alias files went
+
+
+def test_a_plugins_old_backend_names_still_load_warning() -> None:
+    from genlm_mock import _deprecated as mock_old
+    from genlm_mock.engine import MockEngine
+
+    from genlm_core.engine import BaseLogprobBackend
+
+    assert mock_old.MockEngine is MockEngine and mock_old.MockBackend is mock_old.MockBackend
+    assert (
+        issubclass(mock_old.MockBackend, BaseLogprobBackend)
+        and mock_old.MockBackend.engine_class is MockEngine
+    )
+    with pytest.warns(DeprecationWarning, match="genlm_mock.MockBackend is deprecated.*genlm-core 0.3"):
+        llm = mock_old.MockBackend(MockEngine())
+    assert llm.next_token_logprobs_sync([1, 2]).shape == (llm.vocab_size,)
+    llm.close()
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        mock_old.nothing  # noqa: B018

@@ -1,17 +1,20 @@
 """The engine contract and what an engine plugin builds on, with one import point.
 
 A backend plugin writes an :class:`Engine` (``forward`` over distinct contexts, an
-optional sampler) that loads from the :class:`Checkpoint` the core read; the core's
-:class:`BaseLogprobBackend` holds it and does everything else::
+optional sampler) that loads from the :class:`Checkpoint` the core read, with the
+:class:`EngineServices` the core lends it (the :class:`Placement`, KV reuse, the row
+width); the core's :class:`BaseLogprobBackend` holds it and does everything else::
 
-    from genlm_core.engine import BackendConfig, Engine, KVCacheOptions, KVReuse
+    from genlm_core.engine import BackendConfig, Engine, EngineServices, KVCacheOptions
 
 The modules, one mechanism each, shared by every backend:
 
 =================  ======================================================================
 ``contract``       :class:`Engine`: what a plugin writes; :class:`SampleRequest`
+``services``       :class:`EngineServices`: what the core lends an engine at load
+``placement``      :class:`Placement`: device and dtype, decided once before the engine loads
 ``backend``        :class:`BaseLogprobBackend`: holds an engine; validation, batching,
-                   caching, normalisation, sampling, the context limit, EOS ids, dtype
+                   caching, normalisation, sampling, the context limit, EOS ids
 ``sampling``       tokens drawn from the rows, for an engine without a sampler
 ``burst``          an SMC decode loop run in the backend, a control drawing each step
 ``batching``       :class:`AutoBatcher`: concurrent calls become one batch
@@ -50,6 +53,9 @@ EXPORTS: dict[str, str] = {
     "backend_class": "genlm_core.engine.backend",
     "Engine": "genlm_core.engine.contract",
     "SampleRequest": "genlm_core.engine.contract",
+    "EngineServices": "genlm_core.engine.services",
+    "Placement": "genlm_core.engine.placement",
+    "place": "genlm_core.engine.placement",
     "EngineControl": "genlm_core.engine.burst",
     "BurstReport": "genlm_core.engine.burst",
     "BackendConfig": "genlm_core.config",
@@ -166,10 +172,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never run
         checkpoint_file,
         looks_like_path,
     )
+    from genlm_core.engine.placement import Placement, place
     from genlm_core.engine.prefix_cache import PrefixCache
     from genlm_core.engine.progress import note, progress_bar, summarise_repeats
     from genlm_core.engine.row_checks import EngineOutputError
     from genlm_core.engine.row_transport import RowBuffer, shm_available, stack_rows, write_rows
+    from genlm_core.engine.services import EngineServices
     from genlm_core.engine.validation import validate_context
     from genlm_core.engine.vocab import DecodedVocab, decode_vocab, decode_vocab_info
     from genlm_core.errors import ConfigError

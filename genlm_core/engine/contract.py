@@ -1,23 +1,35 @@
 """The Engine part: what a plugin writes, and nothing the core decides.
 
-A backend plugin writes one class, an :class:`Engine`: it loads its engine from the
-:class:`~genlm_core.engine.checkpoint.Checkpoint` the core has read, and computes the
-next-token logits of distinct contexts::
+A backend plugin writes one class, an :class:`Engine`: it loads from what the core hands
+it and computes the next-token logits of distinct contexts::
 
     from genlm_core.engine import Engine
 
     class MyEngine(Engine):
-        def __init__(self, checkpoint, config):
-            self.model, self.tokenizer = my_engine.load(checkpoint.model, dtype=checkpoint.dtype)
+        @classmethod
+        def load(cls, checkpoint, config, services):
+            return cls(my_engine.load(checkpoint.model, device=services.device, dtype=services.dtype))
+
+        def __init__(self, model):
+            self.model, self.tokenizer = model, model.tokenizer
 
         def forward(self, contexts):      # list[tuple[int, ...]], validated and distinct
             return self.model.last_logits(contexts)   # (B, >= vocab) logits
 
-The backend (:class:`~genlm_core.engine.backend.BaseLogprobBackend`) holds the engine
-and decides everything else once for every engine: the vocabulary, the context limit
-(the smaller of the checkpoint's and :attr:`Engine.max_context_length`), the default
-EOS ids, dtype refusals, validation, batching, caching, normalisation, the sampling
-checks and clamps, locking, statistics and shutdown.
+The talk is one way. The core reads the checkpoint, places the engine
+(:mod:`~genlm_core.engine.placement`: device and dtype, before the engine is imported; the
+engine class answers one question, :meth:`Engine.dtypes_on`) and calls
+:meth:`Engine.load` with the :class:`~genlm_core.engine.checkpoint.Checkpoint`, the
+validated config and the :class:`~genlm_core.engine.services.EngineServices` (the
+placement, KV reuse on request, the row width). It then reads what the loaded engine says
+(its tokenizer or vocabulary, EOS ids, token positions) once and calls its methods; it
+never writes into the engine.
+
+The backend (:class:`~genlm_core.engine.backend.BaseLogprobBackend`) decides everything
+else once for every engine: the vocabulary, the context limit (the smaller of the
+checkpoint's and the engine's :attr:`Engine.max_positions`), the default EOS ids,
+validation, batching, caching, normalisation, the sampling checks and clamps, locking,
+statistics and shutdown.
 
 Optional capabilities are declared in :attr:`Engine.supports` (a set of the names in
 :data:`CAPABILITIES`); the core calls the matching methods only for an engine that
@@ -27,15 +39,13 @@ declares it, and refuses an engine that declares one without writing its methods
 * ``"burst"``: bursts (:mod:`genlm_core.engine.burst`) through the core's decode step
   (the rows' distinct contexts through ``forward``); ``"decode"``: bursts through the
   engine's own :meth:`Engine.decode_step` and :meth:`Engine.end_burst`, rows kept between steps;
-* ``"kv"``: the engine resumes a context from the KV state of a prefix. The core builds
-  its :class:`~genlm_core.engine.kv_reuse.KVReuse` (the registered prefix cache the
-  config names, under the config's budget) and hands it to the engine as :attr:`Engine.kv`
-  before the first call; the engine says what a payload costs (:meth:`Engine.kv_sizeof`),
-  which engine resource it reads (:meth:`Engine.kv_owner`) and how to free one
-  (:meth:`Engine.release_kv`), and why a model cannot reuse KV (:meth:`Engine.kv_problem`);
 * ``"lora"``: LoRA adapters, :meth:`Engine.load_adapter` and :meth:`Engine.use_adapter`;
   the backend keeps the names, the lock, and drops the caches an adapter switch makes
   stale (:attr:`Engine.adapter_keyed_kv`).
+
+KV prefix reuse is not a capability: an engine that resumes contexts from cached KV asks
+``services.kv_reuse(...)`` once at load (:mod:`genlm_core.engine.services`).
+docs/plugins.md is the page a plugin author reads.
 """
 
 from __future__ import annotations
@@ -45,23 +55,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from genlm_core.config import BackendConfig
-from genlm_core.engine.dtypes import UnsupportedDtypeError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from genlm_core.engine.checkpoint import Checkpoint
-    from genlm_core.engine.kv_reuse import KVReuse
+    from genlm_core.engine.services import EngineServices
     from genlm_core.token import Token
 
 __all__ = [
     "BURST_CAPABILITIES",
     "CAPABILITIES",
-    "DEFAULTED_CAPABILITIES",
     "Engine",
     "SampleRequest",
     "check_engine",
-    "refuse_unsupported_dtype",
 ]
 
 #: optional capability -> the :class:`Engine` methods it promises
@@ -72,12 +79,8 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "burst": (),
     # bursts through the engine's own decode step, keeping rows between steps
     "decode": ("decode_step", "end_burst"),
-    "kv": (),  # KV prefix reuse, wired by the core (the methods have defaults)
     "lora": ("load_adapter", "use_adapter"),  # LoRA adapters, kept by the backend
 }
-
-#: capabilities whose methods have a default the core writes: declaring one is enough
-DEFAULTED_CAPABILITIES: frozenset[str] = frozenset({"burst", "kv"})
 
 #: the capabilities that offer bursts (``supports_burst``): either one
 BURST_CAPABILITIES: frozenset[str] = frozenset({"burst", "decode"})
@@ -102,11 +105,13 @@ class SampleRequest:
 class Engine:
     """The part of a backend a plugin writes: its engine's calls.
 
-    Write :meth:`forward` (and load the engine in ``__init__(checkpoint, config)`` or
-    :meth:`load`); set :attr:`tokenizer`. Everything else has a default.
+    Write :meth:`load` (or an ``__init__(checkpoint, config, services)``) and
+    :meth:`forward`; set :attr:`tokenizer`. Everything else has a default.
     """
 
-    #: the config the engine takes (its registration may name it instead)
+    # ------------------------------------------------------------------ what the class declares
+    #: the config the engine takes (its registration may name it instead); its
+    #: ``default_dtype`` is the engine's one default dtype
     config_class: ClassVar[type[BackendConfig]] = BackendConfig
     #: optional capabilities this engine implements (names of :data:`CAPABILITIES`)
     supports: ClassVar[frozenset[str]] = frozenset()
@@ -114,84 +119,80 @@ class Engine:
     #: and normalises it in float32) or ``"logprobs"`` (the rows are final: float32,
     #: normalised, exactly ``len(byte_vocab)`` wide, each a compact tensor of its own)
     returns: ClassVar[Literal["logits", "logprobs"]] = "logits"
+    #: run async batches in a worker thread (a wait on another process or the network) or on
+    #: the event loop's own thread (an engine computing in this process: genlm-hf,
+    #: llama.cpp); the ``forward_thread`` option wins
+    forward_in_thread: bool = True
+    #: capability ``"lora"``: whether the engine keys its KV by adapter (vLLM), so that
+    #: switching adapters keeps it; else the core drops the engine's caches on a switch
+    adapter_keyed_kv: bool = False
+    #: capability ``"decode"``: whether :meth:`decode_step` computes each row as
+    #: :meth:`forward` computes it (the same kernels and shapes). False where a burst runs
+    #: other kernels (vLLM's one-token decode over kept KV against its prefill): the parity
+    #: gate then measures it on the machine (:func:`genlm_core.testing.burst.same_arithmetic`).
+    decode_same_arithmetic: bool = True
 
+    # ------------------------------------------------------------------ what a loaded engine says
+    # (read once, when the backend takes the engine)
     #: the tokenizer (``encode``/``decode``, ``eos_token_id``); the vocabulary is decoded from it
     tokenizer: Any = None
     #: the exact byte vocabulary, when the engine knows it (None: decoded from the tokenizer)
-    byte_vocab: "list[Token] | None" = None
+    byte_vocab: list[Token] | None = None
     #: the tokens as strings (None: from ``byte_vocab``)
     str_vocab: list[str] | None = None
     #: the EOS ids of the engine's tokenizer (None: ``tokenizer.eos_token_id``); the
     #: checkpoint's ``generation_config.json`` / ``config.json`` win over them
     eos_token_ids: list[int] | None = None
-    #: the model the engine runs whatever ``model=`` said (a server's): the core refuses a
-    #: config naming another one, and ``model=None`` becomes this one (None: the checkpoint's)
-    serves_model: str | None = None
-    #: the longest context the engine itself accepts (None: no bound of its own)
-    max_context_length: int | None = None
-    #: the token positions the engine holds (its KV cells, ``max_model_len``): the core's
-    #: context limit is then ``N - 1``, as for a checkpoint's (the predicted token needs a
-    #: position too); None: no bound of its own
+    #: the token positions the engine holds (its KV cells, vLLM's ``max_model_len``, a
+    #: server's limit + 1): the core's context limit is then at most ``N - 1``, as for a
+    #: checkpoint's (the predicted token needs a position too); None: no bound of its own
     max_positions: int | None = None
-    #: what the engine computes in (``"float32"``, ``"float16"``, ``"bfloat16"``), read from it
-    dtype: str = "float32"
-    #: where it computes (``"cpu"``, ``"cuda"``, ``"mps"``...)
-    device: Any = "cpu"
-    #: where its rows come back, when not on :attr:`device` (e.g. an engine handing back numpy rows)
+    #: where its rows come back, when not where it computes (an engine handing back numpy rows)
     rows_device: Any = None
-    #: run async batches in a worker thread (a wait on another process or the network) or on
-    #: the event loop's own thread (genlm-hf on any device, llama.cpp); ``forward_thread`` wins
-    forward_in_thread: bool = True
     #: the model's configuration as the engine loaded it, for a checkpoint whose files were
     #: not on this machine before loading (a hub id the engine fetched, a model built in
     #: memory): the core reads the context limit and EOS ids from it then
     model_config: Mapping[str, Any] | None = None
     generation_config: Mapping[str, Any] | None = None
-    #: the width of a row the core reads: ``len(byte_vocab)``, set by the core when it holds
-    #: the engine (an engine's logits may be wider: padded vocabularies are cut)
-    vocab_size: int | None = None
-    #: KV prefix reuse (capability ``"kv"``): the core's :class:`~genlm_core.engine.kv_reuse.KVReuse`,
-    #: set before the first call (a disabled one when reuse is off or the model cannot);
-    #: the backend then offers ``cache_kv``, ``clear_kv_cache``, ``prefix_cache`` and their counters
-    kv: "KVReuse | None" = None
-    #: capability ``"lora"``: whether the engine keys its KV by adapter (vLLM), so that
-    #: switching adapters keeps it; else the core drops the engine's caches on a switch
-    adapter_keyed_kv: bool = False
-    #: whether :meth:`decode_step` computes each row as :meth:`forward` computes it (the
-    #: core's decode step and decode batches over the engine's own KV: the same kernels
-    #: and shapes). False where a burst runs other kernels (vLLM's one-token decode over
-    #: kept KV against its prefill): the parity gate then measures it on the machine
-    #: (:func:`genlm_core.testing.burst.same_arithmetic`).
-    decode_same_arithmetic: bool = True
+    #: what the engine computes in and where, read only where the core did not place it
+    #: (the placement says None: a model served elsewhere, an engine built by hand)
+    dtype: str = "float32"
+    device: Any = "cpu"
+    #: the services of an engine built by hand (``EngineServices(config)``), where the
+    #: backend holding it finds them; a loaded engine's are the ones :meth:`load` received
+    services: EngineServices | None = None
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, checkpoint: "Checkpoint", config: BackendConfig) -> "Engine":
-        """The engine for ``checkpoint`` (read by the core: folder checked, ``model=None``
-        resolved, dtype resolved). The default calls ``cls(checkpoint, config)``."""
-        return cls(checkpoint, config)  # type: ignore[call-arg]
+    def dtypes_on(cls, device: str) -> Collection[str] | None:
+        """The one question the core asks an engine class, before it loads: the dtypes it
+        computes in on ``device`` (None: any). The core refuses any other dtype there.
+        Raise ``ValueError`` naming the fix where the engine cannot run on ``device`` at all."""
+        return None
 
     @classmethod
-    def supported_dtypes(cls, config: BackendConfig) -> tuple[str, Collection[str] | None]:
-        """``(device, dtypes the engine can compute in there)`` (None: any), asked before
-        :meth:`load`: the core refuses any other dtype there, before any weight is read."""
-        return "cpu", None
+    def load(cls, checkpoint: Checkpoint, config: BackendConfig, services: EngineServices) -> Engine:
+        """The engine for ``checkpoint`` (read by the core: folder checked, ``model=None``
+        resolved), ``config`` (validated) and ``services`` (the placement, KV reuse, the row
+        width: :mod:`genlm_core.engine.services`). The default calls
+        ``cls(checkpoint, config, services)``."""
+        return cls(checkpoint, config, services)  # type: ignore[call-arg]
 
     # ------------------------------------------------------------------ model calls
-    def forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor | Sequence[torch.Tensor]":
+    def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor | Sequence[torch.Tensor]:
         """Next-token scores of each context (see :attr:`returns`), in the order given.
 
         The contexts are validated and distinct: the backend merges identical ones."""
         raise NotImplementedError(f"{type(self).__name__} must implement forward(contexts)")
 
-    def forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor | Sequence[torch.Tensor]":
+    def forward_uncached(self, contexts: list[tuple[int, ...]]) -> torch.Tensor | Sequence[torch.Tensor]:
         """:meth:`forward` without any engine cache (the reference computation); engines
         with KV reuse override it."""
         return self.forward(contexts)
 
     def decode_step(
         self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]
-    ) -> "torch.Tensor | Sequence[torch.Tensor]":
+    ) -> torch.Tensor | Sequence[torch.Tensor]:
         """The capability ``"decode"``: one step of a burst (:mod:`genlm_core.engine.burst`),
         over rows the engine keeps between steps.
 
@@ -222,37 +223,6 @@ class Engine:
         sampler, stopping before (and without) any token of ``request.eos``."""
         raise NotImplementedError(f"{type(self).__name__} declares no sampler")
 
-    # ------------------------------------------------------------------ KV reuse ("kv")
-    def kv_problem(self) -> str | None:
-        """Why this model cannot resume from cached KV (recurrent or sliding-window layers,
-        a batch-invariant mode), or None when it can. The core then keeps no prefix cache."""
-        return None
-
-    #: the load() option that sets :meth:`kv_budget` (named when the budget is too small)
-    kv_budget_option: str = "kv_cache_bytes"
-
-    def kv_budget(self, config: BackendConfig) -> int | None:
-        """The prefix cache's bound, in the unit :meth:`kv_sizeof` counts (default: the
-        config's ``kv_cache_bytes``, in bytes; None: no bound; 0: no reuse)."""
-        return getattr(config, "kv_cache_bytes", None)
-
-    def kv_sizeof(self, payload: Any) -> int:
-        """What one cached payload costs against :meth:`kv_budget` (default: the bytes it
-        keeps alive)."""
-        from genlm_core.engine.memory import sizeof
-
-        return sizeof(payload)
-
-    def kv_owner(self, payload: Any) -> Any:
-        """The engine resource ``payload`` reads (a llama.cpp KV sequence that several
-        cached prefixes share), or None for a payload that owns its memory. The core counts
-        the cached entries and the running calls reading each owner and calls
-        :meth:`release_kv` when none is left."""
-        return None
-
-    def release_kv(self, owner: Any) -> None:
-        """Free ``owner`` (see :meth:`kv_owner`): no cached prefix reads it any more."""
-
     # ------------------------------------------------------------------ LoRA ("lora")
     def load_adapter(self, name: str, folder: str) -> None:
         """Load the LoRA adapter in ``folder`` under ``name`` without activating it (the
@@ -266,9 +236,7 @@ class Engine:
 
     # ------------------------------------------------------------------ housekeeping
     def clear_cache(self) -> None:
-        """Drop engine-side caches (KV)."""
-        if self.kv is not None:
-            self.kv.clear()
+        """Drop engine-side caches (the backend then clears the KV reuse it lent)."""
 
     @property
     def healthy(self) -> bool:
@@ -289,17 +257,20 @@ class Engine:
         return {}
 
     def close(self) -> None:
-        """Release the engine (the backend calls it once, after its batchers stopped)."""
-        if self.kv is not None:
-            self.kv.clear()
+        """Release the engine (the backend calls it once, after its batchers stopped; the KV
+        reuse it lent is dropped after)."""
 
 
-#: what to write instead, after the error naming a missing method
+#: what to write instead, after the error naming a missing method or an old capability
 _CAPABILITY_HINTS: dict[str, str] = {
     "decode": (
         ": an engine keeping a burst's rows between steps writes both decode_step(rows, released) "
         "and end_burst(released) (a burst's end, formerly decode_step({}, released)); an engine "
         "without state between steps declares 'burst' instead and gets the core's decode step"
+    ),
+    "kv": (
+        "; KV prefix reuse is asked for at load instead: self.kv = services.kv_reuse(...) in "
+        "Engine.load(checkpoint, config, services) (docs/plugins.md)"
     ),
 }
 
@@ -313,10 +284,8 @@ def check_engine(engine: Any) -> None:
         if methods is None:
             raise TypeError(
                 f"{cls.__name__}.supports names {name!r}, which is not a capability "
-                f"(known: {', '.join(sorted(CAPABILITIES))})"
+                f"(known: {', '.join(sorted(CAPABILITIES))})" + _CAPABILITY_HINTS.get(name, "")
             )
-        if name in DEFAULTED_CAPABILITIES:
-            continue
         for method in methods:
             if getattr(cls, method, None) is getattr(Engine, method):
                 raise TypeError(
@@ -325,17 +294,3 @@ def check_engine(engine: Any) -> None:
                 )
     if getattr(cls, "returns", "logits") not in ("logits", "logprobs"):
         raise TypeError(f"{cls.__name__}.returns must be 'logits' or 'logprobs', got {cls.returns!r}")
-
-
-def refuse_unsupported_dtype(
-    engine_class: type[Engine], checkpoint: "Checkpoint", config: BackendConfig, name: str
-) -> None:
-    """Raise :class:`UnsupportedDtypeError` when the dtype ``checkpoint`` resolved is not one
-    ``engine_class`` computes in on its device (asked before anything loads)."""
-    if checkpoint.dtype is None:
-        return
-    device, dtypes = engine_class.supported_dtypes(config)
-    if dtypes is not None and checkpoint.dtype not in dtypes:
-        raise UnsupportedDtypeError(
-            name, checkpoint.dtype, device, f"the engine computes in {', '.join(sorted(dtypes))} there"
-        )

@@ -1,13 +1,15 @@
 """Automatic KV prefix reuse for engines that hold their own KV state, written once.
 
 An engine whose model call can resume from the KV state of a prefix (genlm-hf,
-genlm-mlx, genlm-llamacpp) keeps that state in a :class:`KVReuse` as its ``kv``
-attribute: a prefix cache (the registered cache named by ``prefix_cache_impl``, by
-default the core's :class:`~genlm_core.engine.prefix_cache.PrefixCache`: LRU under a
-budget) plus the counters every such engine reports. The engine keeps only its calls:
+genlm-mlx, genlm-llamacpp) keeps that state in a :class:`KVReuse` the core lends it at
+load (``services.kv_reuse(...)``, :mod:`genlm_core.engine.services`): a prefix cache
+(the registered cache named by ``prefix_cache_impl``, by default the core's
+:class:`~genlm_core.engine.prefix_cache.PrefixCache`: LRU under a budget) plus the
+counters every such engine reports. The engine keeps only its calls:
 
 .. code-block:: python
 
+    self.kv = services.kv_reuse(problem=None)    # in load(): asked once
     starts = self.kv.lookup(contexts)              # [(depth, kv)]: deepest proper prefix
     logits, kvs = engine.run(contexts, starts)     # compute the tokens past each depth
     self.kv.count(computed=..., reused=sum(d for d, _ in starts))
@@ -117,13 +119,14 @@ class KVReuse:
         release: frees an owner nothing reads.
         budget_option: the load() option that sets ``budget`` (named in the warning below).
 
-    A budget smaller than what one step keeps (64 particles of 400 tokens of SmolLM2-135M:
-    1.2 GB against the default 1 GiB) drops KV stored since the last lookup before any
-    call reads it, and the next call computes those contexts from their start (on the
-    CPU a step took 4 s instead of 0.8; 42 s before genlm-hf split its passes): the first
-    time, a WARNING names the budget and the option (``self_evictions`` counts them).
+    A budget smaller than what one step keeps drops KV stored since the last lookup
+    before any call reads it, and the next call computes those contexts from their start
+    (a step can take several times longer; docs/architecture.md has the measurement):
+    the first time, a WARNING names the budget and the option (``self_evictions`` counts
+    them).
 
-    Engines get theirs from the core (:meth:`for_engine`, capability ``"kv"``).
+    Engines ask the core for theirs at load (:meth:`EngineServices.kv_reuse
+    <genlm_core.engine.services.EngineServices.kv_reuse>`).
     """
 
     def __init__(
@@ -158,31 +161,40 @@ class KVReuse:
         self.counters = ComputeCounters()
 
     @classmethod
-    def for_engine(cls, engine: Any, config: Any) -> "KVReuse":
-        """The KV reuse of ``engine`` (capability ``"kv"``) under ``config``'s options
-        (:class:`KVCacheOptions`): on when ``prefix_cache`` is, the budget allows it and
-        the engine's :meth:`~genlm_core.engine.contract.Engine.kv_problem` is None.
-        A model that cannot reuse KV while reuse was asked for gets a warning."""
+    def for_config(
+        cls,
+        config: Any,
+        budget: int | None,
+        *,
+        name: str = "backend",
+        problem: str | None = None,
+        sizeof: Callable[[Any], int] | None = None,
+        budget_option: str = "kv_cache_bytes",
+        owner: Callable[[Any], Any] | None = None,
+        release: Callable[[Any], None] | None = None,
+    ) -> "KVReuse":
+        """The KV reuse an engine asks for (:meth:`EngineServices.kv_reuse
+        <genlm_core.engine.services.EngineServices.kv_reuse>`) under ``config``'s options
+        (:class:`KVCacheOptions`): on when ``prefix_cache`` is, ``budget`` is not 0 and the
+        model has no ``problem``. A model that cannot reuse KV while reuse was asked for
+        gets a warning."""
         import warnings
 
-        budget = engine.kv_budget(config)
         wanted = bool(getattr(config, "prefix_cache", True)) and budget != 0
-        problem = engine.kv_problem() if wanted else None
-        if problem is not None:
+        if wanted and problem is not None:
             warnings.warn(
-                f"{type(engine).__name__}: this model cannot reuse KV state ({problem}); "
-                "prefix caching is disabled",
+                f"{name}: this model cannot reuse KV state ({problem}); prefix caching is disabled",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         return cls(
             budget,
             enabled=wanted and problem is None,
-            sizeof=engine.kv_sizeof,
+            sizeof=sizeof or default_sizeof,
             impl=getattr(config, "prefix_cache_impl", "prefix"),
-            owner=engine.kv_owner,
-            release=engine.release_kv,
-            budget_option=getattr(engine, "kv_budget_option", "kv_cache_bytes"),
+            owner=owner,
+            release=release,
+            budget_option=budget_option,
         )
 
     @property

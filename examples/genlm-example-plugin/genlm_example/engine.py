@@ -1,14 +1,19 @@
 """A byte bigram language model as a genlm-core engine: the whole engine is a 257 x 257
-count table. Shows what a third-party backend writes: its config, ``__init__`` and
-``forward``; genlm-core does the batching, caching, validation, normalisation and
-sampling."""
+count table.
+
+What a third-party backend writes, whole: its config (the options, and the engine's one
+default dtype, ``BackendConfig.default_dtype``), the one question the core asks before
+loading (``dtypes_on``), ``load(checkpoint, config, services)`` on the device and in the
+dtype the core placed, and ``forward``. genlm-core does the batching, caching,
+validation, normalisation and sampling, and writes nothing into the engine.
+"""
 
 from __future__ import annotations
 
 import torch
 from pydantic import Field
 
-from genlm_core.engine import BackendConfig, Engine, Token
+from genlm_core.engine import BackendConfig, Checkpoint, Engine, EngineServices, Token
 
 DEFAULT_TEXT = (
     "The quick brown fox jumps over the lazy dog. Montreal is a city in Canada. "
@@ -36,14 +41,23 @@ class ByteTokenizer:
 class BigramEngine(Engine):
     config_class = BigramConfig
 
-    def __init__(self, checkpoint: object, config: BigramConfig) -> None:
-        self.tokenizer = ByteTokenizer()
-        self.byte_vocab = [Token(i, bytes([i])) for i in range(256)] + [Token(256, b"<eos>")]
+    @classmethod
+    def dtypes_on(cls, device: str) -> tuple[str, ...]:
+        return ("float32", "bfloat16")  # what the table can be held in (asked before load)
+
+    @classmethod
+    def load(cls, checkpoint: Checkpoint, config: BigramConfig, services: EngineServices) -> BigramEngine:
         counts = torch.ones(257, 257)
         data = list(config.text.encode("utf-8")) + [256]
         for a, b in zip(data, data[1:]):
             counts[a, b] += 1
-        self.table = torch.log(counts / counts.sum(-1, keepdim=True))
+        table = torch.log(counts / counts.sum(-1, keepdim=True))
+        return cls(table.to(services.device, getattr(torch, services.dtype)))
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+        self.tokenizer = ByteTokenizer()
+        self.byte_vocab = [Token(i, bytes([i])) for i in range(256)] + [Token(256, b"<eos>")]
 
     def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
-        return self.table[torch.tensor([c[-1] for c in contexts])]
+        return self.table[torch.tensor([c[-1] for c in contexts], device=self.table.device)]

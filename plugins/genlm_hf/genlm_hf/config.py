@@ -116,6 +116,10 @@ class HFConfig(KVCacheOptions, BackendConfig):
             )
         return name
 
+    def requested_device(self) -> str | None:
+        """``device`` (None: the best device present, :mod:`genlm_core.engine.placement`)."""
+        return self.device
+
     def model_needs(self) -> tuple[str, ...]:
         # a GGUF checkpoint carries its config and tokenizer inside the .gguf file
         return () if self.gguf_file is not None else ("config", "tokenizer")

@@ -33,11 +33,11 @@ from typing import Any
 
 import torch
 
-from genlm_core.engine import Checkpoint, Engine, note
+from genlm_core.engine import Checkpoint, Engine, EngineServices, note
 from genlm_hf.config import HFConfig
 from genlm_hf.cpu_linear import pack_linears, packing_problem, unpack_linears
 from genlm_hf.fused import FusedLlama, fused_reason
-from genlm_hf.loading import load_model_and_tokenizer, supported_dtypes
+from genlm_hf.loading import dtypes_on, load_model_and_tokenizer
 from genlm_hf.passes import (
     PASS_COST,
     PassRow,
@@ -84,10 +84,18 @@ class HFEngine(Engine):
     """A transformers causal LM over a KV pool (see the module doc)."""
 
     config_class = HFConfig
-    supports = frozenset({"burst", "kv", "lora"})
+    supports = frozenset({"burst", "lora"})
 
-    def __init__(self, model: Any, tokenizer: Any, config: HFConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: HFConfig | None = None,
+        services: EngineServices | None = None,
+    ) -> None:
         config = config if config is not None else HFConfig()
+        #: what the core lent at load (built by hand: its own; its device and dtype the model's)
+        self.services = services if services is not None else EngineServices(config)
         self.model = model.eval()
         self._device = model.device
         self.tokenizer = tokenizer
@@ -117,8 +125,14 @@ class HFEngine(Engine):
             self.pool = KVPool(probe_layout(model, self.pad_id), bound or None)
             self.pool.reclaim = self._reclaim
             self.step = _decode_step(model, config, self.pool, self.pad_id)
-        elif config.prefix_cache and config.kv_cache_bytes != 0:
-            note(f"hf: no KV is kept for this model ({self.pool_off}); every context runs whole")
+        #: KV prefix reuse (the prefix cache keeps page tables; the pool bounds the KV)
+        self.kv = self.services.kv_reuse(
+            problem=self.pool_off,
+            sizeof=lambda seq: 0,  # a kept context's pages are the pool's (kv_pool_bytes_in_use)
+            budget=0 if config.kv_cache_bytes == 0 else None,
+            owner=lambda seq: seq,  # each kept context holds its pages until the cache drops it
+            release=lambda seq: seq.release(),
+        )
         #: linear layers packed for oneDNN on the CPU (genlm_hf.cpu_linear), and why not
         self.packed_linears = 0
         self.packed_off: str | None = "cpu_packed_linears=False"
@@ -137,13 +151,13 @@ class HFEngine(Engine):
         self.counts = {"pool_passes": 0, "span_rows": 0, "span_columns": 0, "private_columns": 0}
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: HFConfig) -> "HFEngine":  # type: ignore[override]
-        model, tokenizer, _ = load_model_and_tokenizer(checkpoint, config)
-        return cls(model, tokenizer, config)
+    def load(cls, checkpoint: Checkpoint, config: HFConfig, services: EngineServices) -> "HFEngine":  # type: ignore[override]
+        model, tokenizer, _ = load_model_and_tokenizer(checkpoint, config, services.placement)
+        return cls(model, tokenizer, config, services)
 
     @classmethod
-    def supported_dtypes(cls, config: HFConfig) -> tuple[str, tuple[str, ...]]:  # type: ignore[override]
-        return supported_dtypes(config)
+    def dtypes_on(cls, device: str) -> tuple[str, ...]:
+        return dtypes_on(device)
 
     @property
     def device(self) -> Any:
@@ -158,23 +172,6 @@ class HFEngine(Engine):
         return "float32"
 
     # ------------------------------------------------------------------ KV reuse
-    def kv_problem(self) -> str | None:
-        return self.pool_off
-
-    def kv_budget(self, config: HFConfig) -> int | None:  # type: ignore[override]
-        """The pool bounds the KV (``kv_cache_bytes``), not the prefix cache's entries: the
-        cache keeps what the pool holds (0: no reuse)."""
-        return 0 if config.kv_cache_bytes == 0 else None
-
-    def kv_sizeof(self, payload: Any) -> int:
-        return 0  # a kept context's pages are the pool's (stats: kv_pool_bytes_in_use)
-
-    def kv_owner(self, payload: Any) -> Any:
-        return payload  # each kept context holds its pages until the prefix cache drops it
-
-    def release_kv(self, owner: Any) -> None:
-        owner.release()
-
     def _reclaim(self) -> bool:
         """The pool needs a page: the prefix cache releases its least recently used
         context that no kept context extends (a leaf: its pages are the only ones a

@@ -1,25 +1,23 @@
-"""Loading a transformers model and tokenizer from the checkpoint the core read."""
+"""Loading a transformers model and tokenizer from the checkpoint the core read, on the
+device and in the dtype it placed (:mod:`genlm_core.engine.placement`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from genlm_core.engine import Checkpoint, note
-from genlm_core.registry import hardware
+from genlm_core.engine import Checkpoint, Placement, note
 from genlm_hf.config import HFConfig
 
-__all__ = ["check_config", "load_model_and_tokenizer", "resolve_device", "supported_dtypes"]
+__all__ = ["check_config", "dtypes_on", "load_model_and_tokenizer"]
 
 
-def check_config(config: HFConfig) -> None:
-    """Fail early, before any weights are read, on options this machine cannot honour."""
+def check_config(config: HFConfig, device: str) -> None:
+    """Fail early, before any weights are read, on options this placement cannot honour."""
     if config.bitsandbytes_opts:
-        wants_cpu = config.device is not None and not str(config.device).startswith("cuda")
-        if wants_cpu or not hardware.probe().cuda:
-            where = f"device={config.device!r}" if wants_cpu else hardware.probe().cuda_reason
+        if not device.startswith("cuda"):
             raise ValueError(
-                "bitsandbytes quantization needs a CUDA GPU, but this backend would run "
-                f"without one ({where}); drop `bitsandbytes_opts` or run on a CUDA machine"
+                "bitsandbytes quantization needs a CUDA GPU, but this backend would run on "
+                f"{device!r}; drop `bitsandbytes_opts` or run on a CUDA machine"
             )
         import importlib.util
 
@@ -30,45 +28,31 @@ def check_config(config: HFConfig) -> None:
             )
 
 
-def resolve_device(requested: str | None) -> str:
-    """The torch device to run on: the requested one (checked) or the best one present."""
+def dtypes_on(device: str) -> tuple[str, ...]:
+    """The dtypes torch computes in on ``device`` (no bfloat16 on a GPU without it); a
+    ``ValueError`` naming the fix where this torch cannot run on ``device`` at all."""
     import torch
 
-    if requested is not None:
-        kind = str(requested).split(":")[0]
-        if kind == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={requested!r} was requested but torch sees no CUDA device")
-        if kind == "mps" and not torch.backends.mps.is_available():
-            raise ValueError(f"device={requested!r} was requested but torch has no MPS support here")
-        if kind not in ("cuda", "mps", "cpu"):
-            raise ValueError(f"device={requested!r}: expected 'cuda', 'cuda:N', 'mps' or 'cpu'")
-        return str(requested)
-    for dev in hardware.probe().devices:  # cheap probe first, then ask torch
-        if dev == "cuda" and torch.cuda.is_available():
-            return "cuda"
-        if dev == "mps" and torch.backends.mps.is_available():
-            return "mps"
-    return "cpu"
+    kind = device.split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r}: this machine has a GPU but torch sees no CUDA device (a CPU build "
+            "of torch?); install a CUDA build of torch, or pass device='cpu' (GENLM_DEVICE=cpu)"
+        )
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={device!r}: torch has no MPS support here; pass device='cpu'")
+    if kind == "cuda" and not torch.cuda.is_bf16_supported():
+        return ("float32", "float16")
+    return ("float32", "float16", "bfloat16")
 
 
-def supported_dtypes(config: HFConfig) -> tuple[str, tuple[str, ...]]:
-    """The device the model will run on and the dtypes torch computes in there (no
-    bfloat16 on a GPU without it)."""
-    import torch
-
-    device = resolve_device(config.device)
-    if device.split(":")[0] == "cuda" and not torch.cuda.is_bf16_supported():
-        return device, ("float32", "float16")
-    return device, ("float32", "float16", "bfloat16")
-
-
-def load_model_and_tokenizer(checkpoint: Checkpoint, config: HFConfig) -> tuple[Any, Any, str]:
-    """``(model, tokenizer, device)`` through transformers' ``from_pretrained``, in the
-    dtype the checkpoint resolved (a quantised GGUF under ``"auto"``: float32, what
-    transformers dequantises it to)."""
-    check_config(config)
-    device = resolve_device(config.device)
-    dtype = checkpoint.dtype or "float32"
+def load_model_and_tokenizer(
+    checkpoint: Checkpoint, config: HFConfig, placement: Placement
+) -> tuple[Any, Any, str]:
+    """``(model, tokenizer, device)`` through transformers' ``from_pretrained``, on the
+    placement's device and in its dtype."""
+    device, dtype = str(placement.device), str(placement.dtype)
+    check_config(config, device)
     model = checkpoint.model
     if config.gguf_file is not None:
         note(

@@ -24,6 +24,9 @@ class LlamaCppConfig(BackendConfig):
     """
 
     component = "llamacpp"
+    #: ``dtype="auto"`` on a GGUF whose file type names no float dtype (quantised weights):
+    #: an f16 KV cache, llama.cpp's own choice there
+    default_dtype = "float16"
 
     gguf_file: str | None = Field(
         None, description="the .gguf file inside the folder or hub repository named by model"

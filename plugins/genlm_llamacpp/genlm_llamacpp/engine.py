@@ -7,12 +7,12 @@ Importing this module does not import llama_cpp; creating an engine does.
   ``n_batch``-token decodes when longer) and the logits of its last position are read
   copied out of llama.cpp's output buffer into a row of its own (no batch tensor); the
   core normalises each row.
-* KV prefix reuse (capability ``"kv"``): each computed context keeps its sequence,
-  recorded in the core's :class:`~genlm_core.engine.kv_reuse.KVReuse` (the payload names
-  the sequence and how many of its positions the context covers; its size is that token
-  count, bounded by ``kv_cache_tokens``). The sequence is the payload's owner: the core
-  counts the cached prefixes and running calls reading it and frees it
-  (:meth:`LlamaCppEngine.release_kv`) when none is left. A later context extends the sequence of its deepest cached
+* KV prefix reuse: each computed context keeps its sequence, recorded in the
+  :class:`~genlm_core.engine.kv_reuse.KVReuse` the core lends at load (``services.kv_reuse``:
+  the payload names the sequence and how many of its positions the context covers; its
+  size is that token count, bounded by ``kv_cache_tokens``). The sequence is the payload's
+  owner: the core counts the cached prefixes and running calls reading it and frees it
+  (:meth:`LlamaCppEngine._free_kv`) when none is left. A later context extends the sequence of its deepest cached
   proper prefix in place when that prefix is where the sequence ends (a particle's
   one-token step: one token computed, no new sequence, the shorter prefix still
   cached), or copies the prefix into a sequence of its own (``llama_memory_seq_cp``:
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from genlm_core.engine import BackendConfig, Checkpoint, Engine, note
+from genlm_core.engine import Checkpoint, Engine, EngineServices, note
 from genlm_llamacpp.config import LlamaCppConfig
 from genlm_llamacpp.kv_cells import CellLedger
 
@@ -66,14 +66,19 @@ class LlamaCppEngine(Engine):
 
     config_class = LlamaCppConfig
     #: bursts: the core's decode step over forward; each row resumes its sequence
-    supports = frozenset({"burst", "kv"})
+    supports = frozenset({"burst"})
     forward_in_thread = False  # llama.cpp computes on every core already
-    kv_budget_option = "kv_cache_tokens"  # kv_budget counts tokens
 
-    def __init__(self, context: "LlamaContext", config: LlamaCppConfig | None = None) -> None:
+    def __init__(
+        self,
+        context: "LlamaContext",
+        config: LlamaCppConfig | None = None,
+        services: EngineServices | None = None,
+    ) -> None:
         from genlm_llamacpp.tokenizer import GGUFTokenizer, byte_vocab
 
         config = config or LlamaCppConfig()
+        self.services = services if services is not None else EngineServices(config)
         self.context = context
         self.byte_vocab, self.str_vocab = byte_vocab(context)
         self.tokenizer = GGUFTokenizer(context, self.byte_vocab)
@@ -83,9 +88,20 @@ class LlamaCppEngine(Engine):
         #: every context computed alone in an emptied KV cache (see LlamaCppConfig.batch_invariant)
         self.batch_invariant: bool = context.batch_invariant
         self.decode_calls = 0
+        # the prefix cache counts tokens (kv_cache_tokens); no reuse when every context is
+        # computed alone; a payload's sequence is freed when no cached prefix reads it
+        self.kv = self.services.kv_reuse(
+            budget=0 if self.batch_invariant else config.kv_cache_tokens,
+            budget_option="kv_cache_tokens",
+            sizeof=lambda payload: payload.n_tokens,
+            owner=lambda payload: payload.kv,
+            release=self._free_kv,
+        )
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: LlamaCppConfig) -> "LlamaCppEngine":  # type: ignore[override]
+    def load(
+        cls, checkpoint: Checkpoint, config: LlamaCppConfig, services: EngineServices
+    ) -> "LlamaCppEngine":  # type: ignore[override]
         note(f"llamacpp: loading {checkpoint.path}")
         from genlm_llamacpp.llama_context import LlamaContext
 
@@ -99,39 +115,23 @@ class LlamaCppEngine(Engine):
             n_threads=config.n_threads,
             n_gpu_layers=config.n_gpu_layers,
             kv_cache_type=config.kv_cache_type,
-            dtype=checkpoint.dtype or "auto",
+            dtype=str(services.dtype),
             flash_attn=config.flash_attn,
             extra_buffers=config.cpu_extra_buffers,
         )
-        return cls(context, config)
+        return cls(context, config, services)
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
         """The precision of the KV cache and attention (activations are float32; the
-        weights are the GGUF's own, :attr:`weights_type`). A q8_0 cache reads as float16."""
+        weights are the GGUF's own, :attr:`weights_type`). A q8_0 cache reads as float16.
+        Read where the core did not place the engine (built by hand)."""
         return {"f32": "float32", "bf16": "bfloat16"}.get(self.context.kv_cache_type, "float16")
 
     @property
     def weights_type(self) -> str:
         """The GGUF's weight type as llama.cpp names it: ``"F32"``, ``"F16"``, ``"Q4_1"``..."""
         return self.context.weights_type
-
-    # ------------------------------------------------------------------ KV reuse ("kv")
-    def kv_budget(self, config: BackendConfig) -> int | None:
-        """``kv_cache_tokens`` (:meth:`kv_sizeof` counts tokens); 0, no reuse, when every
-        context is computed alone (``batch_invariant``)."""
-        return 0 if self.batch_invariant else config.kv_cache_tokens  # type: ignore[attr-defined]
-
-    def kv_sizeof(self, payload: "CachedPrefix") -> int:
-        return payload.n_tokens
-
-    def kv_owner(self, payload: "CachedPrefix") -> KVSequence:
-        return payload.kv
-
-    def release_kv(self, owner: KVSequence) -> None:
-        """No cached prefix or running call reads the sequence: its KV removed from
-        llama.cpp, its cells and id free."""
-        self._free_kv(owner)
 
     # ------------------------------------------------------------------ model calls
     def forward(self, contexts: list[tuple[int, ...]]) -> "list[torch.Tensor]":
@@ -331,6 +331,8 @@ class LlamaCppEngine(Engine):
         self.free_sequences = list(range(self.context.n_seq_max))
 
     def _free_kv(self, kv: KVSequence) -> None:
+        """No cached prefix or running call reads the sequence: its KV removed from
+        llama.cpp, its cells and id free."""
         self.context.seq_remove(kv.seq_id)
         self.ledger.remove(kv.seq_id)
         self.free_sequences.append(kv.seq_id)

@@ -31,18 +31,19 @@ class KeptCaches:
 
 
 class MLXDecodeOps:
-    """:class:`~genlm_core.engine.decode_batches.DecodeOps` over an mlx-lm model."""
+    """:class:`~genlm_core.engine.decode_batches.DecodeOps` over an mlx-lm model: prefills of
+    ``prefill_step_size`` tokens a model call."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
+    def __init__(self, model: Any, prefill_step_size: int) -> None:
+        self.model = model
+        self.prefill_step_size = prefill_step_size
 
     def assemble(self, contexts: list[Context], sources: list[tuple[int, Any]]) -> tuple[Any, Any]:
-        engine = self.engine
         out = prefill.forward(
-            engine.mlx_model,
+            self.model,
             contexts,
             [payload for _, payload in sources],
-            engine.prefill_step_size,
+            self.prefill_step_size,
             keep_caches=True,
         )
         logits = torch.from_numpy(out.logits)
@@ -52,7 +53,7 @@ class MLXDecodeOps:
 
     def resume(self, batch: KeptBatch, contexts: list[Context]) -> Any:
         kept: KeptCaches = batch.state
-        logits = prefill.resume(self.engine.mlx_model, kept.caches, [c[-1] for c in contexts])
+        logits = prefill.resume(self.model, kept.caches, [c[-1] for c in contexts])
         return torch.from_numpy(logits)
 
     def row_kv(self, batch: KeptBatch, i: int, depth: int, copy: bool) -> Any:

@@ -4,11 +4,12 @@ Importing this module does not import mlx; creating an engine does.
 
 * ``forward`` left-pads the batch's contexts and prefills them together in steps of
   ``prefill_step_size`` (:func:`genlm_mlx.prefill.forward`).
-* KV prefix reuse: the KV state of every computed context is stored in the core
-  :class:`~genlm_core.engine.kv_reuse.KVReuse` (one contiguous mlx array per prefix,
-  LRU-evicted under ``kv_cache_bytes``); a later context resumes from its deepest
-  cached proper prefix. Models whose caches cannot be reused (recurrent or
-  sliding-window layers) get a warning and no prefix caching.
+* KV prefix reuse: the KV state of every computed context is stored in the
+  :class:`~genlm_core.engine.kv_reuse.KVReuse` the core lends at load
+  (``services.kv_reuse``: one contiguous mlx array per prefix, LRU-evicted under
+  ``kv_cache_bytes``); a later context resumes from its deepest cached proper prefix.
+  Models whose caches cannot be reused (recurrent or sliding-window layers) get a
+  warning and no prefix caching.
 * ``sample`` uses mlx-lm's ``generate_step`` and ``make_sampler``, seeded
   (:mod:`genlm_mlx.sampling`).
 * ``decode_step`` and ``end_burst`` (bursts) keep each step's batch caches for the next step
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genlm_core.config import ConfigError
-from genlm_core.engine import Checkpoint, Engine, SampleRequest, note
+from genlm_core.engine import Checkpoint, Engine, EngineServices, SampleRequest, note
 from genlm_core.engine.decode_batches import DecodeBatches
 from genlm_mlx.config import MLXConfig
 
@@ -41,10 +42,11 @@ class MLXEngine(Engine):
             vocabulary is decoded from the underlying Hugging Face tokenizer.
         config: :class:`MLXConfig`.
         model_config: the model's ``config.json`` as a dict (default: the model's ``args``).
+        services: what the core lent at load (built by hand: its own).
     """
 
     config_class = MLXConfig
-    supports = frozenset({"sample", "decode", "kv"})
+    supports = frozenset({"sample", "decode"})
     rows_device = "cpu"  # rows come back from mlx as numpy arrays
 
     def __init__(
@@ -54,11 +56,13 @@ class MLXEngine(Engine):
         config: MLXConfig | None = None,
         *,
         model_config: dict[str, Any] | None = None,
+        services: EngineServices | None = None,
     ) -> None:
         from genlm_mlx import prefill  # imports mlx
         from genlm_mlx.decode import MLXDecodeOps
 
         config = config or MLXConfig()
+        self.services = services if services is not None else EngineServices(config)
         self.mlx_model = model
         self.mlx_tokenizer = tokenizer
         self.tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)  # the core decodes its vocabulary
@@ -68,20 +72,19 @@ class MLXEngine(Engine):
         self.model_config = model_config
         self.prefill_step_size = config.prefill_step_size
         self._batch_size = config.batch_size
-        self._decode = DecodeBatches(MLXDecodeOps(self))  # a burst's rows, KV kept between steps
+        # a burst's rows, KV kept between steps
+        self._decode = DecodeBatches(MLXDecodeOps(model, config.prefill_step_size))
         self.kv_cache_bytes = config.kv_cache_bytes
         #: why the model's caches cannot be resumed (None: they can)
         self.kv_reuse_problem = prefill.kv_reuse_problem(model)
+        self.kv = self.services.kv_reuse(problem=self.kv_reuse_problem)
         self._kv_token_bytes = 0  # KV bytes per token, known after the first payload
-
-    def kv_problem(self) -> str | None:
-        return self.kv_reuse_problem
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: MLXConfig) -> "MLXEngine":  # type: ignore[override]
+    def load(cls, checkpoint: Checkpoint, config: MLXConfig, services: EngineServices) -> "MLXEngine":  # type: ignore[override]
         """Load with mlx-lm after mapping transformers-5 config keys (:mod:`genlm_mlx.hf_config`)
-        and cast the weights to the dtype the checkpoint resolved."""
+        and cast the weights to the dtype the core placed."""
         from mlx_lm import load
 
         model_path = checkpoint.model
@@ -95,19 +98,21 @@ class MLXEngine(Engine):
             if isinstance(exc, ConfigError):
                 raise
             raise ConfigError(f"mlx: mlx_lm.load could not load {model_path!r}: {exc}") from exc
-        _cast(model, checkpoint.dtype or "float32")
-        return cls(model, tokenizer, config, model_config=model_config)
+        _cast(model, str(services.dtype))
+        return cls(model, tokenizer, config, model_config=model_config, services=services)
 
     # ------------------------------------------------------------------ what it is
     @property
     def device(self) -> str:
+        """Where mlx computes (read where the core did not place the engine: built by hand)."""
         import mlx.core as mx
 
         return "mps" if mx.default_device().type == mx.gpu else "cpu"
 
     @property
     def dtype(self) -> str:
-        """The dtype of the model's floating weights (what mlx computes in)."""
+        """The dtype of the model's floating weights (what mlx computes in; read where the core
+        did not place the engine: built by hand)."""
         return _weight_dtype(self.mlx_model)
 
     # ------------------------------------------------------------------ model calls
@@ -167,7 +172,7 @@ class MLXEngine(Engine):
         seeds mlx's generator, so none interleaves its draws with another's)."""
         from genlm_mlx.sampling import sample_tokens
 
-        vocab = self.vocab_size
+        vocab = self.services.vocab_size
         return [
             sample_tokens(
                 self.mlx_model,

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from genlm_core.engine import Checkpoint, Engine, Token
+from genlm_core.engine import Checkpoint, Engine, EngineServices, Token
 from genlm_mock.byte_tokenizer import ByteTokenizer
 from genlm_mock.config import MockConfig
 
@@ -21,38 +21,43 @@ class MockEngine(Engine):
     seed such as ``sum((i + 1) * t)`` would let them).
 
     ``tokenizer=None`` is the built-in byte-level tokenizer; a Hugging Face tokenizer
-    lends its vocabulary. Computes in float32 only.
+    lends its vocabulary (the rows are as wide as the core reads it: ``services.vocab_size``).
+    Computes in float32 only.
     """
 
     config_class = MockConfig
     supports = frozenset({"burst"})
 
-    def __init__(self, tokenizer: Any = None, config: MockConfig | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any = None, config: MockConfig | None = None, services: EngineServices | None = None
+    ) -> None:
         config = config or MockConfig()
+        self.services = services if services is not None else EngineServices(config)
         self.tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
         if isinstance(self.tokenizer, ByteTokenizer):  # else the core decodes the tokenizer's
             self.byte_vocab = [Token(i, b) for i, b in enumerate(self.tokenizer.byte_vocab_bytes)]
-        self.max_context_length = config.max_context_length
+        limit = config.max_context_length  # a limit of L tokens: L + 1 positions
+        self.max_positions = None if limit is None else limit + 1
         self.scale = np.float32(config.scale)
         self.work_s = config.work_s
         self.forward_calls = 0
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: MockConfig) -> "MockEngine":  # type: ignore[override]
+    def load(cls, checkpoint: Checkpoint, config: MockConfig, services: EngineServices) -> "MockEngine":  # type: ignore[override]
         tokenizer = None
         if checkpoint.tokenizer is not None:  # a folder lends its tokenizer
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(checkpoint.tokenizer)
-        return cls(tokenizer, config)
+        return cls(tokenizer, config, services)
 
     @classmethod
-    def supported_dtypes(cls, config: Any) -> tuple[str, tuple[str, ...]]:
-        return "cpu", ("float32",)
+    def dtypes_on(cls, device: str) -> tuple[str, ...]:
+        return ("float32",)
 
     def logits_for(self, context: tuple[int, ...]) -> np.ndarray:
         rng = np.random.default_rng(np.random.SeedSequence(list(context) or [0]))
-        return rng.random(self.vocab_size, dtype=np.float32) * self.scale  # type: ignore[arg-type]
+        return rng.random(self.services.vocab_size, dtype=np.float32) * self.scale
 
     def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         self.forward_calls += 1

@@ -7,7 +7,7 @@ from genlm_core import hookimpl
 def genlm_register_backends(register):
     register(
         "remote",
-        "genlm_remote.backend:RemoteEngine",
+        "genlm_remote.engine:RemoteEngine",
         config="genlm_remote.config:RemoteConfig",
         devices=["cpu"],
         auto=False,  # needs a url: never picked by load("auto")

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from genlm_core.engine import Checkpoint, Engine, SampleRequest, note, summarise_repeats
+from genlm_core.engine import Checkpoint, Engine, EngineServices, SampleRequest, note, summarise_repeats
 from genlm_core.engine.kv_reuse import ComputeCounters
 from genlm_vllm import launch, lifecycle, sampling
 from genlm_vllm.config import VLLMConfig
@@ -67,12 +67,22 @@ class VLLMEngine(Engine):
     #: machines we measured, promised by nothing in vLLM
     decode_same_arithmetic = False
 
-    def __init__(self, llm: Any, config: VLLMConfig | None = None, *, device: str | None = None) -> None:
+    def __init__(
+        self,
+        llm: Any,
+        config: VLLMConfig | None = None,
+        *,
+        device: str | None = None,
+        services: EngineServices | None = None,
+    ) -> None:
         from genlm_vllm.capture import new_namespace
 
         config = config or VLLMConfig()
+        #: what the core lent at load (around an ``LLM`` started by hand: its own)
+        self.services = services if services is not None else EngineServices(config)
         self.llm = llm
-        self.device = device or launch.engine_device()
+        #: where vLLM runs: the placement's, or for an ``LLM`` started by hand vLLM's platform
+        self.device = device or self.services.device or launch.engine_device()
         self.prefix_caching = config.enable_prefix_caching
         model_config = llm.llm_engine.model_config
         # the positions vLLM holds; the core's context limit is max_model_len - 1 (vLLM needs
@@ -136,21 +146,24 @@ class VLLMEngine(Engine):
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def supported_dtypes(cls, config: VLLMConfig) -> tuple[str, tuple[str, ...]]:  # type: ignore[override]
+    def dtypes_on(cls, device: str) -> tuple[str, ...]:
+        """The dtypes vLLM's platform computes in, where that platform is ``device``'s kind
+        (a CPU build of vLLM on a GPU machine says so, with the fix)."""
         launch.require_vllm()
         launch.tolerate_llvmlite()
-        return launch.engine_device(), launch.supported_dtypes()
+        launch.check_platform(device)
+        return launch.supported_dtypes()
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: VLLMConfig) -> "VLLMEngine":  # type: ignore[override]
+    def load(cls, checkpoint: Checkpoint, config: VLLMConfig, services: EngineServices) -> "VLLMEngine":  # type: ignore[override]
         launch.require_vllm()
         launch.tolerate_llvmlite()
         note(f"vllm: importing vLLM to start an engine for {checkpoint.model}")
-        device = launch.engine_device()
+        device = str(services.device).split(":")[0]
         launch.prepare_environment(config, device)
         from vllm import LLM
 
-        kwargs = launch.engine_kwargs(config, device, checkpoint=checkpoint)
+        kwargs = launch.engine_kwargs(config, device, services.dtype, checkpoint=checkpoint)
         launch.check_spawn_safe(kwargs, device)
         launch.announce_start(kwargs, device)
         t0 = time.perf_counter()
@@ -161,7 +174,7 @@ class VLLMEngine(Engine):
             llm = LLM(**kwargs)
         note(f"vllm: engine ready in {time.perf_counter() - t0:.0f} s")
         try:
-            return cls(llm, config, device=device)
+            return cls(llm, config, device=device, services=services)
         except BaseException:
             lifecycle.shutdown(llm, keep_distributed=_others_open())
             raise

@@ -3,7 +3,8 @@
 
 * whether vLLM is installed (:class:`VLLMNotInstalledError`, :data:`INSTALL_HINT`) and
   importable next to llvmlite (:func:`tolerate_llvmlite`);
-* the device vLLM sees (:func:`engine_device`) and the environment a start needs
+* the device vLLM sees (:func:`engine_device`; :func:`check_platform` against the
+  device the core placed the engine on) and the environment a start needs
   (:func:`prepare_environment`, :func:`engine_environment`, the CPU ranks' core
   binding :func:`cpu_binding`);
 * the ``vllm.LLM`` keyword arguments (:func:`engine_kwargs`: the capture processor and
@@ -38,6 +39,7 @@ __all__ = [
     "VLLMNotInstalledError",
     "announce_start",
     "check_dtype",
+    "check_platform",
     "check_spawn_safe",
     "cpu_binding",
     "engine_device",
@@ -93,6 +95,18 @@ def engine_device() -> str:
         f"vLLM found no supported device (platform {type(current_platform).__name__!r}, "
         f"device type {kind!r}); genlm-vllm supports CUDA GPUs and CPUs ({INSTALL_HINT})"
     )
+
+
+def check_platform(device: str) -> None:
+    """Refuse, with the fix, a placement on a device vLLM's platform here is not (a CPU
+    build of vLLM on a machine with a GPU)."""
+    platform = engine_device()
+    if str(device).split(":")[0] != platform:
+        raise ValueError(
+            f"vllm: this vLLM runs on {platform!r}, but the backend was placed on {device!r} (the best "
+            f"device this machine has); install vLLM's build for {device!r} ({INSTALL_HINT}), or run "
+            f"with GENLM_DEVICE={platform}"
+        )
 
 
 def prepare_environment(config: VLLMConfig, device: str) -> None:
@@ -193,12 +207,12 @@ def engine_kwargs(
 ) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` for ``config`` (engine_opts applied last).
 
-    The model, its tokenizer and dtype are ``checkpoint``'s: what the core read
-    (``genlm_core.load``: ``model=None`` and ``dtype="auto"`` resolved there, once). Without
-    one (an ``LLM`` started by hand) ``config.model`` is needed and its checkpoint is read
-    the same way (:func:`genlm_core.engine.read_checkpoint`). ``dtype`` overrides the
-    checkpoint's."""
-    from genlm_core.engine import read_checkpoint
+    The model and its tokenizer are ``checkpoint``'s, what the core read, and ``dtype`` the
+    one it placed (``genlm_core.load``: ``model=None`` and ``dtype="auto"`` resolved there,
+    once). Without them (an ``LLM`` started by hand) ``config.model`` is needed and its
+    checkpoint is read and placed the same way (:func:`genlm_core.engine.read_checkpoint`,
+    :func:`genlm_core.engine.place`)."""
+    from genlm_core.engine import place, read_checkpoint
     from genlm_vllm.capture import CaptureLogitsProcessor
 
     if checkpoint is None:
@@ -208,6 +222,8 @@ def engine_kwargs(
                 "(checkpoint=, where model=None is resolved)"
             )
         checkpoint = read_checkpoint(config, ("hf-folder", "hub-id"), "vllm")
+    if dtype is None:
+        dtype = place(config, checkpoint, [device], "vllm").dtype
     if "dtype" in config.engine_opts:
         raise ValueError(
             "engine_opts['dtype'] is not accepted: pass dtype= (the option every backend shares; "
@@ -218,7 +234,7 @@ def engine_kwargs(
         "tokenizer": checkpoint.tokenizer or checkpoint.model,
         # our "auto" is the checkpoint's dtype, passed explicitly: vLLM's own "auto" runs a
         # float32 checkpoint in bfloat16 on CPU (float16/bfloat16 on GPUs)
-        "dtype": dtype or checkpoint.dtype,
+        "dtype": dtype,
         "enable_prefix_caching": config.enable_prefix_caching,
         "seed": config.seed,
     }
@@ -254,7 +270,7 @@ def supported_dtypes() -> tuple[str, ...]:
 
 def check_dtype(dtype: str, device: str) -> None:
     """Refuse a dtype vLLM's platform does not support on ``device`` (for an engine started
-    by hand; ``genlm_core.load`` refuses it through the engine's ``supported_dtypes``)."""
+    by hand; ``genlm_core.load`` refuses it through the engine's ``dtypes_on``)."""
     supported = supported_dtypes()
     if dtype not in supported:
         raise UnsupportedDtypeError("vllm", dtype, device, f"vLLM supports {', '.join(supported)} there")

@@ -39,14 +39,33 @@ import itertools
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from genlm_core.engine.contexts import Context
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from vllm.v1.engine.llm_engine import LLMEngine
 
-__all__ = ["DecodeSessions", "Session", "Turn", "run_turns"]
+    from genlm_core.engine.kv_reuse import ComputeCounters
+
+__all__ = ["DecodeSessions", "SessionEngine", "Session", "Turn", "run_turns"]
+
+
+class SessionEngine(Protocol):
+    """What the sessions read of the engine holding them (:class:`~genlm_vllm.engine.VLLMEngine`):
+    its ``vllm.LLM``, the active adapter's ``LoRARequest``, its namespace of request ids and
+    capture tags, the fetch of captured rows, its compute counters and its resident rows."""
+
+    llm: Any
+    lora_request: Any
+    namespace: str
+    counters: ComputeCounters
+    resident: ResidentSessions | None
+
+    def new_tags(self, n: int) -> list[str]: ...
+
+    def fetch(self, tags: list[str]) -> tuple[torch.Tensor, list[int]]: ...
 
 
 @dataclass
@@ -73,7 +92,7 @@ class Turn:
 
 
 def _unstall(
-    llm_engine: Any,
+    llm_engine: LLMEngine,
     on_stall: "Callable[[], bool] | None",
     sessions: "list[Session | None]",
     pending: Mapping[str, int],
@@ -100,7 +119,7 @@ STALL_STEPS = 8
 
 
 def run_turns(
-    engine: Any,
+    engine: SessionEngine,
     turns: list[Turn],
     *,
     read_prefix_cache: bool = True,
@@ -208,7 +227,7 @@ _IDS = itertools.count()
 class DecodeSessions:
     """The live sessions of one engine, keyed by burst handle (see the module doc)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: SessionEngine) -> None:
         """``engine``: the :class:`~genlm_vllm.engine.VLLMEngine` holding the sessions (its
         ``llm``, ``lora_request``, tags, ``fetch`` and counters)."""
         self.engine = engine
@@ -338,7 +357,7 @@ class ResidentSessions:
     KV cache's (a paused session's blocks cannot be preempted). Rows idle for
     ``resident_idle_s`` end at the next engine call."""
 
-    def __init__(self, engine: Any, max_rows: int, idle_s: float | None) -> None:
+    def __init__(self, engine: SessionEngine, max_rows: int, idle_s: float | None) -> None:
         from genlm_core.engine.resident import ResidentRows
 
         self.engine = engine

@@ -72,16 +72,17 @@ def test_config_rejects_unknown_keys_and_builds_engine_kwargs() -> None:
         max_model_len=64,
         engine_opts={"tensor_parallel_size": 2, "enable_prefix_caching": False},
     )
-    kw = engine_kwargs(cfg, "cuda")
+    kw = engine_kwargs(cfg, "cuda")  # an LLM started by hand: the checkpoint read and placed here
     assert kw["tensor_parallel_size"] == 2 and kw["enable_prefix_caching"] is False
+    assert kw["dtype"] == "float32"  # "m" declares none: the config's default_dtype
     assert kw["max_model_len"] == 64 and kw["gpu_memory_utilization"] == 0.9
     assert kw["logits_processors"] == [CaptureLogitsProcessor]
     assert engine_kwargs(VLLMConfig.build("vllm", model="m"), "cpu")["enable_prefix_caching"] is True
     with pytest.raises(ValueError, match="model="):
         engine_kwargs(VLLMConfig(), "cpu")
-    # the core's checkpoint decides the model (model=None resolved), tokenizer and dtype
-    read = Checkpoint("folder", "/ckpt/model", dtype="bfloat16", tokenizer="/ckpt/tok")
-    kw = engine_kwargs(VLLMConfig(dtype="auto"), "cpu", checkpoint=read)
+    # the core's checkpoint decides the model (model=None resolved) and tokenizer, its placement the dtype
+    read = Checkpoint("folder", "/ckpt/model", tokenizer="/ckpt/tok")
+    kw = engine_kwargs(VLLMConfig(dtype="auto"), "cpu", "bfloat16", checkpoint=read)
     assert (kw["model"], kw["tokenizer"], kw["dtype"]) == ("/ckpt/model", "/ckpt/tok", "bfloat16")
 
 
@@ -250,6 +251,14 @@ def test_clear_error_without_vllm_or_device(monkeypatch) -> None:
     monkeypatch.setattr(vllm.platforms, "current_platform", NoDevice())
     with pytest.raises(RuntimeError, match="no supported device"):
         launch.engine_device()
+
+    class CPUBuild(NoDevice):
+        def is_cpu(self) -> bool:
+            return True
+
+    monkeypatch.setattr(vllm.platforms, "current_platform", CPUBuild())
+    with pytest.raises(ValueError, match="this vLLM runs on 'cpu', but the backend was placed on 'cuda'"):
+        VLLMEngine.dtypes_on("cuda")  # a CPU build of vLLM on a machine with a GPU
 
 
 def test_engine_stats_count_prefix_cache_hits(tiny_backend) -> None:

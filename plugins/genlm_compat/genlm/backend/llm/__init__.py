@@ -20,23 +20,13 @@ from genlm_hf.engine import HFEngine
 from genlm_hf.loading import load_model_and_tokenizer
 from genlm_mock.engine import MockEngine
 
-from genlm_core.engine import DTYPES, Checkpoint, checkpoint, normalize_dtype, read_checkpoint
+from genlm_core.engine import Checkpoint, checkpoint, place, read_checkpoint
 from genlm_core.engine.backend import BaseLogprobBackend, backend_class
-from genlm_core.engine.contract import refuse_unsupported_dtype
+from genlm_core.engine.placement import refuse_unsupported
+from genlm_core.registry import get_registry, hardware
 
 __all__ = ["AsyncLM", "AsyncMlxLM", "AsyncRemoteLM", "AsyncSGLTransformer", "AsyncTransformer", "AsyncVirtualLM", "MockAsyncLM",
            "load_model_by_name"]  # fmt: skip
-
-
-def _dtype(value: Any) -> str:
-    """genlm-hf's ``dtype`` for a ``torch_dtype=`` of ``hf_opts`` (the core's spellings)."""
-    name = "auto" if str(value) == "auto" else normalize_dtype(value)
-    if name is None:
-        raise ValueError(
-            f"hf_opts torch_dtype={value!r} is not supported; use one of {', '.join(DTYPES)} "
-            "(or a torch dtype / common spelling of one)"
-        )
-    return name
 
 
 class AsyncTransformer(ReferenceCalls, backend_class("hf", HFEngine)):  # type: ignore[misc]
@@ -99,11 +89,12 @@ class AsyncTransformer(ReferenceCalls, backend_class("hf", HFEngine)):  # type: 
     ) -> "AsyncTransformer":
         """Load ``model_id`` (hub id or folder). ``hf_opts`` go to ``from_pretrained``;
         ``torch_dtype``/``dtype``, ``device_map`` and ``trust_remote_code`` in them become
-        genlm-hf options (each given once)."""
+        genlm-hf options (each given once; a dtype in any spelling the core's ``dtype`` takes).
+        The checkpoint is read and placed as ``genlm_core.load("hf", ...)`` does."""
         opts = dict(hf_opts or {})
         for key in ("torch_dtype", "dtype"):
             if key in opts:
-                kwargs["dtype"] = _dtype(opts.pop(key))
+                kwargs[key] = opts.pop(key)  # BackendConfig.dtype (alias torch_dtype) reads the spelling
         for key in ("device_map", "trust_remote_code"):
             if key in opts:
                 kwargs[key] = opts.pop(key)
@@ -111,8 +102,9 @@ class AsyncTransformer(ReferenceCalls, backend_class("hf", HFEngine)):  # type: 
             "hf", model=model_id, bitsandbytes_opts=bitsandbytes_opts or None, hf_opts=opts, **kwargs
         )
         source = read_checkpoint(config, ("hf-folder", "hub-id"), "hf")
-        refuse_unsupported_dtype(HFEngine, source, config, "hf")
-        model, tokenizer, _ = load_model_and_tokenizer(source, config)
+        placement = place(config, source, get_registry().get("backend", "hf").supported_devices(), "hf")
+        refuse_unsupported(HFEngine, placement, config, "hf")
+        model, tokenizer, _ = load_model_and_tokenizer(source, config, placement)
         return cls(model, tokenizer, config=config)
 
 
@@ -179,7 +171,7 @@ def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
 _ENGINES = {"AsyncVirtualLM": ("genlm_vllm.engine", "VLLMEngine", "vllm", "genlm-vllm"),
             "AsyncMlxLM": ("genlm_mlx.engine", "MLXEngine", "mlx", "genlm-mlx"),
             # a model served by `genlm serve` (from_name(model_name, url=..., token=None))
-            "AsyncRemoteLM": ("genlm_remote.backend", "RemoteEngine", "remote", "genlm-remote")}  # fmt: skip
+            "AsyncRemoteLM": ("genlm_remote.engine", "RemoteEngine", "remote", "genlm-remote")}  # fmt: skip
 _SGL = "genlm_core.load('vllm', ...) / AsyncVirtualLM (genlm-core has no SGLang backend)"
 
 
@@ -199,10 +191,8 @@ _BACKENDS = {"vllm": "AsyncVirtualLM", "hf": "AsyncTransformer", "mock": "MockAs
 def load_model_by_name(name: str, backend: str | None = None, llm_opts: dict | None = None) -> AsyncLM:
     """genlm-backend's loader: ``backend`` is "vllm", "hf", "mock", "mlx", "remote"
     (``llm_opts={"url": ...}``: a `genlm serve` server) (or "sgl", which raises); None picks vLLM when CUDA is available, else "hf". ``llm_opts`` go to ``from_name``."""
-    if backend is None:
-        import torch
-
-        backend = "vllm" if torch.cuda.is_available() else "hf"
+    if backend is None:  # the registry's hardware probe (GENLM_DEVICE overrides it)
+        backend = "vllm" if hardware.best_device() == "cuda" else "hf"
     if backend not in _BACKENDS:
         raise ValueError(f"Invalid backend: {backend}")
     cls = globals().get(_BACKENDS[backend]) or __getattr__(_BACKENDS[backend])

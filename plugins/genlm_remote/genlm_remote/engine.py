@@ -1,12 +1,14 @@
-"""RemoteBackend: a LogprobBackend whose rows come from a ``genlm serve`` server.
+"""RemoteEngine: a ``genlm serve`` server's backend as a genlm-core engine.
 
-Its engine, :class:`RemoteEngine`, is a client: the backend's own AutoBatcher gathers
+The engine is a client: the backend's own AutoBatcher gathers
 this process's concurrent requests into one HTTP request, its output cache answers
 repeated contexts locally, and ``forward`` is the round trip. The server then batches
 the requests of every client together. The rows are the served backend's bytes
 (float32, already normalised: ``returns = "logprobs"``), so they are returned as they
 arrive: equal bit for bit to what the served backend returns in its own process. The
-served backend's facts (EOS ids, context limit, dtype) are the engine's.
+served backend's facts (EOS ids, context limit, dtype) are the engine's: the model runs
+on the server, placed there (the core's placement of a served model says None; a
+``model=`` or ``dtype=`` given must be the server's, checked at load).
 
 Transport (``transport`` option, see :class:`~genlm_remote.config.RemoteConfig`): rows
 through a shared-memory segment the server created and handed to this client over its
@@ -30,8 +32,7 @@ from typing import Any
 
 import torch
 
-from genlm_core.engine import Checkpoint, Engine, SampleRequest, Token
-from genlm_core.engine.backend import backend_class
+from genlm_core.engine import Checkpoint, Engine, EngineServices, SampleRequest, Token, UnsupportedDtypeError
 from genlm_core.serve import frame, shm
 from genlm_core.serve.limits import is_loopback
 from genlm_core.serve.phases import ROUND_TRIP, round_trip_phases
@@ -39,7 +40,7 @@ from genlm_remote.config import RemoteConfig
 from genlm_remote.connection import Connection
 from genlm_remote.tokenizer import RemoteTokenizer
 
-__all__ = ["RemoteBackend", "RemoteEngine"]
+__all__ = ["RemoteEngine"]
 
 
 class RemoteEngine(Engine):
@@ -60,7 +61,7 @@ class RemoteEngine(Engine):
                 "install matching versions of genlm-core on both sides"
             )
         self.server_info = info
-        self.serves_model = info.get("model")  # the core refuses another model=
+        _check_served(config, info)
         byte_vocab, str_vocab = frame.vocab_from_frame(self.conn.request("GET", "/v1/vocab"))
         if len(byte_vocab) != info["vocab_size"]:
             raise RuntimeError(
@@ -71,8 +72,9 @@ class RemoteEngine(Engine):
         self.str_vocab = str_vocab
         self.vocab_size = len(byte_vocab)
         self.eos_token_ids = info["eos_token_ids"]
-        self.max_context_length = info.get("max_context_length")
-        self.dtype = str(info["dtype"])
+        limit = info.get("max_context_length")  # a limit of L tokens: L + 1 positions
+        self.max_positions = None if limit is None else int(limit) + 1
+        self.dtype = str(info["dtype"])  # the server's placement
         self.closed = False
         self._max_batch = int(info["limits"]["max_batch"])
         self._rows_per_trip = min(self._max_batch, config.batch_size)  # the most rows one round trip carries
@@ -88,7 +90,7 @@ class RemoteEngine(Engine):
             self._get_segment(info.get("shm_socket"), info.get("pid"))
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: RemoteConfig) -> "RemoteEngine":  # type: ignore[override]
+    def load(cls, checkpoint: Checkpoint, config: RemoteConfig, services: EngineServices) -> "RemoteEngine":  # type: ignore[override]
         return cls(config)
 
     def _pick_transport(self, config: RemoteConfig) -> str:
@@ -278,5 +280,15 @@ def _continues(first: SampleRequest, other: SampleRequest, i: int) -> bool:
     return same and seeds
 
 
-#: deprecated (genlm-core 0.3 removes it): ``genlm_core.load("remote", url=...)``
-RemoteBackend = backend_class("remote", RemoteEngine, deprecated="genlm_remote.RemoteBackend")
+def _check_served(config: RemoteConfig, info: dict[str, Any]) -> None:
+    """Refuse a ``model=`` or ``dtype=`` other than what the server runs (they were decided
+    where the model runs: leave them out, or point at a server running them)."""
+    served = info.get("model")
+    if served is not None and config.model is not None and str(config.model) != str(served):
+        raise ValueError(
+            f"remote: model={config.model!r}, but the server at {config.url} serves {served!r}: leave "
+            "model out (the server decides it) or point url at a server serving that model"
+        )
+    asked = config.requested_dtype()
+    if asked != "auto" and asked != str(info["dtype"]):
+        raise UnsupportedDtypeError("remote", asked, "server", f"the server computes in {info['dtype']}")

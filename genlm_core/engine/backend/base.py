@@ -1,0 +1,347 @@
+"""`BaseLogprobBackend`: one class holding an engine, made of the parts of this package.
+
+This module holds the engine: it reads what the engine says once (the vocabulary, the
+default EOS ids, the context limit: the smaller of the checkpoint's and the engine's),
+makes the one engine lock every engine call holds, the batchers and the output cache,
+and answers for the backend's state (``info``, ``stats``, health) and shutdown. The
+calls are its parts' (:mod:`genlm_core.engine.backend`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from genlm_core import _deprecated
+from genlm_core.config import BackendConfig
+from genlm_core.engine.backend.burst_calls import BurstCalls
+from genlm_core.engine.backend.cache_controls import CacheControls
+from genlm_core.engine.backend.logprob_calls import LogprobCalls
+from genlm_core.engine.backend.lora_controls import LoraControls
+from genlm_core.engine.backend.sample_calls import SampleCalls
+from genlm_core.engine.batching import AutoBatcher
+from genlm_core.engine.caches import output_cache_for
+from genlm_core.engine.checkpoint import Checkpoint, engine_context_limit, read_checkpoint
+from genlm_core.engine.contract import Engine, SampleRequest, check_engine
+from genlm_core.engine.heap import settle_after_load
+from genlm_core.engine.lora import LoraAdapters
+from genlm_core.engine.memory import accelerator
+from genlm_core.engine.placement import Placement, place, refuse_unsupported
+from genlm_core.engine.services import EngineServices
+from genlm_core.engine.validation import RecentContexts
+
+if TYPE_CHECKING:  # pragma: no cover
+    from genlm_core.registry import Registration
+
+__all__ = ["BaseLogprobBackend", "backend_class", "registered_name"]
+
+
+def registration(engine_class: type) -> Registration | None:
+    """The registration a plugin made of ``engine_class`` (None: not registered)."""
+    from genlm_core.registry import get_registry
+
+    target = f"{engine_class.__module__}:{engine_class.__qualname__}"
+    return next((reg for reg in get_registry().all("backend") if reg.target == target), None)
+
+
+def registered_name(engine_class: type) -> str | None:
+    """The name under which a plugin registered ``engine_class`` (None: not registered)."""
+    reg = registration(engine_class)
+    return reg.name if reg is not None else None
+
+
+class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, LoraControls):
+    """Shared implementation of the LogprobBackend protocol around an :class:`Engine`."""
+
+    config_class: ClassVar[type[BackendConfig]] = BackendConfig
+    #: registered name, for messages
+    backend_name: ClassVar[str] = "backend"
+    #: the engine :meth:`from_checkpoint` loads
+    engine_class: ClassVar[type[Engine]] = Engine
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: BackendConfig | None = None,
+        checkpoint: Checkpoint | None = None,
+        *,
+        services: EngineServices | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Hold ``engine``, loaded from ``checkpoint`` with ``services`` (what
+        :meth:`from_checkpoint` made). An engine built by hand: ``checkpoint`` None (what the
+        engine itself loaded, :attr:`Engine.model_config`), ``services`` its own
+        (``engine.services``) or none."""
+        check_engine(engine)
+        if name is None and type(self).backend_name == "backend":
+            name = registered_name(type(engine))
+        if name is not None:
+            self.backend_name = name  # type: ignore[misc]
+        if config is None:
+            config_class = (
+                self.config_class if self.config_class is not BackendConfig else engine.config_class
+            )
+            config = config_class()
+        self.config = config
+        self.engine = engine
+        if services is None:
+            own = getattr(engine, "services", None)
+            services = (
+                own if isinstance(own, EngineServices) else EngineServices(config, name=self.backend_name)
+            )
+        #: what the core lent the engine: its placement, its KV reuse, the row width
+        self.services = services
+        checkpoint = checkpoint if checkpoint is not None else Checkpoint("none", self.config.model)
+        self.checkpoint = checkpoint.completed(engine.model_config, engine.generation_config)
+        self.tokenizer = engine.tokenizer
+        byte_vocab, str_vocab = engine.byte_vocab, engine.str_vocab
+        if byte_vocab is None:
+            from genlm_core.engine.vocab import decode_vocab
+
+            byte_vocab, str_vocab = decode_vocab(engine.tokenizer)
+        if str_vocab is None:
+            str_vocab = [bytes(b).decode("utf-8", errors="replace") for b in byte_vocab]
+        self.byte_vocab = byte_vocab
+        self.str_vocab = str_vocab
+        self.vocab_size = len(byte_vocab)
+        services.set_vocab_size(self.vocab_size)  # the one width of a row, for the engine too
+        tokenizer_eos = engine.eos_token_ids
+        if tokenizer_eos is None:
+            tokenizer_eos = getattr(engine.tokenizer, "eos_token_id", None)
+        self.eos_token_ids: list[int] = self.checkpoint.eos_token_ids(tokenizer_eos, self.vocab_size)
+        self._max_context_length = engine_context_limit(
+            self.checkpoint.max_context_length, None, _deprecated.engine_positions(engine)
+        )
+        cfg = self.config
+        #: the LoRA adapters loaded, by name, and the active one (capability "lora")
+        self.adapters = LoraAdapters()
+        #: held by every call into the engine: batches, samples, cache resets, adapters, close
+        self.engine_lock = threading.RLock()
+        self.output_cache = output_cache_for(cfg)
+        self.batcher: AutoBatcher[tuple[int, ...], Any] = AutoBatcher(
+            self._batch_fn,
+            batch_size=cfg.batch_size,
+            timeout=cfg.timeout,
+            policy=cfg.batch_policy,
+            run_in_thread=cfg.forward_thread if cfg.forward_thread is not None else engine.forward_in_thread,
+            name=f"{self.backend_name}-logprobs",
+            lock=self.engine_lock,
+        )
+        #: the engine's sampler, batched (None: samples are drawn from the rows)
+        self.sampler: AutoBatcher[SampleRequest, list[int]] | None = (
+            AutoBatcher(
+                self.engine.sample,
+                batch_size=cfg.batch_size,
+                timeout=cfg.timeout,
+                name=f"{self.backend_name}-sample",
+                lock=self.engine_lock,
+            )
+            if "sample" in engine.supports
+            else None
+        )
+        self._recent = RecentContexts()  # validation checks a particle's new id only
+        #: where a row the output cache holds in host memory goes back to (None: the rows
+        #: are on the CPU already): see :meth:`own_row`
+        self._rows_accelerator = accelerator(
+            engine.rows_device if engine.rows_device is not None else self.device
+        )
+        self._closed = False
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint: Checkpoint,
+        config: BackendConfig,
+        *,
+        engine_class: type[Engine] | None = None,
+        name: str | None = None,
+        placement: Placement | None = None,
+    ) -> "BaseLogprobBackend":
+        """Load the engine for ``checkpoint`` (what ``genlm_core.load`` read) and hold it.
+
+        ``placement`` is where and in what it computes (None: :func:`~genlm_core.engine.placement.place`
+        decides it here, from the engine's registration); a dtype the engine cannot compute
+        in there is refused before it loads. The engine loads with the services the core
+        lends it (:class:`~genlm_core.engine.services.EngineServices`)."""
+        engine_class = engine_class or cls.engine_class
+        name = name or cls.backend_name
+        if config.model is None and checkpoint.model is not None:  # model=None: the default it resolved to
+            config = config.model_copy(update={"model": checkpoint.model})
+        if placement is None:
+            reg = registration(engine_class)
+            placement = place(config, checkpoint, reg.supported_devices() if reg is not None else None, name)
+        refuse_unsupported(engine_class, placement, config, name)
+        services = EngineServices(config, placement, name)
+        engine = _deprecated.engine_loader(engine_class)(checkpoint, config, services)
+        try:
+            backend = cls(engine, config, checkpoint, services=services, name=name)
+        except BaseException:
+            engine.close()
+            raise
+        lora_path = getattr(config, "lora_path", None)
+        if lora_path is not None:  # an adapter loaded and activated at start
+            lora_name = getattr(config, "lora_name", "default")
+            backend.load_lora(lora_path, lora_name)
+            backend.set_lora(lora_name)
+        settle_after_load()  # the first load's full collection, here rather than mid-program
+        return backend
+
+    @classmethod
+    def from_config(cls, config: BackendConfig) -> "BaseLogprobBackend":
+        """Read ``config``'s checkpoint (:func:`~genlm_core.engine.checkpoint.read_checkpoint`)
+        and load: what ``genlm_core.load`` does after resolving the backend."""
+        from genlm_core.registry import UnknownImplementationError, get_registry
+
+        try:
+            formats = get_registry().get("backend", cls.backend_name).model_formats
+        except UnknownImplementationError:
+            formats = None
+        return cls.from_checkpoint(read_checkpoint(config, formats, cls.backend_name), config)
+
+    @classmethod
+    def from_name(cls, model: str | None = None, **options: Any) -> "BaseLogprobBackend":
+        """genlm-backend's constructor: ``Backend.from_name("gpt2", batch_size=8)``."""
+        config = cls.config_class.build(cls.backend_name, model=model, **options)
+        return cls.from_config(config)
+
+    def __getattr__(self, name: str) -> Any:
+        """Deprecated: the engine's own public attributes (``llm.weights_type``,
+        ``llm.in_process``...) read through the backend; read ``llm.engine.<name>``."""
+        return _deprecated.engine_attribute(self, name)
+
+    @property
+    def max_context_length(self) -> int | None:
+        """Longest context accepted: the smaller of the checkpoint's limit and the engine's
+        own (None: no known limit)."""
+        return self._max_context_length
+
+    @property
+    def device(self) -> Any:
+        """Where the engine computes: its placement (an engine the core did not place, built
+        by hand or serving elsewhere, says it)."""
+        placed = self.services.device
+        return placed if placed is not None else self.engine.device
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the engine computes in (``"float32"``, ``"float16"`` or ``"bfloat16"``):
+        its placement (:mod:`genlm_core.engine.placement`; with ``dtype="auto"`` the
+        checkpoint's); an engine the core did not place says it. Results are float32 whatever
+        it is."""
+        placed = self.services.dtype
+        return placed if placed is not None else self.engine.dtype
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the backend can answer."""
+        return not self._closed and self.engine.healthy
+
+    def info(self) -> dict[str, Any]:
+        """What runs where (the engine adds its process/parallel layout)."""
+        return {
+            "backend": self.backend_name,
+            "model": self.config.model,
+            "device": str(self.device),
+            "vocab_size": self.vocab_size,
+            "healthy": self.healthy,
+            **self.engine.info(),
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """``batcher``, ``output_cache``, ``sample_batcher`` (an engine sampler),
+        ``prefix_cache`` (KV reuse) and ``engine`` (its KV-reuse counters and its own)."""
+        out: dict[str, Any] = {"batcher": self.batcher.stats.as_dict()}
+        if self.output_cache is not None:
+            out["output_cache"] = self.output_cache.stats()
+        if self.sampler is not None:
+            out["sample_batcher"] = self.sampler.stats.as_dict()
+        kv = self.services.kv
+        if kv is not None and kv.cache is not None:
+            out["prefix_cache"] = kv.cache.stats()
+        engine = {**(kv.stats() if kv is not None else {}), **self.engine.stats()}
+        if self.supports_lora:
+            engine["active_lora"] = self.active_lora
+        if engine:
+            out["engine"] = engine
+        out.update(self.engine.stats_sections())
+        return out
+
+    @property
+    def forward_calls(self) -> int:
+        """Engine calls counted by its KV reuse (or its own counters)."""
+        return int(self.stats().get("engine", {}).get("forward_calls", 0))
+
+    @property
+    def tokens_computed(self) -> int:
+        return int(self.stats().get("engine", {}).get("tokens_computed", 0))
+
+    @property
+    def tokens_reused(self) -> int:
+        return int(self.stats().get("engine", {}).get("tokens_reused", 0))
+
+    def close(self) -> None:
+        """Stop the batchers (waiting callers get an error) and release the engine."""
+        if self._closed:
+            return
+        self._closed = True
+        self.batcher.close()
+        if self.sampler is not None:
+            self.sampler.close()
+        with self.engine_lock:
+            self.engine.close()
+            if self.services.kv is not None:  # the engine freed its memory: drop what is left
+                self.services.kv.forget()
+
+    def __enter__(self) -> "BaseLogprobBackend":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "BaseLogprobBackend":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.backend_name} model={self.config.model!r} "
+            f"dtype={self.dtype} vocab={self.vocab_size}>"
+        )
+
+
+def backend_class(
+    name: str, engine_class: type[Engine], *, deprecated: str | None = None
+) -> type[BaseLogprobBackend]:
+    """A :class:`BaseLogprobBackend` class whose ``from_name``/``from_config`` load
+    ``engine_class`` under the name ``name``. With ``deprecated`` (the old name, e.g.
+    ``"genlm_hf.HFBackend"``) making or loading one warns that it goes in genlm-core 0.3
+    (``genlm_core.load(name, ...)`` and ``BaseLogprobBackend(engine, config)`` replace it)."""
+
+    def warn() -> None:
+        if deprecated is not None:
+            import warnings
+
+            warnings.warn(
+                f"{deprecated} is deprecated and will be removed in genlm-core 0.3: use "
+                f"genlm_core.load({name!r}, model=...), or BaseLogprobBackend({engine_class.__name__}(...), "
+                "config) around an engine you built",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+
+    class Backend(BaseLogprobBackend):
+        config_class = engine_class.config_class
+        backend_name = name
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            warn()
+            super().__init__(*args, **kwargs)
+
+    Backend.engine_class = engine_class
+    Backend.__name__ = Backend.__qualname__ = (deprecated or f"{engine_class.__name__}Backend").rsplit(".")[
+        -1
+    ]
+    Backend.__doc__ = f"The {name!r} backend: a BaseLogprobBackend holding a {engine_class.__name__}."
+    return Backend
