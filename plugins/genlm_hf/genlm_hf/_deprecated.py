@@ -33,7 +33,10 @@ ADVICE = {"genlm_hf.backend": "load with genlm_core.load('hf', ...); the engine 
 def warn_deprecated_options(config: Any) -> None:
     """Warn for each deprecated option a config sets."""
     for name, why in (
-        ("static_decode_bytes", "kv_cache_bytes bounds every KV column (the decode step keeps none of its own)"),
+        (
+            "static_decode_bytes",
+            "kv_cache_bytes bounds every KV column (the decode step keeps none of its own)",
+        ),
         ("fused_attention", "the decode step attends over the KV pool"),
     ):
         if getattr(config, name, None) is not None:
