@@ -48,6 +48,10 @@ SCORE_BYTES = 16 * 2**20
 
 _PASS: ContextVar["PoolPass | None"] = ContextVar("genlm_hf_pool_pass", default=None)
 
+#: torch's fused attention kernel on the CPU, which also returns each query's log-sum-exp
+#: (None where this torch has none: the pass then attends with matrix products)
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
 
 @dataclass
 class SharedSpan:
@@ -104,6 +108,8 @@ class PoolPass:
         kp = keys.index_select(1, self.private).view(Hk, B, U, D)
         vp = values.index_select(1, self.private).view(Hk, B, U, D)
         spans = [(span, *self._span_kv(span, keys, values)) for span in self.shared]
+        if _FLASH is not None and q.device.type == "cpu" and all(s.mask is None for s in self.shared):
+            return self._attend_flash(q, kp, vp, spans, scaling)
         qh = q.reshape(B, Hk, G, S, D).transpose(0, 1)  # [Hk, B, G, S, D]
         widest = max([U, *(s.length for s in self.shared)])
         chunk = max(1, SCORE_BYTES // max(1, 4 * Hq * B * widest))
@@ -121,6 +127,52 @@ class PoolPass:
             )
         # [Hk, B, G, S, D] -> [B, S, Hk * G, D]
         return out.permute(1, 3, 0, 2, 4).reshape(B, S, Hq, D)
+
+    def _attend_flash(
+        self,
+        q: torch.Tensor,
+        kp: torch.Tensor,
+        vp: torch.Tensor,
+        spans: list[tuple[SharedSpan, torch.Tensor, torch.Tensor]],
+        scaling: float,
+    ) -> torch.Tensor:
+        """:meth:`attend` on the CPU through torch's fused (flash) attention kernel, which
+        never holds a score matrix and returns each query's log-sum-exp: the private
+        columns (each KV head's columns repeated for its query heads, masked), then each
+        span for its rows' queries (a group's G query heads and new tokens side by side,
+        no mask), merged exactly by their log-sum-exps. ``[B, S, Hq, D]``."""
+        B, Hq, S, D = q.shape
+        Hk, _, U, _ = kp.shape
+        G = Hq // Hk
+
+        def per_query_head(x: torch.Tensor) -> torch.Tensor:  # [Hk, B, U, D] -> [B, Hq, U, D]
+            return x.transpose(0, 1).unsqueeze(2).expand(B, Hk, G, U, D).reshape(B, Hq, U, D)
+
+        out, lse = _FLASH(
+            q, per_query_head(kp), per_query_head(vp), 0.0, False, attn_mask=self.mask, scale=scaling
+        )
+        if spans:
+            out = out.float()
+            for span, ks, vs in spans:
+                n = span.rows.numel()
+                # the group's queries as one sequence per KV head: [1, Hk, n * G * S, D]
+                qs = (
+                    q.index_select(0, span.rows)
+                    .view(n, Hk, G * S, D)
+                    .transpose(0, 1)
+                    .reshape(1, Hk, n * G * S, D)
+                )
+                o, o_lse = _FLASH(qs, ks.unsqueeze(0), vs.unsqueeze(0), 0.0, False, scale=scaling)
+                o = o.view(Hk, n, G * S, D).transpose(0, 1).reshape(n, Hq, S, D).float()
+                o_lse = o_lse.view(Hk, n, G * S).transpose(0, 1).reshape(n, Hq, S)
+                mine = lse.index_select(0, span.rows)
+                both = torch.logaddexp(mine, o_lse)
+                merged = out.index_select(0, span.rows) * torch.exp(mine - both)[..., None]
+                merged += o * torch.exp(o_lse - both)[..., None]
+                out.index_copy_(0, span.rows, merged)
+                lse.index_copy_(0, span.rows, both)
+            out = out.to(q.dtype)
+        return out.transpose(1, 2)
 
     @staticmethod
     def _span_kv(

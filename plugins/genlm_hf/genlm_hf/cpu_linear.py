@@ -129,16 +129,11 @@ def pack_linears(model: Any) -> int:
         setattr(
             parent, name, PackedLinear(w if linear else w.t(), child.bias, transposed=not linear, tied=tied)
         )
-        if tied is None:
-            _drop_file_pages(w, mapped)
+        # packing read every page of the weight: those of a mapped checkpoint go back to the
+        # OS (a tied embedding's too: a lookup reads a few rows, which the kernel reads
+        # again from the file)
+        _drop_file_pages(w, mapped)
         del child, w
-    if found:
-        # transformers maps a safetensors checkpoint into memory and its tensors are views of
-        # the mapping: while any of them (the embedding, the norms) lives, the whole file
-        # stays resident beside the packed weights. Copies of what is left let it go.
-        with torch.no_grad():
-            for t in [*model.parameters(), *model.buffers()]:
-                t.data = t.data.clone()
     return len(found)
 
 
@@ -161,9 +156,9 @@ def _checkpoint_mappings() -> list[tuple[int, int]]:
 def _drop_file_pages(weight: torch.Tensor, mapped: list[tuple[int, int]]) -> None:
     """Give the OS back the pages of a packed layer's dense weight when they are pages of a
     mapped checkpoint (transformers maps safetensors files, and the mapping lives while any
-    of its tensors does: without this, every packed weight would stay resident twice until
-    the last layer is packed). They are pages of a private, unmodified file mapping, which
-    the kernel would read again from the file if anything touched them."""
+    of its tensors does - the embedding, the norms: without this, every packed weight would
+    stay resident twice). They are pages of a private, unmodified file mapping, which the
+    kernel reads again from the file if anything touches them."""
     if not mapped or weight.device.type != "cpu":
         return
     start = weight.data_ptr()
