@@ -161,9 +161,14 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     )
     model, vocab = llm.engine.model, llm.vocab_size
     gen = torch.Generator().manual_seed(rows)
+    # --shared-prompt: every row's past starts with the same prompt (particles of one prompt)
+    prompt = tuple(torch.randint(100, vocab - 100, (args.shared_prompt,), generator=gen).tolist())
     pasts = [
-        tuple(torch.randint(100, vocab - 100, (args.past,), generator=gen).tolist()) for _ in range(rows)
+        prompt + tuple(torch.randint(100, vocab - 100, (args.past,), generator=gen).tolist())
+        for _ in range(rows)
     ]
+    if prompt:  # the prompt computed once first, as a program asks it before its particles
+        llm.next_token_logprobs_sync(list(prompt))
     llm.batch_next_token_logprobs_sync(pasts)  # the pasts' KV, in the backend's cache
     with torch.inference_mode():
         ids = torch.tensor(pasts, device=model.device)
@@ -172,7 +177,7 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     def raw(tok: int) -> Any:
         with torch.inference_mode():
             if not grow:  # the fixed past: every step asks it again; under --grow it grows
-                cache.crop(args.past)
+                cache.crop(args.shared_prompt + args.past)
             out = model(
                 input_ids=torch.full((rows, 1), tok, device=model.device),
                 **{cache_kwarg(model): cache},
@@ -316,6 +321,7 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "rows": rows,
         "past": args.past,
+        "shared_prompt": args.shared_prompt,
         "grow": grow,
         "max_abs_diff": max_diff,
         "rows_check": rows_check,
@@ -326,7 +332,7 @@ def measure(args: argparse.Namespace, rows: int) -> dict[str, Any]:
     if detail:
         out["rows_check_detail"] = detail
     if grow:  # the contexts' length at the last timed call; how the engine placed the rows
-        out["last_len"] = args.past + 1 + args.warmup + args.repeat
+        out["last_len"] = args.shared_prompt + args.past + 1 + args.warmup + args.repeat
         out.update({k: engine[k] for k in RESIDENT if k in engine})
     if cuda:
         out["gpu_max_allocated_mb"] = torch.cuda.max_memory_allocated(args.device) / 2**20
@@ -352,6 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", help="the model's dtype (float32, bfloat16, float16)")
     ap.add_argument("--rows", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--past", type=int, default=20, help="cached tokens before each row's new one")
+    ap.add_argument(
+        "--shared-prompt",
+        type=int,
+        default=0,
+        help="a prompt of this many tokens before every row's past (particles of one prompt: "
+        "genlm-hf holds and reads it once; raw transformers holds it in every row)",
+    )
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")

@@ -76,7 +76,7 @@ def backends(engine: str, dtype: str, device: str, paths: list[str]) -> list[tup
 
 def one(llm: Any, defect: Any, gate: Any, settings: Any, mode: str) -> dict[str, Any]:
     """One gate on one defect (None: the correct engine): its figures."""
-    from genlm_core.testing.defects import catch, measure
+    from genlm_core.testing.gates import catch, measure
 
     if mode == "measure" or defect is None:
         m = measure(llm, defect, gate, settings)
@@ -93,7 +93,8 @@ def one(llm: Any, defect: Any, gate: Any, settings: Any, mode: str) -> dict[str,
 def run(args: argparse.Namespace) -> None:
     import torch
 
-    from genlm_core.testing.defects import CATALOGUE, gate_settings, gates_for
+    from genlm_core.testing.defects import CATALOGUE
+    from genlm_core.testing.gates import gate_settings, gates_for
 
     if args.device == "cpu":
         torch.set_num_threads(1)
@@ -184,7 +185,7 @@ def discriminate(model: str, dtypes: list[str], device: str, minimum: float) -> 
     import torch
 
     import genlm_core
-    from genlm_core.testing.defects import discrimination
+    from genlm_core.testing.gates import discrimination
 
     if device == "cpu":
         torch.set_num_threads(1)

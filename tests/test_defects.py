@@ -9,17 +9,8 @@ import pytest
 import torch
 
 import genlm_core
-from genlm_core.testing.defects import (
-    CATALOGUE,
-    Gate,
-    NeighbourRow,
-    Scale,
-    StaleRow,
-    catch,
-    gate_settings,
-    inject,
-    measure,
-)
+from genlm_core.testing.defects import CATALOGUE, NeighbourRow, Scale, StaleRow, inject
+from genlm_core.testing.gates import Gate, catch, gate_settings, measure
 
 
 @pytest.fixture
@@ -71,7 +62,7 @@ def test_catch_fails_when_the_gate_cannot_see_the_defect_or_never_meets_it(llm) 
 
 
 def test_measure_runs_a_gate_to_its_end(llm) -> None:
-    from genlm_core.testing.defects import GATES
+    from genlm_core.testing.gates import GATES
 
     settings = gate_settings(llm, atol=0.0)
     gate = GATES[0]

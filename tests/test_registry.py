@@ -173,6 +173,31 @@ def test_cli_doctor_and_one_line_errors():
     assert len(lines) == 1 and "Unknown backend 'nonesuch'" in lines[0]
 
 
+def test_doctor_says_why_auto_picks_what_it_picks():
+    """`genlm doctor` prints every candidate with its priority on the chosen device (a
+    skipped one with its reason) and the first-party order's reason; the order printed is
+    the registry's own (oracle: explain_auto's list)."""
+    from genlm_core.api import explain_auto
+    from genlm_core.tools.doctor import AUTO_WHY, auto_reasons
+
+    auto = explain_auto()
+    lines = auto_reasons(auto)
+    here = [c for c in auto["considered"] if c["status"] == "available" and c["device"] == auto["device"]]
+    ranked = [c["name"] for c in sorted(here, key=lambda c: (-c["priority"], c["name"]))]
+    assert lines[0].startswith(f"candidates (priority on {auto['device']}): ")
+    shown = [part.split(" ")[0] for part in lines[0].split(": ", 1)[1].split(", ")]
+    assert [n for n in shown if n in ranked] == ranked and ranked[0] == auto["choice"]
+    assert lines[1] == f"why: {AUTO_WHY[auto['device']]}"
+    skipped = auto_reasons(
+        {
+            "device": "cpu",
+            "considered": [{"name": "x", "status": "skipped", "device": None, "reason": "reads gguf"}],
+        }
+    )
+    assert skipped[0] == "candidates (priority on cpu): x (reads gguf)"
+    assert "why: " in run_cli("doctor").stdout
+
+
 def test_doctor_lists_the_engines_the_installed_backends_declare():
     """The core names no engine: `genlm doctor` lists the modules the registered backends
     require (each with the version of the distribution that installed it), so a

@@ -78,7 +78,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         for test, what, measured, bound in sorted(RECORDED, key=ratio, reverse=True)[:5]:
             line = f"  {ratio((test, what, measured, bound)):8.4f}  {measured:.3g} of {bound:.3g}  {test}: {what}"
             terminalreporter.write_line(line)
-    from genlm_core.testing.defects import CAUGHT
+    from genlm_core.testing.gates import CAUGHT
 
     if CAUGHT:
         terminalreporter.section("defect catalogue (genlm_core.testing.defects)")

@@ -86,6 +86,37 @@ def auto_dtype(model: str | None) -> dict[str, Any]:
         return {"model": model, "dtype": None, "note": str(exc)}
 
 
+#: why genlm-core's own plugins take the priorities they do on a device (the registry's
+#: order; docs/architecture.md, "Which backend load() picks", has the measurements)
+AUTO_WHY = {
+    "cpu": (
+        "on a CPU genlm-hf is the fastest of the first-party engines at the shapes programs run "
+        "(a prompt shared by many particles: its KV pool reads the prompt once a step, and its linear "
+        "layers run through oneDNN over packed weights); a .gguf model goes to llamacpp, the one "
+        "engine that reads GGUF files as they are"
+    ),
+    "cuda": "on CUDA vLLM first (paged KV, continuous batching), genlm-hf after it",
+    "mps": "on Apple silicon MLX first, genlm-hf after it",
+}
+
+
+def auto_reasons(auto: dict[str, Any]) -> list[str]:
+    """The lines that say why ``load('auto')`` picks what it does: each candidate with its
+    priority on the chosen device (or why it was skipped), then the first-party order's reason."""
+    considered = auto.get("considered", [])
+    here = [c for c in considered if c.get("status") == "available" and c.get("device") == auto.get("device")]
+    here.sort(key=lambda c: (-c["priority"], c["name"]))  # the registry's rule: priority, ties by name
+    ranked = [f"{c['name']} {c['priority']}" for c in here]
+    for c in considered:
+        if c.get("status") != "available" or c.get("device") is None:
+            ranked.append(f"{c['name']} ({c.get('reason') or c.get('status')})")
+    out = [f"candidates (priority on {auto.get('device')}): " + ", ".join(ranked)] if ranked else []
+    why = AUTO_WHY.get(str(auto.get("device")))
+    if why:
+        out.append(f"why: {why}")
+    return out
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``genlm doctor``: this machine, the installed engines, distributions and plugins, each
     plugin's own section, what ``load('auto')`` picks and what ``dtype='auto'`` means."""
@@ -149,6 +180,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"load('auto'): {auto['error']}")
     else:
         print(f"load('auto') picks: {auto['choice']} on {auto['device']}")
+        for line in auto_reasons(auto):
+            print(f"  {line}")
     dt = info["dtype_auto"]
     if "error" in dt:
         print(f"genlm doctor: error: --model: {dt['error']}", file=sys.stderr)

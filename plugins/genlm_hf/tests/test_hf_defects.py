@@ -16,14 +16,8 @@ from typing import Any
 import pytest
 from hf_helpers import load_hf, make_lora_adapter
 
-from genlm_core.testing.defects import (
-    CATALOGUE,
-    WrongAdapter,
-    active_adapter,
-    catch,
-    gate_settings,
-    gates_for,
-)
+from genlm_core.testing.defects import CATALOGUE, WrongAdapter, active_adapter
+from genlm_core.testing.gates import catch, gate_settings, gates_for
 
 pytestmark = pytest.mark.defects
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import genlm_core
-from genlm_core.testing.defects import CATALOGUE, catch, gate_settings, gates_for
+from genlm_core.testing.defects import CATALOGUE
+from genlm_core.testing.gates import catch, gate_settings, gates_for
 
 pytestmark = pytest.mark.defects
 

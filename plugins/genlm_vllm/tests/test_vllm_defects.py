@@ -14,14 +14,8 @@ from conftest import TINY_BUDGET
 from oracles import build_lora_adapter
 
 import genlm_core
-from genlm_core.testing.defects import (
-    CATALOGUE,
-    WrongAdapter,
-    active_adapter,
-    catch,
-    gate_settings,
-    gates_for,
-)
+from genlm_core.testing.defects import CATALOGUE, WrongAdapter, active_adapter
+from genlm_core.testing.gates import catch, gate_settings, gates_for
 
 pytestmark = [pytest.mark.defects, pytest.mark.own_process]
 
