@@ -163,6 +163,26 @@ def test_a_context_past_an_evicted_one_is_stored_in_the_trie():
     assert cache.node_count() == 1 + 1 + 3
 
 
+def test_eviction_on_demand_takes_leaves_only():
+    """``evict_lru_kv(leaves_only=True)``: a leaf or nothing. With the particles' leaves
+    kept (a pass reads them), ``leaves_first`` falls back to the least recently used
+    context, the prompt they extend; ``leaves_only`` answers None and the prompt stays."""
+    for only, want in ((False, "prompt"), (True, None)):
+        cache = PrefixCache(budget=None)
+        cache.insert((1, 2, 3), kv="prompt")
+        cache.insert((1, 2, 3, 4), kv="a")
+        cache.insert((1, 2, 3, 5), kv="b")
+        keep = {"a", "b"}.__contains__
+        got = cache.evict_lru_kv(keep, leaves_first=True, leaves_only=only)
+        assert got == want
+        assert cache.kv_prefixes() == (
+            [(1, 2, 3, 4), (1, 2, 3, 5)] if not only else [(1, 2, 3), (1, 2, 3, 4), (1, 2, 3, 5)]
+        )
+    assert cache.evict_lru_kv(leaves_only=True) == "a"  # nothing kept: the leaves, then the prompt
+    assert cache.evict_lru_kv(leaves_only=True) == "b"
+    assert cache.evict_lru_kv(leaves_only=True) == "prompt"
+
+
 def test_eviction_on_demand_takes_leaves_first():
     """``evict_lru_kv(leaves_first=True)``: the least recently used payload that no other
     kept context extends, so a prompt its particles share stays while they do; a branch

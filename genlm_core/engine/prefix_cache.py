@@ -208,7 +208,9 @@ class PrefixCache:
         if self.on_evict_kv is not None:
             self.on_evict_kv(payload)
 
-    def evict_lru_kv(self, keep: Callable[[Any], bool] | None = None, leaves_first: bool = False) -> Any:
+    def evict_lru_kv(
+        self, keep: Callable[[Any], bool] | None = None, leaves_first: bool = False, leaves_only: bool = False
+    ) -> Any:
         """Evict the least recently used KV payload for which ``keep`` is not true (an
         engine short of another resource than bytes, e.g. sequence slots). Returns the
         payload (``on_evict_kv`` has been called with it), or ``None`` when none qualifies.
@@ -216,9 +218,13 @@ class PrefixCache:
         ``leaves_first``: the least recently used payload no longer context extends, if
         any: for payloads that share their prefixes' memory (genlm-hf's page tables), only
         a leaf's eviction can free memory, and a prefix that other contexts extend (a
-        prompt many particles share) stays while they do; a branch goes leaf by leaf."""
+        prompt many particles share) stays while they do; a branch goes leaf by leaf.
+        ``leaves_only``: leaves or nothing (None when every leaf is kept): for such payloads a
+        context that others extend frees at most its last partial page, and losing it (the
+        least recently used entry is often the shared prompt) makes every context that
+        extends it compute it again."""
         with self._lock:
-            for leaves in (True, False) if leaves_first else (False,):
+            for leaves in (True,) if leaves_only else (True, False) if leaves_first else (False,):
                 for key, node in self._kv_lru.items():
                     if leaves and node.children:
                         continue

@@ -176,16 +176,18 @@ class HFEngine(Engine):
         """The pool needs a page: the prefix cache releases its least recently used
         context that no kept context extends (a leaf: its pages are the only ones a
         release can free; a prompt that particles share stays while they do, so a particle
-        released computes its own tokens again, not the prompt's), else its least recently
-        used one, never one whose pages the running pass holds; False when none is left."""
+        released computes its own tokens again, not the prompt's), never one whose pages
+        the running pass holds, and never a context others extend (it would free at most
+        its last partial page, and lose the prompt for all of them); False when no leaf is
+        left (the pass then runs in halves, or past the bound for one row)."""
         cache = self.kv.cache if self.kv is not None else None
         if cache is None:
             return False
         held = self._protected
         keep = (lambda seq: all(p in held for p in seq.pages)) if held else None
         try:
-            return cache.evict_lru_kv(keep, leaves_first=True) is not None
-        except TypeError:  # a registered prefix cache without leaves_first
+            return cache.evict_lru_kv(keep, leaves_only=True) is not None
+        except TypeError:  # a registered prefix cache without leaves_only
             return cache.evict_lru_kv(keep) is not None
 
     # ------------------------------------------------------------------ model calls

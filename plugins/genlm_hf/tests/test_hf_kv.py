@@ -153,25 +153,37 @@ def test_eviction_mid_run_stays_correct(tiny_gpt2_path: str) -> None:
         llm.close()
 
 
-@pytest.mark.parametrize("leaves_first", [True, False])
+@pytest.mark.parametrize(
+    "policy, prompt_len",
+    [("engine", 64), ("engine", 60), ("lru", 64), ("leaves_first", 60)],
+)
 def test_a_full_pool_releases_particles_not_their_prompt(
-    tiny_llama_path: str, leaves_first: bool, monkeypatch
+    tiny_llama_path: str, policy: str, prompt_len: int, monkeypatch
 ) -> None:
-    """Particles of one 64-token prompt, a pool with room for the prompt and about half the
+    """Particles of one prompt, a pool with room for the prompt and about half the
     particles' own pages: each step some particles' contexts are released and computed
     again, from the prompt (every context after the first call resumes at least the
-    prompt's 64 tokens: the cost of a release is the particle's own tokens, in proportion
-    to what does not fit). Releasing the least recently used context whatever it is (the
-    prompt's own entry while a pass reads it, particles' older ones: ``leaves_first=False``
-    stands for that policy here) loses the prompt: contexts run from their first token."""
+    prompt's tokens: the cost of a release is the particle's own tokens, in proportion
+    to what does not fit). Two other policies lose the prompt, and contexts run from their
+    first token: releasing the least recently used context whatever it is (``lru``: the
+    prompt's own entry while a pass reads it, particles' older ones), and releasing leaves
+    first but then, with every leaf a pass reads, the least recently used context others
+    extend (``leaves_first``: the prompt, when its last page is partial - 60 tokens - so
+    that the pass's rows do not hold all of its pages)."""
     from genlm_core.engine.prefix_cache import PrefixCache
 
-    if not leaves_first:
+    if policy != "engine":
         real = PrefixCache.evict_lru_kv
+        first = policy == "leaves_first"
         monkeypatch.setattr(
-            PrefixCache, "evict_lru_kv", lambda self, keep=None, leaves_first=False: real(self)
+            PrefixCache,
+            "evict_lru_kv",
+            lambda self, keep=None, leaves_first=False, leaves_only=False: real(
+                self, keep if first else None, leaves_first=first
+            ),
         )
-    # 64 + 8 x 20 columns need 4 + 8 x 2 pages; the pool has 13 (one reserved)
+    # 64 + 8 x 20 columns need 4 + 8 x 2 pages (60: 4 + 8 x 2, each particle copying the
+    # prompt's partial page); the pool has 13 (one reserved)
     per_page = 16 * column_bytes(tiny_llama_path)
     llm = load_hf(tiny_llama_path, kv_cache_bytes=13 * per_page, cache_size=0)
     try:
@@ -185,20 +197,21 @@ def test_a_full_pool_releases_particles_not_their_prompt(
 
         llm.engine.kv.lookup = record
         rng = random.Random(4)
-        prompt = [rng.randrange(3, llm.vocab_size) for _ in range(64)]
+        prompt = [rng.randrange(3, llm.vocab_size) for _ in range(prompt_len)]
         parts = [prompt + [rng.randrange(3, llm.vocab_size)] for _ in range(8)]
         llm.next_token_logprobs_sync(prompt)
         depths.clear()
         for step in range(20):
+            rng.shuffle(parts)  # a batcher's order varies: the prompt's partial page's writer may come last
             got = llm.batch_next_token_logprobs_sync(parts)
             if step % 5 == 0:
                 assert_tiny_close(got, reference(llm, parts), f"step {step}")
             parts = [p + [rng.randrange(3, llm.vocab_size)] for p in parts]
         assert llm.stats()["prefix_cache"]["kv_evictions"] > 0 and llm.engine.pool.overflows == 0
-        if leaves_first:
-            assert min(depths) >= 64  # the prompt always resumed
+        if policy == "engine":
+            assert min(depths) >= prompt_len  # the prompt always resumed
         else:
-            assert min(depths) < 64  # the failure the policy prevents
+            assert min(depths) < prompt_len  # the failure the policy prevents
     finally:
         llm.close()
 
