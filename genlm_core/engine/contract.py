@@ -243,6 +243,13 @@ class Engine:
         """Whether the engine can answer (engines with processes of their own refine it)."""
         return True
 
+    def context_limit_error(self, tokens: int) -> str | None:
+        """Why a context of ``tokens`` tokens, past the core's limit, does not fit, when the
+        engine's own setting bounds it (its KV budget: the option, the size the context
+        needs, the fix), for the caller's ``ValueError``; None: the model's window does
+        (the core's sentence then says so)."""
+        return None
+
     def stats(self) -> dict[str, Any]:
         """The engine's own counters (``stats()["engine"]`` adds the KV-reuse counters)."""
         return {}

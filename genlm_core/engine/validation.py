@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from genlm_core.engine.contexts import Context
@@ -96,11 +96,15 @@ def validate_context(
     max_length: int | None = None,
     allow_empty: bool = False,
     recent: RecentContexts | None = None,
+    limit_error: Callable[[int], str | None] | None = None,
 ) -> Context:
     """Check a context and return it as a :class:`Context` (a tuple of ints that keeps its
     hash), or raise a clear ValueError. ``recent``: the contexts validated lately against
     the same ``vocab_size`` (:class:`RecentContexts`); one that extends one of them by a
-    token has only that token's range checked, and a valid context joins them."""
+    token has only that token's range checked, and a valid context joins them.
+    ``limit_error(tokens)``: the engine's sentence for a context over ``max_length`` when
+    its own setting is what bounds it (a KV budget: the option and the size it needs), or
+    None for the model's window."""
     ctx = _as_int_tuple(token_ids)
     if not ctx and not allow_empty:
         raise ValueError(
@@ -119,6 +123,9 @@ def validate_context(
                 f"token_ids holds id {hi}, outside the vocabulary (size {vocab_size}, ids 0..{vocab_size - 1})"
             )
     if max_length is not None and len(ctx) > max_length:
+        why = limit_error(len(ctx)) if limit_error is not None else None
+        if why:
+            raise ValueError(f"context has {len(ctx)} tokens but at most {max_length} fit: {why}")
         raise ValueError(
             f"context has {len(ctx)} tokens but the model allows at most {max_length}; "
             "truncate the context (keep its last tokens) or use a model with a longer window"

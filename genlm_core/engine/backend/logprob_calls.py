@@ -32,7 +32,13 @@ class LogprobCalls(EngineRows):
         """The context as a tuple of ints, or a clear ``ValueError``."""
         if self._closed:
             raise RuntimeError(f"{self.backend_name}: the backend is closed")
-        return validate_context(token_ids, self.vocab_size, self.max_context_length, recent=self._recent)
+        return validate_context(
+            token_ids,
+            self.vocab_size,
+            self.max_context_length,
+            recent=self._recent,
+            limit_error=getattr(self.engine, "context_limit_error", None),
+        )
 
     def _batch_fn(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor | EngineOutputError"]:
         # each caller gets a compact row of its own; the output cache adopts rows nobody else
