@@ -323,6 +323,9 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
 #: engines whose counters the smoke run judges: genlm-hf (the issue's) and llama.cpp's
 #: sequences sharing KV cells (its path that already holds a prompt once)
 SMOKE_JUDGED = ("hf", "llamacpp")
+#: the most passes over genlm-hf's KV pool a batch may take in the long-prompt workloads (a
+#: round for a new shared prompt, one for the rows past it)
+PASSES_PER_BATCH = 2
 
 
 def smoke(result: dict[str, Any]) -> list[str]:
@@ -334,7 +337,10 @@ def smoke(result: dict[str, Any]) -> list[str]:
     - the runs' peak RSS above the RSS after the load at most N/2 x the prompt's KV bytes
       (the model's config and the engine's KV dtype): an engine that holds a copy of the
       prompt for more than half of its N particles exceeds it; one that holds it once
-      grows by one prompt's KV plus what a forward pass over the prompt needs.
+      grows by one prompt's KV plus what a forward pass over the prompt needs;
+    - genlm-hf's passes over its KV pool at most :data:`PASSES_PER_BATCH` per batch the
+      batcher ran (a call runs a round per level of shared new prefixes: a prompt and its
+      particles, two; a call that ran a pass per token of a nested context ran hundreds).
 
     Any run that did not finish is a problem (CI requires every backend)."""
     problems = []
@@ -351,6 +357,15 @@ def smoke(result: dict[str, Any]) -> list[str]:
             problems.append(
                 f"{name}: {run.get('tokens_computed')} tokens computed for a minimum of "
                 f"{run['minimum_tokens']} ({r if r is None else round(r, 2)}x > {most}x: the prefix is computed again)"
+            )
+        passes, batches = (
+            (run.get("counters") or {}).get("engine.pool_passes"),
+            (run.get("counters") or {}).get("batcher.batches"),
+        )
+        if passes is not None and batches and passes > PASSES_PER_BATCH * batches:
+            problems.append(
+                f"{name}: {passes:.0f} passes over the KV pool for {batches:.0f} batches (more than "
+                f"{PASSES_PER_BATCH} a batch: a call runs passes per token)"
             )
         mem, kv = run["memory"], run.get("kv_bytes_per_token")
         if not kv:

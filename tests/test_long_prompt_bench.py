@@ -310,6 +310,14 @@ def test_smoke_fails_on_recomputed_or_copied_prompts_and_never_on_timings(
     assert report.smoke({"runs": [held]}) == []
     not_judged = _run("vllm", "907x32x3:sis", 1.0, tokens=5000, minimum=968)
     assert report.smoke({"runs": [not_judged]}) == []
+    # genlm-hf's passes over its pool: a pass per token of a nested call is a problem
+    per_batch = report.PASSES_PER_BATCH
+    stepped = _run(
+        "hf", "907x32x3:sis", 300.0, counters={"engine.pool_passes": per_batch * 31, "batcher.batches": 31}
+    )
+    assert report.smoke({"runs": [stepped]}) == []
+    stepped["counters"]["engine.pool_passes"] += 1
+    assert "passes per token" in report.smoke({"runs": [stepped]})[0]
     failed = _run("llamacpp", "907x32x3:sis", 1.0, status="failed (exit 1): no GGUF")
     assert report.smoke({"runs": [failed]}) == ["long-prompt llamacpp 907x32x3:sis: failed (exit 1): no GGUF"]
 

@@ -47,7 +47,19 @@ class HFConfig(KVCacheOptions, BackendConfig):
             "prefix many contexts share held once (genlm_hf.pool; kept contexts are released least "
             "recently used first at the bound). 'auto': a quarter of the memory of the model's device "
             "(the machine's RAM, or its cgroup limit, on the CPU; the GPU's free memory once the model "
-            "is loaded on CUDA), at least 1 GiB; 0: no KV kept between calls; None: no bound"
+            "is loaded on CUDA), at least 1 GiB; bytes: at least 4 pages of the model's KV (64 tokens) and at "
+            "most the device's memory, and a context longer than the bound holds alone is refused; 0: no KV "
+            "kept between calls (the pool holds the running call's KV under the 'auto' bound and gives its "
+            "memory back after each call); None: no bound"
+        ),
+    )
+    kv_pool: Literal["auto", "required"] = Field(
+        "auto",
+        description=(
+            "whether every call must run over the KV pool (genlm_hf.pool). 'auto': a model whose cache is "
+            "not plain KV (sliding windows, recurrent state), or on which the pool's self-check at load fails, "
+            "runs every call whole without KV reuse (a failed self-check is logged as a WARNING, shown in "
+            "stats and `genlm doctor`); 'required': either is a load error"
         ),
     )
     static_decode: Literal["auto", "on", "off"] = Field(
@@ -87,10 +99,15 @@ class HFConfig(KVCacheOptions, BackendConfig):
         description="deprecated, ignored (genlm-hf 0.3 removes it): the decode step attends over the KV pool",
     )
 
-    @field_validator("kv_cache_bytes")
+    @field_validator("kv_cache_bytes", mode="before")
     @classmethod
     def _bytes(cls, value: Any) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        if isinstance(value, bool):
+            raise ValueError(
+                f"kv_cache_bytes={value} is a bool, not a number of bytes: pass bytes (e.g. 2**30), 'auto', "
+                "0 (keep no KV between calls) or None (no bound); prefix_cache=False turns reuse off"
+            )
+        if isinstance(value, int) and value < 0:
             raise ValueError(f"kv_cache_bytes={value}: expected bytes >= 0, 'auto' or None")
         return value
 

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import gc
 import inspect
-import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from genlm_core.engine import Checkpoint, Engine, EngineServices, note
+from genlm_core.engine import Checkpoint, Engine, EngineServices
+from genlm_hf.call_plan import MIN_COMMON, plan_round
 from genlm_hf.config import HFConfig
 from genlm_hf.cpu_linear import pack_linears, packing_problem, unpack_linears
 from genlm_hf.fused import FusedLlama, fused_reason
@@ -41,43 +42,38 @@ from genlm_hf.loading import dtypes_on, load_model_and_tokenizer
 from genlm_hf.passes import (
     PASS_COST,
     PassRow,
-    common_prefixes,
     extend_rows,
+    kv_layout_problem,
     lay_out,
     pages_needed,
     pass_groups,
-    pool_problem,
+    pool_self_check,
     probe_layout,
     run_pass,
     run_plain,
 )
-from genlm_hf.pool import KVPool, KVSeq
+from genlm_hf.pool import PAGE, KVLayout, KVPool, KVSeq, PoolFullError
+from genlm_hf.pool_budget import pool_bound
+from genlm_hf.pool_check import record_pool_check, self_check_failed
 from genlm_hf.step import DecodeStep
 
-__all__ = ["HFEngine", "kv_pool_bytes"]
+__all__ = ["HFEngine"]
 
-#: the least the pool's bound resolves to under kv_cache_bytes="auto"
-MIN_POOL_BYTES = 2**30
+#: rounds of a call that may run branch points (genlm_hf.call_plan); the rest run every context
+MAX_BRANCH_ROUNDS = 16
 
 
-def kv_pool_bytes(option: int | str | None, device: torch.device) -> int | None:
-    """The pool's bound: ``option`` as given, or under ``"auto"`` a quarter of the memory the
-    model's device has (the GPU's free memory once the model is loaded; the machine's RAM,
-    or its cgroup limit, on the CPU), at least :data:`MIN_POOL_BYTES`."""
-    if option != "auto":
-        return option  # type: ignore[return-value]
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return max(MIN_POOL_BYTES, free // 4)
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:  # a container's limit, where it has one
-        with open("/sys/fs/cgroup/memory.max") as f:
-            raw = f.read().strip()
-        if raw.isdigit():
-            total = min(total, int(raw))
-    except OSError:
-        pass
-    return max(MIN_POOL_BYTES, total // 4)
+def _new_pool(layout: KVLayout, bound: int | None) -> KVPool:
+    """The pool under ``bound``; an allocation the device refuses is a sentence naming
+    kv_cache_bytes (the allocator's own names no option)."""
+    try:
+        return KVPool(layout, bound)
+    except (RuntimeError, MemoryError) as exc:
+        raise ValueError(
+            f"kv_cache_bytes={bound}: the KV pool could not reserve its bound on {layout.device} "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); pass a smaller "
+            "kv_cache_bytes or 'auto'"
+        ) from exc
 
 
 class HFEngine(Engine):
@@ -101,6 +97,11 @@ class HFEngine(Engine):
         self.tokenizer = tokenizer
         self.model_config = model.config.to_dict()
         self.generation_config = _generation_config(model)
+        limit = getattr(model.config, "max_position_embeddings", None) or getattr(
+            model.config, "n_positions", None
+        )
+        #: the model's own token positions (None: it states none)
+        self.model_positions: int | None = int(limit) if limit else None
         #: whether the model's forward takes ``logits_to_keep`` (logits of the last position only)
         self.logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         pad = getattr(tokenizer, "pad_token_id", None)
@@ -113,23 +114,45 @@ class HFEngine(Engine):
         self._batch_size = config.batch_size
         self._adapters_loaded = False
         self._active_adapter: str | None = None
-        #: why the pool cannot hold this model's KV (None: it does)
-        self.pool_off = pool_problem(model, self.pad_id)
+        #: why the pool cannot hold this model's KV (None: it does): the model's cache is
+        #: not plain KV, or the pool's self-check failed on it (``pool_check``)
+        self.pool_off = kv_layout_problem(model)
+        #: the pool's self-check at load: "passed", "failed: <why>", or "not run: <why>"
+        self.pool_check = f"not run: {self.pool_off}" if self.pool_off else "passed"
+        if self.pool_off is None:
+            failed = pool_self_check(model, self.pad_id)
+            if failed is not None:
+                self.pool_off = self.pool_check = f"failed: {failed}"
+            record_pool_check(model, self.pool_check)
+            if failed is not None:
+                self_check_failed(failed, config.kv_pool == "required")
+        elif config.kv_pool == "required":
+            raise ValueError(
+                f"hf: kv_pool='required' but this model cannot hold its KV in the pool ({self.pool_off}); "
+                "pass kv_pool='auto' to run every call whole, without KV reuse"
+            )
         #: every context's KV (genlm_hf.pool); None when the model's KV cannot be kept
         self.pool: KVPool | None = None
         #: the decode step (genlm_hf.step), when static_decode is on
         self.step: DecodeStep | None = None
+        reuse = bool(config.prefix_cache) and config.kv_cache_bytes != 0
         if self.pool_off is None:
             device = torch.device(model.device)
-            bound = kv_pool_bytes(config.kv_cache_bytes, device) if config.prefix_cache else None
-            self.pool = KVPool(probe_layout(model, self.pad_id), bound or None)
+            layout = probe_layout(model, self.pad_id)
+            # without reuse the pool holds only the running call's KV, under the auto bound
+            option = config.kv_cache_bytes if reuse else "auto"
+            bound = pool_bound(option, device, layout.column_bytes * PAGE)
+            self.pool = _new_pool(layout, bound)
             self.pool.reclaim = self._reclaim
             self.step = _decode_step(model, config, self.pool, self.pad_id)
+            capacity = self.pool.capacity()
+            if capacity is not None:  # the longest context the bound holds: the core refuses longer
+                self.max_positions = capacity + 1
         #: KV prefix reuse (the prefix cache keeps page tables; the pool bounds the KV)
         self.kv = self.services.kv_reuse(
             problem=self.pool_off,
             sizeof=lambda seq: 0,  # a kept context's pages are the pool's (kv_pool_bytes_in_use)
-            budget=0 if config.kv_cache_bytes == 0 else None,
+            budget=None if reuse else 0,
             owner=lambda seq: seq,  # each kept context holds its pages until the cache drops it
             release=lambda seq: seq.release(),
         )
@@ -142,13 +165,18 @@ class HFEngine(Engine):
                 self.packed_off = "the fused decode step reads the dense weights"
             if self.packed_off is None:
                 self.packed_linears = pack_linears(model)
-        self._last_logits: torch.Tensor | None = None
         #: pages the running pass reads (see :meth:`_passes`)
         self._protected: set[int] = set()
         #: the cost of one more eager pass, in token positions (genlm_hf.passes.pass_groups)
         self.pass_cost = PASS_COST
         #: passes and what they read: rows, span columns read once for a group, private columns
-        self.counts = {"pool_passes": 0, "span_rows": 0, "span_columns": 0, "private_columns": 0}
+        self.counts = {
+            "pool_passes": 0,
+            "call_rounds": 0,
+            "span_rows": 0,
+            "span_columns": 0,
+            "private_columns": 0,
+        }
 
     @classmethod
     def load(cls, checkpoint: Checkpoint, config: HFConfig, services: EngineServices) -> "HFEngine":  # type: ignore[override]
@@ -179,7 +207,7 @@ class HFEngine(Engine):
         released computes its own tokens again, not the prompt's), never one whose pages
         the running pass holds, and never a context others extend (it would free at most
         its last partial page, and lose the prompt for all of them); False when no leaf is
-        left (the pass then runs in halves, or past the bound for one row)."""
+        left (the pass then runs in parts; the pool never passes its bound)."""
         cache = self.kv.cache if self.kv is not None else None
         if cache is None:
             return False
@@ -194,46 +222,105 @@ class HFEngine(Engine):
     def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         """The logits of distinct contexts, one row each. Each context resumes from the
         deepest kept prefix (its pages forked) and runs its new tokens only; its KV is kept
-        in the prefix cache (its pages). Rows of very different suffix lengths run in
-        passes of their own (:func:`~genlm_hf.passes.pass_groups`); a pass the pool cannot
-        hold runs in halves."""
+        in the prefix cache (its pages). A call runs in rounds (:mod:`genlm_hf.call_plan`):
+        contexts nested in another of the call are read off its row, and a long uncached
+        prefix several contexts share runs once, in a round before them. Rows of very
+        different suffix lengths run in passes of their own
+        (:func:`~genlm_hf.passes.pass_groups`); a pass the pool cannot hold runs in parts."""
         with torch.inference_mode():
             if self.pool is None:
                 return run_plain(self.model, contexts, pad_id=self.pad_id, logits_to_keep=self.logits_to_keep)
-            kv = self.kv
-            looked = kv.lookup(contexts) if kv.enabled else [(0, None)] * len(contexts)
-            if kv.enabled:  # prefixes several new contexts share: computed (and kept) once
-                shared = common_prefixes(contexts, [d for d, _ in looked])
-                if shared:
-                    self.forward(shared)
-                    looked = kv.lookup(contexts)
-            rows = [
-                PassRow(c, depth, seq.fork(depth) if seq is not None else KVSeq(self.pool))
-                for c, (depth, seq) in zip(contexts, looked)
-            ]
-            out: list[torch.Tensor] = [None] * len(rows)  # type: ignore[list-item]
             try:
-                for group in pass_groups([r.suffix for r in rows], self.pass_cost):
-                    self._passes([rows[i] for i in group], group, out)
+                return self._forward_rounds(contexts)
             finally:
-                for r in rows:  # rows not kept (no reuse, or a failed pass) give their pages back
-                    if not r.kept and r.seq is not None:
-                        r.seq.release()
-            whole = self._last_logits
-            self._last_logits = None
-            if whole is not None and whole.shape[0] == len(out):
-                return whole  # one pass in the call's order: its logits, normalised as a batch
-            return torch.stack(out)
+                if not self.kv.enabled:  # nothing is kept between calls: the memory goes back
+                    self.pool.trim()
 
-    def _passes(self, rows: list[PassRow], index: list[int], out: list[torch.Tensor]) -> None:
-        """Run ``rows`` (positions ``index`` of ``out``) in one pass, or in halves when the
-        pool cannot hold their new columns at once."""
+    def _forward_rounds(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        kv = self.kv
+        out: dict[tuple[int, ...], torch.Tensor] = {}
+        pending = list(contexts)
+        whole: torch.Tensor | None = None
+        rounds = 0
+        while pending:
+            rounds += 1
+            depths = [d for d, _ in kv.lookup(pending)]
+            # a call whose branch points the budget keeps releasing runs every context at last
+            # (and without reuse a branch point would never be kept: no branch points)
+            branching = kv.enabled and rounds <= MAX_BRANCH_ROUNDS
+            plan = plan_round(pending, depths, MIN_COMMON if branching else None)
+            rows = [
+                PassRow(p.ctx, p.depth, None, read_off=[len(c) for c in p.read_off], wanted=p.wanted)
+                for p in plan.rows
+            ]
+            late: list[tuple[int, ...]] = []
+            for group in pass_groups([len(p.ctx) - p.depth for p in plan.rows], self.pass_cost):
+                for part in self._run_parts([rows[i] for i in group]):
+                    run_rows, logits = part
+                    if (
+                        whole is None
+                        and not out
+                        and len(run_rows) == len(contexts)
+                        and all(r.wanted and not r.read_off for r in run_rows)
+                        and [r.ctx for r in run_rows] == list(contexts)
+                    ):
+                        whole = logits  # the call's rows in its order: one tensor, normalised as a batch
+                    n = 0
+                    for r in run_rows:
+                        for length in r.read_off:
+                            out[r.ctx[:length]] = logits[n]
+                            n += 1
+                        if r.wanted:
+                            out[r.ctx] = logits[n]
+                        n += 1
+                    late += [r.ctx[:length] for r in run_rows for length in r.missed]
+            pending = plan.deferred + late
+        self.counts["call_rounds"] += rounds
+        if whole is not None:
+            return whole
+        return torch.stack([out[c] for c in contexts])
+
+    def _run_parts(self, rows: list[PassRow]) -> Iterator[tuple[list[PassRow], torch.Tensor]]:
+        """Run ``rows`` in one pass, or in parts when the pool cannot hold their new columns
+        at once (no recursion: a stack of parts, each looked up and forked when its pass
+        comes, so no part holds pages while another runs). Yields each part's rows and its
+        logits (each row's read-off prefixes, then the row)."""
+        todo = [rows]
+        while todo:
+            part = todo.pop()
+            self._fork(part)
+            try:
+                if not self._reserve(part):
+                    half = len(part) // 2
+                    for r in part:  # given back: the part that runs first may need the pages
+                        r.release_fork()
+                    todo += [part[half:], part[:half]]
+                    continue
+                yield part, self._pass(part)
+            finally:
+                for r in part:  # rows not kept (no reuse, or a failed pass) give their pages back
+                    if not r.kept:
+                        r.release_fork()
+
+    def _fork(self, rows: list[PassRow]) -> None:
+        """Each row forks the deepest kept prefix of its context (its pages, no copy); a
+        context read off the row that the row no longer runs (a deeper prefix was kept
+        meanwhile) is left for a later round (``row.missed``)."""
         pool = self.pool
         assert pool is not None
-        for r in rows:  # a row whose fork was given back (the pass before ran in halves)
-            if r.seq is None:
-                depth, seq = self.kv.lookup([r.ctx])[0] if self.kv.enabled else (0, None)
-                r.depth, r.seq = depth, seq.fork(depth) if seq is not None else KVSeq(pool)
+        looked = self.kv.lookup([r.ctx for r in rows]) if self.kv.enabled else [(0, None)] * len(rows)
+        for r, (depth, seq) in zip(rows, looked):
+            r.depth, r.seq = depth, seq.fork(depth) if seq is not None else KVSeq(pool)
+            r.missed += [n for n in r.read_off if n <= depth]
+            r.read_off = [n for n in r.read_off if n > depth]
+
+    def _reserve(self, rows: list[PassRow]) -> bool:
+        """Room in the pool for the rows' new columns, releasing kept contexts the pass does
+        not read; False when a part of several rows does not fit (it runs in two). A
+        single row always fits: the context limit (:attr:`max_positions`) is what an empty
+        pool holds, so a row that does not is a bug, never a silent overflow."""
+        pool = self.pool
+        assert pool is not None
         need = pages_needed(rows, pool.page)
         # what the pass reads is the pass's: the prefix cache's entries wholly within it (its
         # rows' prompt) are not released for it, as that would free nothing now and lose them
@@ -242,27 +329,18 @@ class HFEngine(Engine):
             fits = pool.reserve(need)
         finally:
             self._protected = set()
-        if not fits:
-            if len(rows) > 1:
-                # the second half gives its forks back (their pages may go to the first
-                # half) and finds its prefixes again when its pass comes: what the pool let
-                # go, it computes again, a row's own tokens when its prompt is still kept
-                half = len(rows) // 2
-                for r in rows[half:]:
-                    r.seq.release()
-                    r.seq = None  # type: ignore[assignment]
-                self._passes(rows[:half], index[:half], out)
-                self._passes(rows[half:], index[half:], out)
-                return
-            if not pool.overflows:  # it must run: past the bound, said once
-                note(
-                    f"hf: the KV pool passed its bound (kv_cache_bytes: {pool.max_pages} pages of "
-                    f"{pool.page} tokens, {pool.page_bytes} bytes each) to run a context of "
-                    f"{len(rows[0].ctx)} tokens beside the contexts this call holds; raise "
-                    "kv_cache_bytes in load()",
-                    advice=True,
-                )
-            pool.reserve(need, force=True)
+        if not fits and len(rows) == 1:
+            raise PoolFullError(
+                f"hf: a context of {len(rows[0].ctx)} tokens does not fit in the KV pool "
+                f"({pool.max_pages} pages of {pool.page} tokens; kv_cache_bytes) beside what it reads"
+            )
+        return fits
+
+    def _pass(self, rows: list[PassRow]) -> torch.Tensor:
+        """One pass over ``rows`` (forked, room reserved): their logits, each row's read-off
+        prefixes first; each row's context is kept (its read-off prefixes too, as forks)."""
+        pool = self.pool
+        assert pool is not None
         extend_rows(rows)
         logits = None
         if self.step is not None and all(r.suffix == 1 for r in rows):
@@ -280,11 +358,13 @@ class HFEngine(Engine):
             counts["span_columns"] += length
         counts["private_columns"] += sum(map(len, layout.private))
         self.kv.count(sum(r.suffix for r in rows), sum(r.depth for r in rows))
-        for n, (i, r) in enumerate(zip(index, rows)):
-            out[i] = logits[n]
+        for r in rows:
+            for n in r.read_off:  # a nested context's KV: the first columns of the row's
+                fork = r.seq.fork(n)
+                if not self.kv.store(r.ctx[:n], fork):
+                    fork.release()
             r.kept = self.kv.store(r.ctx, r.seq)
-        # the call's logits when this pass ran every row of it in order (the usual call)
-        self._last_logits = logits if index == list(range(len(out))) else None
+        return logits
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
         """One full forward pass per context, no padding, no cache: the reference."""
@@ -299,8 +379,22 @@ class HFEngine(Engine):
         self.kv.count(sum(map(len, contexts)), 0)
         return rows
 
+    def context_limit_error(self, tokens: int) -> str | None:
+        """The pool's bound, when it is what refuses a context of ``tokens`` tokens."""
+        pool = self.pool
+        window = self.model_positions
+        if pool is None or pool.max_pages is None or (window is not None and tokens > window - 1):
+            return None
+        need = (-(-tokens // pool.page) + 2) * pool.page_bytes  # its pages, a copy on write, page 0
+        return (
+            f"the KV pool's bound (kv_cache_bytes={pool.max_pages * pool.page_bytes}) holds a context of at most "
+            f"{pool.capacity()} tokens of this model's KV ({pool.layout.column_bytes:,} bytes a token); a context "
+            f"of {tokens} tokens needs kv_cache_bytes >= {need}: raise it in load(), or shorten the context"
+        )
+
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counts)
+        out["kv_pool_check"] = self.pool_check
         if self.pool is not None:
             out.update(self.pool.stats())
         else:
@@ -342,8 +436,11 @@ class HFEngine(Engine):
         """Drop every kept context (their pages go back to the pool). The decode step's
         buckets stay, with their captured graphs: they hold no KV and no result a later call
         reads, and capturing them again would cost a program that clears its caches between
-        runs an uncaptured step per bucket. :meth:`close` frees them."""
+        runs an uncaptured step per bucket. :meth:`close` frees them. On the CPU the
+        memory of the pages released goes back to the OS (:meth:`~genlm_hf.pool.KVPool.trim`)."""
         self.kv.clear()
+        if self.pool is not None:
+            self.pool.trim()
 
     def close(self) -> None:
         if self.kv is not None:

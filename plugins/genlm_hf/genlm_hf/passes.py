@@ -24,7 +24,7 @@ the long ones. :func:`pass_groups` splits such a call into passes of rows of sim
 suffix length, the split that minimises the padded positions plus :data:`PASS_COST`
 positions for each pass (a pass's fixed cost: every weight read, every kernel launched).
 
-A model the pool cannot hold (:func:`pool_problem`) runs each call's contexts whole in one
+A model the pool cannot hold (:func:`kv_layout_problem`, :func:`pool_self_check`) runs each call's contexts whole in one
 padded batch of its own forward (:func:`run_plain`).
 """
 
@@ -48,10 +48,11 @@ __all__ = [
     "device_ints",
     "extend_rows",
     "lay_out",
+    "output_positions",
     "pages_needed",
-    "common_prefixes",
     "pass_groups",
-    "pool_problem",
+    "kv_layout_problem",
+    "pool_self_check",
     "probe_layout",
     "run_pass",
     "run_plain",
@@ -70,11 +71,26 @@ class PassRow:
 
     ctx: tuple[int, ...]
     depth: int
-    seq: KVSeq
+    #: None until the row forks its kept prefix (when its pass comes), and once it gave it back
+    seq: KVSeq | None
     #: slots of the new columns (filled by :func:`run_pass`)
     new: list[int] = field(default_factory=list)
     #: whether the prefix cache kept ``seq`` (else its pages are given back after the call)
     kept: bool = False
+    #: the lengths of the prefixes of ``ctx`` (past ``depth``) whose logits the pass also
+    #: hands back, before the row's own (contexts read off this row: genlm_hf.call_plan)
+    read_off: list[int] = field(default_factory=list)
+    #: whether the call asked for ``ctx`` itself (else a branch point, run for its KV)
+    wanted: bool = True
+    #: read-off lengths the row no longer runs (a deeper prefix was kept): a later round's
+    missed: list[int] = field(default_factory=list)
+
+    def release_fork(self) -> None:
+        """Give back the row's pages (the prefix cache keeps its own references)."""
+        if self.seq is not None:
+            self.seq.release()
+            self.seq = None
+        self.kept = False
 
     @property
     def suffix(self) -> int:
@@ -210,6 +226,8 @@ def run_pass(
         "position_ids": device_ints(pos, device),
         "use_cache": False,
     }
+    if any(r.read_off for r in rows):
+        return _run_with_read_offs(model, run, rows, kwargs, pool.layout.layers)
     last = [r.suffix - 1 for r in rows]
     cols = last
     if logits_to_keep:  # only the rows' last positions go through the LM head
@@ -226,6 +244,55 @@ def run_pass(
     if logits.shape[1] == 1:
         return logits[:, 0]
     return logits[torch.arange(B, device=logits.device), device_ints(cols, logits.device)]
+
+
+def output_positions(rows: list[PassRow]) -> tuple[list[int], list[int]]:
+    """The (row, position) of every logits row a pass hands back: each row's read-off
+    prefixes (shortest first), then the row itself."""
+    which, where = [], []
+    for i, r in enumerate(rows):
+        for n in [*r.read_off, len(r.ctx)]:
+            if not r.depth < n <= len(r.ctx):
+                raise ValueError(f"a prefix of {n} tokens is not run by a row from column {r.depth}")
+            which.append(i)
+            where.append(n - 1 - r.depth)
+    return which, where
+
+
+def _run_with_read_offs(
+    model: Any, run: PoolPass, rows: list[PassRow], kwargs: dict[str, Any], layers: int
+) -> torch.Tensor:
+    """A pass that hands back several positions of some rows: the hidden states of exactly
+    those positions go through the LM head (a hook on its input), not every position of
+    every row."""
+    which, where = output_positions(rows)
+    device = kwargs["input_ids"].device
+    rows_at, cols_at = device_ints(which, device), device_ints(where, device)
+    head = model.get_output_embeddings()
+    if head is None:  # no LM head module to gather before: every position's logits
+        with use_pool_attention(model, run, layers):
+            logits = model(**kwargs).logits
+        return logits[rows_at.to(logits.device), cols_at.to(logits.device)]
+
+    def gather(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        hidden = args[0]
+        return (hidden[rows_at, cols_at].unsqueeze(0), *args[1:])
+
+    if "logits_to_keep" in _forward_parameters(model):
+        kwargs["logits_to_keep"] = 0  # every position reaches the hook, which keeps the wanted ones
+    handle = head.register_forward_pre_hook(gather)
+    try:
+        with use_pool_attention(model, run, layers):
+            logits = model(**kwargs).logits
+    finally:
+        handle.remove()
+    return logits[0]
+
+
+def _forward_parameters(model: Any) -> Any:
+    import inspect
+
+    return inspect.signature(model.forward).parameters
 
 
 def probe_layout(model: Any, pad_id: int) -> KVLayout:
@@ -250,50 +317,6 @@ def pages_needed(rows: list[PassRow], page: int) -> int:
     return need
 
 
-#: the fewest uncached tokens that contexts of a call must share for :func:`common_prefixes`
-MIN_COMMON = 32
-
-
-def _lcp(a: Sequence[int], b: Sequence[int], start: int) -> int:
-    """The length of the longest common prefix of ``a`` and ``b``, known to be at least
-    ``start`` (binary search over slice comparisons, which run in C)."""
-    lo, hi = start, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def common_prefixes(
-    contexts: Sequence[tuple[int, ...]], depths: Sequence[int], min_common: int = MIN_COMMON
-) -> list[tuple[int, ...]]:
-    """The prefixes that several new contexts of one call share: for each distinct context
-    with more than ``min_common`` new tokens (past its kept ``depth``), the longest proper
-    prefix it shares with another such context, when that is at least ``min_common``
-    tokens past its depth. Computed first, their KV is kept once and every context resumes
-    from it, instead of each computing (and holding) its own copy. Only contexts with that
-    many new tokens are compared (prompts: a step's one-token rows cost nothing here);
-    the longest common prefix of a context with any other is one with a neighbour in
-    sorted order, so each is compared with its two neighbours only (slice comparisons,
-    which run in C). Shortest first."""
-    long = sorted({c: d for c, d in zip(contexts, depths) if len(c) - d > min_common}.items())
-    if len(long) < 2:
-        return []
-    best = [0] * len(long)
-    for i in range(len(long) - 1):
-        n = _lcp(long[i][0], long[i + 1][0], 0)
-        best[i], best[i + 1] = max(best[i], n), max(best[i + 1], n)
-    out = set()
-    for (c, d), n in zip(long, best):
-        n = min(n, len(c) - 1)
-        if n - d >= min_common:
-            out.add(c[:n])
-    return sorted(out, key=len)
-
-
 def supports_kv_reuse(model: Any) -> bool:
     """Whether every layer caches plain full-attention KV (no sliding window, no recurrent state)."""
     from transformers import DynamicCache
@@ -308,14 +331,20 @@ def supports_kv_reuse(model: Any) -> bool:
     return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
-def pool_problem(model: Any, pad_id: int) -> str | None:
-    """Why the pool cannot hold ``model``'s KV, or None: its cache must be plain
-    full-attention KV, and a pass over the pool must run every layer's attention through
-    it and give the model's own row (a 3-token context computed as 2 tokens, then 1 more
-    over their kept columns, against one uncached pass: a guard against an attention the
-    pool does not implement, loose enough for any dtype's rounding)."""
+def kv_layout_problem(model: Any) -> str | None:
+    """Why ``model``'s KV cannot live in the pool (None: it can): its cache must be plain
+    full-attention KV. A property of the architecture: such a model runs every call whole."""
     if not supports_kv_reuse(model):
         return "its cache is not plain full-attention KV (sliding window, recurrent state or encoder-decoder)"
+    return None
+
+
+def pool_self_check(model: Any, pad_id: int) -> str | None:
+    """Why a pass over the pool does not give ``model``'s own row (None: it does): a
+    3-token context computed as 2 tokens, then 1 more over their kept columns, against one
+    uncached pass. A guard against an attention the pool does not implement (a layer that
+    does not go through transformers' attention interface, a new transformers release),
+    loose enough for any dtype's rounding: a failure is a bug, never rounding."""
     try:
         layout = probe_layout(model, pad_id)
         pool = KVPool(layout, None)
@@ -324,7 +353,7 @@ def pool_problem(model: Any, pad_id: int) -> str | None:
         with torch.inference_mode():
             extend_rows([first])
             run_pass(model, pool, [first], lay_out([first], pool.page), pad_id=pad_id, logits_to_keep=False)
-            second = PassRow(ctx, 2, first.seq.fork())
+            second = PassRow(ctx, 2, first.seq.fork())  # type: ignore[union-attr]
             extend_rows([second])
             got = run_pass(
                 model, pool, [second], lay_out([second], pool.page), pad_id=pad_id, logits_to_keep=False
@@ -332,10 +361,11 @@ def pool_problem(model: Any, pad_id: int) -> str | None:
             ids = torch.tensor([list(ctx)], device=layout.device)
             want = model(input_ids=ids, use_cache=False).logits[0, -1]
     except Exception as exc:  # noqa: BLE001 - an attention the pool cannot take
-        return f"a pass over the KV pool failed ({exc})"
+        return f"a pass over the KV pool raised {type(exc).__name__}: {exc}"
     got, want = got[0].float(), want.float()
-    if not float((got - want).abs().max()) <= 0.1 * (1.0 + float(want.abs().max())):
-        return "a pass over the KV pool disagreed with the model's own forward"
+    off = float((got - want).abs().max())
+    if not off <= 0.1 * (1.0 + float(want.abs().max())):
+        return f"a pass over the KV pool gave logits {off:.3g} away from the model's own forward"
     return None
 
 

@@ -23,3 +23,11 @@ def genlm_register_backends(register: Callable[..., Any]) -> None:
         # a GGUF only inside a folder or hub repo named with gguf_file= (dequantised): not "gguf"
         model_formats=["hf-folder", "hub-id"],
     )
+
+
+@hookimpl
+def genlm_doctor(hardware: Any) -> dict[str, Any]:
+    """The KV pool's self-check as the recorded loads saw it (genlm_hf.pool_check; no torch)."""
+    from genlm_hf.pool_check import doctor_section
+
+    return doctor_section()

@@ -19,10 +19,14 @@ be kept, looked up, forked or extended:
 A page is freed when the last context holding it releases it (:meth:`KVSeq.release`).
 On the CPU the pool's tensor reserves ``max_bytes`` at once (memory becomes resident as
 pages are written, lowest pages first, and freed pages are reused first); on a GPU it
-grows by doubling up to ``max_bytes`` (a copy per doubling). Past the bound, :attr:`KVPool.reclaim` is asked to release kept contexts (the prefix cache's least
-recently used) until a page is free, and :class:`PoolFullError` is raised when nothing
-is left to release. So ``max_bytes`` bounds every byte of KV the engine holds: kept
-prefixes and the rows of the pass running alike.
+grows by doubling up to ``max_bytes`` (a copy per doubling). At the bound,
+:attr:`KVPool.reclaim` is asked to release kept contexts (the prefix cache's least
+recently used) until a page is free; :meth:`KVPool.reserve` says False when nothing is
+left to release (the engine then runs fewer rows at once), and :class:`PoolFullError` is
+raised by a take that finds no page. So ``max_bytes`` bounds every byte of KV the engine
+holds, kept prefixes and the rows of the pass running alike: the pool never passes it
+(a context longer than :meth:`KVPool.capacity` is refused before it reaches the engine).
+:meth:`KVPool.trim` gives the memory of free pages back to the OS on the CPU.
 
 Page 0 is never handed out: its first column is where padded positions of a pass write
 and read (finite values, masked out), so a pass needs no branch for padding.
@@ -35,7 +39,7 @@ from typing import NamedTuple
 
 import torch
 
-from genlm_hf.host_memory import no_huge_pages
+from genlm_hf.host_memory import drop_pages, no_huge_pages
 
 __all__ = ["PAGE", "KVLayout", "KVPool", "KVSeq", "PoolFullError"]
 
@@ -96,15 +100,16 @@ class KVPool:
         self.refs = [0] * first
         self.used = [0] * first
         self.refs[0] = 1  # reserved, never freed
-        self._free = list(range(first - 1, 0, -1))  # popped from the end: lowest first
+        #: pages below :attr:`touched` released since (taken first, last released first);
+        #: pages from :attr:`touched` up are free too and taken in order, lowest first
+        self._free: list[int] = []
         #: called when no page is free at the bound: releases something kept (True), or
         #: returns False when nothing is left to release
         self.reclaim: Callable[[], bool] = lambda: False
         self.grown = 0  # doublings of the tensor (each moves it: views and captures of it go stale)
         self.copied_columns = 0  # columns copied on write (forks that wrote a shared page)
-        self.overflows = 0  # passes that grew the tensor past its bound
-        #: the pages below the highest ever taken (what the pool has written: on the CPU,
-        #: about what of it is resident)
+        #: one past the highest page taken since the pool began or was trimmed (what it has
+        #: written: on the CPU, about what of it is resident)
         self.touched = 1
 
     def _new_storage(self, pages: int) -> torch.Tensor:
@@ -121,11 +126,11 @@ class KVPool:
 
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.pages - self.touched
 
     @property
     def pages_in_use(self) -> int:
-        return self.pages - 1 - len(self._free)
+        return self.pages - 1 - self.free_pages
 
     @property
     def nbytes(self) -> int:
@@ -135,32 +140,62 @@ class KVPool:
     def take(self) -> int:
         """A free page (grown into, or released by :attr:`reclaim` when the pool is at
         its bound), holding one reference; raises :class:`PoolFullError` when none is left."""
-        while not self._free:
+        while not self.free_pages:
             if not self._grow() and not self.reclaim():
                 raise PoolFullError(
                     f"hf: the KV pool is full ({self.pages_in_use} pages of {self.page} tokens, "
                     f"{self.nbytes} bytes) and every page is used by the running pass"
                 )
-        p = self._free.pop()
-        self.touched = max(self.touched, p + 1)
+        if self._free:
+            p = self._free.pop()
+        else:
+            p = self.touched
+            self.touched += 1
         self.refs[p] = 1
         self.used[p] = 0
         return p
 
-    def reserve(self, pages: int, force: bool = False) -> bool:
+    def reserve(self, pages: int) -> bool:
         """Make ``pages`` pages takeable (free, or room to grow into), releasing kept
-        contexts through :attr:`reclaim` as needed; False when that cannot be done. With
-        ``force`` the tensor grows past the bound instead (a context that must run:
-        :attr:`overflows` counts it)."""
+        contexts through :attr:`reclaim` as needed; False when that cannot be done (the
+        pool never passes its bound)."""
         while self.free_pages + self._growable() < pages:
             if not self.reclaim():
-                if not force:
-                    return False
-                self.overflows += 1
-                while self.free_pages < pages:
-                    self._grow(past_bound=True)
-                return True
+                return False
         return True
+
+    def capacity(self) -> int | None:
+        """The longest context the bound holds alone (every other page released): its
+        pages plus one copied on write, beside the reserved page (None: no bound)."""
+        return None if self.max_pages is None else max(0, self.max_pages - 2) * self.page
+
+    def trim(self) -> int:
+        """Give the memory of the free pages above the highest page in use back to the OS
+        (on the CPU, where the bound is reserved at once and pages become resident as they
+        are written; elsewhere nothing): after a call that kept nothing, or a cleared cache,
+        the pool's resident memory returns to what it holds. Returns the bytes advised."""
+        top = self.touched - 1
+        refs = self.refs
+        while top > 0 and refs[top] == 0:
+            top -= 1
+        if top + 1 >= self.touched:
+            return 0
+        if self.layout.device.type != "cpu":  # no memory to give back: pages above it are free again
+            self._free = [p for p in self._free if p <= top]
+            self.touched = top + 1
+            return 0
+        P, hd = self.page, self.layout.head_dim
+        size = self.storage.element_size()
+        chunk = self.pages * P * hd  # elements of one (layer, key/value, head) block
+        first, last = (top + 1) * P * hd, self.touched * P * hd
+        base = self.storage.data_ptr()
+        for block in range(self.storage.numel() // chunk):
+            start = base + (block * chunk + first) * size
+            drop_pages(start, start + (last - first) * size)
+        freed = (self.touched - top - 1) * self.page_bytes
+        self.touched = top + 1
+        self._free = [p for p in self._free if p <= top]
+        return freed
 
     def _growable(self) -> int:
         return (1 << 62) if self.max_pages is None else max(0, self.max_pages - self.pages)
@@ -175,7 +210,6 @@ class KVPool:
         self.storage = storage
         self.refs += [0] * (new - old)
         self.used += [0] * (new - old)
-        self._free = list(range(new - 1, old - 1, -1)) + self._free
         self.grown += 1
         return True
 
@@ -210,7 +244,6 @@ class KVPool:
             "kv_pool_bytes_in_use": self.pages_in_use * self.page_bytes,
             "kv_pool_grown": self.grown,
             "kv_pool_copied_columns": self.copied_columns,
-            "kv_pool_overflows": self.overflows,
         }
 
 

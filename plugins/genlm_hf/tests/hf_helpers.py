@@ -9,11 +9,13 @@ from typing import Any
 
 
 def load_hf(path: str, **options: Any) -> Any:
-    """A float32 CPU HFBackend through the public entry point."""
+    """A float32 CPU HFBackend through the public entry point; the KV pool required (a
+    pool whose self-check fails on this machine fails the tests, it does not fall back)."""
     import genlm_core
 
     options.setdefault("dtype", "float32")
     options.setdefault("device", "cpu")
+    options.setdefault("kv_pool", "required")
     return genlm_core.load("hf", model=path, **options)
 
 

@@ -148,7 +148,7 @@ def test_eviction_mid_run_stays_correct(tiny_gpt2_path: str) -> None:
                 p.append(rng.randrange(3, V))
         stats = llm.prefix_cache.stats()
         assert stats["kv_evictions"] > 0
-        assert _engine(llm)["tokens_reused"] > 0 and _engine(llm)["kv_pool_overflows"] == 0
+        assert _engine(llm)["tokens_reused"] > 0
     finally:
         llm.close()
 
@@ -207,7 +207,7 @@ def test_a_full_pool_releases_particles_not_their_prompt(
             if step % 5 == 0:
                 assert_tiny_close(got, reference(llm, parts), f"step {step}")
             parts = [p + [rng.randrange(3, llm.vocab_size)] for p in parts]
-        assert llm.stats()["prefix_cache"]["kv_evictions"] > 0 and llm.engine.pool.overflows == 0
+        assert llm.stats()["prefix_cache"]["kv_evictions"] > 0
         if policy == "engine":
             assert min(depths) >= prompt_len  # the prompt always resumed
         else:
@@ -360,7 +360,7 @@ def test_a_model_the_pool_cannot_hold_runs_whole(tiny_llama_path: str, tmp_path)
     AutoModelForCausalLM.from_config(config).save_pretrained(str(tmp_path))
     tokenizer.save_pretrained(str(tmp_path))
     with pytest.warns(UserWarning, match="cannot reuse KV"):
-        llm = load_hf(str(tmp_path), cache_size=0)
+        llm = load_hf(str(tmp_path), cache_size=0, kv_pool="auto")
     try:
         assert llm.engine.pool is None and "sliding window" in llm.stats()["engine"]["kv_pool_off"]
         ctxs = _contexts(llm.vocab_size, seed=2)

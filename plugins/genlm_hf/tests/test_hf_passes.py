@@ -2,9 +2,8 @@
 
 The split is checked against brute force (every partition of a call's rows into passes:
 none costs less), and calls mixing long suffixes with short ones against the uncached
-model, row for row, at the bound derived from the arithmetic. The prefixes several new
-contexts of a call share (computed once, :func:`common_prefixes`) are checked against
-every pair compared token by token.
+model, row for row, at the bound derived from the arithmetic. (The prefixes several new
+contexts of a call share, run once: test_hf_call_plan.py.)
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from genlm_hf.passes import MIN_COMMON, PASS_COST, common_prefixes, pass_groups
+from genlm_hf.passes import PASS_COST, pass_groups
 from hf_helpers import load_hf, reference
 
 from genlm_core.testing.tolerance import assert_rows_close, assert_tiny_close, model_shape
@@ -108,35 +107,3 @@ def test_a_mixed_call_on_the_decode_step_splits_too(tiny_llama_path: str) -> Non
 
 def _uncached(llm: Any, contexts: list[tuple[int, ...]]) -> torch.Tensor:
     return llm._finalize(torch.stack(llm.engine.forward_uncached(contexts)))
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_common_prefixes_against_brute_force(seed: int) -> None:
-    """:func:`common_prefixes` finds, for each context with enough new tokens, the longest
-    proper prefix it shares with another such context (oracle: every pair compared token
-    by token)."""
-    rng = random.Random(seed)
-    base = [rng.randrange(4) for _ in range(rng.randint(0, 80))]
-    kept: dict[tuple[int, ...], int] = {}
-    for _ in range(rng.randint(1, 8)):
-        cut = rng.randint(0, len(base))
-        ctx = tuple(base[:cut] + [rng.randrange(4) for _ in range(rng.randint(0, 60))])
-        if ctx:
-            kept[ctx] = rng.randint(0, len(ctx) - 1)
-    contexts, depths = list(kept), list(kept.values())
-    m = rng.choice([1, 4, MIN_COMMON])
-    got = common_prefixes(contexts, depths, m)
-    long = [(c, d) for c, d in kept.items() if len(c) - d > m]
-    want = set()
-    for a, da in long:
-        n = 0
-        for b, _ in long:
-            if b != a:
-                k = 0
-                while k < min(len(a), len(b)) and a[k] == b[k]:
-                    k += 1
-                n = max(n, k)
-        n = min(n, len(a) - 1)
-        if n - da >= m:
-            want.add(a[:n])
-    assert set(got) == want and got == sorted(got, key=len)

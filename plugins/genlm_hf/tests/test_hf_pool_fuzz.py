@@ -80,8 +80,8 @@ def test_fuzzed_programs_match_the_uncached_model(tiny_llama_path: str, seed: in
             assert_rows_close(got, ref, shape, what=f"seed {seed}, step {step} ({options})")
         pool = llm.engine.pool
         bound = options["kv_cache_bytes"]
-        if bound:  # the bound held, unless a single context needed more than all of it
-            assert pool.nbytes <= bound or pool.overflows > 0
+        if bound:  # the bound held (a context longer than it holds is refused)
+            assert pool.nbytes <= bound
         llm.clear_cache()
         assert pool.pages_in_use == 0  # every page went back: no reference leaked
     finally:
