@@ -80,7 +80,13 @@ def one(llm: Any, defect: Any, gate: Any, settings: Any, mode: str) -> dict[str,
 
     if mode == "measure" or defect is None:
         m = measure(llm, defect, gate, settings)
-        return {"tail": m.tail, "scale": m.scale, "comparisons": m.comparisons, "stopped": m.stopped}
+        return {
+            "tail": m.tail,
+            "scale": m.scale,
+            "spread": m.spread,
+            "comparisons": m.comparisons,
+            "stopped": m.stopped,
+        }
     try:
         c = catch(llm, defect, gate, settings)
     except AssertionError as exc:  # the gate passed: it cannot see the defect

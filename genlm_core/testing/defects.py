@@ -33,6 +33,12 @@ its caches were last cleared, as a prefix cache or a kept row would resume it):
                               base model for an adapter, the first loaded one for the base model)
 :class:`StaleRow`             resumed contexts: the row of the context they resume (the step
                               before's)
+:class:`OneRowOff` (0.3)      the last row of every call off by 0.3 nats on every token, in signs
+                              that follow no pattern (a row read with a wrong KV column or a
+                              neighbour's position): below a correct bfloat16 row's distance from
+                              float32 (0.3-0.7 nats at the worst token), so a worst-token bound
+                              cannot see it; the row's spread error does
+                              (:func:`~genlm_core.testing.tolerance.row_spread_error`)
 ============================  ===================================================================
 
 The gates that must fail on each defect, and how to run them with one applied, are
@@ -53,6 +59,7 @@ __all__ = [
     "FirstTokenDropped",
     "Injection",
     "NeighbourRow",
+    "OneRowOff",
     "PositionShifted",
     "Scale",
     "StaleRow",
@@ -184,6 +191,32 @@ class NeighbourRow(Defect):
         return rows[1:] + rows[:1]
 
 
+@dataclass(frozen=True)
+class OneRowOff(Defect):
+    """The last row of every call: each token's logit moved by ``nats``, up or down by a
+    fixed pseudo-random sign per token (its log-probabilities then differ from the right
+    ones by ``nats`` up to the normalisation)."""
+
+    nats: float = 0.3
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"one row of each call {self.nats:g} nats off"
+
+    def rows(self, inj: "Injection", contexts: list[Context], rows: list[Any]) -> list[Any]:
+        import torch
+
+        if not rows:
+            return rows
+        last = rows[-1]
+        signs = torch.randint(0, 2, (last.shape[-1],), generator=torch.Generator().manual_seed(63)) * 2 - 1
+        moved = last.float() + self.nats * signs.to(last.device, torch.float32)
+        if inj.engine_returns == "logprobs":
+            moved = torch.log_softmax(moved, -1)
+        inj.altered += 1
+        return [*rows[:-1], moved.to(last.dtype)]
+
+
 class WrongAdapter(Defect):
     """The call computed under another LoRA adapter than the active one."""
 
@@ -215,6 +248,7 @@ CATALOGUE: tuple[Defect, ...] = (
     NeighbourRow(),
     WrongAdapter(),
     StaleRow(),
+    OneRowOff(0.3),
 )
 
 

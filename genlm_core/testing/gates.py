@@ -255,7 +255,7 @@ def catch(backend: Any, defect: Defect, gate: Gate, settings: GateSettings) -> C
             ratio = exc.ratio if isinstance(exc, BoundExceeded) else None
             statistic = ""
             if isinstance(exc, BoundExceeded):
-                statistic = "logit scale" if "logit scale" in exc.what else "largest difference"
+                statistic = _statistic(exc.what)
             caught = Caught(defect.name, gate.name, str(exc), ratio, inj.altered, statistic)
             test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
             CAUGHT.append((test, caught))
@@ -271,12 +271,23 @@ def catch(backend: Any, defect: Defect, gate: Gate, settings: GateSettings) -> C
     )
 
 
+def _statistic(what: str) -> str:
+    """Which statistic of :func:`~genlm_core.testing.tolerance.assert_rows_close` a
+    comparison's label names."""
+    if "logit scale" in what:
+        return "logit scale"
+    if "spread error" in what:
+        return "row spread"
+    return "largest difference"
+
+
 @dataclass
 class Measured:
     """A gate run to its end with (or without) a defect, no comparison failing: the
     largest ``measured / bound`` of each statistic over its comparisons (``tail``: the
-    largest difference of an entry; ``scale``: the common logit scale), how many it made,
-    and the AssertionError that stopped it early, if any (a check that is not a bound)."""
+    largest difference of an entry; ``scale``: the common logit scale; ``spread``: a row's
+    spread error), how many it made, and the AssertionError that stopped it early, if any
+    (a check that is not a bound)."""
 
     defect: str
     gate: str
@@ -284,10 +295,11 @@ class Measured:
     scale: float
     comparisons: int
     stopped: str = ""
+    spread: float = 0.0
 
     @property
     def ratio(self) -> float:
-        return max(self.tail, self.scale)
+        return max(self.tail, self.scale, self.spread)
 
 
 def measure(backend: Any, defect: Defect | None, gate: Gate, settings: GateSettings) -> Measured:
@@ -308,15 +320,17 @@ def measure(backend: Any, defect: Defect | None, gate: Gate, settings: GateSetti
             gate.run(backend, settings)
         except AssertionError as exc:
             stopped = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    tail = [ratio(m, b) for what, m, b in seen if "logit scale" not in what]
-    scale = [ratio(m, b) for what, m, b in seen if "logit scale" in what]
+    by: dict[str, list[float]] = {}
+    for what, m, b in seen:
+        by.setdefault(_statistic(what), []).append(ratio(m, b))
     return Measured(
         defect.name if defect is not None else "none",
         gate.name,
-        max(tail, default=0.0),
-        max(scale, default=0.0),
+        max(by.get("largest difference", []), default=0.0),
+        max(by.get("logit scale", []), default=0.0),
         len(seen),
         stopped,
+        max(by.get("row spread", []), default=0.0),
     )
 
 

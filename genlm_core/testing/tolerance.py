@@ -79,8 +79,10 @@ __all__ = [
     "row_atol",
     "row_diff",
     "row_magnitude",
+    "row_spread_error",
     "rows_to_resolve",
     "scale_bound",
+    "spread_bound",
     "tiny_shape",
 ]
 
@@ -241,13 +243,15 @@ def measuring() -> Iterator[list[tuple[str, float, float]]]:
         _MEASURING = outer
 
 
-def assert_within(measured: float, bound: float, what: str) -> float:
+def assert_within(measured: float, bound: float, what: str, *, statistical: bool = False) -> float:
     """Record ``measured`` against ``bound`` and fail (:class:`BoundExceeded`) when it
-    exceeds ``bound / headroom()``. Returns ``measured``."""
+    exceeds ``bound / headroom()``; a ``statistical`` bound (``lam`` standard deviations of
+    a statistic whose correct values are about one: :func:`row_spread_error`) is held as
+    it is, a headroom being no margin it can keep. Returns ``measured``."""
     if _MEASURING is not None:
         _MEASURING.append((what, float(measured), float(bound)))
         return float(measured)
-    limit = bound / headroom()
+    limit = bound if statistical else bound / headroom()
     if not measured <= limit:  # NaN fails too
         extra = "" if limit == bound else f" (the bound {bound:.3g} over headroom {headroom():g})"
         raise BoundExceeded(f"{what}: differs by {measured:.3g} > {limit:.3g}{extra}", measured, bound, what)
@@ -365,7 +369,59 @@ def assert_rows_close(
         assert_within(
             abs(t), scale_bound(shape, n, dtype, other_dtype), f"{what} (logit scale 1{t:+.3g}, {rows})"
         )
+    if other_dtype is None or other_dtype == dtype:  # one network: see row_spread_error
+        spread, row = row_spread_error(got, want)
+        assert_within(
+            spread,
+            spread_bound(shape, dtype),
+            f"{what} (row {row}'s spread error {spread:.3g})",
+            statistical=True,
+        )
     return diff
+
+
+def row_spread_error(got: Any, want: Any) -> tuple[float, int]:
+    """``(e, i)``: the largest, over rows, of a row's RMS difference relative to the row's
+    spread, and its row: ``sqrt(mean (d - mean d)^2) / sqrt(mean (w - mean w)^2)`` over
+    the finite entries of ``want``'s row ``w`` (``d = got - want``; centring drops the
+    normalisation constant). A path's rounding reaches the logits through the LM head as
+    an error on the last hidden state of relative size :meth:`ModelShape.relative_error`
+    (one standard deviation), which the head maps to an error of that size relative to
+    the logits' spread, on every entry at once. So this root-mean-square of thousands of
+    entries is a per-row statistic of one standard deviation, where :func:`row_diff`'s
+    worst entry is bounded at the tail's magnitude: it sees a row that is wrong everywhere
+    by a fraction of a nat in bfloat16 (one row of a batch: a wrong KV column, a
+    neighbour's position), which the worst entry's bound (1.5 nats for the tiny models)
+    and the pooled scale (zero mean) do not. Comparisons within one dtype only: two
+    dtypes hold two networks (bfloat16 weights are not float32's), whose difference is
+    no rounding of sums."""
+    import torch
+
+    a = torch.as_tensor(got).detach().to("cpu", torch.float64)
+    b = torch.as_tensor(want).detach().to("cpu", torch.float64)
+    a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+    worst, where = 0.0, 0
+    for i in range(b.shape[0]):
+        fin = torch.isfinite(b[i]) & torch.isfinite(a[i])
+        if int(fin.sum()) < 2:
+            continue
+        d, w = a[i][fin] - b[i][fin], b[i][fin]
+        spread = float((w - w.mean()).pow(2).mean().sqrt())
+        if not spread > 0:
+            continue
+        e = float((d - d.mean()).pow(2).mean().sqrt()) / spread
+        if not e <= worst:  # NaN included
+            worst, where = e, i
+            if math.isnan(e):
+                break
+    return worst, where
+
+
+def spread_bound(shape: Any, dtype: str = "float32") -> float:
+    """How far :func:`row_spread_error` may be from 0 for two correct computations in
+    ``dtype``: ``lam * 2 * e``, ``e`` one path's :meth:`ModelShape.relative_error` (each
+    path's error one standard deviation of its relative size; a 4-sigma bound on their sum)."""
+    return LAM * 2 * model_shape(shape).relative_error(dtype)
 
 
 class RowComparisons:
