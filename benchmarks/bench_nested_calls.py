@@ -60,7 +60,11 @@ def run(model: str, repeats: int, threads: int) -> dict[str, Any]:
     rows = []
     try:
         for name, contexts in cases(llm.vocab_size).items():
-            row: dict[str, Any] = {"case": name, "contexts": len(contexts), "minimum_tokens": minimum(contexts)}
+            row: dict[str, Any] = {
+                "case": name,
+                "contexts": len(contexts),
+                "minimum_tokens": minimum(contexts),
+            }
             walls = []
             try:
                 for _ in range(repeats):
@@ -79,7 +83,13 @@ def run(model: str, repeats: int, threads: int) -> dict[str, Any]:
             print(json.dumps(row), flush=True)
     finally:
         llm.close()
-    return {"model": model, "threads": threads, "repeats": repeats, "machine": platform.processor(), "rows": rows}
+    return {
+        "model": model,
+        "threads": threads,
+        "repeats": repeats,
+        "machine": platform.processor(),
+        "rows": rows,
+    }
 
 
 def table(result: dict[str, Any]) -> str:
