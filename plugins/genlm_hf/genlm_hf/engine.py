@@ -165,7 +165,9 @@ class HFEngine(Engine):
                 self.packed_off = "the fused decode step reads the dense weights"
             if self.packed_off is None:
                 self.packed_linears = pack_linears(model)
-        #: pages the running pass reads (see :meth:`_passes`)
+        #: the call's last lookup (context -> (depth, kept KV)) until a pass keeps KV
+        self._looked: dict[tuple[int, ...], Any] | None = None
+        #: pages the running pass reads (see :meth:`_reserve`)
         self._protected: set[int] = set()
         #: the cost of one more eager pass, in token positions (genlm_hf.passes.pass_groups)
         self.pass_cost = PASS_COST
@@ -213,6 +215,7 @@ class HFEngine(Engine):
             return False
         held = self._protected
         keep = (lambda seq: all(p in held for p in seq.pages)) if held else None
+        self._looked = None  # a lookup's kept KV may be released now
         try:
             return cache.evict_lru_kv(keep, leaves_only=True) is not None
         except TypeError:  # a registered prefix cache without leaves_only
@@ -244,7 +247,10 @@ class HFEngine(Engine):
         rounds = 0
         while pending:
             rounds += 1
-            depths = [d for d, _ in kv.lookup(pending)]
+            looked = kv.lookup(pending)
+            depths = [d for d, _ in looked]
+            # the first part's rows fork what this lookup found, unless a pass keeps KV first
+            self._looked = dict(zip(pending, looked))
             # a call whose branch points the budget keeps releasing runs every context at last
             # (and without reuse a branch point would never be kept: no branch points)
             branching = kv.enabled and rounds <= MAX_BRANCH_ROUNDS
@@ -308,7 +314,11 @@ class HFEngine(Engine):
         meanwhile) is left for a later round (``row.missed``)."""
         pool = self.pool
         assert pool is not None
-        looked = self.kv.lookup([r.ctx for r in rows]) if self.kv.enabled else [(0, None)] * len(rows)
+        found = self._looked
+        if found is not None and all(r.ctx in found for r in rows):
+            looked = [found[r.ctx] for r in rows]
+        else:
+            looked = self.kv.lookup([r.ctx for r in rows]) if self.kv.enabled else [(0, None)] * len(rows)
         for r, (depth, seq) in zip(rows, looked):
             r.depth, r.seq = depth, seq.fork(depth) if seq is not None else KVSeq(pool)
             r.missed += [n for n in r.read_off if n <= depth]
@@ -358,6 +368,7 @@ class HFEngine(Engine):
             counts["span_columns"] += length
         counts["private_columns"] += sum(map(len, layout.private))
         self.kv.count(sum(r.suffix for r in rows), sum(r.depth for r in rows))
+        self._looked = None  # what the cache holds changes now: later parts look up again
         for r in rows:
             for n in r.read_off:  # a nested context's KV: the first columns of the row's
                 fork = r.seq.fork(n)
