@@ -52,8 +52,8 @@ from genlm_hf.passes import (
     run_pass,
     run_plain,
 )
-from genlm_hf.pool import PAGE, KVLayout, KVPool, KVSeq, PoolFullError
-from genlm_hf.pool_budget import pool_bound
+from genlm_hf.pool import PAGE, KVPool, KVSeq, PoolFullError
+from genlm_hf.pool_budget import new_pool, pool_bound, too_long_for_pool
 from genlm_hf.pool_check import record_pool_check, self_check_failed
 from genlm_hf.step import DecodeStep
 
@@ -61,19 +61,6 @@ __all__ = ["HFEngine"]
 
 #: rounds of a call that may run branch points (genlm_hf.call_plan); the rest run every context
 MAX_BRANCH_ROUNDS = 16
-
-
-def _new_pool(layout: KVLayout, bound: int | None) -> KVPool:
-    """The pool under ``bound``; an allocation the device refuses is a sentence naming
-    kv_cache_bytes (the allocator's own names no option)."""
-    try:
-        return KVPool(layout, bound)
-    except (RuntimeError, MemoryError) as exc:
-        raise ValueError(
-            f"kv_cache_bytes={bound}: the KV pool could not reserve its bound on {layout.device} "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); pass a smaller "
-            "kv_cache_bytes or 'auto'"
-        ) from exc
 
 
 class HFEngine(Engine):
@@ -142,7 +129,7 @@ class HFEngine(Engine):
             # without reuse the pool holds only the running call's KV, under the auto bound
             option = config.kv_cache_bytes if reuse else "auto"
             bound = pool_bound(option, device, layout.column_bytes * PAGE)
-            self.pool = _new_pool(layout, bound)
+            self.pool = new_pool(layout, bound)
             self.pool.reclaim = self._reclaim
             self.step = _decode_step(model, config, self.pool, self.pad_id)
             capacity = self.pool.capacity()
@@ -396,12 +383,7 @@ class HFEngine(Engine):
         window = self.model_positions
         if pool is None or pool.max_pages is None or (window is not None and tokens > window - 1):
             return None
-        need = (-(-tokens // pool.page) + 2) * pool.page_bytes  # its pages, a copy on write, page 0
-        return (
-            f"the KV pool's bound (kv_cache_bytes={pool.max_pages * pool.page_bytes}) holds a context of at most "
-            f"{pool.capacity()} tokens of this model's KV ({pool.layout.column_bytes:,} bytes a token); a context "
-            f"of {tokens} tokens needs kv_cache_bytes >= {need}: raise it in load(), or shorten the context"
-        )
+        return too_long_for_pool(pool, tokens)
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counts)

@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from genlm_hf.pool import PAGE
+from genlm_hf.pool import PAGE, KVLayout, KVPool
 
-__all__ = ["MIN_AUTO_BYTES", "MIN_POOL_PAGES", "device_memory", "pool_bound"]
+__all__ = ["MIN_AUTO_BYTES", "MIN_POOL_PAGES", "device_memory", "new_pool", "pool_bound", "too_long_for_pool"]
 
 #: the least the bound resolves to under kv_cache_bytes="auto"
 MIN_AUTO_BYTES = 2**30
@@ -77,3 +77,27 @@ def pool_bound(option: Any, device: Any, page_bytes: int) -> int | None:
             f"{total}, or 'auto' (a quarter of the available memory, {max(MIN_AUTO_BYTES, available // 4):,} bytes)"
         )
     return option
+
+
+def new_pool(layout: KVLayout, bound: int | None) -> KVPool:
+    """The pool under ``bound``; an allocation the device refuses is a sentence naming
+    kv_cache_bytes (the allocator's own names no option)."""
+    try:
+        return KVPool(layout, bound)
+    except (RuntimeError, MemoryError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ValueError(
+            f"kv_cache_bytes={bound}: the KV pool could not reserve its bound on {layout.device} "
+            f"({type(exc).__name__}: {first}); pass a smaller kv_cache_bytes or 'auto'"
+        ) from exc
+
+
+def too_long_for_pool(pool: KVPool, tokens: int) -> str:
+    """Why a context of ``tokens`` tokens does not fit in ``pool``'s bound, and the
+    kv_cache_bytes it needs (its pages, a copy on write, the reserved page)."""
+    need = (-(-tokens // pool.page) + 2) * pool.page_bytes
+    return (
+        f"the KV pool's bound (kv_cache_bytes={(pool.max_pages or 0) * pool.page_bytes}) holds a context of at "
+        f"most {pool.capacity()} tokens of this model's KV ({pool.layout.column_bytes:,} bytes a token); a "
+        f"context of {tokens} tokens needs kv_cache_bytes >= {need}: raise it in load(), or shorten the context"
+    )
