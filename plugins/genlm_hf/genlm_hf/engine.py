@@ -122,6 +122,7 @@ class HFEngine(Engine):
         self.pool: KVPool | None = None
         #: the decode step (genlm_hf.step), when static_decode is on
         self.step: DecodeStep | None = None
+        self.pool_bound: int | None = None
         reuse = bool(config.prefix_cache) and config.kv_cache_bytes != 0
         if self.pool_off is None:
             device = torch.device(model.device)
@@ -129,6 +130,8 @@ class HFEngine(Engine):
             # without reuse the pool holds only the running call's KV, under the auto bound
             option = config.kv_cache_bytes if reuse else "auto"
             bound = pool_bound(option, device, layout.column_bytes * PAGE)
+            #: the pool's bound in bytes (None: none)
+            self.pool_bound = bound
             self.pool = new_pool(layout, bound)
             self.pool.reclaim = self._reclaim
             self.step = _decode_step(model, config, self.pool, self.pad_id)
@@ -383,7 +386,7 @@ class HFEngine(Engine):
         window = self.model_positions
         if pool is None or pool.max_pages is None or (window is not None and tokens > window - 1):
             return None
-        return too_long_for_pool(pool, tokens)
+        return too_long_for_pool(pool, tokens, self.pool_bound)
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counts)

@@ -92,12 +92,14 @@ def new_pool(layout: KVLayout, bound: int | None) -> KVPool:
         ) from exc
 
 
-def too_long_for_pool(pool: KVPool, tokens: int) -> str:
-    """Why a context of ``tokens`` tokens does not fit in ``pool``'s bound, and the
-    kv_cache_bytes it needs (its pages, a copy on write, the reserved page)."""
+def too_long_for_pool(pool: KVPool, tokens: int, bound: int | None = None) -> str:
+    """Why a context of ``tokens`` tokens does not fit in ``pool``'s bound (``bound``: the
+    bytes it was given, else its whole pages), and the kv_cache_bytes it needs (its pages, a
+    copy on write, the reserved page)."""
     need = (-(-tokens // pool.page) + 2) * pool.page_bytes
+    given = bound if bound is not None else (pool.max_pages or 0) * pool.page_bytes
     return (
-        f"the KV pool's bound (kv_cache_bytes={(pool.max_pages or 0) * pool.page_bytes}) holds a context of at "
+        f"the KV pool's bound (kv_cache_bytes={given}) holds a context of at "
         f"most {pool.capacity()} tokens of this model's KV ({pool.layout.column_bytes:,} bytes a token); a "
         f"context of {tokens} tokens needs kv_cache_bytes >= {need}: raise it in load(), or shorten the context"
     )

@@ -37,7 +37,7 @@ def test_a_context_the_bound_cannot_hold_is_refused_for_its_caller_only(tiny_lla
     """A bound of 8 pages holds a context of 96 tokens alone: 97 is refused before it reaches
     the engine, with the option and the size it needs; the batch it joined gets its rows."""
     page_bytes = PAGE * column_bytes(tiny_llama_path)
-    bound = 8 * page_bytes
+    bound = 8 * page_bytes + 100  # not a whole number of pages: the sentence names it as given
     llm = load_hf(tiny_llama_path, kv_cache_bytes=bound, cache_size=0, batch_size=8)
     try:
         assert llm.max_context_length == 6 * PAGE  # 8 pages: the reserved one, a copy on write
@@ -47,6 +47,7 @@ def test_a_context_the_bound_cannot_hold_is_refused_for_its_caller_only(tiny_lla
         with pytest.raises(ValueError, match=rf"kv_cache_bytes.*{9 * page_bytes}") as err:
             llm.next_token_logprobs_sync(too_long)
         assert "97 tokens" in str(err.value) and "raise it in load()" in str(err.value)
+        assert f"kv_cache_bytes={bound})" in str(err.value)
 
         async def together() -> list[Any]:
             return await asyncio.gather(
