@@ -253,62 +253,39 @@ class Guarded(TableEngine):
         super().__setattr__(name, value)
 
     def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
-        assert self.services is not None and self.services.vocab_size == V  # lent, read at call time
         return self.table[torch.tensor([c[-1] for c in contexts])] * 3
+
+    def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
+        assert all(r.width == V for r in requests)  # the row width comes with the call
+        return [[1] * r.max_tokens for r in requests]
 
 
 def test_the_core_writes_nothing_into_an_engine(tmp_path: Path) -> None:
+    import dataclasses
+
     class Loads(Guarded):
+        supports = frozenset({"sample"})
+
         @classmethod
         def load(cls, checkpoint: Checkpoint, config: Any, services: EngineServices) -> "Loads":
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                services.name = "other"  # type: ignore[misc] - input only
+            assert services.placement.device == "cpu" and not hasattr(services, "kv_reuse")
             engine = cls(checkpoint, config, services)
-            with pytest.raises(RuntimeError, match="read it in forward"):
-                services.vocab_size  # noqa: B018 - not known before the backend reads the vocabulary
             object.__setattr__(engine, "loaded", True)
             return engine
 
     ckpt = read_checkpoint(BackendConfig(model=folder(tmp_path, {})))
     llm = BaseLogprobBackend.from_checkpoint(ckpt, BackendConfig(), engine_class=Loads)
     llm.batch_next_token_logprobs_sync([[1], [2, 3]])
-    llm.sample_sync([1], max_tokens=2, seed=0)
+    assert llm.sample_sync([1], max_tokens=2, seed=0) == [1, 1]
     llm.clear_cache()
     llm.close()
-    by_hand = Guarded(services=EngineServices(BackendConfig()))  # built by hand: its own services
+    by_hand = Guarded()  # built by hand: no services at all
     object.__setattr__(by_hand, "loaded", True)
     held = BaseLogprobBackend(by_hand, name="test")
-    assert held.services is by_hand.services and held.next_token_logprobs_sync([1]).shape == (V,)
+    assert held.services.placement.device is None and held.next_token_logprobs_sync([1]).shape == (V,)
     held.close()
-
-
-def test_kv_reuse_is_lent_on_request_under_the_configs_options() -> None:
-    from genlm_core.engine import KVCacheOptions
-
-    class KVConfig(KVCacheOptions, BackendConfig):
-        pass
-
-    class Resumes(TableEngine):
-        @classmethod
-        def load(cls, checkpoint: Any, config: Any, services: EngineServices) -> "Resumes":
-            engine = cls(checkpoint, config, services)
-            engine.kv = services.kv_reuse(problem=getattr(config, "problem", None), sizeof=len)
-            return engine
-
-    llm = BaseLogprobBackend.from_checkpoint(
-        Checkpoint("none"), KVConfig(kv_cache_bytes=7), engine_class=Resumes
-    )
-    kv = llm.engine.kv
-    assert llm.services.kv is kv and llm.kv_reuse and llm.prefix_cache is kv.cache and kv.cache.budget == 7
-    kv.store((1, 2), (0, 0, 0))
-    assert kv.lookup([(1, 2, 3)]) == [(2, (0, 0, 0))] and llm.stats()["prefix_cache"]["kv_entries"] == 1
-    llm.clear_kv_cache()
-    assert kv.lookup([(1, 2, 3)]) == [(0, None)]
-    with pytest.raises(RuntimeError, match="asked for its KV reuse twice"):
-        llm.services.kv_reuse()
-    llm.close()
-    off = EngineServices(KVConfig(prefix_cache=False))
-    assert not off.kv_reuse().enabled
-    with pytest.warns(UserWarning, match="test: this model cannot reuse KV state \\(recurrent\\)"):
-        assert not EngineServices(KVConfig(), name="test").kv_reuse(problem="recurrent").enabled
 
 
 def test_an_engine_of_the_old_contract_loads_warning(tmp_path: Path) -> None:
@@ -359,7 +336,7 @@ def test_a_declared_capability_needs_its_method() -> None:
         backend(Claims())
     with pytest.raises(TypeError, match="not a capability"):
         backend(type("Odd", (TableEngine,), {"supports": frozenset({"teleport"})})())
-    with pytest.raises(TypeError, match="'kv'.*services.kv_reuse"):  # the old capability names its fix
+    with pytest.raises(TypeError, match="'kv'.*'resume'.*forward_rows"):  # the old capability names its fix
         backend(type("OldKV", (TableEngine,), {"supports": frozenset({"kv"})})())
 
 
@@ -371,7 +348,7 @@ async def test_the_engine_sampler_gets_checked_clamped_requests() -> None:
     # room for the tokens drawn from contexts of 4, 5 and 6 tokens: 6 + 1 - 4
     assert out == [1, 1, 1]
     (req,) = engine.requests[-1]
-    assert req == SampleRequest((1, 2, 3, 4), 3, frozenset({7}), 0.5, 3)
+    assert req == SampleRequest((1, 2, 3, 4), 3, frozenset({7}), 0.5, 3, width=V)
     assert await llm.sample([1] * 6, max_tokens=2) == [1] and await llm.sample([1], max_tokens=0) == []
     for bad in ({"max_tokens": -1}, {"max_tokens": 2, "temperature": -1.0}):
         with pytest.raises(ValueError):

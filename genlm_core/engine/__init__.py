@@ -78,7 +78,9 @@ EXPORTS: dict[str, str] = {
     "OutputCacheConfig": "genlm_core.engine.caches",
     "output_cache_for": "genlm_core.engine.caches",
     "PrefixCache": "genlm_core.engine.prefix_cache",
-    "KVReuse": "genlm_core.engine.kv_reuse",
+    "KVPolicy": "genlm_core.engine.kv_rows",
+    "ResumeRow": "genlm_core.engine.kv_rows",
+    "RowsOut": "genlm_core.engine.kv_rows",
     "KVCacheOptions": "genlm_core.engine.kv_reuse",
     "sizeof": "genlm_core.engine.memory",
     "private_copy": "genlm_core.engine.memory",
@@ -163,7 +165,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never run
         resolve_dtype,
     )
     from genlm_core.engine.gguf_metadata import GGUFMetadata, read_gguf_metadata
-    from genlm_core.engine.kv_reuse import KVCacheOptions, KVReuse
+    from genlm_core.engine.kv_reuse import KVCacheOptions
+    from genlm_core.engine.kv_rows import KVPolicy, ResumeRow, RowsOut
     from genlm_core.engine.lora import LoraAdapters
     from genlm_core.engine.memory import compact, private_copy, sizeof
     from genlm_core.engine.model_folder import (

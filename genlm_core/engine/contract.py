@@ -20,10 +20,11 @@ The talk is one way. The core reads the checkpoint, places the engine
 (:mod:`~genlm_core.engine.placement`: device and dtype, before the engine is imported; the
 engine class answers one question, :meth:`Engine.dtypes_on`) and calls
 :meth:`Engine.load` with the :class:`~genlm_core.engine.checkpoint.Checkpoint`, the
-validated config and the :class:`~genlm_core.engine.services.EngineServices` (the
-placement, KV reuse on request, the row width). It then reads what the loaded engine says
-(its tokenizer or vocabulary, EOS ids, token positions) once and calls its methods; it
-never writes into the engine.
+validated config and the :class:`~genlm_core.engine.services.EngineServices` (a frozen
+value: the placement and the backend's name). It then reads what the loaded engine says
+(its tokenizer or vocabulary, EOS ids, token positions, how it keeps KV) once and calls its
+methods with everything a call needs (the rows to resume, the width of a row); it never
+writes into the engine, and the engine never calls back into the core.
 
 The backend (:class:`~genlm_core.engine.backend.BaseLogprobBackend`) decides everything
 else once for every engine: the vocabulary, the context limit (the smaller of the
@@ -41,10 +42,16 @@ declares it, and refuses an engine that declares one without writing its methods
   engine's own :meth:`Engine.decode_step` and :meth:`Engine.end_burst`, rows kept between steps;
 * ``"lora"``: LoRA adapters, :meth:`Engine.load_adapter` and :meth:`Engine.use_adapter`;
   the backend keeps the names, the lock, and drops the caches an adapter switch makes
-  stale (:attr:`Engine.adapter_keyed_kv`).
+  stale (:attr:`Engine.adapter_keyed_kv`);
+* ``"resume"``: KV prefix reuse. The engine resumes contexts from kept KV: it declares
+  how its KV is kept once (:meth:`Engine.kv_policy`) and computes the rows the core hands
+  it, each with the depth and payload to resume from (:meth:`Engine.forward_rows`); the
+  core looks prefixes up, makes room, keeps what the engine hands back and releases it
+  (:mod:`genlm_core.engine.kv_calls`, :mod:`genlm_core.engine.kv_rows`);
+* ``"kept_batches"``: with ``"resume"``, bursts through the core's decode step over
+  batches whose KV the engine keeps between steps (:meth:`Engine.decode_ops`,
+  :mod:`genlm_core.engine.decode_batches`).
 
-KV prefix reuse is not a capability: an engine that resumes contexts from cached KV asks
-``services.kv_reuse(...)`` once at load (:mod:`genlm_core.engine.services`).
 docs/plugins.md is the page a plugin author reads.
 """
 
@@ -52,7 +59,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from genlm_core.config import BackendConfig
 
@@ -60,6 +67,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from genlm_core.engine.checkpoint import Checkpoint
+    from genlm_core.engine.decode_batches import DecodeOps
+    from genlm_core.engine.kv_rows import KVPolicy, ResumeRow, RowsOut
     from genlm_core.engine.services import EngineServices
     from genlm_core.token import Token
 
@@ -80,10 +89,14 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     # bursts through the engine's own decode step, keeping rows between steps
     "decode": ("decode_step", "end_burst"),
     "lora": ("load_adapter", "use_adapter"),  # LoRA adapters, kept by the backend
+    # KV prefix reuse: the core hands rows to resume (genlm_core.engine.kv_calls)
+    "resume": ("kv_policy", "forward_rows"),
+    # bursts over batches whose KV the engine keeps between steps (with "resume")
+    "kept_batches": ("decode_ops",),
 }
 
 #: the capabilities that offer bursts (``supports_burst``): either one
-BURST_CAPABILITIES: frozenset[str] = frozenset({"burst", "decode"})
+BURST_CAPABILITIES: frozenset[str] = frozenset({"burst", "decode", "kept_batches"})
 
 
 @dataclass(frozen=True)
@@ -93,20 +106,28 @@ class SampleRequest:
     token itself is not returned), ``temperature`` 0 (greedy) or between
     :data:`~genlm_core.engine.sampling.MIN_TEMPERATURE` and ``MAX_TEMPERATURE`` (a finite
     float32 divisor: :func:`~genlm_core.engine.sampling.sampling_temperature`), ``seed``
-    None or an int."""
+    None or an int, ``width`` the ids it may draw."""
 
     prompt: tuple[int, ...]
     max_tokens: int
     eos: frozenset[int]
     temperature: float
     seed: int | None
+    #: the width of a row the core reads (``len(byte_vocab)``): ids at or past it are never
+    #: drawn (an engine whose logits are padded wider masks them); None: every id the model scores
+    width: int | None = None
 
 
-class Engine:
+#: the config class an engine takes (``class MyEngine(Engine[MyConfig])``: load() receives one)
+ConfigT = TypeVar("ConfigT", bound=BackendConfig)
+
+
+class Engine(Generic[ConfigT]):
     """The part of a backend a plugin writes: its engine's calls.
 
     Write :meth:`load` (or an ``__init__(checkpoint, config, services)``) and
-    :meth:`forward`; set :attr:`tokenizer`. Everything else has a default.
+    :meth:`forward` (or, resuming from kept KV, :meth:`kv_policy` and
+    :meth:`forward_rows`); set :attr:`tokenizer`. Everything else has a default.
     """
 
     # ------------------------------------------------------------------ what the class declares
@@ -158,9 +179,6 @@ class Engine:
     #: (the placement says None: a model served elsewhere, an engine built by hand)
     dtype: str = "float32"
     device: Any = "cpu"
-    #: the services of an engine built by hand (``EngineServices(config)``), where the
-    #: backend holding it finds them; a loaded engine's are the ones :meth:`load` received
-    services: EngineServices | None = None
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -171,19 +189,72 @@ class Engine:
         return None
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: BackendConfig, services: EngineServices) -> Engine:
+    def load(cls, checkpoint: Checkpoint, config: ConfigT, services: EngineServices) -> Engine[ConfigT]:
         """The engine for ``checkpoint`` (read by the core: folder checked, ``model=None``
-        resolved), ``config`` (validated) and ``services`` (the placement, KV reuse, the row
-        width: :mod:`genlm_core.engine.services`). The default calls
-        ``cls(checkpoint, config, services)``."""
+        resolved), ``config`` (validated, of the engine's config class) and ``services``
+        (the placement and the backend's name: :mod:`genlm_core.engine.services`). The
+        default calls ``cls(checkpoint, config, services)``."""
         return cls(checkpoint, config, services)  # type: ignore[call-arg]
 
     # ------------------------------------------------------------------ model calls
     def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor | Sequence[torch.Tensor]:
         """Next-token scores of each context (see :attr:`returns`), in the order given.
 
-        The contexts are validated and distinct: the backend merges identical ones."""
-        raise NotImplementedError(f"{type(self).__name__} must implement forward(contexts)")
+        The contexts are validated and distinct: the backend merges identical ones. An
+        engine declaring ``"resume"`` need not write it: the core calls
+        :meth:`forward_rows`, and this default runs every context from its start through
+        it, keeping nothing."""
+        if "resume" not in self.supports:
+            raise NotImplementedError(f"{type(self).__name__} must implement forward(contexts)")
+        from genlm_core.engine.kv_rows import ResumeRow
+
+        out = self.forward_rows([ResumeRow(tuple(c)) for c in contexts])
+        owners = {id(o): o for o in (self.kv_owner(p) for _, p in out.kept) if o is not None}
+        for owner in owners.values():
+            self.release_kv(owner)
+        return out.rows
+
+    # ------------------------------------------------------------------ KV reuse ("resume")
+    def kv_policy(self) -> KVPolicy:
+        """The capability ``"resume"``: how this engine's KV is kept (read once, when the
+        backend takes the engine): the budget and its option, which kept contexts the
+        core releases first, whether nested contexts are read off a row."""
+        raise NotImplementedError(f"{type(self).__name__} declares no KV reuse")
+
+    def forward_rows(self, rows: list[ResumeRow]) -> RowsOut:
+        """The capability ``"resume"``: compute ``rows`` (distinct contexts, each resuming
+        from ``depth`` tokens of KV in the engine's own ``payload``) and hand back their
+        scores and the payloads of the contexts computed (:class:`~genlm_core.engine.kv_rows.RowsOut`).
+        The core made room first (:meth:`kv_shortfall`). A payload handed in is read, never
+        changed: the engine copies or forks what it extends. On an error the engine frees
+        what it took for the call."""
+        raise NotImplementedError(f"{type(self).__name__} declares no KV reuse")
+
+    def kv_shortfall(self, rows: list[ResumeRow]) -> int:
+        """How much room ``rows`` lack, in the engine's own unit (0: they fit). The core
+        releases kept contexts the rows do not read until it is 0, or runs them in parts."""
+        return 0
+
+    def kv_size(self, payload: Any) -> int:
+        """What a payload costs against :attr:`KVPolicy.budget
+        <genlm_core.engine.kv_rows.KVPolicy.budget>` (default: the bytes it keeps alive)."""
+        from genlm_core.engine.memory import sizeof
+
+        return sizeof(payload)
+
+    def kv_owner(self, payload: Any) -> Any:
+        """The engine resource a payload reads, shared by several payloads (a llama.cpp KV
+        sequence), or the payload itself when the engine frees it explicitly (None: the
+        payload owns its memory and needs no release)."""
+        return None
+
+    def release_kv(self, owner: Any) -> None:
+        """Free ``owner`` (see :meth:`kv_owner`): no kept payload and no running call reads it."""
+
+    def decode_ops(self) -> DecodeOps:
+        """The capability ``"kept_batches"``: what the core's decode step over kept batches
+        calls (:class:`~genlm_core.engine.decode_batches.DecodeOps`)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no batches between steps")
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> torch.Tensor | Sequence[torch.Tensor]:
         """:meth:`forward` without any engine cache (the reference computation); engines
@@ -236,7 +307,7 @@ class Engine:
 
     # ------------------------------------------------------------------ housekeeping
     def clear_cache(self) -> None:
-        """Drop engine-side caches (the backend then clears the KV reuse it lent)."""
+        """Drop engine-side caches (the core first releases every kept payload)."""
 
     @property
     def healthy(self) -> bool:
@@ -251,7 +322,7 @@ class Engine:
         return None
 
     def stats(self) -> dict[str, Any]:
-        """The engine's own counters (``stats()["engine"]`` adds the KV-reuse counters)."""
+        """The engine's own counters (``stats()["engine"]`` adds the core's KV-reuse counters)."""
         return {}
 
     def stats_sections(self) -> dict[str, Any]:
@@ -264,8 +335,8 @@ class Engine:
         return {}
 
     def close(self) -> None:
-        """Release the engine (the backend calls it once, after its batchers stopped; the KV
-        reuse it lent is dropped after)."""
+        """Release the engine (the backend calls it once, after its batchers stopped and it
+        dropped every kept payload without handing it back)."""
 
 
 #: what to write instead, after the error naming a missing method or an old capability
@@ -276,8 +347,8 @@ _CAPABILITY_HINTS: dict[str, str] = {
         "without state between steps declares 'burst' instead and gets the core's decode step"
     ),
     "kv": (
-        "; KV prefix reuse is asked for at load instead: self.kv = services.kv_reuse(...) in "
-        "Engine.load(checkpoint, config, services) (docs/plugins.md)"
+        "; KV prefix reuse is the capability 'resume': declare it and write kv_policy() and "
+        "forward_rows(rows) (docs/plugins.md)"
     ),
 }
 
@@ -299,5 +370,16 @@ def check_engine(engine: Any) -> None:
                     f"{cls.__name__}.supports declares {name!r} but does not define {method}()"
                     + _CAPABILITY_HINTS.get(name, "")
                 )
+    supports = getattr(cls, "supports", ())
+    if "kept_batches" in supports and "resume" not in supports:
+        raise TypeError(
+            f"{cls.__name__}.supports declares 'kept_batches' without 'resume': kept batches hand "
+            "their KV to the core's prefix cache; declare 'resume' too (kv_policy, forward_rows)"
+        )
+    if "resume" not in supports and getattr(cls, "forward", None) is Engine.forward:
+        raise TypeError(
+            f"{cls.__name__} does not define forward(contexts): write it, or declare 'resume' "
+            "and write kv_policy() and forward_rows(rows)"
+        )
     if getattr(cls, "returns", "logits") not in ("logits", "logprobs"):
         raise TypeError(f"{cls.__name__}.returns must be 'logits' or 'logprobs', got {cls.returns!r}")

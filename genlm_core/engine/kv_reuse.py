@@ -1,20 +1,12 @@
-"""Automatic KV prefix reuse for engines that hold their own KV state, written once.
+"""The core's prefix cache of engine KV payloads, and the counters of the calls using it.
 
-An engine whose model call can resume from the KV state of a prefix (genlm-hf,
-genlm-mlx, genlm-llamacpp) keeps that state in a :class:`KVReuse` the core lends it at
-load (``services.kv_reuse(...)``, :mod:`genlm_core.engine.services`): a prefix cache
-(the registered cache named by ``prefix_cache_impl``, by default the core's
-:class:`~genlm_core.engine.prefix_cache.PrefixCache`: LRU under a budget) plus the
-counters every such engine reports. The engine keeps only its calls:
-
-.. code-block:: python
-
-    self.kv = services.kv_reuse(problem=None)    # in load(): asked once
-    starts = self.kv.lookup(contexts)              # [(depth, kv)]: deepest proper prefix
-    logits, kvs = engine.run(contexts, starts)     # compute the tokens past each depth
-    self.kv.count(computed=..., reused=sum(d for d, _ in starts))
-    for ctx, kv in zip(contexts, kvs):
-        self.kv.store(ctx, kv)
+:class:`KVReuse` is the core's own (:class:`~genlm_core.engine.kv_calls.KVCalls` holds one
+per engine that declares ``"resume"``): a prefix cache (the registered cache named by
+``prefix_cache_impl``, by default the core's
+:class:`~genlm_core.engine.prefix_cache.PrefixCache`: LRU under a budget), the engine
+resources its payloads read (counted, handed back to the engine when nothing reads
+them) and the counters every engine reports. Engines never see it: they receive rows to
+resume and hand payloads back (:mod:`genlm_core.engine.kv_rows`).
 
 The backend holding such an engine offers ``cache_kv``, ``clear_kv_cache``,
 ``prefix_cache`` and the counters (:class:`~genlm_core.engine.backend.BaseLogprobBackend`).
@@ -125,8 +117,8 @@ class KVReuse:
     the first time, a WARNING names the budget and the option (``self_evictions`` counts
     them).
 
-    Engines ask the core for theirs at load (:meth:`EngineServices.kv_reuse
-    <genlm_core.engine.services.EngineServices.kv_reuse>`).
+    :class:`~genlm_core.engine.kv_calls.KVCalls` makes one from the engine's
+    :class:`~genlm_core.engine.kv_rows.KVPolicy`.
     """
 
     def __init__(
@@ -173,8 +165,7 @@ class KVReuse:
         owner: Callable[[Any], Any] | None = None,
         release: Callable[[Any], None] | None = None,
     ) -> "KVReuse":
-        """The KV reuse an engine asks for (:meth:`EngineServices.kv_reuse
-        <genlm_core.engine.services.EngineServices.kv_reuse>`) under ``config``'s options
+        """The KV reuse of an engine's :class:`~genlm_core.engine.kv_rows.KVPolicy` under ``config``'s options
         (:class:`KVCacheOptions`): on when ``prefix_cache`` is, ``budget`` is not 0 and the
         model has no ``problem``. A model that cannot reuse KV while reuse was asked for
         gets a warning."""

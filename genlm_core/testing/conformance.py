@@ -341,13 +341,23 @@ class LogprobBackendConformance:
         """Every engine call receives distinct contexts, whatever the callers repeat (the
         batcher and the sync batch path merge them): engines need no de-duplication."""
         seen: list[list[tuple[int, ...]]] = []
-        original = backend.engine.forward
+        engine = backend.engine
+        if "resume" in engine.supports:  # the core hands rows to resume: their contexts
+            original_rows = engine.forward_rows
 
-        def spy(contexts: list[tuple[int, ...]]) -> Any:
-            seen.append(list(contexts))
-            return original(contexts)
+            def spy_rows(rows: list[Any]) -> Any:
+                seen.append([r.context for r in rows])
+                return original_rows(rows)
 
-        monkeypatch.setattr(backend.engine, "forward", spy)
+            monkeypatch.setattr(engine, "forward_rows", spy_rows)
+        else:
+            original = engine.forward
+
+            def spy(contexts: list[tuple[int, ...]]) -> Any:
+                seen.append(list(contexts))
+                return original(contexts)
+
+            monkeypatch.setattr(engine, "forward", spy)
         a, b = self.contexts(backend, seed=8)[:2]
         backend.clear_cache()
         backend.batch_next_token_logprobs_sync([a, b, a, a])

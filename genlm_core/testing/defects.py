@@ -255,8 +255,9 @@ CATALOGUE: tuple[Defect, ...] = (
 # ---------------------------------------------------------------------------- injection
 class Injection:
     """A defect applied to ``backend``'s engine (see :func:`inject`): the engine's
-    ``forward`` and ``decode_step`` return the defect's rows, ``forward_uncached`` stays
-    right. ``altered`` counts the rows it changed."""
+    ``forward``, ``forward_rows`` and decode step (its own, or the core's over its kept
+    batches) return the defect's rows, ``forward_uncached`` stays right. ``altered``
+    counts the rows it changed."""
 
     def __init__(self, backend: Any, defect: Defect) -> None:
         self.backend, self.defect = backend, defect
@@ -278,15 +279,16 @@ class Injection:
     def reference(self, contexts: list[Context]) -> list[Any]:
         """The engine's own uncached rows of ``contexts``, its counters left as they were
         (a gate counting the tokens an engine ran must see the engine's, not the defect's)."""
-        kv = getattr(self.engine, "kv", None)
-        muted = kv is not None and hasattr(kv, "count")
-        if muted:
-            kv.count = lambda *a, **k: None  # type: ignore[method-assign]
+        calls = getattr(self.backend, "kv_calls", None)
+        if calls is None:
+            return _as_rows(self._saved["forward_uncached"](list(contexts)))
+        # through the core, which forgets what an engine emptying its KV no longer holds
+        counters = calls.reuse.counters
+        before = dict(vars(counters))
         try:
-            out = self._saved["forward_uncached"](list(contexts))
+            out = calls.forward_uncached(list(contexts))
         finally:
-            if muted:
-                del kv.count
+            vars(counters).update(before)
         return _as_rows(out)
 
     # -------------------------------------------------------------- the wrappers
@@ -298,14 +300,23 @@ class Injection:
 
     def __enter__(self) -> "Injection":
         engine = self.engine
-        for name in ("forward", "forward_uncached", "decode_step", "clear_cache"):
+        for name in _WRAPPED:
             self._saved[name] = getattr(engine, name)
         forward = self._saved["forward"]
         engine.forward = lambda contexts: self._defective(list(contexts), lambda: forward(contexts))
-        if "decode" in getattr(engine, "supports", ()):
+        supports = getattr(engine, "supports", ())
+        if "resume" in supports:
+            engine.forward_rows = self._defective_rows
+        if "decode" in supports:
             step = self._saved["decode_step"]
             engine.decode_step = lambda rows, released: self._defective(
                 list(rows.values()), lambda: step(rows, released)
+            )
+        calls = getattr(self.backend, "kv_calls", None)
+        if "kept_batches" in supports and calls is not None:
+            kept_step = calls.decode_step
+            calls.decode_step = lambda rows, released, batch_size: self._defective(
+                list(rows.values()), lambda: kept_step(rows, released, batch_size)
             )
         from genlm_core.engine.contract import Engine
 
@@ -322,10 +333,33 @@ class Injection:
         self.backend.clear_cache()  # nothing computed before the defect is served during it
         return self
 
+    def _defective_rows(self, rows: list[Any]) -> Any:
+        """The engine's ``forward_rows`` with the defect in its rows (each row's read-off
+        contexts, then its own), what it hands back to keep untouched."""
+        from genlm_core.engine.kv_rows import RowsOut
+
+        computed: list[Any] = []
+
+        def run() -> Any:
+            computed.append(self._saved["forward_rows"](rows))
+            return computed[0].rows
+
+        contexts = [r.context[:n] for r in rows for n in (*r.read_off, len(r.context))]
+        out = self._defective(contexts, run)
+        res = computed[0]
+        return RowsOut(out, res.kept, res.computed, res.reused)
+
     def __exit__(self, *exc: Any) -> None:
-        for name in ("forward", "forward_uncached", "decode_step", "clear_cache"):
+        for name in _WRAPPED:
             self.engine.__dict__.pop(name, None)
+        calls = getattr(self.backend, "kv_calls", None)
+        if calls is not None:
+            calls.__dict__.pop("decode_step", None)
         self.backend.clear_cache()  # no defective row or state outlives the defect
+
+
+#: the engine's methods an injection replaces (and puts back)
+_WRAPPED = ("forward", "forward_uncached", "forward_rows", "decode_step", "clear_cache")
 
 
 def inject(backend: Any, defect: Defect) -> Injection:

@@ -148,9 +148,13 @@ def _bursts(backend: Any) -> bool:
 
 
 def _decode_batches(backend: Any) -> bool:
+    """Bursts run over batches kept between steps: the engine's own, or the core's over an
+    engine's KV (capability "kept_batches", with KV reuse on)."""
     engine = backend.engine
-    kv = getattr(engine, "kv", None)
-    return _bursts(backend) and "decode" in engine.supports and kv is not None and kv.enabled
+    if "decode" in engine.supports:
+        return _bursts(backend)
+    kv = getattr(backend, "kv_calls", None)
+    return _bursts(backend) and "kept_batches" in engine.supports and kv is not None and kv.reuse.enabled
 
 
 def _kit(test: str) -> Callable[[Any, GateSettings], None]:

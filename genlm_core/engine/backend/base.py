@@ -24,6 +24,7 @@ from genlm_core.engine.caches import output_cache_for
 from genlm_core.engine.checkpoint import Checkpoint, engine_context_limit, read_checkpoint
 from genlm_core.engine.contract import Engine, SampleRequest, check_engine
 from genlm_core.engine.heap import settle_after_load
+from genlm_core.engine.kv_calls import KVCalls
 from genlm_core.engine.lora import LoraAdapters
 from genlm_core.engine.memory import accelerator
 from genlm_core.engine.placement import Placement, place, refuse_unsupported
@@ -69,9 +70,8 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
         name: str | None = None,
     ) -> None:
         """Hold ``engine``, loaded from ``checkpoint`` with ``services`` (what
-        :meth:`from_checkpoint` made). An engine built by hand: ``checkpoint`` None (what the
-        engine itself loaded, :attr:`Engine.model_config`), ``services`` its own
-        (``engine.services``) or none."""
+        :meth:`from_checkpoint` made). An engine built by hand: ``checkpoint`` and
+        ``services`` None (what the engine itself loaded, :attr:`Engine.model_config`; not placed)."""
         check_engine(engine)
         if name is None and type(self).backend_name == "backend":
             name = registered_name(type(engine))
@@ -84,13 +84,10 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
             config = config_class()
         self.config = config
         self.engine = engine
-        if services is None:
-            own = getattr(engine, "services", None)
-            services = (
-                own if isinstance(own, EngineServices) else EngineServices(config, name=self.backend_name)
-            )
-        #: what the core lent the engine: its placement, its KV reuse, the row width
-        self.services = services
+        #: what the engine was loaded with: its placement (an engine built by hand: not placed)
+        self.services = services if services is not None else EngineServices(config, name=self.backend_name)
+        #: the core's side of KV reuse, for an engine that resumes from kept KV (capability "resume")
+        self.kv_calls = KVCalls(engine, config, self.backend_name) if "resume" in engine.supports else None
         checkpoint = checkpoint if checkpoint is not None else Checkpoint("none", self.config.model)
         self.checkpoint = checkpoint.completed(engine.model_config, engine.generation_config)
         self.tokenizer = engine.tokenizer
@@ -104,7 +101,6 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
         self.byte_vocab = byte_vocab
         self.str_vocab = str_vocab
         self.vocab_size = len(byte_vocab)
-        services.set_vocab_size(self.vocab_size)  # the one width of a row, for the engine too
         tokenizer_eos = engine.eos_token_ids
         if tokenizer_eos is None:
             tokenizer_eos = getattr(engine.tokenizer, "eos_token_id", None)
@@ -162,7 +158,7 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
         ``placement`` is where and in what it computes (None: :func:`~genlm_core.engine.placement.place`
         decides it here, from the engine's registration); a dtype the engine cannot compute
         in there is refused before it loads. The engine loads with the services the core
-        lends it (:class:`~genlm_core.engine.services.EngineServices`)."""
+        hands it (:class:`~genlm_core.engine.services.EngineServices`)."""
         engine_class = engine_class or cls.engine_class
         name = name or cls.backend_name
         if config.model is None and checkpoint.model is not None:  # model=None: the default it resolved to
@@ -255,9 +251,9 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
             out["output_cache"] = self.output_cache.stats()
         if self.sampler is not None:
             out["sample_batcher"] = self.sampler.stats.as_dict()
-        kv = self.services.kv
-        if kv is not None and kv.cache is not None:
-            out["prefix_cache"] = kv.cache.stats()
+        kv = self.kv_calls
+        if kv is not None and kv.reuse.cache is not None:
+            out["prefix_cache"] = kv.reuse.cache.stats()
         engine = {**(kv.stats() if kv is not None else {}), **self.engine.stats()}
         if self.supports_lora:
             engine["active_lora"] = self.active_lora
@@ -288,9 +284,9 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
         if self.sampler is not None:
             self.sampler.close()
         with self.engine_lock:
+            if self.kv_calls is not None:  # the engine frees all its memory next: drop what is kept
+                self.kv_calls.forget()
             self.engine.close()
-            if self.services.kv is not None:  # the engine freed its memory: drop what is left
-                self.services.kv.forget()
 
     def __enter__(self) -> "BaseLogprobBackend":
         return self

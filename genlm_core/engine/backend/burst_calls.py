@@ -71,6 +71,9 @@ class BurstCalls:
                 raise RuntimeError(f"{self.backend_name}: the backend is closed")
             if "decode" in self.engine.supports:
                 return self._normalised_batch(self.engine.decode_step(rows, released), list(rows.values()))
+            if "kept_batches" in self.engine.supports and self.kv_calls is not None:
+                step = self.kv_calls.decode_step(rows, released, self.config.batch_size)
+                return self._normalised_batch(step, list(rows.values()))
             return torch.stack(run_distinct(list(rows.values()), self.config.batch_size, self._chunk_rows))
 
     def _chunk_rows(self, chunks: list[list[tuple[int, ...]]]) -> list["torch.Tensor"]:
@@ -79,6 +82,11 @@ class BurstCalls:
 
     def _end_burst(self, handles: Collection[int]) -> None:
         """The burst ended: the engine's own decode step frees its rows' state."""
-        if "decode" in self.engine.supports and not self._closed:
+        if self._closed:
+            return
+        if "decode" in self.engine.supports:
             with self.engine_lock:
                 self.engine.end_burst(handles)
+        elif "kept_batches" in self.engine.supports and self.kv_calls is not None:
+            with self.engine_lock:
+                self.kv_calls.end_burst(handles)

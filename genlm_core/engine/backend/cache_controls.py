@@ -25,22 +25,22 @@ class CacheControls:
             self._clear_engine_caches()
 
     def _clear_engine_caches(self) -> None:
-        """The engine's caches, then the KV reuse it was lent (under the engine lock)."""
+        """The kept KV (handed back to the engine), then the engine's caches (under the engine lock)."""
+        if self.kv_calls is not None:
+            self.kv_calls.clear()
         self.engine.clear_cache()
-        if self.services.kv is not None:
-            self.services.kv.clear()
 
     @property
     def prefix_cache(self) -> "PrefixKVCache | None":
         """The engine's KV prefix cache (None: the engine keeps none, or reuse is off)."""
-        kv = self.services.kv
-        return kv.cache if kv is not None else None
+        kv = self.kv_calls
+        return kv.reuse.cache if kv is not None else None
 
     @property
     def kv_reuse(self) -> bool:
         """Whether later contexts resume from the engine KV of cached prefixes."""
-        kv = self.services.kv
-        return kv is not None and kv.enabled
+        kv = self.kv_calls
+        return kv is not None and kv.reuse.enabled
 
     def cache_kv(self, prompt_token_ids: Sequence[int]) -> None:
         """Compute ``prompt_token_ids`` now (its next-token row goes to the output cache)
@@ -55,6 +55,6 @@ class CacheControls:
 
     def clear_kv_cache(self) -> None:
         """Drop every cached KV state (the output cache's rows stay)."""
-        if self.services.kv is not None:
+        if self.kv_calls is not None:
             with self.engine_lock:
-                self.services.kv.clear()
+                self.kv_calls.clear()

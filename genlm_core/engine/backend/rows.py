@@ -65,8 +65,8 @@ class EngineRows:
         cache to adopt (:meth:`OutputCache.adopt_many
         <genlm_core.engine.caches.OutputCache.adopt_many>`): that batch's rows, or on a GPU a
         copy of each made in the callers' batched copy."""
-        engine = self.engine
-        out = engine.forward_uncached(contexts) if uncached else engine.forward(contexts)
+        calls = self.kv_calls if self.kv_calls is not None else self.engine
+        out = calls.forward_uncached(contexts) if uncached else calls.forward(contexts)
         return self._normalised(out, contexts, for_cache)
 
     def _rows_or_raise(self, contexts: list[tuple[int, ...]], uncached: bool = False) -> list["torch.Tensor"]:

@@ -35,7 +35,7 @@ class SampleCalls:
         if limit is not None:
             max_tokens = max(0, min(max_tokens, limit + 1 - len(ctx)))
         return SampleRequest(
-            ctx, max_tokens, frozenset(eos), temperature, None if seed is None else int(seed)
+            ctx, max_tokens, frozenset(eos), temperature, None if seed is None else int(seed), self.vocab_size
         )
 
     async def sample(

@@ -1,8 +1,9 @@
 """HFEngine: a transformers causal LM as a genlm-core engine.
 
-Every context's KV lives in one pool of pages (:mod:`genlm_hf.pool`). A call's contexts
-each fork the deepest kept prefix the prefix cache holds (its pages, no copy) and run
-only the tokens past it; their KV stays in the pool, kept by the prefix cache, so a
+Every context's KV lives in one pool of pages (:mod:`genlm_hf.pool`). The core hands a
+call's rows with the deepest kept prefix of each (capability ``"resume"``:
+:mod:`genlm_core.engine.kv_calls`); each row forks that prefix's pages (no copy) and runs
+only the tokens past it; the engine hands its page table back and the core keeps it, so a
 particle that extends its context by one token costs one token of compute and one
 column of memory, and a prompt that many particles share is held once. Each pass reads
 the columns a group of its rows holds in the same pages once for all of them
@@ -28,13 +29,13 @@ from __future__ import annotations
 
 import gc
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from genlm_core.engine import Checkpoint, Engine, EngineServices
-from genlm_hf.call_plan import MIN_COMMON, plan_round
+from genlm_core.engine.call_plan import MIN_COMMON
+from genlm_core.engine.kv_rows import KVPolicy, ResumeRow, RowsOut
 from genlm_hf.config import HFConfig
 from genlm_hf.cpu_linear import pack_linears, packing_problem, unpack_linears
 from genlm_hf.fused import FusedLlama, fused_reason
@@ -45,40 +46,28 @@ from genlm_hf.passes import (
     extend_rows,
     kv_layout_problem,
     lay_out,
-    pages_needed,
     pass_groups,
     pool_self_check,
     probe_layout,
     run_pass,
     run_plain,
 )
-from genlm_hf.pool import PAGE, KVPool, KVSeq, PoolFullError
+from genlm_hf.pool import PAGE, KVPool, KVSeq
 from genlm_hf.pool_budget import new_pool, pool_bound, too_long_for_pool
 from genlm_hf.pool_check import record_pool_check, self_check_failed
 from genlm_hf.step import DecodeStep
 
 __all__ = ["HFEngine"]
 
-#: rounds of a call that may run branch points (genlm_hf.call_plan); the rest run every context
-MAX_BRANCH_ROUNDS = 16
 
-
-class HFEngine(Engine):
+class HFEngine(Engine[HFConfig]):
     """A transformers causal LM over a KV pool (see the module doc)."""
 
     config_class = HFConfig
-    supports = frozenset({"burst", "lora"})
+    supports = frozenset({"burst", "lora", "resume"})
 
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        config: HFConfig | None = None,
-        services: EngineServices | None = None,
-    ) -> None:
+    def __init__(self, model: Any, tokenizer: Any, config: HFConfig | None = None) -> None:
         config = config if config is not None else HFConfig()
-        #: what the core lent at load (built by hand: its own; its device and dtype the model's)
-        self.services = services if services is not None else EngineServices(config)
         self.model = model.eval()
         self._device = model.device
         self.tokenizer = tokenizer
@@ -133,19 +122,14 @@ class HFEngine(Engine):
             #: the pool's bound in bytes (None: none)
             self.pool_bound = bound
             self.pool = new_pool(layout, bound)
-            self.pool.reclaim = self._reclaim
             self.step = _decode_step(model, config, self.pool, self.pad_id)
             capacity = self.pool.capacity()
             if capacity is not None:  # the longest context the bound holds: the core refuses longer
                 self.max_positions = capacity + 1
-        #: KV prefix reuse (the prefix cache keeps page tables; the pool bounds the KV)
-        self.kv = self.services.kv_reuse(
-            problem=self.pool_off,
-            sizeof=lambda seq: 0,  # a kept context's pages are the pool's (kv_pool_bytes_in_use)
-            budget=None if reuse else 0,
-            owner=lambda seq: seq,  # each kept context holds its pages until the cache drops it
-            release=lambda seq: seq.release(),
-        )
+        #: whether the config asks to keep contexts between calls, and whether they are
+        #: (their page tables, in the core's prefix cache)
+        self.reuse_asked = reuse
+        self.reuse = reuse and self.pool_off is None
         #: linear layers packed for oneDNN on the CPU (genlm_hf.cpu_linear), and why not
         self.packed_linears = 0
         self.packed_off: str | None = "cpu_packed_linears=False"
@@ -155,25 +139,20 @@ class HFEngine(Engine):
                 self.packed_off = "the fused decode step reads the dense weights"
             if self.packed_off is None:
                 self.packed_linears = pack_linears(model)
-        #: the call's last lookup (context -> (depth, kept KV)) until a pass keeps KV
-        self._looked: dict[tuple[int, ...], Any] | None = None
-        #: pages the running pass reads (see :meth:`_reserve`)
-        self._protected: set[int] = set()
         #: the cost of one more eager pass, in token positions (genlm_hf.passes.pass_groups)
         self.pass_cost = PASS_COST
         #: passes and what they read: rows, span columns read once for a group, private columns
         self.counts = {
             "pool_passes": 0,
-            "call_rounds": 0,
             "span_rows": 0,
             "span_columns": 0,
             "private_columns": 0,
         }
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: HFConfig, services: EngineServices) -> "HFEngine":  # type: ignore[override]
+    def load(cls, checkpoint: Checkpoint, config: HFConfig, services: EngineServices) -> "HFEngine":
         model, tokenizer, _ = load_model_and_tokenizer(checkpoint, config, services.placement)
-        return cls(model, tokenizer, config, services)
+        return cls(model, tokenizer, config)
 
     @classmethod
     def dtypes_on(cls, device: str) -> tuple[str, ...]:
@@ -191,154 +170,89 @@ class HFEngine(Engine):
                 return str(param.dtype).removeprefix("torch.")
         return "float32"
 
-    # ------------------------------------------------------------------ KV reuse
-    def _reclaim(self) -> bool:
-        """The pool needs a page: the prefix cache releases its least recently used
-        context that no kept context extends (a leaf: its pages are the only ones a
-        release can free; a prompt that particles share stays while they do, so a particle
-        released computes its own tokens again, not the prompt's), never one whose pages
-        the running pass holds, and never a context others extend (it would free at most
-        its last partial page, and lose the prompt for all of them); False when no leaf is
-        left (the pass then runs in parts; the pool never passes its bound)."""
-        cache = self.kv.cache if self.kv is not None else None
-        if cache is None:
-            return False
-        held = self._protected
-        keep = (lambda seq: all(p in held for p in seq.pages)) if held else None
-        self._looked = None  # a lookup's kept KV may be released now
-        try:
-            return cache.evict_lru_kv(keep, leaves_only=True) is not None
-        except TypeError:  # a registered prefix cache without leaves_only
-            return cache.evict_lru_kv(keep) is not None
+    # ------------------------------------------------------------------ KV reuse ("resume")
+    def kv_policy(self) -> KVPolicy:
+        """Kept contexts are page tables over the pool (they cost the cache nothing: the
+        pool bounds the KV); the core releases leaves first (a prompt particles share stays
+        while they do: releasing it would free nothing), reads nested contexts off a row's
+        logits, and runs a long prefix several contexts share once, first."""
+        return KVPolicy(
+            problem=self.pool_off,
+            budget=None if self.reuse_asked else 0,
+            release="leaves",
+            read_off=self.pool is not None,  # a model run whole hands back last positions only
+            branch_tokens=MIN_COMMON,
+        )
+
+    def kv_size(self, payload: Any) -> int:
+        return 0  # a kept context's pages are the pool's (kv_pool_bytes_in_use)
+
+    def kv_owner(self, payload: Any) -> Any:
+        return payload  # each kept context holds its pages until it is released
+
+    def release_kv(self, owner: Any) -> None:
+        owner.release()
+
+    def kv_shortfall(self, rows: list[ResumeRow]) -> int:
+        """Pages the rows' new columns may take that the pool's bound does not hold free."""
+        pool = self.pool
+        if pool is None:
+            return 0
+        return pool.shortfall(pool.pages_for((len(r.context), r.depth) for r in rows))
 
     # ------------------------------------------------------------------ model calls
-    def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
-        """The logits of distinct contexts, one row each. Each context resumes from the
-        deepest kept prefix (its pages forked) and runs its new tokens only; its KV is kept
-        in the prefix cache (its pages). A call runs in rounds (:mod:`genlm_hf.call_plan`):
-        contexts nested in another of the call are read off its row, and a long uncached
-        prefix several contexts share runs once, in a round before them. Rows of very
-        different suffix lengths run in passes of their own
-        (:func:`~genlm_hf.passes.pass_groups`); a pass the pool cannot hold runs in parts."""
+    def forward_rows(self, rows: list[ResumeRow]) -> RowsOut:
+        """The rows' logits (each row's read-off prefixes first), each resuming from its
+        kept prefix (its pages forked, no copy) and running its new tokens only; hands back
+        every context computed as a page table (the row's, and each read-off prefix's: the
+        first columns of the row's). Rows of very different new-token counts run in passes
+        of their own (:func:`~genlm_hf.passes.pass_groups`)."""
         with torch.inference_mode():
             if self.pool is None:
-                return run_plain(self.model, contexts, pad_id=self.pad_id, logits_to_keep=self.logits_to_keep)
-            try:
-                return self._forward_rounds(contexts)
-            finally:
-                if not self.kv.enabled:  # nothing is kept between calls: the memory goes back
-                    self.pool.trim()
+                contexts = [r.context for r in rows]
+                return RowsOut(
+                    run_plain(self.model, contexts, pad_id=self.pad_id, logits_to_keep=self.logits_to_keep)
+                )
+            return self._run_passes(rows)
 
-    def _forward_rounds(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
-        kv = self.kv
-        out: dict[tuple[int, ...], torch.Tensor] = {}
-        pending = list(contexts)
-        whole: torch.Tensor | None = None
-        rounds = 0
-        while pending:
-            rounds += 1
-            looked = kv.lookup(pending)
-            depths = [d for d, _ in looked]
-            # the first part's rows fork what this lookup found, unless a pass keeps KV first
-            self._looked = dict(zip(pending, looked))
-            # a call whose branch points the budget keeps releasing runs every context at last
-            # (and without reuse a branch point would never be kept: no branch points)
-            branching = kv.enabled and rounds <= MAX_BRANCH_ROUNDS
-            plan = plan_round(pending, depths, MIN_COMMON if branching else None)
-            rows = [
-                PassRow(p.ctx, p.depth, None, read_off=[len(c) for c in p.read_off], wanted=p.wanted)
-                for p in plan.rows
-            ]
-            late: list[tuple[int, ...]] = []
-            for group in pass_groups([len(p.ctx) - p.depth for p in plan.rows], self.pass_cost):
-                for part in self._run_parts([rows[i] for i in group]):
-                    run_rows, logits = part
-                    if (
-                        whole is None
-                        and not out
-                        and len(run_rows) == len(contexts)
-                        and all(r.wanted and not r.read_off for r in run_rows)
-                        and [r.ctx for r in run_rows] == list(contexts)
-                    ):
-                        whole = logits  # the call's rows in its order: one tensor, normalised as a batch
-                    n = 0
-                    for r in run_rows:
-                        for length in r.read_off:
-                            out[r.ctx[:length]] = logits[n]
-                            n += 1
-                        if r.wanted:
-                            out[r.ctx] = logits[n]
-                        n += 1
-                    late += [r.ctx[:length] for r in run_rows for length in r.missed]
-            pending = plan.deferred + late
-        self.counts["call_rounds"] += rounds
-        if whole is not None:
-            return whole
-        return torch.stack([out[c] for c in contexts])
-
-    def _run_parts(self, rows: list[PassRow]) -> Iterator[tuple[list[PassRow], torch.Tensor]]:
-        """Run ``rows`` in one pass, or in parts when the pool cannot hold their new columns
-        at once (no recursion: a stack of parts, each looked up and forked when its pass
-        comes, so no part holds pages while another runs). Yields each part's rows and its
-        logits (each row's read-off prefixes, then the row)."""
-        todo = [rows]
-        while todo:
-            part = todo.pop()
-            self._fork(part)
-            try:
-                if not self._reserve(part):
-                    half = len(part) // 2
-                    for r in part:  # given back: the part that runs first may need the pages
-                        r.release_fork()
-                    todo += [part[half:], part[:half]]
-                    continue
-                yield part, self._pass(part)
-            finally:
-                for r in part:  # rows not kept (no reuse, or a failed pass) give their pages back
-                    if not r.kept:
-                        r.release_fork()
-
-    def _fork(self, rows: list[PassRow]) -> None:
-        """Each row forks the deepest kept prefix of its context (its pages, no copy); a
-        context read off the row that the row no longer runs (a deeper prefix was kept
-        meanwhile) is left for a later round (``row.missed``)."""
+    def _run_passes(self, rows: list[ResumeRow]) -> RowsOut:
         pool = self.pool
         assert pool is not None
-        found = self._looked
-        if found is not None and all(r.ctx in found for r in rows):
-            looked = [found[r.ctx] for r in rows]
-        else:
-            looked = self.kv.lookup([r.ctx for r in rows]) if self.kv.enabled else [(0, None)] * len(rows)
-        for r, (depth, seq) in zip(rows, looked):
-            r.depth, r.seq = depth, seq.fork(depth) if seq is not None else KVSeq(pool)
-            r.missed += [n for n in r.read_off if n <= depth]
-            r.read_off = [n for n in r.read_off if n > depth]
-
-    def _reserve(self, rows: list[PassRow]) -> bool:
-        """Room in the pool for the rows' new columns, releasing kept contexts the pass does
-        not read; False when a part of several rows does not fit (it runs in two). A
-        single row always fits: the context limit (:attr:`max_positions`) is what an empty
-        pool holds, so a row that does not is a bug, never a silent overflow."""
-        pool = self.pool
-        assert pool is not None
-        need = pages_needed(rows, pool.page)
-        # what the pass reads is the pass's: the prefix cache's entries wholly within it (its
-        # rows' prompt) are not released for it, as that would free nothing now and lose them
-        self._protected = {p for r in rows for p in r.seq.pages}
+        runs = [PassRow(r.context, r.depth, None, read_off=list(r.read_off), wanted=r.wanted) for r in rows]
         try:
-            fits = pool.reserve(need)
-        finally:
-            self._protected = set()
-        if not fits and len(rows) == 1:
-            raise PoolFullError(
-                f"hf: a context of {len(rows[0].ctx)} tokens does not fit in the KV pool "
-                f"({pool.max_pages} pages of {pool.page} tokens; kv_cache_bytes) beside what it reads"
-            )
-        return fits
+            for run, r in zip(runs, rows):
+                run.seq = r.payload.fork(r.depth) if r.payload is not None else KVSeq(pool)
+            groups = pass_groups([r.new_tokens for r in rows], self.pass_cost)
+            if len(groups) == 1:
+                logits = self._pass(runs)
+            else:  # each row's logits (its read-offs, then its own) back in the rows' order
+                pieces: list[torch.Tensor] = [None] * len(runs)  # type: ignore[list-item]
+                for group in groups:
+                    out = self._pass([runs[i] for i in group])
+                    n = 0
+                    for i in group:
+                        k = len(runs[i].read_off) + 1
+                        pieces[i] = out[n : n + k]
+                        n += k
+                logits = torch.cat(pieces)
+        except BaseException:
+            for run in runs:
+                run.release_fork()
+            raise
+        if not self.reuse:  # nothing is kept between calls: the pages and their memory go back
+            for run in runs:
+                run.release_fork()
+            pool.trim()
+            return RowsOut(logits)
+        kept: list[tuple[tuple[int, ...], Any]] = []
+        for run in runs:
+            kept += [(run.ctx[:n], run.seq.fork(n)) for n in run.read_off]  # the first columns of the row's
+            kept.append((run.ctx, run.seq))
+        return RowsOut(logits, kept)
 
     def _pass(self, rows: list[PassRow]) -> torch.Tensor:
-        """One pass over ``rows`` (forked, room reserved): their logits, each row's read-off
-        prefixes first; each row's context is kept (its read-off prefixes too, as forks)."""
+        """One pass over ``rows`` (forked; the core made room): their logits, each row's
+        read-off prefixes first."""
         pool = self.pool
         assert pool is not None
         extend_rows(rows)
@@ -357,14 +271,6 @@ class HFEngine(Engine):
             counts["span_rows"] += len(members)
             counts["span_columns"] += length
         counts["private_columns"] += sum(map(len, layout.private))
-        self.kv.count(sum(r.suffix for r in rows), sum(r.depth for r in rows))
-        self._looked = None  # what the cache holds changes now: later parts look up again
-        for r in rows:
-            for n in r.read_off:  # a nested context's KV: the first columns of the row's
-                fork = r.seq.fork(n)
-                if not self.kv.store(r.ctx[:n], fork):
-                    fork.release()
-            r.kept = self.kv.store(r.ctx, r.seq)
         return logits
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> list[torch.Tensor]:
@@ -377,7 +283,6 @@ class HFEngine(Engine):
                     kwargs["logits_to_keep"] = 1
                 ids = torch.tensor([ctx], dtype=torch.long, device=self._device)
                 rows.append(self.model(ids, **kwargs).logits[0, -1])
-        self.kv.count(sum(map(len, contexts)), 0)
         return rows
 
     def context_limit_error(self, tokens: int) -> str | None:
@@ -433,14 +338,12 @@ class HFEngine(Engine):
         buckets stay, with their captured graphs: they hold no KV and no result a later call
         reads, and capturing them again would cost a program that clears its caches between
         runs an uncaptured step per bucket. :meth:`close` frees them. On the CPU the
-        memory of the pages released goes back to the OS (:meth:`~genlm_hf.pool.KVPool.trim`)."""
-        self.kv.clear()
+        memory of the pages released goes back to the OS (:meth:`~genlm_hf.pool.KVPool.trim`).
+        The core released every kept context first."""
         if self.pool is not None:
             self.pool.trim()
 
     def close(self) -> None:
-        if self.kv is not None:
-            self.kv.clear()
         if self.step is not None:
             self.step.clear()
             self.step.model = None

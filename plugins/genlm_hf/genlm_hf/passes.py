@@ -49,7 +49,6 @@ __all__ = [
     "extend_rows",
     "lay_out",
     "output_positions",
-    "pages_needed",
     "pass_groups",
     "kv_layout_problem",
     "pool_self_check",
@@ -75,22 +74,17 @@ class PassRow:
     seq: KVSeq | None
     #: slots of the new columns (filled by :func:`run_pass`)
     new: list[int] = field(default_factory=list)
-    #: whether the prefix cache kept ``seq`` (else its pages are given back after the call)
-    kept: bool = False
     #: the lengths of the prefixes of ``ctx`` (past ``depth``) whose logits the pass also
-    #: hands back, before the row's own (contexts read off this row: genlm_hf.call_plan)
+    #: hands back, before the row's own (contexts read off this row: genlm_core.engine.call_plan)
     read_off: list[int] = field(default_factory=list)
     #: whether the call asked for ``ctx`` itself (else a branch point, run for its KV)
     wanted: bool = True
-    #: read-off lengths the row no longer runs (a deeper prefix was kept): a later round's
-    missed: list[int] = field(default_factory=list)
 
     def release_fork(self) -> None:
         """Give back the row's pages (the prefix cache keeps its own references)."""
         if self.seq is not None:
             self.seq.release()
             self.seq = None
-        self.kept = False
 
     @property
     def suffix(self) -> int:
@@ -305,16 +299,6 @@ def probe_layout(model: Any, pad_id: int) -> KVLayout:
         )
     keys = cache.layers[0].keys
     return KVLayout(len(cache.layers), keys.shape[1], keys.shape[3], keys.dtype, keys.device)
-
-
-def pages_needed(rows: list[PassRow], page: int) -> int:
-    """The most pages extending ``rows`` by their new tokens takes (a new page per
-    ``page`` columns, and one more per row whose last page may be copied on write)."""
-    need = 0
-    for r in rows:
-        full = (len(r.ctx) + page - 1) // page - (r.depth + page - 1) // page
-        need += full + (1 if r.depth % page else 0)
-    return need
 
 
 def supports_kv_reuse(model: Any) -> bool:

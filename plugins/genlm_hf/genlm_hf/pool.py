@@ -19,11 +19,11 @@ be kept, looked up, forked or extended:
 A page is freed when the last context holding it releases it (:meth:`KVSeq.release`).
 On the CPU the pool's tensor reserves ``max_bytes`` at once (memory becomes resident as
 pages are written, lowest pages first, and freed pages are reused first); on a GPU it
-grows by doubling up to ``max_bytes`` (a copy per doubling). At the bound,
-:attr:`KVPool.reclaim` is asked to release kept contexts (the prefix cache's least
-recently used) until a page is free; :meth:`KVPool.reserve` says False when nothing is
-left to release (the engine then runs fewer rows at once), and :class:`PoolFullError` is
-raised by a take that finds no page. So ``max_bytes`` bounds every byte of KV the engine
+grows by doubling up to ``max_bytes`` (a copy per doubling). Before a pass, the pages
+it may take are counted (:meth:`KVPool.pages_for`) and what the bound lacks for them
+(:meth:`KVPool.shortfall`) is released by the core, which keeps the contexts (its
+prefix cache, genlm_core.engine.kv_calls), or the pass runs in parts; a take that finds
+no page raises :class:`PoolFullError`. So ``max_bytes`` bounds every byte of KV the engine
 holds, kept prefixes and the rows of the pass running alike: the pool never passes it
 (a context longer than :meth:`KVPool.capacity` is refused before it reaches the engine).
 :meth:`KVPool.trim` gives the memory of free pages back to the OS on the CPU.
@@ -34,7 +34,7 @@ and read (finite values, masked out), so a pass needs no branch for padding.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -103,9 +103,6 @@ class KVPool:
         #: pages below :attr:`touched` released since (taken first, last released first);
         #: pages from :attr:`touched` up are free too and taken in order, lowest first
         self._free: list[int] = []
-        #: called when no page is free at the bound: releases something kept (True), or
-        #: returns False when nothing is left to release
-        self.reclaim: Callable[[], bool] = lambda: False
         self.grown = 0  # doublings of the tensor (each moves it: views and captures of it go stale)
         self.copied_columns = 0  # columns copied on write (forks that wrote a shared page)
         #: one past the highest page taken since the pool began or was trimmed (what it has
@@ -138,10 +135,10 @@ class KVPool:
         return self.storage.numel() * self.storage.element_size()
 
     def take(self) -> int:
-        """A free page (grown into, or released by :attr:`reclaim` when the pool is at
-        its bound), holding one reference; raises :class:`PoolFullError` when none is left."""
+        """A free page (grown into when none is free), holding one reference; raises
+        :class:`PoolFullError` when none is left (room is made before a pass: :meth:`shortfall`)."""
         while not self.free_pages:
-            if not self._grow() and not self.reclaim():
+            if not self._grow():
                 raise PoolFullError(
                     f"hf: the KV pool is full ({self.pages_in_use} pages of {self.page} tokens, "
                     f"{self.nbytes} bytes) and every page is used by the running pass"
@@ -155,14 +152,18 @@ class KVPool:
         self.used[p] = 0
         return p
 
-    def reserve(self, pages: int) -> bool:
-        """Make ``pages`` pages takeable (free, or room to grow into), releasing kept
-        contexts through :attr:`reclaim` as needed; False when that cannot be done (the
-        pool never passes its bound)."""
-        while self.free_pages + self._growable() < pages:
-            if not self.reclaim():
-                return False
-        return True
+    def pages_for(self, spans: Iterable[tuple[int, int]]) -> int:
+        """The most pages extending contexts takes, each ``(length, depth)``: a context
+        forked at ``depth`` tokens and extended to ``length``: a new page per ``page``
+        columns past the depth's last full page, and one more where that page is shared
+        and may be copied on write."""
+        P = self.page
+        return sum((n + P - 1) // P - (d + P - 1) // P + (1 if d % P else 0) for n, d in spans)
+
+    def shortfall(self, pages: int) -> int:
+        """How many of ``pages`` pages neither are free nor fit under the bound (0: the
+        pool can take them all; the rest must be released by whoever keeps them)."""
+        return max(0, pages - self.free_pages - self._growable())
 
     def capacity(self) -> int | None:
         """The longest context the bound holds alone (every other page released): its

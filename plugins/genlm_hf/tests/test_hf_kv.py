@@ -188,14 +188,14 @@ def test_a_full_pool_releases_particles_not_their_prompt(
     llm = load_hf(tiny_llama_path, kv_cache_bytes=13 * per_page, cache_size=0)
     try:
         depths: list[int] = []
-        lookup = llm.engine.kv.lookup
+        lookup = llm.kv_calls.reuse.lookup
 
         def record(contexts):
             found = lookup(contexts)
             depths.extend(d for d, _ in found)
             return found
 
-        llm.engine.kv.lookup = record
+        llm.kv_calls.reuse.lookup = record
         rng = random.Random(4)
         prompt = [rng.randrange(3, llm.vocab_size) for _ in range(prompt_len)]
         parts = [prompt + [rng.randrange(3, llm.vocab_size)] for _ in range(8)]

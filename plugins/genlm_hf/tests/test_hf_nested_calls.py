@@ -2,7 +2,7 @@
 (a fresh engine, a cleared cache, a budget that released them), at 1k-4k tokens.
 
 Such a call used to run one pass (and one recursion level) per token, up to a
-RecursionError at ~1,000 tokens. Now it runs in rounds (genlm_hf.call_plan): a context
+RecursionError at ~1,000 tokens. Now it runs in rounds (genlm_core.engine.call_plan): a context
 nested in another is read off its row, a long new prefix several contexts share runs
 once, first. Each call is checked three ways: every row against the uncached model (one
 full pass per context, at the bound derived from the arithmetic), the tokens computed
@@ -128,7 +128,7 @@ def test_forks_of_forks_and_nested_contexts_at_1k_to_4k_tokens(long_llama: Any, 
     other at random depths, some contexts prefixes of others. Rows exact; tokens at most
     the prefix tree's count plus what siblings below MIN_COMMON share; passes bounded by
     the tree's levels of branching."""
-    from genlm_hf.call_plan import MIN_COMMON
+    from genlm_core.engine.call_plan import MIN_COMMON
 
     rng = random.Random(seed)
     V = long_llama.vocab_size
@@ -154,16 +154,17 @@ def test_the_pass_counters_are_reported(long_llama: Any) -> None:
 
 
 def test_no_call_recurses(long_llama: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A call runs in rounds and parts, never by calling forward again."""
-    engine = long_llama.engine
+    """A call runs in rounds and parts (the core's, over the engine's rows), never by
+    calling forward again."""
+    kv_calls = long_llama.kv_calls
     calls = []
-    real = type(engine).forward
+    real = type(kv_calls).forward
 
     def counted(self: Any, contexts: list[Context]) -> torch.Tensor:
         calls.append(len(contexts))
         return real(self, contexts)
 
-    monkeypatch.setattr(type(engine), "forward", counted)
+    monkeypatch.setattr(type(kv_calls), "forward", counted)
     rng = random.Random(11)
     p = _text(rng, 1200, long_llama.vocab_size)
     _call(long_llama, [p + (5,), p + (6, 7), p[:600], p[:600] + (9,) * 40])

@@ -96,29 +96,40 @@ def test_random_programs_keep_every_context_intact(seed: int) -> None:
     assert pool.pages_in_use == 0 and pool.free_pages == pool.pages - 1
 
 
-def test_the_bound_reclaims_then_refuses() -> None:
+def test_the_bound_refuses_past_it_and_says_what_it_lacks() -> None:
     pool = KVPool(LAYOUT, max_bytes=5 * PAGE * LAYOUT.column_bytes)  # 5 pages, one reserved
     assert pool.max_pages == 5
-    kept = [KVSeq(pool) for _ in range(4)]
+    kept = [KVSeq(pool) for _ in range(3)]
     for s in kept:
         s.extend(PAGE)
-    released = []
-
-    def reclaim() -> bool:
-        if not kept:
-            return False
-        released.append(kept.pop(0))
-        released[-1].release()
-        return True
-
-    pool.reclaim = reclaim
-    extra = KVSeq(pool)
-    extra.extend(2 * PAGE)  # two pages: two kept contexts released
-    assert len(released) == 2 and pool.pages == 5
-    assert pool.reserve(2) and len(released) == 4
-    assert not pool.reserve(3)
+    assert pool.shortfall(1) == 0 and pool.shortfall(3) == 2
+    kept.pop(0).release()
+    assert pool.shortfall(3) == 1
     with pytest.raises(PoolFullError, match="KV pool is full"):
         KVSeq(pool).extend(3 * PAGE)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pages_for_bounds_what_forks_take(seed: int) -> None:
+    """Oracle: the pages a fork at ``depth`` extended to ``length`` really takes (copy on
+    write included), counted by the pool; pages_for is never below it, and exact for a
+    single fork of a fully written source."""
+    rng = random.Random(seed)
+    pool = KVPool(LAYOUT, None)
+    for _ in range(30):
+        src = KVSeq(pool)
+        src.extend(rng.randrange(1, 3 * PAGE))
+        depth = rng.randrange(0, src.length + 1)
+        length = depth + rng.randrange(1, 3 * PAGE)
+        before = pool.pages_in_use
+        fork = src.fork(depth) if depth else KVSeq(pool)
+        fork.extend(length - depth)
+        taken = pool.pages_in_use - before
+        assert taken <= pool.pages_for([(length, depth)]), (depth, length, taken)
+        if depth % PAGE == 0:
+            assert taken == pool.pages_for([(length, depth)])
+        fork.release()
+        src.release()
 
 
 def test_growth_keeps_the_columns() -> None:

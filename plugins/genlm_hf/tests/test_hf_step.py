@@ -140,7 +140,7 @@ def test_a_shared_prompt_is_one_span(pair) -> None:
         parts = [p + (int(torch.randint(3, on.vocab_size, (1,), generator=g)),) for p in parts]
         program.append(list(parts))
     stats = _check(on, off, program)
-    # the first call computes the prompt they share once (genlm_hf.call_plan), then every
+    # the first call computes the prompt they share once (genlm_core.engine.call_plan), then every
     # call is one step: the prompt's 64 columns of full pages read once for the 4 rows
     assert stats["tokens_computed"] == 70 + 4 * 7 and stats["static_steps"] == 7
     assert stats["span_rows"] == 4 * 7 and stats["span_columns"] == 64 * 7

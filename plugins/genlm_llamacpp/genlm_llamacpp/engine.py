@@ -7,20 +7,20 @@ Importing this module does not import llama_cpp; creating an engine does.
   ``n_batch``-token decodes when longer) and the logits of its last position are read
   copied out of llama.cpp's output buffer into a row of its own (no batch tensor); the
   core normalises each row.
-* KV prefix reuse: each computed context keeps its sequence, recorded in the
-  :class:`~genlm_core.engine.kv_reuse.KVReuse` the core lends at load (``services.kv_reuse``:
-  the payload names the sequence and how many of its positions the context covers; its
-  size is that token count, bounded by ``kv_cache_tokens``). The sequence is the payload's
-  owner: the core counts the cached prefixes and running calls reading it and frees it
-  (:meth:`LlamaCppEngine._free_kv`) when none is left. A later context extends the sequence of its deepest cached
-  proper prefix in place when that prefix is where the sequence ends (a particle's
-  one-token step: one token computed, no new sequence, the shorter prefix still
-  cached), or copies the prefix into a sequence of its own (``llama_memory_seq_cp``:
-  the unified KV cache shares the cells) and computes only its remaining tokens.
-* Every group of contexts is planned before it decodes: the sequences and KV cells it
-  needs are counted (:mod:`genlm_llamacpp.kv_cells`) and least recently used entries it
-  does not read are evicted once, enough for the group; an entry's sequence is removed
-  from llama.cpp (``seq_rm``) when no entry reads it any more.
+* KV prefix reuse (capability ``"resume"``): each computed context keeps its sequence and
+  is handed back to the core as a payload naming the sequence and how many of its
+  positions the context covers (its size is that token count, bounded by
+  ``kv_cache_tokens``). The sequence is the payload's owner: the core counts the kept
+  prefixes reading it and hands it back (:meth:`LlamaCppEngine.release_kv`: ``seq_rm``)
+  when none is left. A row resumes the sequence of its kept prefix in place when that
+  prefix is where the sequence ends (a particle's one-token step: one token computed, no
+  new sequence, the shorter prefix still kept), or copies the prefix into a sequence of
+  its own (``llama_memory_seq_cp``: the unified KV cache shares the cells) and computes
+  only its remaining tokens.
+* Before the core hands over a set of rows it asks what they lack
+  (:meth:`LlamaCppEngine.kv_shortfall`: sequences and KV cells, counted by
+  :mod:`genlm_llamacpp.kv_cells`) and releases least recently used kept prefixes the rows
+  do not read, or runs the rows in parts.
 * The byte vocabulary comes from the GGUF's tokenizer (:mod:`genlm_llamacpp.tokenizer`);
   the checkpoint (the GGUF file, its context length and EOS id) is the core's reading.
 """
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from genlm_core.engine import Checkpoint, Engine, EngineServices, note
+from genlm_core.engine.kv_rows import KVPolicy, ResumeRow, RowsOut
 from genlm_llamacpp.config import LlamaCppConfig
 from genlm_llamacpp.kv_cells import CellLedger
 
@@ -61,24 +62,22 @@ class CachedPrefix:
     n_tokens: int
 
 
-class LlamaCppEngine(Engine):
+class LlamaCppEngine(Engine[LlamaCppConfig]):
     """Batched, prefix-reusing next-token log-probabilities from a GGUF model on llama.cpp."""
 
     config_class = LlamaCppConfig
     #: bursts: the core's decode step over forward; each row resumes its sequence
-    supports = frozenset({"burst"})
+    supports = frozenset({"burst", "resume"})
     forward_in_thread = False  # llama.cpp computes on every core already
 
     def __init__(
         self,
         context: "LlamaContext",
         config: LlamaCppConfig | None = None,
-        services: EngineServices | None = None,
     ) -> None:
         from genlm_llamacpp.tokenizer import GGUFTokenizer, byte_vocab
 
         config = config or LlamaCppConfig()
-        self.services = services if services is not None else EngineServices(config)
         self.context = context
         self.byte_vocab, self.str_vocab = byte_vocab(context)
         self.tokenizer = GGUFTokenizer(context, self.byte_vocab)
@@ -88,20 +87,12 @@ class LlamaCppEngine(Engine):
         #: every context computed alone in an emptied KV cache (see LlamaCppConfig.batch_invariant)
         self.batch_invariant: bool = context.batch_invariant
         self.decode_calls = 0
-        # the prefix cache counts tokens (kv_cache_tokens); no reuse when every context is
-        # computed alone; a payload's sequence is freed when no cached prefix reads it
-        self.kv = self.services.kv_reuse(
-            budget=0 if self.batch_invariant else config.kv_cache_tokens,
-            budget_option="kv_cache_tokens",
-            sizeof=lambda payload: payload.n_tokens,
-            owner=lambda payload: payload.kv,
-            release=self._free_kv,
-        )
+        self.kv_cache_tokens = config.kv_cache_tokens
 
     @classmethod
     def load(
         cls, checkpoint: Checkpoint, config: LlamaCppConfig, services: EngineServices
-    ) -> "LlamaCppEngine":  # type: ignore[override]
+    ) -> "LlamaCppEngine":
         note(f"llamacpp: loading {checkpoint.path}")
         from genlm_llamacpp.llama_context import LlamaContext
 
@@ -119,7 +110,7 @@ class LlamaCppEngine(Engine):
             flash_attn=config.flash_attn,
             extra_buffers=config.cpu_extra_buffers,
         )
-        return cls(context, config, services)
+        return cls(context, config)
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
@@ -133,38 +124,62 @@ class LlamaCppEngine(Engine):
         """The GGUF's weight type as llama.cpp names it: ``"F32"``, ``"F16"``, ``"Q4_1"``..."""
         return self.context.weights_type
 
+    # ------------------------------------------------------------------ KV reuse ("resume")
+    def kv_policy(self) -> KVPolicy:
+        """Kept prefixes count tokens (``kv_cache_tokens``); none when every context is
+        computed alone (``batch_invariant``); an uncached or failed call empties llama.cpp's
+        whole KV cache."""
+        return KVPolicy(
+            budget=0 if self.batch_invariant else self.kv_cache_tokens,
+            budget_option="kv_cache_tokens",
+            drops_kv=True,
+        )
+
+    def kv_size(self, payload: CachedPrefix) -> int:
+        return payload.n_tokens
+
+    def kv_owner(self, payload: CachedPrefix) -> KVSequence:
+        return payload.kv
+
+    def release_kv(self, owner: KVSequence) -> None:
+        """No kept prefix reads the sequence: its KV removed from llama.cpp, its cells and id free."""
+        self.context.seq_remove(owner.seq_id)
+        self.ledger.remove(owner.seq_id)
+        self.free_sequences.append(owner.seq_id)
+
+    def kv_shortfall(self, rows: list[ResumeRow]) -> int:
+        """The sequences and KV cells the rows need beyond the free ones (a row extending
+        its source's sequence in place takes no sequence; a copied prefix shares its cells)."""
+        if self.batch_invariant:
+            return 0
+        sequences = len(rows) - len(_in_place(rows))
+        cells = sum(r.new_tokens for r in rows)
+        return max(0, sequences - len(self.free_sequences)) + max(0, cells - self.ledger.free)
+
     # ------------------------------------------------------------------ model calls
-    def forward(self, contexts: list[tuple[int, ...]]) -> "list[torch.Tensor]":
-        """Each context's logits copied out of llama.cpp's output buffer into a row of its
-        own (the core normalises each). ``contexts`` are distinct."""
-        return self._compute(contexts, self.kv.enabled, _row)
+    def forward_rows(self, rows: list[ResumeRow]) -> RowsOut:
+        """Each row's logits copied out of llama.cpp's output buffer into a row of its own
+        (the core normalises each), and each context's sequence handed back."""
+        contexts = [r.context for r in rows]
+        if self.batch_invariant:
+            return RowsOut([self._alone(c, _row) for c in contexts])
+        plan = self._plan(rows)
+        out = self._decode_plan(contexts, plan, _row)
+        for c, (_, kv) in zip(contexts, plan):
+            kv.length = len(c)
+        return RowsOut(out, [(c, CachedPrefix(kv, len(c))) for c, (_, kv) in zip(contexts, plan)])
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> "list[torch.Tensor]":
         """Each context alone in an emptied KV cache (see :meth:`_alone`): the reference
         computation, the same bits whatever was cached before (the KV cache is dropped)."""
-        self.kv.count(0, 0)
         return [self._alone(c, _row) for c in contexts]
 
     def logits(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
-        """Raw logits (float32, ``(len(contexts), model vocabulary)``), copied out of llama.cpp."""
-        import numpy as np
+        """Raw logits (float32, ``(len(contexts), model vocabulary)``), copied out of
+        llama.cpp, each context from its start, nothing kept."""
         import torch
 
-        rows = self._compute(contexts, self.kv.enabled, lambda logits: logits.copy())
-        return torch.from_numpy(np.stack(rows))
-
-    def _compute(
-        self, contexts: list[tuple[int, ...]], reuse: bool, convert: "Callable[[np.ndarray], Any]"
-    ) -> list:
-        """Compute contexts in groups; ``convert`` turns each one's logits (a view of
-        llama.cpp's buffer, valid only during the call) into what is returned, in order."""
-        self.kv.count(0, 0)  # one engine call; its tokens are counted as they decode
-        if self.batch_invariant:
-            return [self._alone(c, convert) for c in contexts]
-        out: list = []
-        for chunk in self._chunks(contexts):
-            out += self._run_chunk(chunk, reuse, convert)
-        return out
+        return torch.stack(list(self.forward(contexts)))
 
     def _alone(self, context: tuple[int, ...], convert: "Callable[[np.ndarray], Any]") -> Any:
         """``context`` decoded from position 0 in an emptied KV cache: its cells are
@@ -187,108 +202,28 @@ class LlamaCppEngine(Engine):
         finally:
             self._drop_all_kv()
 
-    def _chunks(self, contexts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
-        """Groups computed together: at most half the sequences (the other half can hold
-        their cached sources) and at most ``n_ctx`` cells' worth of tokens counted in
-        full, so a group always fits an emptied cache."""
-        most = max(1, self.context.n_seq_max // 2)
-        chunks: list[list[tuple[int, ...]]] = []
-        tokens = 0
-        for c in contexts:
-            if not chunks or len(chunks[-1]) >= most or tokens + len(c) > self.context.n_ctx:
-                chunks.append([])
-                tokens = 0
-            chunks[-1].append(c)
-            tokens += len(c)
-        return chunks
-
-    def _run_chunk(
-        self, chunk: list[tuple[int, ...]], reuse: bool, convert: "Callable[[np.ndarray], Any]"
-    ) -> list:
-        """Plan the chunk against free sequences and KV cells, make room once, decode.
-
-        A context whose cached source (its deepest cached proper prefix) ends where the
-        source's sequence ends, and that no other context of the chunk extends, decodes
-        into that sequence in place (a particle's one-token step takes no new sequence;
-        the shorter prefix stays cached, as the first positions of the longer one); the
-        others copy the source's prefix into a new sequence. Before anything decodes,
-        least recently used cached entries that the chunk does not read are evicted until
-        the sequences and cells it needs are free
-        (:class:`~genlm_llamacpp.kv_cells.CellLedger` counts cells, shared ones once).
-        If even that is not enough, the chunk runs on an emptied cache without reuse
-        (``_chunks`` sizes a chunk so that it fits). No decode is ever retried for want
-        of a slot.
-        """
-        from genlm_llamacpp.llama_context import NoKVSpace
-
-        plan = self._plan(chunk, reuse)
-        if plan is None:  # its sources and new tokens cannot share the cells: start afresh
-            self._drop_all_kv()
-            plan = self._plan(chunk, False)
-        try:
-            rows = self._decode_plan(chunk, plan, convert)
-        except NoKVSpace:
-            # the ledger and llama.cpp disagree (never seen): one clean retry, not a loop
-            self._drop_all_kv()
-            plan = self._plan(chunk, False)
-            try:
-                rows = self._decode_plan(chunk, plan, convert)
-            except NoKVSpace:
-                self._drop_all_kv()
-                raise RuntimeError(
-                    f"llamacpp: the {self.context.n_ctx} KV cells (kv_cells) cannot hold this batch even "
-                    "with every cached prefix evicted; raise kv_cells or lower batch_size"
-                ) from None
-        # Every sequence of the chunk is held while the chunk's entries are stored: storing
-        # one may evict the older entry that kept another's sequence (a context decoded in
-        # place), which must not be freed before its own entry is stored. A sequence that
-        # no stored entry reads is freed when the hold ends.
-        for c, (_, kv) in zip(chunk, plan):
-            kv.length = len(c)
-        with self.kv.hold([kv for _, kv in plan]):
-            if reuse and self.kv.enabled:
-                for c, (_, kv) in zip(chunk, plan):
-                    self.kv.store(c, CachedPrefix(kv, len(c)))  # may evict (and release) older entries
-        return rows
-
-    def _plan(self, chunk: list[tuple[int, ...]], reuse: bool) -> Any:
-        """``(depth, sequence)`` per context, with room made for them; ``None`` when
-        evicting every entry the chunk does not read leaves too few sequences or cells
-        (never without reuse: ``_chunks`` sizes a chunk for an empty cache)."""
-        cache = self.kv.cache
-        found: list[tuple[int, CachedPrefix | None]] = (
-            self.kv.lookup(chunk) if reuse else [(0, None)] * len(chunk)
-        )
-        sources = {id(src.kv) for _, src in found if src is not None}
-        in_place: set[int] = set()
-        for depth, src in found:
-            if src is not None and src.kv.length == depth and id(src.kv) not in in_place:
-                in_place.add(id(src.kv))
-        seqs_needed = len(chunk) - len(in_place)
-        cells_needed = sum(len(c) - depth for c, (depth, _) in zip(chunk, found))
-        ledger = self.ledger
-        while len(self.free_sequences) < seqs_needed or ledger.free < cells_needed:
-            if cache is None or cache.evict_lru_kv(keep=lambda seq: id(seq.kv) in sources) is None:
-                if reuse:
-                    return None
-                raise RuntimeError(  # pragma: no cover - _chunks sizes chunks for an empty cache
-                    f"llamacpp: a group of {len(chunk)} contexts needs {cells_needed} KV cells and "
-                    f"{seqs_needed} sequences; {ledger.free} and {len(self.free_sequences)} are free"
-                )
+    def _plan(self, rows: list[ResumeRow]) -> list[tuple[int, KVSequence]]:
+        """``(depth, sequence)`` per row: the source's sequence, extended in place, where
+        the row continues where it ends (the first such row), else a free sequence with the
+        source's prefix copied in (before any decode extends the source)."""
         plan: list[tuple[int, KVSequence]] = []
-        claimed: set[int] = set()
-        for depth, src in found:
-            # in place: the context continues where the sequence ends (a shorter prefix read
-            # from the same sequence is copied, like any other)
-            if src is not None and src.kv.length == depth and id(src.kv) not in claimed:
-                claimed.add(id(src.kv))
-                plan.append((depth, src.kv))
+        in_place = _in_place(rows)
+        ledger = self.ledger
+        for i, r in enumerate(rows):
+            src: CachedPrefix | None = r.payload
+            if i in in_place:
+                assert src is not None
+                plan.append((r.depth, src.kv))
                 continue
+            if not self.free_sequences:
+                raise RuntimeError(  # pragma: no cover - the core made room (kv_shortfall)
+                    f"llamacpp: no free KV sequence for a row (n_seq_max={self.context.n_seq_max})"
+                )
             kv = KVSequence(self.free_sequences.pop())
-            if src is not None:  # copied before any decode extends the source in place
-                self.context.seq_copy(src.kv.seq_id, kv.seq_id, depth)
-                ledger.copy(src.kv.seq_id, kv.seq_id, depth)
-            plan.append((depth, kv))
+            if src is not None:
+                self.context.seq_copy(src.kv.seq_id, kv.seq_id, r.depth)
+                ledger.copy(src.kv.seq_id, kv.seq_id, r.depth)
+            plan.append((r.depth, kv))
         return plan
 
     def _decode_plan(
@@ -299,8 +234,9 @@ class LlamaCppEngine(Engine):
     ) -> list:
         """Decode the planned tokens (``n_batch`` a call); the converted logits of each
         context's last position, in order. A failed decode leaves sequences half computed:
-        the whole KV cache is dropped, so none is ever reused."""
-        from genlm_llamacpp.llama_context import Row
+        the whole KV cache is dropped, so none is ever reused (the core forgets what it
+        kept: ``KVPolicy.drops_kv``)."""
+        from genlm_llamacpp.llama_context import NoKVSpace, Row
 
         rows: list[Row] = []
         for c, (depth, kv) in zip(chunk, plan):
@@ -315,34 +251,29 @@ class LlamaCppEngine(Engine):
                 logits = self.context.decode(part)
                 for r in part:
                     self.ledger.extend(r.seq, 1)
-                self.kv.count(len(part), 0, calls=0)
                 out += [convert(row) for row in logits]
+        except NoKVSpace:
+            # the ledger and llama.cpp disagree (never seen): nothing half computed is kept
+            self._drop_all_kv()
+            raise RuntimeError(
+                f"llamacpp: the {self.context.n_ctx} KV cells (kv_cells) could not hold this batch; "
+                "raise kv_cells or lower batch_size"
+            ) from None
         except BaseException:
             self._drop_all_kv()
             raise
-        self.kv.count(0, sum(depth for depth, _ in plan), calls=0)
         return out
 
     def _drop_all_kv(self) -> None:
-        """Evict every cached entry and empty llama.cpp's KV cache."""
-        self.kv.forget()  # llama.cpp's whole KV cache goes next: nothing to free one by one
+        """Empty llama.cpp's whole KV cache (every sequence free)."""
         self.context.clear()
         self.ledger.clear()
         self.free_sequences = list(range(self.context.n_seq_max))
-
-    def _free_kv(self, kv: KVSequence) -> None:
-        """No cached prefix or running call reads the sequence: its KV removed from
-        llama.cpp, its cells and id free."""
-        self.context.seq_remove(kv.seq_id)
-        self.ledger.remove(kv.seq_id)
-        self.free_sequences.append(kv.seq_id)
 
     def clear_cache(self) -> None:
         self._drop_all_kv()
 
     def close(self) -> None:
-        if self.kv is not None:
-            self.kv.forget()
         self.context.close()
 
     def stats(self) -> dict[str, Any]:
@@ -366,3 +297,16 @@ def _row(logits: "np.ndarray") -> "torch.Tensor":
     import torch
 
     return torch.from_numpy(logits.copy())
+
+
+def _in_place(rows: list[ResumeRow]) -> set[int]:
+    """The rows that extend their source's sequence in place: the first row, per
+    sequence, whose kept prefix ends where the sequence ends."""
+    taken: set[int] = set()
+    out: set[int] = set()
+    for i, r in enumerate(rows):
+        src = r.payload
+        if src is not None and src.kv.length == r.depth and id(src.kv) not in taken:
+            taken.add(id(src.kv))
+            out.add(i)
+    return out

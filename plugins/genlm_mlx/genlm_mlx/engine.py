@@ -4,27 +4,27 @@ Importing this module does not import mlx; creating an engine does.
 
 * ``forward`` left-pads the batch's contexts and prefills them together in steps of
   ``prefill_step_size`` (:func:`genlm_mlx.prefill.forward`).
-* KV prefix reuse: the KV state of every computed context is stored in the
-  :class:`~genlm_core.engine.kv_reuse.KVReuse` the core lends at load
-  (``services.kv_reuse``: one contiguous mlx array per prefix, LRU-evicted under
-  ``kv_cache_bytes``); a later context resumes from its deepest cached proper prefix.
-  Models whose caches cannot be reused (recurrent or sliding-window layers) get a
-  warning and no prefix caching.
+* KV prefix reuse (capability ``"resume"``): the KV state of every computed context is
+  handed back to the core (one contiguous mlx array per prefix), which keeps it in its
+  prefix cache, LRU-evicted under ``kv_cache_bytes``, and hands it back with a later
+  context that extends it (:mod:`genlm_core.engine.kv_calls`). Models whose caches cannot
+  be reused (recurrent or sliding-window layers) get a warning and no prefix caching.
 * ``sample`` uses mlx-lm's ``generate_step`` and ``make_sampler``, seeded
   (:mod:`genlm_mlx.sampling`).
-* ``decode_step`` and ``end_burst`` (bursts) keep each step's batch caches for the next step
-  (:mod:`genlm_mlx.decode`).
+* bursts keep each step's batch caches for the next step (capability ``"kept_batches"``:
+  the core's :class:`~genlm_core.engine.decode_batches.DecodeBatches` over
+  :class:`genlm_mlx.decode.MLXDecodeOps`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genlm_core.config import ConfigError
 from genlm_core.engine import Checkpoint, Engine, EngineServices, SampleRequest, note
-from genlm_core.engine.decode_batches import DecodeBatches
+from genlm_core.engine.kv_rows import KVPolicy, ResumeRow, RowsOut
 from genlm_mlx.config import MLXConfig
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["MLXEngine"]
 
 
-class MLXEngine(Engine):
+class MLXEngine(Engine[MLXConfig]):
     """Batched, prefix-caching next-token logits from an mlx-lm model.
 
     Args:
@@ -42,11 +42,10 @@ class MLXEngine(Engine):
             vocabulary is decoded from the underlying Hugging Face tokenizer.
         config: :class:`MLXConfig`.
         model_config: the model's ``config.json`` as a dict (default: the model's ``args``).
-        services: what the core lent at load (built by hand: its own).
     """
 
     config_class = MLXConfig
-    supports = frozenset({"sample", "decode"})
+    supports = frozenset({"sample", "resume", "kept_batches"})
     rows_device = "cpu"  # rows come back from mlx as numpy arrays
 
     def __init__(
@@ -56,13 +55,11 @@ class MLXEngine(Engine):
         config: MLXConfig | None = None,
         *,
         model_config: dict[str, Any] | None = None,
-        services: EngineServices | None = None,
     ) -> None:
         from genlm_mlx import prefill  # imports mlx
         from genlm_mlx.decode import MLXDecodeOps
 
         config = config or MLXConfig()
-        self.services = services if services is not None else EngineServices(config)
         self.mlx_model = model
         self.mlx_tokenizer = tokenizer
         self.tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)  # the core decodes its vocabulary
@@ -72,17 +69,20 @@ class MLXEngine(Engine):
         self.model_config = model_config
         self.prefill_step_size = config.prefill_step_size
         self._batch_size = config.batch_size
-        # a burst's rows, KV kept between steps
-        self._decode = DecodeBatches(MLXDecodeOps(model, config.prefill_step_size))
+        #: what the core's decode step over kept batches calls (a burst's rows, KV kept between steps)
+        self._decode_ops = MLXDecodeOps(model, config.prefill_step_size)
         self.kv_cache_bytes = config.kv_cache_bytes
         #: why the model's caches cannot be resumed (None: they can)
         self.kv_reuse_problem = prefill.kv_reuse_problem(model)
-        self.kv = self.services.kv_reuse(problem=self.kv_reuse_problem)
+        #: whether computed contexts' KV is handed back to be kept
+        self.reuse = (
+            bool(config.prefix_cache) and config.kv_cache_bytes != 0 and self.kv_reuse_problem is None
+        )
         self._kv_token_bytes = 0  # KV bytes per token, known after the first payload
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: MLXConfig, services: EngineServices) -> "MLXEngine":  # type: ignore[override]
+    def load(cls, checkpoint: Checkpoint, config: MLXConfig, services: EngineServices) -> "MLXEngine":
         """Load with mlx-lm after mapping transformers-5 config keys (:mod:`genlm_mlx.hf_config`)
         and cast the weights to the dtype the core placed."""
         from mlx_lm import load
@@ -99,7 +99,7 @@ class MLXEngine(Engine):
                 raise
             raise ConfigError(f"mlx: mlx_lm.load could not load {model_path!r}: {exc}") from exc
         _cast(model, str(services.dtype))
-        return cls(model, tokenizer, config, model_config=model_config, services=services)
+        return cls(model, tokenizer, config, model_config=model_config)
 
     # ------------------------------------------------------------------ what it is
     @property
@@ -116,14 +116,21 @@ class MLXEngine(Engine):
         return _weight_dtype(self.mlx_model)
 
     # ------------------------------------------------------------------ model calls
-    def forward(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
+    def kv_policy(self) -> KVPolicy:
+        return KVPolicy(problem=self.kv_reuse_problem, budget=self.kv_cache_bytes)
+
+    def forward_rows(self, rows: list[ResumeRow]) -> RowsOut:
+        """The rows' logits, each resuming from its kept prefix's KV (the batch runs from
+        the first position no row has kept: :func:`genlm_mlx.prefill.forward`); the KV of
+        every context computed is handed back (those within the budget)."""
         import torch
 
         from genlm_mlx import prefill
 
-        if not self.kv.enabled:
-            return self.forward_uncached(contexts)
-        starts = self.kv.lookup(contexts)
+        contexts = [r.context for r in rows]
+        if not self.reuse:
+            out = prefill.forward(self.mlx_model, contexts, None, self.prefill_step_size)
+            return RowsOut(torch.from_numpy(out.logits), computed=out.computed, reused=out.reused)
         budget = self.kv_cache_bytes
         max_kv_tokens = (
             budget // self._kv_token_bytes if budget is not None and self._kv_token_bytes else None
@@ -131,32 +138,21 @@ class MLXEngine(Engine):
         out = prefill.forward(
             self.mlx_model,
             contexts,
-            [kv for _, kv in starts],
+            [r.payload for r in rows],
             self.prefill_step_size,
             want_kv=True,
             max_kv_tokens=max_kv_tokens,
         )
-        self.kv.count(out.computed, out.reused)
+        kept = []
         for ctx, kv in zip(contexts, out.payloads or []):
             if kv is not None:
                 self._kv_token_bytes = kv.nbytes // max(1, kv.shape[3])
-                self.kv.store(ctx, kv)
-        return torch.from_numpy(out.logits)
+                kept.append((ctx, kv))
+        return RowsOut(torch.from_numpy(out.logits), kept, computed=out.computed, reused=out.reused)
 
-    def decode_step(self, rows: Mapping[int, tuple[int, ...]], released: Collection[int]) -> "torch.Tensor":
-        """A burst step (:mod:`genlm_mlx.decode`): the rows' distinct contexts in the step
-        loop's batches, each resuming the kept caches of the step before when its rows (by
-        handle) continue that batch's by one token. Without KV reuse every step runs
-        :meth:`forward`."""
-        import torch
-
-        return self._decode.decode_step(
-            rows, released, batch_size=self._batch_size, kv=self.kv, forward=self.forward, cat=torch.cat
-        )
-
-    def end_burst(self, released: Collection[int]) -> None:
-        """The burst ended: every kept row's KV to the prefix cache, the caches freed."""
-        self._decode.end_burst(released, self.kv)
+    def decode_ops(self) -> Any:
+        """A burst's batches, their caches kept between steps (:mod:`genlm_mlx.decode`)."""
+        return self._decode_ops
 
     def forward_uncached(self, contexts: list[tuple[int, ...]]) -> "torch.Tensor":
         import torch
@@ -164,7 +160,6 @@ class MLXEngine(Engine):
         from genlm_mlx import prefill
 
         out = prefill.forward(self.mlx_model, contexts, None, self.prefill_step_size)
-        self.kv.count(out.computed, out.reused)
         return torch.from_numpy(out.logits)
 
     def sample(self, requests: list[SampleRequest]) -> list[list[int]]:
@@ -172,7 +167,6 @@ class MLXEngine(Engine):
         seeds mlx's generator, so none interleaves its draws with another's)."""
         from genlm_mlx.sampling import sample_tokens
 
-        vocab = self.services.vocab_size
         return [
             sample_tokens(
                 self.mlx_model,
@@ -181,7 +175,7 @@ class MLXEngine(Engine):
                 set(r.eos),
                 r.temperature,
                 r.seed,
-                vocab,
+                r.width if r.width is not None else sys.maxsize,  # None: every id the model scores
                 self.prefill_step_size,
             )  # fmt: skip
             for r in requests
@@ -191,8 +185,6 @@ class MLXEngine(Engine):
     def clear_cache(self) -> None:
         import mlx.core as mx
 
-        self.kv.clear()
-        self._decode.clear()
         mx.clear_cache()
 
     def close(self) -> None:

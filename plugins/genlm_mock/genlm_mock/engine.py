@@ -15,27 +15,30 @@ from genlm_mock.config import MockConfig
 __all__ = ["MockEngine"]
 
 
-class MockEngine(Engine):
+class MockEngine(Engine[MockConfig]):
     """Scores fixed per context: the seed is the whole context, through numpy's
     ``SeedSequence``, so different contexts never share a distribution by construction (a
     seed such as ``sum((i + 1) * t)`` would let them).
 
     ``tokenizer=None`` is the built-in byte-level tokenizer; a Hugging Face tokenizer
-    lends its vocabulary (the rows are as wide as the core reads it: ``services.vocab_size``).
+    lends its vocabulary (decoded once here, as the core would: the rows are as wide as it).
     Computes in float32 only.
     """
 
     config_class = MockConfig
     supports = frozenset({"burst"})
 
-    def __init__(
-        self, tokenizer: Any = None, config: MockConfig | None = None, services: EngineServices | None = None
-    ) -> None:
+    def __init__(self, tokenizer: Any = None, config: MockConfig | None = None) -> None:
         config = config or MockConfig()
-        self.services = services if services is not None else EngineServices(config)
         self.tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
-        if isinstance(self.tokenizer, ByteTokenizer):  # else the core decodes the tokenizer's
+        if isinstance(self.tokenizer, ByteTokenizer):
             self.byte_vocab = [Token(i, b) for i, b in enumerate(self.tokenizer.byte_vocab_bytes)]
+        else:
+            from genlm_core.engine.vocab import decode_vocab
+
+            self.byte_vocab, self.str_vocab = decode_vocab(self.tokenizer)
+        #: the width of a row: the vocabulary's
+        self.width = len(self.byte_vocab)
         limit = config.max_context_length  # a limit of L tokens: L + 1 positions
         self.max_positions = None if limit is None else limit + 1
         self.scale = np.float32(config.scale)
@@ -43,13 +46,13 @@ class MockEngine(Engine):
         self.forward_calls = 0
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: MockConfig, services: EngineServices) -> "MockEngine":  # type: ignore[override]
+    def load(cls, checkpoint: Checkpoint, config: MockConfig, services: EngineServices) -> "MockEngine":
         tokenizer = None
         if checkpoint.tokenizer is not None:  # a folder lends its tokenizer
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(checkpoint.tokenizer)
-        return cls(tokenizer, config, services)
+        return cls(tokenizer, config)
 
     @classmethod
     def dtypes_on(cls, device: str) -> tuple[str, ...]:
@@ -57,7 +60,7 @@ class MockEngine(Engine):
 
     def logits_for(self, context: tuple[int, ...]) -> np.ndarray:
         rng = np.random.default_rng(np.random.SeedSequence(list(context) or [0]))
-        return rng.random(self.services.vocab_size, dtype=np.float32) * self.scale
+        return rng.random(self.width, dtype=np.float32) * self.scale
 
     def forward(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
         self.forward_calls += 1

@@ -43,7 +43,7 @@ from genlm_remote.tokenizer import RemoteTokenizer
 __all__ = ["RemoteEngine"]
 
 
-class RemoteEngine(Engine):
+class RemoteEngine(Engine[RemoteConfig]):
     """A ``genlm serve`` server's backend, through HTTP (and ``/dev/shm`` on this host)."""
 
     config_class = RemoteConfig
@@ -90,7 +90,7 @@ class RemoteEngine(Engine):
             self._get_segment(info.get("shm_socket"), info.get("pid"))
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: RemoteConfig, services: EngineServices) -> "RemoteEngine":  # type: ignore[override]
+    def load(cls, checkpoint: Checkpoint, config: RemoteConfig, services: EngineServices) -> "RemoteEngine":
         return cls(config)
 
     def _pick_transport(self, config: RemoteConfig) -> str:

@@ -55,7 +55,7 @@ from genlm_vllm.sessions import DecodeSessions, ResidentSessions, Turn, run_turn
 __all__ = ["VLLMEngine"]
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(Engine[VLLMConfig]):
     """A ``vllm.LLM`` engine (V1) with the genlm capture processor and worker extension."""
 
     config_class = VLLMConfig
@@ -73,16 +73,13 @@ class VLLMEngine(Engine):
         config: VLLMConfig | None = None,
         *,
         device: str | None = None,
-        services: EngineServices | None = None,
     ) -> None:
         from genlm_vllm.capture import new_namespace
 
         config = config or VLLMConfig()
-        #: what the core lent at load (around an ``LLM`` started by hand: its own)
-        self.services = services if services is not None else EngineServices(config)
         self.llm = llm
         #: where vLLM runs: the placement's, or for an ``LLM`` started by hand vLLM's platform
-        self.device = device or self.services.device or launch.engine_device()
+        self.device = device or launch.engine_device()
         self.prefix_caching = config.enable_prefix_caching
         model_config = llm.llm_engine.model_config
         # the positions vLLM holds; the core's context limit is max_model_len - 1 (vLLM needs
@@ -155,7 +152,7 @@ class VLLMEngine(Engine):
         return launch.supported_dtypes()
 
     @classmethod
-    def load(cls, checkpoint: Checkpoint, config: VLLMConfig, services: EngineServices) -> "VLLMEngine":  # type: ignore[override]
+    def load(cls, checkpoint: Checkpoint, config: VLLMConfig, services: EngineServices) -> "VLLMEngine":
         launch.require_vllm()
         launch.tolerate_llvmlite()
         note(f"vllm: importing vLLM to start an engine for {checkpoint.model}")
@@ -174,7 +171,7 @@ class VLLMEngine(Engine):
             llm = LLM(**kwargs)
         note(f"vllm: engine ready in {time.perf_counter() - t0:.0f} s")
         try:
-            return cls(llm, config, device=device, services=services)
+            return cls(llm, config, device=device)
         except BaseException:
             lifecycle.shutdown(llm, keep_distributed=_others_open())
             raise

@@ -1,4 +1,4 @@
-"""A call's rounds (genlm_hf.call_plan) against brute force.
+"""A call's rounds (genlm_core.engine.call_plan) against brute force.
 
 A small simulator runs a whole call the way the engine does: each round is planned from
 the contexts still pending and the depths a prefix cache (a set of kept contexts) gives
@@ -15,7 +15,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from genlm_hf.call_plan import MIN_COMMON, longest_common_prefix, plan_round
+
+from genlm_core.engine.call_plan import MIN_COMMON, longest_common_prefix, plan_round
 
 Context = tuple[int, ...]
 

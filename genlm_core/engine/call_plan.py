@@ -80,11 +80,16 @@ def _extends(longer: Context, shorter: Context) -> bool:
 
 
 def plan_round(
-    contexts: Sequence[Context], depths: Sequence[int], min_common: int | None = MIN_COMMON
+    contexts: Sequence[Context],
+    depths: Sequence[int],
+    min_common: int | None = MIN_COMMON,
+    read_off: bool = True,
 ) -> RoundPlan:
     """One round of a call over distinct ``contexts`` whose kept depths are ``depths``
     (see the module doc). ``min_common=None``: no branch points (every pending context
     runs now; a call whose branch points the prefix cache keeps losing ends with it).
+    ``read_off=False``: an engine that hands back each row's last position only; a
+    nested context runs as a row of its own.
     Rows come in the call's order (branch points first); a call whose every context runs
     one new token (a step) is planned without sorting."""
     if all(len(c) - d <= 1 for c, d in zip(contexts, depths)):
@@ -126,7 +131,7 @@ def plan_round(
     # position (kept depths only grow along a chain: if the nearest row resumes past it, so
     # does every row above it, and the context runs as a row of its own)
     owner = list(range(len(now)))
-    for i in range(len(now) - 2, -1, -1):
+    for i in range(len(now) - 2, -1, -1) if read_off else ():
         if _extends(now[i + 1], now[i]):
             o = owner[i + 1]
             if kept[now[o]] <= len(now[i]) - 1:

@@ -1,0 +1,287 @@
+"""The core's side of KV reuse: lookups, room, rounds and what is kept, for every engine.
+
+An engine that resumes contexts from kept KV (capability ``"resume"``,
+:mod:`genlm_core.engine.kv_rows`) computes; :class:`KVCalls` decides everything around
+it, in one place for every such engine:
+
+1. **Rounds.** A call's contexts are looked up in the prefix cache (the deepest kept
+   proper prefix of each: its depth and the engine's payload) and planned in rounds
+   (:mod:`genlm_core.engine.call_plan`): contexts nested in another of the call are read
+   off its row where the engine can (``KVPolicy.read_off``), and a long new prefix
+   several contexts share runs first, once (``KVPolicy.branch_tokens``).
+2. **Room.** Before a part runs, the engine says how much room its rows lack
+   (``kv_shortfall``); the core releases kept contexts the part does not read, by the
+   rule the engine declared (``KVPolicy.release``), until they fit. A part that cannot
+   fit runs in halves (a stack of parts, no recursion); a single row that cannot runs
+   from its start once everything else is released.
+3. **Keeping.** The engine hands back a payload per context it can resume from later;
+   the core keeps them in the prefix cache under the budget, and hands back the owners
+   nothing reads any more (``release_kv``).
+
+The engine never reads the cache: a lookup made for a round stays valid for its parts
+until the core stores or releases something, a fact local to :meth:`KVCalls.forward`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from genlm_core.engine.call_plan import PlannedRow, plan_round
+from genlm_core.engine.kv_reuse import KVReuse
+from genlm_core.engine.kv_rows import KVPolicy, ResumeRow
+
+if TYPE_CHECKING:  # pragma: no cover
+    from genlm_core.config import BackendConfig
+    from genlm_core.engine.contract import Engine
+    from genlm_core.engine.decode_batches import DecodeBatches
+    from genlm_core.protocols import PrefixKVCache
+
+__all__ = ["MAX_BRANCH_ROUNDS", "KVCalls"]
+
+Context = tuple[int, ...]
+
+#: rounds of a call that may run branch points; later rounds run every pending context (a
+#: call whose branch points the budget keeps releasing still ends)
+MAX_BRANCH_ROUNDS = 16
+
+
+class KVCalls:
+    """The model calls of one engine that resumes from kept KV, and the KV it keeps.
+
+    Args:
+        engine: declares ``"resume"``; its :meth:`~genlm_core.engine.contract.Engine.kv_policy`
+            is read here, once.
+        config: the backend's config (``prefix_cache`` and ``prefix_cache_impl`` are read).
+        name: the backend's name, for messages.
+    """
+
+    def __init__(self, engine: Engine, config: BackendConfig, name: str) -> None:
+        policy = engine.kv_policy()
+        if not isinstance(policy, KVPolicy):
+            raise TypeError(
+                f"{type(engine).__name__}.kv_policy() returned {policy!r}: an engine declaring "
+                "'resume' returns a genlm_core.engine.KVPolicy"
+            )
+        self.engine = engine
+        self.policy = policy
+        #: the prefix cache of the engine's payloads and the counters of its calls
+        self.reuse = KVReuse.for_config(
+            config,
+            policy.budget,
+            name=name,
+            problem=policy.problem,
+            sizeof=engine.kv_size,
+            budget_option=policy.budget_option,
+            owner=engine.kv_owner,
+            release=engine.release_kv,
+        )
+        self._leaves_only = policy.release == "leaves" and _has_leaves_only(self.reuse.cache)
+        #: the core's decode step over kept batches (capability "kept_batches"), made on first use
+        self._decode: DecodeBatches | None = None
+        self.counts = {"call_rounds": 0, "call_parts_split": 0, "rows_from_start": 0}
+
+    # ------------------------------------------------------------------ calls
+    def forward(self, contexts: list[Context]) -> Any:
+        """The engine's scores for distinct ``contexts``, in order: one tensor when one part
+        ran the whole call, else a list of rows."""
+        try:
+            return self._forward(contexts)
+        except BaseException:
+            if self.policy.drops_kv:  # the engine emptied its KV: nothing kept is valid
+                self.reuse.forget()
+            raise
+
+    def forward_uncached(self, contexts: list[Context]) -> Any:
+        """Every context from its start, no kept KV read or kept (the reference)."""
+        try:
+            out = self.engine.forward_uncached(contexts)
+        finally:
+            if self.policy.drops_kv:
+                self.reuse.forget()
+        self.reuse.count(sum(map(len, contexts)), 0)
+        return out
+
+    def _forward(self, contexts: list[Context]) -> Any:
+        reuse, policy = self.reuse, self.policy
+        out: dict[Context, Any] = {}
+        pending = list(contexts)
+        rounds = 0
+        calls = 1  # the call counts once, however many parts it runs in
+        while pending:
+            rounds += 1
+            looked: dict[Context, tuple[int, Any]] | None = dict(zip(pending, reuse.lookup(pending)))
+            assert looked is not None
+            branching = reuse.enabled and policy.branch_tokens is not None and rounds <= MAX_BRANCH_ROUNDS
+            plan = plan_round(
+                pending,
+                [looked[c][0] for c in pending],
+                policy.branch_tokens if branching else None,
+                policy.read_off,
+            )
+            late: list[Context] = []
+            todo = [plan.rows]
+            while todo:
+                part = todo.pop()
+                rows, missed = self._resume(part, looked)
+                held = reuse.hold(self._owners(rows))  # what the part reads outlives any release
+                with held:
+                    fits, released = self._make_room(rows)
+                    if released:
+                        looked = None  # a payload found for a later part may be gone
+                    if not fits and len(part) > 1:
+                        self.counts["call_parts_split"] += 1
+                        half = len(part) // 2
+                        todo += [part[half:], part[:half]]
+                        continue
+                if not fits:  # one row: from its start, once nothing else is kept
+                    self.counts["rows_from_start"] += 1
+                    looked = None
+                    rows, missed = self._resume(part, {part[0].ctx: (0, None)})
+                    self._make_room(rows)
+                late += missed
+                with reuse.hold(self._owners(rows)):
+                    result = self.engine.forward_rows(rows)
+                    reuse.count(
+                        sum(r.new_tokens for r in rows) if result.computed is None else result.computed,
+                        sum(r.depth for r in rows) if result.reused is None else result.reused,
+                        calls,
+                    )
+                    calls = 0
+                    if result.kept:
+                        self._keep(result.kept)
+                        looked = None
+                if (
+                    not out
+                    and not todo
+                    and not late
+                    and not plan.deferred
+                    and rounds == 1
+                    and [r.context for r in rows] == contexts
+                    and all(r.wanted and not r.read_off for r in rows)
+                ):
+                    self.counts["call_rounds"] += 1
+                    return result.rows  # the whole call in its order: the engine's output as is
+                n = 0
+                for r in rows:
+                    for length in r.read_off:
+                        out[r.context[:length]] = result.rows[n]
+                        n += 1
+                    if r.wanted:
+                        out[r.context] = result.rows[n]
+                    n += 1
+            pending = plan.deferred + late
+        self.counts["call_rounds"] += rounds
+        return [out[c] for c in contexts]
+
+    def _resume(
+        self, part: Sequence[PlannedRow], looked: dict[Context, tuple[int, Any]] | None
+    ) -> tuple[list[ResumeRow], list[Context]]:
+        """The part's rows, each resuming from the deepest kept prefix of its context (the
+        round's lookup while it is valid); read-off contexts the row no longer runs (a
+        deeper prefix was kept since the round was planned) are left for a later round."""
+        if looked is None or any(p.ctx not in looked for p in part):
+            looked = dict(zip((p.ctx for p in part), self.reuse.lookup([p.ctx for p in part])))
+        rows, missed = [], []
+        for p in part:
+            depth, payload = looked[p.ctx]
+            read_off = tuple(len(c) for c in p.read_off if len(c) > depth)
+            missed += [c for c in p.read_off if len(c) <= depth]
+            rows.append(ResumeRow(p.ctx, depth, payload, read_off, p.wanted))
+        return rows, missed
+
+    def _owners(self, rows: list[ResumeRow]) -> list[Any]:
+        owner = self.engine.kv_owner
+        return [o for o in (owner(r.payload) for r in rows if r.payload is not None) if o is not None]
+
+    def _make_room(self, rows: list[ResumeRow]) -> tuple[bool, bool]:
+        """Release kept contexts the rows do not read until the engine has room for them.
+        Returns (whether they fit, whether anything was released)."""
+        engine = self.engine
+        if engine.kv_shortfall(rows) <= 0:
+            return True, False
+        cache = self.reuse.cache
+        owner = engine.kv_owner
+        read = {id(r.payload) for r in rows if r.payload is not None}
+        read |= {id(o) for o in (owner(r.payload) for r in rows if r.payload is not None) if o is not None}
+
+        def keep(payload: Any) -> bool:
+            if id(payload) in read:
+                return True
+            o = owner(payload)
+            return o is not None and id(o) in read
+
+        released = False
+        while engine.kv_shortfall(rows) > 0:
+            if cache is None or self._evict(cache, keep) is None:
+                return False, released
+            released = True
+        return True, released
+
+    def _evict(self, cache: PrefixKVCache, keep: Any) -> Any:
+        if self._leaves_only:
+            return cache.evict_lru_kv(keep, leaves_only=True)  # type: ignore[call-arg]
+        return cache.evict_lru_kv(keep)
+
+    def _keep(self, kept: Sequence[tuple[Context, Any]]) -> None:
+        """Keep every payload the engine handed back; an owner no kept payload reads is
+        handed back to the engine (one storing may evict another's entry: every owner is
+        held until all are stored)."""
+        reuse, owner = self.reuse, self.engine.kv_owner
+        owners = [o for o in (owner(p) for _, p in kept) if o is not None]
+        with reuse.hold(owners):
+            for context, payload in kept:
+                reuse.store(context, payload)
+
+    # ------------------------------------------------------------------ bursts over kept batches
+    def decode_step(self, rows: Any, released: Any, batch_size: int) -> Any:
+        """A burst step through the core's kept batches (capability ``"kept_batches"``:
+        :class:`~genlm_core.engine.decode_batches.DecodeBatches` over the engine's
+        ``decode_ops()``)."""
+        import torch
+
+        return self._decode_batches().decode_step(
+            rows, released, batch_size=batch_size, kv=self.reuse, forward=self.forward, cat=torch.cat
+        )
+
+    def end_burst(self, released: Any) -> None:
+        if self._decode is not None:
+            self._decode.end_burst(released, self.reuse)
+
+    def _decode_batches(self) -> DecodeBatches:
+        if self._decode is None:
+            from genlm_core.engine.decode_batches import DecodeBatches
+
+            self._decode = DecodeBatches(self.engine.decode_ops())
+        return self._decode
+
+    # ------------------------------------------------------------------ state
+    def clear(self) -> None:
+        """Drop every kept payload (their owners handed back) and every kept batch."""
+        if self._decode is not None:
+            self._decode.clear()
+        self.reuse.clear()
+
+    def forget(self) -> None:
+        """The engine freed all its KV itself: drop every payload without handing any back."""
+        if self._decode is not None:
+            self._decode.clear()
+        self.reuse.forget()
+
+    def stats(self) -> dict[str, Any]:
+        out = {**self.reuse.stats(), **self.counts}
+        if self._decode is not None:
+            out.update(self._decode.stats())
+        return out
+
+
+def _has_leaves_only(cache: Any) -> bool:
+    """Whether a registered prefix cache can release leaves only (a cache without the
+    option releases by plain LRU: a shared prompt may then go before its particles)."""
+    if cache is None:
+        return False
+    try:
+        return "leaves_only" in inspect.signature(cache.evict_lru_kv).parameters
+    except (TypeError, ValueError):
+        return False
