@@ -212,17 +212,20 @@ class PrefixCache:
         self, keep: Callable[[Any], bool] | None = None, leaves_first: bool = False, leaves_only: bool = False
     ) -> Any:
         """Evict the least recently used KV payload for which ``keep`` is not true (an
-        engine short of another resource than bytes, e.g. sequence slots). Returns the
-        payload (``on_evict_kv`` has been called with it), or ``None`` when none qualifies.
+        engine short of another resource than the one ``budget`` counts, e.g. sequence
+        slots or pool pages). Returns the payload (``on_evict_kv`` has been called with it),
+        or ``None`` when none qualifies.
 
-        ``leaves_first``: the least recently used payload no longer context extends, if
-        any: for payloads that share their prefixes' memory (genlm-hf's page tables), only
-        a leaf's eviction can free memory, and a prefix that other contexts extend (a
-        prompt many particles share) stays while they do; a branch goes leaf by leaf.
-        ``leaves_only``: leaves or nothing (None when every leaf is kept): for such payloads a
-        context that others extend frees at most its last partial page, and losing it (the
-        least recently used entry is often the shared prompt) makes every context that
-        extends it compute it again."""
+        ``leaves_first``: the least recently used payload of a leaf (a context no other
+        cached context extends) that ``keep`` lets go, and only when there is none the least
+        recently used of the others. For payloads that share their prefixes' memory
+        (genlm-hf's page tables) a leaf's eviction frees its own pages while a context that
+        others extend frees at most its last partial page, so a prompt many particles share
+        stays while a particle can go instead; a branch goes leaf by leaf (an evicted leaf's
+        emptied nodes are pruned, so its parent may become a leaf).
+        ``leaves_only``: leaves or nothing (None when every leaf is kept): losing a context
+        that others extend (the least recently used entry is often the shared prompt) makes
+        every context that extends it compute it again."""
         with self._lock:
             for leaves in (True,) if leaves_only else (True, False) if leaves_first else (False,):
                 for key, node in self._kv_lru.items():

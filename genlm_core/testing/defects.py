@@ -3,8 +3,8 @@ must catch: the proof that a check can fail, in every dtype.
 
 A check that compares a backend's rows with an independent computation of them passes on
 a correct backend; that is half of what it must do. The other half is to fail on a wrong
-one, and a bound that is too loose (bfloat16's, before issue 63: a 1.03 logit scale
-passed every check) fails on nothing. So the kit ships defects of the kind an engine's
+one, and a bound that is too loose (bfloat16's tail bound alone: a 1.03 logit scale
+passes it on every row) fails on nothing. So the kit ships defects of the kind an engine's
 cached, batched, static or fused path may hold, each a small wrapper at the
 :class:`~genlm_core.engine.contract.Engine` boundary, and runs every gate with each one
 applied (:func:`catch`): each gate must fail.
@@ -238,7 +238,7 @@ class WrongAdapter(Defect):
         return out
 
 
-#: the catalogue (issue 63): every gate must fail on each, in every dtype
+#: the catalogue: every gate must fail on each, in every dtype
 CATALOGUE: tuple[Defect, ...] = (
     Scale(1.10),
     Scale(1.03),

@@ -8,8 +8,10 @@ calls its numba kernel or its NumPy twin side by side, so the two paths can be s
 compute the same thing; and lazy results call back into it for the nodes they read.
 What could stand alone already does: the kernels in :mod:`genlm_core.trie._kernels`,
 the lazy result types and the NumPy prefix, block and read passes in
-:mod:`genlm_core.trie.node_masses`. Splitting the class (eager sums, lazy sums, max)
-would spread one set of private attributes over several files.
+:mod:`genlm_core.trie.node_masses`, and how weights come in and results go back (host
+arrays from NumPy or torch, dtypes, shapes, ``out=``) in :mod:`genlm_core.trie.cpu_weights`.
+Splitting the class (eager sums, lazy sums, max) would spread one set of private
+attributes over several files.
 
 Every internal node covers a contiguous range ``[start, end)`` of the tokens
 sorted by bytes (see :mod:`genlm_core.trie.structure`). ``weight_sum`` gathers the
@@ -66,6 +68,7 @@ from genlm_core.trie.base import (
     first_bad_row,
     nonfinite_error,
 )
+from genlm_core.trie.cpu_weights import check_out, prepare, stack_rows, wrap
 from genlm_core.trie.node_masses import (
     BLOCK,
     NodeMasses,
@@ -78,24 +81,6 @@ from genlm_core.trie.node_masses import (
 from genlm_core.trie.structure import EOSMode, TrieStructure
 
 __all__ = ["TokenByteTrie"]
-
-
-def _to_numpy(ws: Any) -> tuple[np.ndarray, bool]:
-    """(array, came_from_torch). Torch half-precision tensors (float16, bfloat16,
-    which NumPy cannot hold) are upcast to float32 on the host."""
-    mod = type(ws).__module__
-    if mod.startswith("torch"):
-        t = ws.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        if t.is_complex():
-            raise TypeError(f"weights must be real numbers, got a torch tensor of dtype {t.dtype}")
-        if t.is_floating_point() and t.element_size() < 4:
-            t = t.float()
-        return t.numpy(), True
-    if isinstance(ws, (list, tuple)) and len(ws) == 0:
-        return np.zeros(0), False
-    return np.asarray(ws), False
 
 
 class TokenByteTrie(BaseTokenByteTrie):
@@ -209,29 +194,6 @@ class TokenByteTrie(BaseTokenByteTrie):
         self.accel = "numba" if self._k is not None else "numpy"
 
     # ------------------------------------------------------------------ helpers
-    def _prep(self, ws: Any, ndim: int) -> tuple[np.ndarray, bool, np.dtype]:
-        arr, from_torch = _to_numpy(ws)
-        if arr.ndim != ndim or arr.shape[-1] != self._n:
-            want = f"({self._n},)" if ndim == 1 else f"(batch, {self._n})"
-            raise ValueError(f"weights must have shape {want}, got {tuple(arr.shape)}")
-        if arr.dtype == np.float64:
-            out_dtype = np.dtype(np.float64)
-        elif arr.dtype.kind in "fiub":
-            out_dtype = np.dtype(np.float32)
-            if arr.dtype != np.float32:
-                arr = arr.astype(np.float32)
-        else:
-            raise TypeError(f"weights must be real numbers, got an array of dtype {arr.dtype}")
-        return np.ascontiguousarray(arr), from_torch, out_dtype
-
-    @staticmethod
-    def _wrap(out: np.ndarray, from_torch: bool) -> Any:
-        if from_torch:
-            import torch
-
-            return torch.from_numpy(out)
-        return out
-
     def _run(
         self, arr: np.ndarray, mode: EOSMode, dt: np.dtype, op: str, out: np.ndarray | None = None
     ) -> np.ndarray:
@@ -241,18 +203,7 @@ class TokenByteTrie(BaseTokenByteTrie):
         if out is None:
             out = np.empty((rows.shape[0], self.num_nodes), dtype=dt)
         else:
-            if (
-                not isinstance(out, np.ndarray)
-                or out.shape != shape
-                or out.dtype != dt
-                or not out.flags.c_contiguous
-            ):
-                got = (
-                    f"{out.dtype} array of shape {out.shape}"
-                    if isinstance(out, np.ndarray)
-                    else type(out).__name__
-                )
-                raise ValueError(f"out must be a C-contiguous {dt} array of shape {shape}, got {got}")
+            check_out(out, shape, dt)
             out = out.reshape(rows.shape[0], self.num_nodes)
         with_eos = mode is EOSMode.WITH_EOS and len(self._eos_ids) > 0
         if op == "sum":
@@ -563,14 +514,14 @@ class TokenByteTrie(BaseTokenByteTrie):
         or with ``lazy=True`` a :class:`~genlm_core.trie.node_masses.NodeMassesBatch`
         (one lazy row per distribution; ``mb.take(nodes)`` reads the same nodes
         of every row in one call, ``(batch, len(nodes))``)."""
-        return self._sum(self._stack(ws, "batch_weight_sum"), 2, mode, out, lazy)
+        return self._sum(stack_rows(ws, self._n, "batch_weight_sum"), 2, mode, out, lazy)
 
     def _sum(self, ws: Any, ndim: int, mode: Any, out: np.ndarray | None, lazy: bool) -> Any:
         lazy = check_bool("lazy", lazy)
-        arr, ft, dt = self._prep(ws, ndim)
+        arr, ft, dt = prepare(ws, self._n, ndim)
         m = self._mode(mode)
         if not lazy:
-            return self._wrap(self._run(arr, m, dt, "sum", out), ft)
+            return wrap(self._run(arr, m, dt, "sum", out), ft)
         if out is not None:
             raise ValueError("out= cannot be used with lazy=True (nothing is written out)")
         return self._lazy(arr, m, dt)
@@ -582,32 +533,12 @@ class TokenByteTrie(BaseTokenByteTrie):
         included; NaN raises :class:`~genlm_core.trie.base.NonFiniteWeightsError`).
         Shapes and ``out`` as :meth:`weight_sum`.
         """
-        arr, ft, dt = self._prep(ws, 1)
-        return self._wrap(self._run(arr, self._mode(mode), dt, "max", out), ft)
+        arr, ft, dt = prepare(ws, self._n, 1)
+        return wrap(self._run(arr, self._mode(mode), dt, "max", out), ft)
 
     def batch_weight_max(
         self, ws: Any, mode: Any = EOSMode.WITHOUT_EOS, *, out: np.ndarray | None = None
     ) -> Any:
         """:meth:`weight_max` of each row; returns ``(batch, num_nodes)``."""
-        arr, ft, dt = self._prep(self._stack(ws, "batch_weight_max"), 2)
-        return self._wrap(self._run(arr, self._mode(mode), dt, "max", out), ft)
-
-    def _stack(self, ws: Any, method: str) -> Any:
-        """A list of 1-D weight vectors as one ``(batch, n)`` array (or tensor)."""
-        if not isinstance(ws, (list, tuple)):
-            return ws
-        n = self._n
-        if not ws:
-            raise ValueError(
-                f"{method} got an empty list: it takes weights of shape (batch, {n}) or a "
-                f"non-empty list of ({n},) vectors; for no rows pass np.empty((0, {n}))"
-            )
-        for i, w in enumerate(ws):
-            shape = tuple(getattr(w, "shape", np.shape(w)))
-            if shape != (n,):
-                raise ValueError(f"{method}: weights row {i} must have shape ({n},), got {shape}")
-        if type(ws[0]).__module__.startswith("torch"):
-            import torch
-
-            return torch.stack([w.detach().cpu() for w in ws])
-        return np.stack([np.asarray(w) for w in ws])
+        arr, ft, dt = prepare(stack_rows(ws, self._n, "batch_weight_max"), self._n, 2)
+        return wrap(self._run(arr, self._mode(mode), dt, "max", out), ft)
