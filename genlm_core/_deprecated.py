@@ -126,11 +126,12 @@ def moved(fullname: str) -> tuple[str, str, str] | None:
     if not fullname.startswith("genlm") or fullname.endswith("._deprecated"):
         return None
     for module in _package_tables(fullname):
-        table = getattr(module, "MOVED", None)
+        found = vars(module)  # not getattr: a plugin's table module answers old names itself
+        table = found.get("MOVED")
         if isinstance(table, dict) and fullname in table:
             new = table[fullname]
-            advice = dict(getattr(module, "ADVICE", None) or {})
-            return new, str(getattr(module, "REMOVAL", REMOVAL)), advice.get(fullname, f"import {new}")
+            advice = dict(found.get("ADVICE") or {})
+            return new, str(found.get("REMOVAL", REMOVAL)), advice.get(fullname, f"import {new}")
     return None
 
 
@@ -250,10 +251,10 @@ def old_name(module: str, name: str, stacklevel: int = 2) -> Any:
     if name.startswith("__"):  # what the import system asks a module (__path__, ...)
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     for table_module in _package_tables(module + ".x"):
-        table = getattr(table_module, "NAMES", None)
+        table = vars(table_module).get("NAMES")
         entry = table.get(module, {}).get(name) if isinstance(table, dict) else None
         if entry is not None:
-            removal = str(getattr(table_module, "REMOVAL", REMOVAL))
+            removal = str(vars(table_module).get("REMOVAL", REMOVAL))
             warn(f"{module}.{name}", entry.advice, removal, stacklevel=stacklevel + 2)
             return entry.value()
     raise AttributeError(f"module {module!r} has no attribute {name!r}")
