@@ -41,6 +41,10 @@ Where a model is (local folders vs hub ids, checked before any engine loads) is
 :mod:`genlm_core.model_files`, below the config and the registry; its names are exported
 here too.
 
+A plugin keeps the names of its older releases in its own ``_deprecated`` module, with
+the core's helpers (``old_backend``, ``old_names``, ``moved_names``,
+``renamed_property``; :mod:`genlm_core._deprecated` says how).
+
 Names are resolved on first use (PEP 562), so importing this package imports none of
 its modules, and none of them imports an engine at module level except
 ``row_transport`` (torch), which is loaded only when one of its names is asked for.
@@ -70,6 +74,11 @@ EXPORTS: dict[str, str] = {
     "LoraBackend": "genlm_core.protocols",
     "Token": "genlm_core.token",
     "hookimpl": "genlm_core.registry.hookspecs",
+    # what a plugin's _deprecated module keeps old names with (genlm_core._deprecated)
+    "moved_names": "genlm_core._deprecated",
+    "old_backend": "genlm_core._deprecated",
+    "old_names": "genlm_core._deprecated",
+    "renamed_property": "genlm_core._deprecated",
     # batching and validation
     "AutoBatcher": "genlm_core.engine.batching",
     "BatcherClosed": "genlm_core.engine.batching",
@@ -142,6 +151,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; never run
+    from genlm_core._deprecated import moved_names, old_backend, old_names, renamed_property
     from genlm_core.config import BackendConfig, GenlmConfig
     from genlm_core.dtype_names import DTYPES, normalize_dtype
     from genlm_core.engine.backend import BaseLogprobBackend, backend_class

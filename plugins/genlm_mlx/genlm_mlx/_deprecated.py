@@ -6,14 +6,17 @@
   engine built by hand.
 
 Light: nothing here is imported until a name is read (genlm-core's
-:func:`~genlm_core._deprecated.old_backend` answers for the names).
+``old_backend``, :mod:`genlm_core._deprecated`, answers for the names).
 """
 
 from __future__ import annotations
 
-from genlm_core._deprecated import REMOVAL, old_backend
+from genlm_core.engine import old_backend
 
 __all__ = ["ADVICE", "MOVED", "REMOVAL"]
+
+#: the genlm-core version that removes what is here
+REMOVAL = "0.3"
 
 #: deprecated module path -> the module answering for it (read by genlm-core's import hook)
 MOVED = {"genlm_mlx.backend": "genlm_mlx._deprecated"}

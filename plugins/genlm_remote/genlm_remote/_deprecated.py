@@ -5,14 +5,17 @@
   ``genlm_core.load("remote", url=...)``.
 
 Light: nothing here is imported until a name is read (genlm-core's
-:func:`~genlm_core._deprecated.old_backend` answers for the names).
+``old_backend``, :mod:`genlm_core._deprecated`, answers for the names).
 """
 
 from __future__ import annotations
 
-from genlm_core._deprecated import REMOVAL, old_backend
+from genlm_core.engine import old_backend
 
 __all__ = ["ADVICE", "MOVED", "REMOVAL"]
+
+#: the genlm-core version that removes what is here
+REMOVAL = "0.3"
 
 #: deprecated module path -> the module answering for it (read by genlm-core's import hook)
 MOVED = {"genlm_remote.backend": "genlm_remote._deprecated"}

@@ -18,12 +18,16 @@ genlm-core's helpers (:mod:`genlm_core._deprecated`) answer for the names.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from genlm_core._deprecated import REMOVAL, moved_names, old_backend, renamed_property, warn
+from genlm_core.engine import moved_names, old_backend, renamed_property
 
 __all__ = ["ADVICE", "MOVED", "NAMES", "REMOVAL", "sessions_closed", "sessions_step"]
+
+#: the genlm-core version that removes what is here
+REMOVAL = "0.3"
 
 #: deprecated module path -> the module answering for it (read by genlm-core's import hook)
 MOVED = {"genlm_vllm.backend": "genlm_vllm._deprecated"}
@@ -70,7 +74,12 @@ sessions_closed = renamed_property(
 def sessions_step(self: Any, rows: Mapping[int, Any], released: Collection[int]) -> Any:
     """``DecodeSessions.step``: :meth:`~genlm_vllm.sessions.DecodeSessions.take_turn` (rows),
     :meth:`~genlm_vllm.sessions.DecodeSessions.end_burst` (no rows: returns None)."""
-    warn("DecodeSessions.step", "call take_turn(rows, released), and end_burst(released) when the burst ends")
+    warnings.warn(
+        f"DecodeSessions.step is deprecated and will be removed in genlm-core {REMOVAL}: call "
+        "take_turn(rows, released), and end_burst(released) when the burst ends",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     if not rows:
         self.end_burst(released)
         return None

@@ -19,8 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-from genlm_core._deprecated import old_names
-from genlm_core.engine import row_transport
+from genlm_core.engine import old_names, row_transport
 
 __all__ = ["ENGINE_SEGMENT_PREFIXES", "mapped_segments", "remove_engine_segments"]
 
