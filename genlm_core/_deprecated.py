@@ -11,6 +11,15 @@ uses none of it, and this file is never extended with new mechanisms:
   module's :data:`MOVED` for genlm-core; each genlm plugin keeps its own) and answers for
   those names only, after every other finder failed. ``python -m genlm_core.cli`` still
   runs the command line.
+* **Old names** (one table, :data:`NAMES`, per package: this module's for genlm-core, each
+  genlm plugin's ``_deprecated`` module for its own): a module whose old attribute names
+  still answer sets ``__getattr__ = _deprecated.old_names(__name__)`` (or ends its own
+  ``__getattr__`` with :func:`old_name`); reading one warns and gives the new one (a
+  :class:`Renamed` entry). What a module keeps for old code goes through the same few
+  helpers: a renamed property (:func:`renamed_property`), method (:func:`renamed_method`) or
+  keyword argument (:func:`renamed_keywords`), and an old plugin's backend module
+  (:func:`old_backend`). The old behaviours that are more than a rename are here too
+  (:func:`resolve_dtype`, :func:`decode_batches_step`).
 * **The engine's attributes read through the backend** (``llm.weights_type``):
   :func:`engine_attribute`, the backend's ``__getattr__``.
 * **Engines written for genlm-core 0.1's contract**: ``load(checkpoint, config)`` or
@@ -21,11 +30,13 @@ uses none of it, and this file is never extended with new mechanisms:
   write into it (``self.kv``, ``self.vocab_size``): the capability ``"kv"`` is refused with
   the fix (:func:`genlm_core.engine.contract.check_engine`).
 
-Imports no first-party module: the layers above it call it, never the other way round.
+Imports no first-party module: the layers above it call it, never the other way round
+(what an old name gives is imported by name, with :mod:`importlib`, when it is read).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -33,7 +44,8 @@ import importlib.util
 import inspect
 import sys
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from types import CodeType, ModuleType
 from typing import Any
 
@@ -49,11 +61,9 @@ MOVED: dict[str, str] = {
             "batching",
             "caches",
             "checkpoint",
-            "dtypes",
             "kv_reuse",
             "lora",
             "memory",
-            "model_folder",
             "prefix_cache",
             "progress",
             "row_transport",
@@ -61,6 +71,11 @@ MOVED: dict[str, str] = {
             "vocab",
         )
     },
+    # modules that only re-exported what lives elsewhere now
+    "genlm_core.dtypes": "genlm_core.engine.placement",
+    "genlm_core.engine.dtypes": "genlm_core.engine.placement",
+    "genlm_core.model_folder": "genlm_core.model_files",
+    "genlm_core.engine.model_folder": "genlm_core.model_files",
     "genlm_core.hookspecs": "genlm_core.registry.hookspecs",
     "genlm_core.hardware": "genlm_core.registry.hardware",
     "genlm_core.builtins": "genlm_core.registry.core_plugin",
@@ -84,8 +99,23 @@ def warn(old: str, new: str, removal: str = REMOVAL, stacklevel: int = 3) -> Non
 
 
 # ---------------------------------------------------------------------- moved module paths
-#: package -> its ``_deprecated`` module's (MOVED, REMOVAL, ADVICE), or None: it has none
-_TABLES: dict[str, tuple[dict[str, str], str, dict[str, str]] | None] = {}
+#: package -> its ``_deprecated`` module, or None: it has none
+_MODULES: dict[str, ModuleType | None] = {}
+
+
+def _package_tables(fullname: str) -> list[ModuleType]:
+    """The ``_deprecated`` modules of the genlm packages above ``fullname``, innermost first
+    (those already imported: a table answers for its package's names only)."""
+    found = []
+    package = fullname.rpartition(".")[0]
+    while package:
+        if "__path__" in getattr(sys.modules.get(package), "__dict__", {}):  # a package
+            if package not in _MODULES:
+                _MODULES[package] = _deprecated_module(package)
+            if _MODULES[package] is not None:
+                found.append(_MODULES[package])
+        package = package.rpartition(".")[0]
+    return found
 
 
 def moved(fullname: str) -> tuple[str, str, str] | None:
@@ -95,31 +125,26 @@ def moved(fullname: str) -> tuple[str, str, str] | None:
     or None."""
     if not fullname.startswith("genlm") or fullname.endswith("._deprecated"):
         return None
-    package = fullname.rpartition(".")[0]
-    while package:
-        if package in sys.modules:
-            if package not in _TABLES:
-                _TABLES[package] = _table(package)
-            table = _TABLES[package]
-            if table is not None and fullname in table[0]:
-                new = table[0][fullname]
-                return new, table[1], table[2].get(fullname, f"import {new}")
-        package = package.rpartition(".")[0]
+    for module in _package_tables(fullname):
+        found = vars(module)  # not getattr: a plugin's table module answers old names itself
+        table = found.get("MOVED")
+        if isinstance(table, dict) and fullname in table:
+            new = table[fullname]
+            advice = dict(found.get("ADVICE") or {})
+            return new, str(found.get("REMOVAL", REMOVAL)), advice.get(fullname, f"import {new}")
     return None
 
 
-def _table(package: str) -> tuple[dict[str, str], str, dict[str, str]] | None:
+def _deprecated_module(package: str) -> ModuleType | None:
     name = f"{package}._deprecated"
+    if name == __name__:
+        return sys.modules[__name__]
     try:
         if importlib.util.find_spec(name) is None:
             return None
-        module = importlib.import_module(name)
+        return importlib.import_module(name)
     except ImportError:
         return None
-    table = getattr(module, "MOVED", None)
-    if not isinstance(table, dict):
-        return None
-    return dict(table), str(getattr(module, "REMOVAL", REMOVAL)), dict(getattr(module, "ADVICE", {}))
 
 
 def warn_moved(old: str) -> None:
@@ -168,6 +193,179 @@ def install() -> None:
     """Put the finder on ``sys.meta_path`` (once per process)."""
     if not any(isinstance(f, MovedModuleFinder) for f in sys.meta_path):
         sys.meta_path.append(MovedModuleFinder())
+
+
+# ---------------------------------------------------------------------- old names
+@dataclass(frozen=True)
+class Renamed:
+    """An old name that still answers: reading it warns (``advice``: what to do instead)
+    and gives ``new``, ``"module:attribute"`` (with ``call``: what calling it returns)."""
+
+    new: str
+    advice: str
+    call: bool = False
+
+    def value(self) -> Any:
+        module, _, attribute = self.new.partition(":")
+        found = getattr(importlib.import_module(module), attribute)
+        return found() if self.call else found
+
+
+def moved_names(names: Sequence[str], module: str) -> dict[str, Renamed]:
+    """Old names of values that live in ``module`` now, under the same names."""
+    return {name: Renamed(f"{module}:{name}", f"import it from {module}") for name in names}
+
+
+#: module -> its old attribute names (genlm-core's own; each genlm plugin's ``_deprecated``
+#: module keeps its own table)
+NAMES: dict[str, dict[str, Renamed]] = {
+    "genlm_core.trie": {
+        "TRIE_IMPLEMENTATIONS": Renamed(
+            "genlm_core.trie:trie_implementations",
+            "call genlm_core.trie.trie_implementations() (it asks the registry each time)",
+            call=True,
+        )
+    },
+    # one dtype resolver: the placement's (dtype="auto" means the same on every path)
+    **{
+        module: {
+            "resolve_dtype": Renamed(
+                "genlm_core._deprecated:resolve_dtype",
+                "the placement decides the dtype: genlm_core.engine.place(config, checkpoint).dtype, "
+                "or genlm_core.engine.placement.auto_dtype(checkpoint) for what dtype='auto' means",
+            ),
+            "checkpoint_dtype": Renamed(
+                "genlm_core._deprecated:checkpoint_dtype",
+                "call genlm_core.engine.placement.auto_dtype(Checkpoint.of_files(model), None)",
+            ),
+        }
+        for module in ("genlm_core.engine", "genlm_core.engine.placement", "genlm_core.engine.checkpoint")
+    },
+}
+
+
+def old_name(module: str, name: str, stacklevel: int = 2) -> Any:
+    """``module.name`` for an old name in the ``NAMES`` table of its package's
+    ``_deprecated`` module, with the warning; else the usual AttributeError. ``stacklevel``:
+    the reader's frame, counted from the caller (2: the caller's caller)."""
+    if name.startswith("__"):  # what the import system asks a module (__path__, ...)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    for table_module in _package_tables(module + ".x"):
+        table = vars(table_module).get("NAMES")
+        entry = table.get(module, {}).get(name) if isinstance(table, dict) else None
+        if entry is not None:
+            removal = str(vars(table_module).get("REMOVAL", REMOVAL))
+            warn(f"{module}.{name}", entry.advice, removal, stacklevel=stacklevel + 2)
+            return entry.value()
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
+def old_names(module: str) -> Callable[[str], Any]:
+    """The ``__getattr__`` of a module whose only lazy names are old ones (:func:`old_name`)."""
+
+    def __getattr__(name: str) -> Any:
+        return old_name(module, name, stacklevel=2)
+
+    return __getattr__
+
+
+def renamed_property(old: str, new: str, advice: str) -> property:
+    """A read-only property ``old`` (``"Class.attr"``) giving the attribute ``new``, warning
+    ``advice``."""
+
+    def read(self: Any) -> Any:
+        warn(old, advice)
+        return getattr(self, new)
+
+    return property(read, doc=f"Deprecated: :attr:`{new}` ({advice}).")
+
+
+def renamed_method(old: str, new: str, advice: str) -> Callable[..., Any]:
+    """A method ``old`` (``"Class.method"``) calling the method ``new``, warning ``advice``."""
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        warn(old, advice)
+        return getattr(self, new)(*args, **kwargs)
+
+    method.__doc__ = f"Deprecated: :meth:`{new}` ({advice})."
+    return method
+
+
+def renamed_keywords(
+    call: str, given: dict[str, Any], renamed: Mapping[str, tuple[str, str]], stacklevel: int = 2
+) -> dict[str, Any]:
+    """The values of the old keyword arguments of ``call`` (``"drive"``) in ``given``, under
+    their new names (``renamed``: old -> (new, advice)), each with a warning; they are taken
+    out of ``given``, which keeps the keywords nobody knows. ``stacklevel``: the caller of
+    the function taking them, counted from the caller (2: the caller's caller)."""
+    out = {}
+    for old, (new, advice) in renamed.items():
+        if old in given:
+            warn(f"{call}({old}=...)", advice, stacklevel=stacklevel + 2)
+            out[new] = given.pop(old)
+    return out
+
+
+def old_backend(component: str, engine: str, backend: str, module: str) -> Callable[[str], Any]:
+    """The ``__getattr__`` of a plugin's ``_deprecated`` module standing in for its old
+    backend module ``module`` (``"genlm_mock.backend"``): the engine class (``engine``:
+    ``"module:Class"``), the backend class ``backend`` over it (made once; it warns when
+    used, naming ``<package>.<backend>``), and ``module``'s old names in the plugin's
+    ``NAMES`` table (:func:`old_name`)."""
+    engine_module, _, engine_name = engine.partition(":")
+    package = engine_module.partition(".")[0]
+
+    def engine_class() -> type:
+        return getattr(importlib.import_module(engine_module), engine_name)
+
+    @functools.cache
+    def backend_class() -> type:
+        make = importlib.import_module("genlm_core.engine.backend").backend_class
+        return make(component, engine_class(), deprecated=f"{package}.{backend}")
+
+    def __getattr__(name: str) -> Any:
+        if name == engine_name:
+            return engine_class()
+        if name == backend:
+            return backend_class()
+        return old_name(module, name, stacklevel=2)
+
+    return __getattr__
+
+
+def resolve_dtype(requested: str, model: Any) -> str:
+    """genlm-core 0.1's dtype resolver: ``requested``, or for ``"auto"`` what the placement
+    means by it for the checkpoint at ``model`` (with the core's default dtype, float32)."""
+    names = importlib.import_module("genlm_core.dtype_names")
+    if requested not in names.DTYPES:
+        raise ValueError(f"dtype={requested!r} is not one of {', '.join(names.DTYPES)}")
+    if requested != "auto":
+        return requested
+    return str(checkpoint_dtype(model, default=_default_dtype()))
+
+
+def checkpoint_dtype(model: Any, default: str | None = None) -> str | None:
+    """genlm-core 0.1's dtype that the checkpoint at ``model`` declares (None: it says nothing)."""
+    placement = importlib.import_module("genlm_core.engine.placement")
+    checkpoint = importlib.import_module("genlm_core.engine.checkpoint").Checkpoint
+    files = checkpoint("none") if model is None else checkpoint.of_files(model)
+    return placement.auto_dtype(files, default)
+
+
+def _default_dtype() -> str:
+    return str(importlib.import_module("genlm_core.config").BackendConfig.default_dtype)
+
+
+def decode_batches_step(self: Any, contexts: Sequence[Any], batch_size: int, kv: Any) -> list[Any]:
+    """``DecodeBatches.step``: :meth:`~genlm_core.engine.decode_batches.DecodeBatches.run_batches`
+    over ``contexts`` cut in batches. Without the rows' handles no kept batch resumes (every
+    batch is assembled, from its parents' kept KV where live)."""
+    warn(
+        "DecodeBatches.step",
+        "call decode_step(rows, released, ...) or run_batches(chunks, handles, kv)",
+    )
+    chunks = [list(contexts[i : i + batch_size]) for i in range(0, len(contexts), batch_size)]
+    return self.run_batches(chunks, {}, kv)
 
 
 # ---------------------------------------------------------------------- the backend's old surface

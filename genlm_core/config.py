@@ -256,7 +256,7 @@ class BackendConfig(GenlmConfig):
 
     def model_needs(self) -> tuple[str, ...]:
         """What a local ``model`` folder must hold for this backend (keys of
-        :data:`genlm_core.engine.model_folder.REQUIREMENTS`). Plugins override it."""
+        :data:`genlm_core.model_files.REQUIREMENTS`). Plugins override it."""
         return ("config", "tokenizer")
 
     def check_model(self) -> None:
@@ -314,7 +314,7 @@ class BackendConfig(GenlmConfig):
     )
 
     def requested_dtype(self) -> str:
-        """The dtype asked for (``"auto"`` or a name of :data:`~genlm_core.engine.dtypes.DTYPES`),
+        """The dtype asked for (``"auto"`` or a name of :data:`~genlm_core.dtype_names.DTYPES`),
         before the checkpoint resolves ``"auto"``; configs with another way to ask override it."""
         return self.dtype
 

@@ -1,7 +1,7 @@
 """The names ``dtype`` takes on every backend and the spellings read as them.
 
 Below the config, the registry and the engine package, which all name dtypes
-(:mod:`genlm_core.engine.dtypes` reads them from checkpoints). Standard library only.
+(:mod:`genlm_core.engine.placement` reads them from checkpoints). Standard library only.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ import pytest
 
 import genlm_core
 from genlm_core.config import BackendConfig, ConfigError, GenlmConfig
-from genlm_core.engine.model_folder import check_model_folder, looks_like_path
 from genlm_core.engine.progress import summarise_repeats
+from genlm_core.model_files import check_model_folder, looks_like_path
 from genlm_core.tools.cli import main
 
 ENGINES = ("torch", "transformers", "vllm", "mlx", "mlx_lm")

@@ -27,11 +27,11 @@ from genlm_core.engine import (
     Placement,
     SampleRequest,
     Token,
+    UnsupportedDtypeError,
     place,
     read_checkpoint,
 )
 from genlm_core.engine import checkpoint as checkpoint_module
-from genlm_core.engine.dtypes import UnsupportedDtypeError
 from genlm_core.errors import ConfigError
 
 V = 8  # tokens of the test engines: bytes a..h

@@ -12,7 +12,8 @@ The modules, one mechanism each, shared by every backend:
 =================  ======================================================================
 ``contract``       :class:`Engine`: what a plugin writes; :class:`SampleRequest`
 ``services``       :class:`EngineServices`: what the core lends an engine at load
-``placement``      :class:`Placement`: device and dtype, decided once before the engine loads
+``placement``      :class:`Placement`: device and dtype, decided once before the engine loads;
+                   the one meaning of ``dtype`` on every engine
 ``backend``        :class:`BaseLogprobBackend`: holds an engine; validation, batching,
                    caching, normalisation, sampling, the context limit, EOS ids
 ``sampling``       tokens drawn from the rows, for an engine without a sampler
@@ -20,6 +21,8 @@ The modules, one mechanism each, shared by every backend:
 ``batching``       :class:`AutoBatcher`: concurrent calls become one batch
 ``validation``     token-id contexts checked before they join a batch
 ``contexts``       :data:`Context`, and distinct contexts run in batches (one helper)
+``decode_batches`` a burst's rows kept in the engine's batch layout between its steps
+``resident``       which context of an ordinary call continues which live engine row
 ``row_checks``     engine rows no caller may read (NaN, no finite score): one check
 ``caches``         :class:`OutputCache`: next-token rows by whole context, LRU, bounded;
                    a backend's output cache resolved by name
@@ -27,14 +30,20 @@ The modules, one mechanism each, shared by every backend:
 ``kv_reuse``       :class:`KVReuse` and its options: automatic KV prefix reuse
 ``memory``         what a value keeps alive, private copies for callers
 ``checkpoint``     one checkpoint policy, read once into a :class:`Checkpoint`
-``model_folder``   local folders vs hub ids, checked before any engine loads
 ``gguf_metadata``  the key/value header of a GGUF file (context length, EOS id, dtype)
-``dtypes``         one meaning of ``dtype`` on every engine
 ``vocab``          exact byte vocabularies of tokenizers
 ``lora``           the bookkeeping of LoRA adapters
 ``progress``       status notes, progress bars, engines' repeated log lines summarised
 ``row_transport``  float32 rows through ``/dev/shm`` across processes
 =================  ======================================================================
+
+Where a model is (local folders vs hub ids, checked before any engine loads) is
+:mod:`genlm_core.model_files`, below the config and the registry; its names are exported
+here too.
+
+A plugin keeps the names of its older releases in its own ``_deprecated`` module, with
+the core's helpers (``old_backend``, ``old_names``, ``moved_names``,
+``renamed_property``; :mod:`genlm_core._deprecated` says how).
 
 Names are resolved on first use (PEP 562), so importing this package imports none of
 its modules, and none of them imports an engine at module level except
@@ -65,6 +74,11 @@ EXPORTS: dict[str, str] = {
     "LoraBackend": "genlm_core.protocols",
     "Token": "genlm_core.token",
     "hookimpl": "genlm_core.registry.hookspecs",
+    # what a plugin's _deprecated module keeps old names with (genlm_core._deprecated)
+    "moved_names": "genlm_core._deprecated",
+    "old_backend": "genlm_core._deprecated",
+    "old_names": "genlm_core._deprecated",
+    "renamed_property": "genlm_core._deprecated",
     # batching and validation
     "AutoBatcher": "genlm_core.engine.batching",
     "BatcherClosed": "genlm_core.engine.batching",
@@ -96,15 +110,14 @@ EXPORTS: dict[str, str] = {
     "default_eos_ids": "genlm_core.engine.checkpoint",
     "checkpoint_eos_ids": "genlm_core.engine.checkpoint",
     "default_model": "genlm_core.engine.checkpoint",
-    "as_model_argument": "genlm_core.engine.model_folder",
-    "check_model_folder": "genlm_core.engine.model_folder",
-    "checkpoint_file": "genlm_core.engine.model_folder",
-    "looks_like_path": "genlm_core.engine.model_folder",
-    "DTYPES": "genlm_core.engine.dtypes",
-    "UnsupportedDtypeError": "genlm_core.engine.dtypes",
-    "checkpoint_dtype": "genlm_core.engine.dtypes",
-    "normalize_dtype": "genlm_core.engine.dtypes",
-    "resolve_dtype": "genlm_core.engine.dtypes",
+    "as_model_argument": "genlm_core.model_files",
+    "check_model_folder": "genlm_core.model_files",
+    "checkpoint_file": "genlm_core.model_files",
+    "looks_like_path": "genlm_core.model_files",
+    "DTYPES": "genlm_core.dtype_names",
+    "normalize_dtype": "genlm_core.dtype_names",
+    "UnsupportedDtypeError": "genlm_core.engine.placement",
+    "auto_dtype": "genlm_core.engine.placement",
     "GGUFMetadata": "genlm_core.engine.gguf_metadata",
     "read_gguf_metadata": "genlm_core.engine.gguf_metadata",
     # vocabularies, adapters, progress, transport
@@ -126,8 +139,10 @@ __all__ = sorted(EXPORTS)
 
 def __getattr__(name: str) -> Any:
     module = EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if module is None:  # an old name (genlm_core._deprecated), else an AttributeError
+        from genlm_core import _deprecated
+
+        return _deprecated.old_name(__name__, name)
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # resolved once
     return value
@@ -138,7 +153,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; never run
+    from genlm_core._deprecated import moved_names, old_backend, old_names, renamed_property
     from genlm_core.config import BackendConfig, GenlmConfig
+    from genlm_core.dtype_names import DTYPES, normalize_dtype
     from genlm_core.engine.backend import BaseLogprobBackend, backend_class
     from genlm_core.engine.batching import AutoBatcher, BatcherClosed, BatcherStats
     from genlm_core.engine.burst import BurstReport, EngineControl
@@ -157,25 +174,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never run
     )
     from genlm_core.engine.contexts import Context, run_distinct
     from genlm_core.engine.contract import Engine, SampleRequest
-    from genlm_core.engine.dtypes import (
-        DTYPES,
-        UnsupportedDtypeError,
-        checkpoint_dtype,
-        normalize_dtype,
-        resolve_dtype,
-    )
     from genlm_core.engine.gguf_metadata import GGUFMetadata, read_gguf_metadata
     from genlm_core.engine.kv_reuse import KVCacheOptions
     from genlm_core.engine.kv_rows import KVPolicy, ResumeRow, RowsOut
     from genlm_core.engine.lora import LoraAdapters
     from genlm_core.engine.memory import compact, private_copy, sizeof
-    from genlm_core.engine.model_folder import (
-        as_model_argument,
-        check_model_folder,
-        checkpoint_file,
-        looks_like_path,
-    )
-    from genlm_core.engine.placement import Placement, place
+    from genlm_core.engine.placement import Placement, UnsupportedDtypeError, auto_dtype, place
     from genlm_core.engine.prefix_cache import PrefixCache
     from genlm_core.engine.progress import note, progress_bar, summarise_repeats
     from genlm_core.engine.row_checks import EngineOutputError
@@ -184,6 +188,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never run
     from genlm_core.engine.validation import validate_context
     from genlm_core.engine.vocab import DecodedVocab, decode_vocab, decode_vocab_info
     from genlm_core.errors import ConfigError
+    from genlm_core.model_files import as_model_argument, check_model_folder, checkpoint_file, looks_like_path
     from genlm_core.protocols import LogprobBackend, LoraBackend
     from genlm_core.registry.hookspecs import hookimpl
     from genlm_core.token import Token

@@ -67,13 +67,13 @@ import asyncio
 import itertools
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+from genlm_core import _deprecated
 from genlm_core.engine.memory import private_copy
 
 Req = TypeVar("Req")
@@ -262,17 +262,11 @@ class AutoBatcher(Generic[Req, Res]):
             self.stats.cancelled += 1
             raise
 
-    @property
-    def model_lock(self) -> Any:
-        """Deprecated name of :attr:`lock` (removed in genlm-core 0.3); a backend's engine
-        lock is ``backend.engine_lock``."""
-        warnings.warn(
-            "AutoBatcher.model_lock is deprecated and will be removed in genlm-core 0.3: use "
-            "AutoBatcher.lock, or backend.engine_lock for a backend's engine",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.lock
+    model_lock = _deprecated.renamed_property(
+        "AutoBatcher.model_lock",
+        "lock",
+        "use AutoBatcher.lock, or backend.engine_lock for a backend's engine",
+    )
 
     def run_sync(self, requests: list[Req]) -> list[Res]:
         """Run ``batch_fn`` directly (the synchronous path), under the model lock."""

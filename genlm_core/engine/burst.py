@@ -59,6 +59,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from genlm_core import _deprecated
 from genlm_core.engine.contexts import Context
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -266,21 +267,14 @@ def _renamed(
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``drive``'s callables under their names, taking the deprecated ``step=`` /
     ``release=`` (with a DeprecationWarning); a TypeError for anything else missing or unknown."""
-    import warnings
-
-    for old, new in (("step", "next_logprobs"), ("release", "end_burst")):
-        if old not in deprecated:
-            continue
-        warnings.warn(
-            f"drive({old}=...) is deprecated and will be removed in genlm-core 0.3: pass {new}=...",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        value = deprecated.pop(old)
-        if new == "next_logprobs":
-            next_logprobs = next_logprobs or value
-        else:
-            end_burst = end_burst or value
+    old = _deprecated.renamed_keywords(
+        "drive",
+        deprecated,
+        {"step": ("next_logprobs", "pass next_logprobs=..."), "release": ("end_burst", "pass end_burst=...")},
+        stacklevel=3,
+    )
+    next_logprobs = next_logprobs or old.get("next_logprobs")
+    end_burst = end_burst or old.get("end_burst")
     if deprecated:
         raise TypeError(f"drive() got unexpected keyword arguments {', '.join(sorted(deprecated))}")
     if next_logprobs is None or end_burst is None:

@@ -7,7 +7,7 @@ answers whichever engine runs it (the conformance kit checks it:
 
 * **Folder checks** before any engine is imported: :func:`check_model_folder`
   (a missing folder, or one without what the engine needs, is a ``ConfigError``
-  naming it; hub ids pass). From :mod:`genlm_core.engine.model_folder`.
+  naming it; hub ids pass). From :mod:`genlm_core.model_files`.
 * **config.json** is read by :func:`read_config` (a local folder, the folder of a
   file in it, or a hub id already in the local Hugging Face cache; never a download).
 * **Context limit** (:func:`context_limit`): the model has ``N`` positions, the first
@@ -46,10 +46,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from genlm_core.engine.dtypes import resolve_dtype
+from genlm_core import _deprecated
 from genlm_core.engine.gguf_metadata import GGUFMetadata, read_gguf_metadata
-from genlm_core.engine.model_folder import check_model_folder, checkpoint_file, looks_like_path
 from genlm_core.errors import ConfigError
+from genlm_core.model_files import check_model_folder, checkpoint_file, looks_like_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from genlm_core.config import BackendConfig
@@ -68,9 +68,11 @@ __all__ = [
     "read_config",
     "read_checkpoint",
     "read_generation_config",
-    "resolve_dtype",
     "resolve_gguf",
 ]
+
+#: genlm-core 0.1's names here (resolve_dtype): see genlm_core._deprecated
+__getattr__ = _deprecated.old_names(__name__)
 
 #: config.json keys that give the number of positions, most common first
 POSITION_KEYS = (

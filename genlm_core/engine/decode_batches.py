@@ -30,11 +30,11 @@ Kept batches live outside the prefix cache's budget for the length of a burst.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from genlm_core import _deprecated
 from genlm_core.engine.contexts import Context, run_distinct
 from genlm_core.engine.kv_reuse import KVReuse
 
@@ -164,17 +164,8 @@ class DecodeBatches:
         self._store_ended(old, kept, [c for chunk in chunks for c in chunk], kv)
         return outputs
 
-    def step(self, contexts: Sequence[Context], batch_size: int, kv: KVReuse) -> list[Any]:
-        """Deprecated: :meth:`run_batches`. Without the rows' handles no kept batch
-        resumes (every batch is assembled, from its parents' kept KV where live)."""
-        warnings.warn(
-            "DecodeBatches.step is deprecated and will be removed in genlm-core 0.3: call "
-            "decode_step(rows, released, ...) or run_batches(chunks, handles, kv)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        chunks = [list(contexts[i : i + batch_size]) for i in range(0, len(contexts), batch_size)]
-        return self.run_batches(chunks, {}, kv)
+    #: deprecated: :meth:`run_batches` (see :func:`genlm_core._deprecated.decode_batches_step`)
+    step = _deprecated.decode_batches_step
 
     def _release(self, released: Collection[int]) -> None:
         """Released handles continue no kept row (a handle may be added again, as a new row)."""

@@ -24,11 +24,11 @@ finds its prefix, and is stored under it, without a walk.
 from __future__ import annotations
 
 import threading
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from genlm_core import _deprecated
 from genlm_core.engine.memory import sizeof as default_sizeof
 
 __all__ = ["RECENT", "PrefixCache", "PrefixNode"]
@@ -77,14 +77,12 @@ class PrefixCache:
         on_evict_kv: Callable[[Any], None] | None = None,
         **deprecated: Any,
     ) -> None:
-        if "kv_budget_bytes" in deprecated:
-            warnings.warn(
-                "PrefixCache(kv_budget_bytes=...) is deprecated and will be removed in genlm-core 0.3: "
-                "pass budget= (in the unit sizeof counts)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            budget = deprecated.pop("kv_budget_bytes")
+        old = _deprecated.renamed_keywords(
+            "PrefixCache",
+            deprecated,
+            {"kv_budget_bytes": ("budget", "pass budget= (in the unit sizeof counts)")},
+        )
+        budget = old.get("budget", budget)
         if deprecated:
             raise TypeError(f"PrefixCache() got unexpected keyword arguments {sorted(deprecated)}")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):

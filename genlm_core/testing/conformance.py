@@ -554,11 +554,18 @@ class LogprobBackendConformance:
             limit is not None and (expected_limit is None or limit < expected_limit)
         ), (limit, expected_limit, source)
         if source.requested_dtype == "auto":
-            # a GGUF's dtype is its weights' (none for quantised ones); no model loaded: float32
+            # a GGUF's dtype is its weights' (none for quantised ones); else the placement's
+            # "auto" (genlm_core.engine.placement.auto_dtype): the folder's declared dtype,
+            # else the backend's config's default (the core's: float32)
             if source.kind == "gguf":
                 want = config.get("dtype")
             else:
-                want = checkpoint.resolve_dtype("auto", source.path if source.kind == "folder" else None)
+                from genlm_core.config import BackendConfig
+                from genlm_core.engine.placement import auto_dtype
+
+                default = getattr(type(getattr(backend, "config", None)), "default_dtype", None)
+                files = checkpoint.Checkpoint.of_files(source.path if source.kind == "folder" else None)
+                want = auto_dtype(files, default or BackendConfig.default_dtype)
             assert want is None or backend.dtype == want, (backend.dtype, want, source)
 
 

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from genlm_core import _deprecated
+
 __all__ = [
     "LoopControl",
     "ProgramControl",
@@ -131,16 +133,7 @@ class SMCProgram:
             resampled = True
         return [int(t) for t in drawn], ended, resampled
 
-    def step(self, logprobs: Any, particles: Sequence[int]) -> tuple[list[int], list[int], bool]:
-        """Deprecated: :meth:`advance`."""
-        import warnings
-
-        warnings.warn(
-            "SMCProgram.step is deprecated and will be removed in genlm-core 0.3: call advance()",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.advance(logprobs, particles)
+    step = _deprecated.renamed_method("SMCProgram.step", "advance", "call advance()")
 
     def result(self, **extra: Any) -> SMCResult:
         w = self.log_w

@@ -65,11 +65,14 @@ def dtype_options() -> dict[str, Any]:
 
 
 def auto_dtype(model: str | None) -> dict[str, Any]:
-    """What ``dtype="auto"`` resolves to for ``model`` (default: the embedded SmolLM2, if built)."""
+    """What ``dtype="auto"`` resolves to for ``model`` (default: the embedded SmolLM2, if
+    built): the placement's answer (:func:`genlm_core.engine.placement.auto_dtype`), with
+    the core's default dtype where the checkpoint declares none."""
     from genlm_core import models
-    from genlm_core.config import ConfigError
-    from genlm_core.engine import dtypes
-    from genlm_core.engine.model_folder import check_model_folder
+    from genlm_core.config import BackendConfig, ConfigError
+    from genlm_core.engine.checkpoint import Checkpoint
+    from genlm_core.engine.placement import auto_dtype as placed_auto_dtype
+    from genlm_core.model_files import check_model_folder
 
     if model is None:
         folder = models.models_dir() / models.SMOLLM2_NAME
@@ -81,7 +84,10 @@ def auto_dtype(model: str | None) -> dict[str, Any]:
     except ConfigError as exc:
         return {"model": model, "dtype": None, "error": str(exc)}
     try:
-        return {"model": model, "dtype": dtypes.resolve_dtype("auto", model)}
+        return {
+            "model": model,
+            "dtype": placed_auto_dtype(Checkpoint.of_files(model), BackendConfig.default_dtype),
+        }
     except ValueError as exc:
         return {"model": model, "dtype": None, "note": str(exc)}
 

@@ -15,9 +15,9 @@ Nothing heavy is imported here: torch is only imported by the torch trie.
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import TYPE_CHECKING, Any
 
+from genlm_core import _deprecated
 from genlm_core.trie.factory import load_trie_class, make_trie, trie_implementations
 from genlm_core.trie.structure import EOS, EOT, EOSMode, TrieMode, TrieStructure
 
@@ -51,15 +51,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    if name == "TRIE_IMPLEMENTATIONS":
-        warnings.warn(
-            "genlm_core.trie.TRIE_IMPLEMENTATIONS is deprecated and will be removed in genlm-core 0.3: "
-            "call genlm_core.trie.trie_implementations() (it asks the registry each time)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return trie_implementations()
     mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'genlm_core.trie' has no attribute {name!r}")
+    if mod is None:  # an old name (genlm_core._deprecated), else an AttributeError
+        return _deprecated.old_name(__name__, name)
     return getattr(importlib.import_module(mod), name)

@@ -111,27 +111,39 @@ class HFConfig(KVCacheOptions, BackendConfig):
             raise ValueError(f"kv_cache_bytes={value}: expected bytes >= 0, 'auto' or None")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _hf_opts_dtype(cls, data: Any) -> Any:
+        """genlm-backend's ``hf_opts={"torch_dtype": ...}`` (or ``"dtype"``) is ``dtype=``: the
+        one place it is read. It moves to ``dtype`` (any spelling ``dtype`` takes), out of
+        ``hf_opts``; with a ``dtype=`` naming another dtype it is refused."""
+        opts = data.get("hf_opts") if isinstance(data, dict) else None
+        legacy = (
+            [(k, opts[k]) for k in ("torch_dtype", "dtype") if k in opts] if isinstance(opts, dict) else []
+        )
+        if not legacy:
+            return data
+        key, value = legacy[0]
+        name = normalize_dtype(value)
+        if name is None:
+            raise ValueError(f"hf_opts[{key!r}]={value!r}: expected one of {', '.join(DTYPES[1:])}")
+        given = data.get("dtype", data.get("torch_dtype", "auto"))
+        given = "auto" if given in (None, "auto") else normalize_dtype(given) or given
+        if given not in ("auto", name):
+            raise ValueError(f"hf_opts[{key!r}]={value!r} conflicts with dtype={given!r}; pass dtype= only")
+        rest = {k: v for k, v in data.items() if k != "torch_dtype"}
+        return {
+            **rest,
+            "dtype": name,
+            "hf_opts": {k: v for k, v in opts.items() if k not in ("torch_dtype", "dtype")},
+        }
+
     @model_validator(mode="after")
     def _deprecated(self) -> "HFConfig":
         from genlm_hf._deprecated import warn_deprecated_options
 
         warn_deprecated_options(self)
         return self
-
-    def requested_dtype(self) -> str:
-        """``dtype``, or genlm-backend's ``hf_opts={"torch_dtype": ...}`` when dtype is 'auto'."""
-        legacy = [(k, self.hf_opts[k]) for k in ("torch_dtype", "dtype") if k in self.hf_opts]
-        if not legacy:
-            return self.dtype
-        key, value = legacy[0]
-        name = normalize_dtype(value)
-        if name is None:
-            raise ValueError(f"hf_opts[{key!r}]={value!r}: expected one of {', '.join(DTYPES[1:])}")
-        if self.dtype not in ("auto", name):
-            raise ValueError(
-                f"hf_opts[{key!r}]={value!r} conflicts with dtype={self.dtype!r}; pass dtype= only"
-            )
-        return name
 
     def requested_device(self) -> str | None:
         """``device`` (None: the best device present, :mod:`genlm_core.engine.placement`)."""

@@ -76,7 +76,7 @@ def load_model_and_tokenizer(
 
         opts["quantization_config"] = BitsAndBytesConfig(**config.bitsandbytes_opts)
         opts.setdefault("device_map", {"": device})
-    opts.update({k: v for k, v in config.hf_opts.items() if k not in ("dtype", "torch_dtype")})
+    opts.update(config.hf_opts)  # a dtype in it is config.dtype already (HFConfig)
     hf_model = AutoModelForCausalLM.from_pretrained(model, **opts)
     if "device_map" not in opts:
         hf_model = hf_model.to(device)

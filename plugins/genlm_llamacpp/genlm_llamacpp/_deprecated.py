@@ -5,13 +5,15 @@
   ``genlm_core.load("llamacpp", ...)``, or ``BaseLogprobBackend(LlamaCppEngine(...), config)`` around an
   engine built by hand.
 
-Light: nothing here is imported until a name is read.
+Light: nothing here is imported until a name is read (genlm-core's
+``old_backend``, :mod:`genlm_core._deprecated`, answers for the names).
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+from genlm_core.engine import old_backend
+
+__all__ = ["ADVICE", "MOVED", "REMOVAL"]
 
 #: the genlm-core version that removes what is here
 REMOVAL = "0.3"
@@ -23,18 +25,6 @@ ADVICE = {
     "genlm_llamacpp.backend": "load with genlm_core.load('llamacpp', ...); the engine is genlm_llamacpp.engine.LlamaCppEngine"
 }
 
-#: the names it answers for, built on first use (the engine module imports its engine)
-_NAMES = ("LlamaCppBackend", "LlamaCppEngine")
-
-
-@functools.cache
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from genlm_llamacpp.engine import LlamaCppEngine
-
-    if name == "LlamaCppEngine":
-        return LlamaCppEngine
-    from genlm_core.engine.backend import backend_class
-
-    return backend_class("llamacpp", LlamaCppEngine, deprecated="genlm_llamacpp.LlamaCppBackend")
+__getattr__ = old_backend(
+    "llamacpp", "genlm_llamacpp.engine:LlamaCppEngine", "LlamaCppBackend", "genlm_llamacpp.backend"
+)

@@ -5,13 +5,15 @@
   ``genlm_core.load("mlx", ...)``, or ``BaseLogprobBackend(MLXEngine(...), config)`` around an
   engine built by hand.
 
-Light: nothing here is imported until a name is read.
+Light: nothing here is imported until a name is read (genlm-core's
+``old_backend``, :mod:`genlm_core._deprecated`, answers for the names).
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+from genlm_core.engine import old_backend
+
+__all__ = ["ADVICE", "MOVED", "REMOVAL"]
 
 #: the genlm-core version that removes what is here
 REMOVAL = "0.3"
@@ -23,18 +25,4 @@ ADVICE = {
     "genlm_mlx.backend": "load with genlm_core.load('mlx', ...); the engine is genlm_mlx.engine.MLXEngine"
 }
 
-#: the names it answers for, built on first use (the engine module imports its engine)
-_NAMES = ("MLXBackend", "MLXEngine")
-
-
-@functools.cache
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from genlm_mlx.engine import MLXEngine
-
-    if name == "MLXEngine":
-        return MLXEngine
-    from genlm_core.engine.backend import backend_class
-
-    return backend_class("mlx", MLXEngine, deprecated="genlm_mlx.MLXBackend")
+__getattr__ = old_backend("mlx", "genlm_mlx.engine:MLXEngine", "MLXBackend", "genlm_mlx.backend")

@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import copy
 import itertools
-import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from genlm_core.engine.contexts import Context
+from genlm_vllm import _deprecated
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -237,16 +237,8 @@ class DecodeSessions:
         self.resumed = 0
         self.sessions_closed = 0
 
-    @property
-    def closed(self) -> int:
-        """Deprecated: :attr:`sessions_closed` (a count; ``VLLMEngine.closed`` is a bool)."""
-        warnings.warn(
-            "DecodeSessions.closed is deprecated and will be removed in genlm-core 0.3: read "
-            "sessions_closed (the number of sessions closed unfinished)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.sessions_closed
+    #: deprecated: :attr:`sessions_closed` (genlm_vllm._deprecated)
+    closed = _deprecated.sessions_closed
 
     # ------------------------------------------------------------------ one step
     def take_turn(self, rows: Mapping[int, Context], released: Collection[int]) -> "torch.Tensor":
@@ -289,18 +281,8 @@ class DecodeSessions:
         vLLM's prefix cache)."""
         self._abort([self.live.pop(h) for h in released if h in self.live])
 
-    def step(self, rows: Mapping[int, Context], released: Collection[int]) -> "torch.Tensor | None":
-        """Deprecated: :meth:`take_turn` (rows), :meth:`end_burst` (no rows: returns None)."""
-        warnings.warn(
-            "DecodeSessions.step is deprecated and will be removed in genlm-core 0.3: call "
-            "take_turn(rows, released), and end_burst(released) when the burst ends",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        if not rows:
-            self.end_burst(released)
-            return None
-        return self.take_turn(rows, released)
+    #: deprecated: :meth:`take_turn` and :meth:`end_burst` (genlm_vllm._deprecated)
+    step = _deprecated.sessions_step
 
     def _extends(self, s: Session, ctx: Context) -> bool:
         n = len(s.context)

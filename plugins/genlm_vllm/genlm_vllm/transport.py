@@ -17,29 +17,14 @@ leave in ``/dev/shm`` (:func:`mapped_segments`, :func:`remove_engine_segments`).
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-from genlm_core.engine import row_transport
+from genlm_core.engine import old_names, row_transport
 
 __all__ = ["ENGINE_SEGMENT_PREFIXES", "mapped_segments", "remove_engine_segments"]
 
-#: names of the core's row transport this module answered for; they warn, then go
-_CORE_NAMES = ("HEADER", "SHM_DIR", "RowBuffer", "copy_row", "forget", "shm_available", "stack_rows",
-               "sweep_stale_buffers", "write_rows")  # fmt: skip
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CORE_NAMES:
-        warnings.warn(
-            f"genlm_vllm.transport.{name} is deprecated and will be removed in genlm-vllm 0.3: "
-            f"import it from genlm_core.engine.row_transport",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(row_transport, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: the core's row transport names this module answered for: genlm_vllm._deprecated
+__getattr__ = old_names(__name__)
 
 
 #: what an engine's processes keep in /dev/shm: Python shared memory (vLLM's message

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import genlm_core
-from genlm_core.engine.dtypes import UnsupportedDtypeError
+from genlm_core.engine import UnsupportedDtypeError
 
 # starts and closes in-process engines of its own: a process of its own (scripts/test.sh)
 pytestmark = pytest.mark.own_process

@@ -88,13 +88,11 @@ class AsyncTransformer(ReferenceCalls, backend_class("hf", HFEngine)):  # type: 
         cls, model_id: str, bitsandbytes_opts: dict | None = None, hf_opts: dict | None = None, **kwargs: Any
     ) -> "AsyncTransformer":
         """Load ``model_id`` (hub id or folder). ``hf_opts`` go to ``from_pretrained``;
-        ``torch_dtype``/``dtype``, ``device_map`` and ``trust_remote_code`` in them become
-        genlm-hf options (each given once; a dtype in any spelling the core's ``dtype`` takes).
-        The checkpoint is read and placed as ``genlm_core.load("hf", ...)`` does."""
+        ``device_map`` and ``trust_remote_code`` in them become genlm-hf options (each given
+        once), and ``torch_dtype``/``dtype`` its ``dtype`` (:class:`~genlm_hf.config.HFConfig`
+        reads it, in any spelling the core's ``dtype`` takes). The checkpoint is read and
+        placed as ``genlm_core.load("hf", ...)`` does."""
         opts = dict(hf_opts or {})
-        for key in ("torch_dtype", "dtype"):
-            if key in opts:
-                kwargs[key] = opts.pop(key)  # BackendConfig.dtype (alias torch_dtype) reads the spelling
         for key in ("device_map", "trust_remote_code"):
             if key in opts:
                 kwargs[key] = opts.pop(key)
