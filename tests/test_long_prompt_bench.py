@@ -1,4 +1,4 @@
-"""``benchmarks/bench_long_prompt.py`` (issue 65, item 1): its instrument and its verdicts.
+"""``benchmarks/bench_long_prompt.py`` (long shared prompts): its instrument and its verdicts.
 
 Oracles: the minimum token count against a brute-force set of every prefix of every
 context asked for (and, end to end, against the SIS particles' own contexts); systematic
