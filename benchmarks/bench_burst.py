@@ -123,10 +123,11 @@ class SISControl:
     ) -> None:
         import torch
 
-        self.valid = torch.tensor(
-            [i == eos or k <= 10 for i, k in enumerate(lengths)], dtype=torch.float
-        ).log()
-        self.eos_only = torch.nn.functional.one_hot(torch.tensor(eos), len(lengths)).float().log()
+        from genlm_core.tools.sis import eos_mask, length_mask
+
+        # the steps program's masks (sis_workload.sis): tokens of at most 10 bytes, then EOS
+        self.valid = length_mask(lengths, eos, 10, min_token_length=0)
+        self.eos_only = eos_mask(len(lengths), eos)
         self.eos, self.max_tokens = eos, max_tokens
         self.gen = torch.Generator().manual_seed(seed)
         self.length = [0] * n

@@ -8,31 +8,9 @@ anchors measured in the same run) and, with ``--plot``, one PNG figure (plots.py
 It only orchestrates: each benchmark judges its own JSON against its own targets
 (``headline(result)`` in its ``bench_*.py``, rows built with ``verdicts.row``).
 
-Sections (``--only`` picks some):
-
-  batcher   AutoBatcher overhead per request and the timer policy under SMC load
-  gather    genlm serve's gatherer in front of an engine timed like the H100's and this
-            CPU's passes: holding for every missing client vs only those due in time
-  vocab     byte-vocabulary decoding of real tokenizers (Qwen 151k, GPT-2, ...)
-  trie      trie mass sums, Qwen 151k and GPT-2, vs genlm-backend / genlm-bytes
-  sis       autobatched SIS on genlm-hf vs genlm-backend and an uncached loop,
-            plus throughput against particle count
-  sis-mlx   the same workload on genlm-mlx (throughput against particles)
-  sis-vllm  the same workload on genlm-vllm (throughput against particles)
-  vllm      genlm-vllm's logprob capture vs raw ``generate`` and the logprobs dict
-  bytes     byte-level beam (K=5, K=1) vs genlm-bytes over genlm-backend
-  llamacpp  genlm-llamacpp (SmolLM2 Q4_1 and f16 GGUFs) vs genlm-hf float32 on SIS and
-            the byte beam K=5, and our layer vs raw llama.cpp replaying the same batches
-  serve     four SIS client processes: a backend each vs one `genlm serve hf` (shared
-            memory, network frame): calls/s, per-call latency, total RSS, where a step goes
-  hf-step   the hf backend's SIS-like step vs the raw transformers forward, 16 and 64 rows
-  hf-step-grow  the same with every row's context growing a token a call, as SIS's
-            (``bench_hf_step.py --grow``: the path of genlm-hf's decode step)
-  burst     the SIS program as per-step calls vs one burst (hf f32, llama.cpp f16)
-  long-prompt  a 907- and a 4,096-token prompt shared by 32-256 particles (SIS, SMC with
-            resampling) on hf, llama.cpp, vLLM, MLX and genlm-backend (time-capped): calls/s,
-            tokens computed against the minimum, peak RSS, time outside the engine
-            (``--smoke``: 907 x 32 x 3 SIS and 907 x 32 x 8 SMC on hf and llama.cpp, counters only)
+Sections (``--only`` picks some): the workloads of ``workloads.py``, in its order (the
+summary table's); ``--help`` lists them with what each measures, and benchmarks/README.md
+says how to add one.
 
 Anchors (genlm-backend 0.3.1, genlm-bytes 0.2.0) are installed from PyPI into
 ``benchmarks/.anchor-venv*`` the first time (a few minutes). ``--quick`` skips the
@@ -73,101 +51,20 @@ sys.path.insert(0, str(HERE))
 
 from common import OUT_DIR, machine, markdown_table  # noqa: E402
 from verdicts import COLUMNS, load  # noqa: E402
-
-SIS_PARTICLES = 16
+from workloads import BY_NAME, WORKLOADS, sections_help  # noqa: E402
 
 
 def _sections(quick: bool) -> dict[str, list[str]]:
-    q = quick
-    sis_short = ["--max-tokens", "8"] if q else []
-    return {
-        "batcher": ["bench_batcher.py", *(["--quick"] if q else [])],
-        "gather": ["bench_gather.py", *(["--quick"] if q else [])],
-        "vocab": ["bench_vocab.py", *(["--quick"] if q else [])],
-        "trie": ["bench_trie.py", *(["--no-anchors", "--repeat", "10"] if q else [])],
-        "sis": [
-            "bench_sis.py",
-            "--backend",
-            "hf",
-            "--particles",
-            str(SIS_PARTICLES),
-            "--sweep",
-            *(["1", "4"] if q else ["1", "4", "32"]),
-            *(["--no-anchor", "--no-uncached"] if q else []),
-            *sis_short,
-        ],
-        "sis-mlx": [
-            "bench_sis.py",
-            "--backend",
-            "mlx",
-            "--particles",
-            str(SIS_PARTICLES),
-            "--no-anchor",
-            "--no-uncached",
-            "--sweep",
-            *(["1"] if q else ["1", "4", "32"]),
-            *sis_short,
-        ],
-        "sis-vllm": [
-            "bench_sis.py",
-            "--backend",
-            "vllm",
-            "--particles",
-            str(SIS_PARTICLES),
-            "--no-anchor",
-            "--no-uncached",
-            "--sweep",
-            *(["1"] if q else ["1", "4", "32"]),
-            *sis_short,
-        ],
-        "vllm": [
-            "bench_vllm.py",
-            *(["--batches", "1", "8", "--lengths", "8", "--repeat", "3", "--dict-repeat", "1"] if q else []),
-        ],
-        "bytes": ["bench_bytes.py", *(["--no-anchor", "--k", "1"] if q else [])],
-        "llamacpp": ["bench_llamacpp.py", *(["--quick", "--no-raw"] if q else [])],
-        "serve": ["bench_serve.py", *(["--quick"] if q else [])],
-        "hf-step": ["bench_hf_step.py", *(["--quick"] if q else [])],
-        "hf-step-grow": ["bench_hf_step.py", "--grow", *(["--quick"] if q else [])],
-        "burst": ["bench_burst.py", *(["--quick"] if q else [])],
-        "long-prompt": ["bench_long_prompt.py", *(["--smoke"] if q else [])],
-    }
+    """Each section's command (its script and arguments), in the summary's order."""
+    return {w.name: w.argv(quick) for w in WORKLOADS}
 
 
 # which backend plugin a section needs (skipped, with the reason, when it is not available)
-NEEDS = {
-    "sis": "hf",
-    "sis-mlx": "mlx",
-    "sis-vllm": "vllm",
-    "vllm": "vllm",
-    "bytes": "hf",
-    "llamacpp": "llamacpp",
-    "serve": "hf",
-    "hf-step": "hf",
-    "hf-step-grow": "hf",
-    "burst": "hf",
-    "long-prompt": "hf",
-}
+NEEDS = {w.name: w.needs for w in WORKLOADS if w.needs}
 # the JSON files each section writes into benchmarks/out; its verdict reads the first
-FILES = {
-    "batcher": ["batcher_overhead", "batcher_policy", "batcher_sequential"],
-    "gather": ["gather"],
-    "vocab": ["vocab"],
-    "trie": ["trie"],
-    "sis": ["sis"],
-    "sis-mlx": ["sis"],
-    "sis-vllm": ["sis"],
-    "vllm": ["vllm"],
-    "bytes": ["bytes"],
-    "llamacpp": ["llamacpp"],
-    "serve": ["serve"],
-    "hf-step": ["hf_step"],
-    "hf-step-grow": ["hf_step_grow"],
-    "burst": ["burst"],
-    "long-prompt": ["long_prompt"],
-}
+FILES = {w.name: list(w.files) for w in WORKLOADS}
 # keyword arguments of a section's verdict: bench_sis judges one backend's record of sis.json
-VERDICT_ARGS = {"sis": {"backend": "hf"}, "sis-mlx": {"backend": "mlx"}, "sis-vllm": {"backend": "vllm"}}
+VERDICT_ARGS = {w.name: w.verdict_args for w in WORKLOADS if w.verdict_args}
 
 
 def log(msg: str) -> None:
@@ -203,7 +100,7 @@ def run_section(name: str, argv: list[str]) -> dict[str, Any]:
 # ---------------------------------------------------------------------- verdicts
 def verdict(section: str) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
     """The ``headline`` of the benchmark script a section runs (importing one loads no engine)."""
-    module = importlib.import_module(Path(_sections(False)[section][0]).stem)
+    module = importlib.import_module(Path(BY_NAME[section].script).stem)
     return functools.partial(module.headline, **VERDICT_ARGS.get(section, {}))
 
 
@@ -212,7 +109,7 @@ def smoke_problems(sections: list[str], out_dir: Path) -> dict[str, list[str]]:
     has no counters to check map to an empty list); a missing JSON is a problem."""
     found: dict[str, list[str]] = {}
     for name in sections:
-        module = importlib.import_module(Path(_sections(False)[name][0]).stem)
+        module = importlib.import_module(Path(BY_NAME[name].script).stem)
         result = load(FILES[name][0], out_dir)
         if not result:
             found[name] = [f"{name}: wrote no {FILES[name][0]}.json"]
@@ -265,7 +162,11 @@ def write_summary(report: dict[str, Any], sections: list[str], out_dir: Path) ->
 # ---------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     all_sections = list(_sections(False))
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=sections_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--only", nargs="+", choices=all_sections, default=None, help="sections to run")
     ap.add_argument("--quick", action="store_true", help="smoke run: no anchors, short workloads")
     ap.add_argument(

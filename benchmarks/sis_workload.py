@@ -1,19 +1,29 @@
 """The SIS benchmark's workload: genlm-backend's README program, timed.
 
+The program itself is :mod:`genlm_core.tools.sis` (the one SIS there is: ``genlm sample``
+runs it too); this module gives it the benchmarks' calling shape and the timed runs.
 Kept apart from ``bench_sis.py`` so that every process that runs it imports the same
 code: genlm-core's backends in this venv, and genlm-backend 0.3.1 in the anchor venv
-(``bench_sis.py --anchor-worker``), which has no genlm-core. torch is imported inside.
+(``bench_sis.py --anchor-worker``), which has no genlm-core and so loads
+``genlm_core/tools/sis.py`` by its path (:func:`program`). Importing this module loads
+neither genlm-core nor torch: ``run_all.py`` imports the benchmarks for their verdicts.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
+import importlib.util
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+#: the program's file, for a process without genlm-core (the anchor venv)
+SIS_FILE = Path(__file__).resolve().parents[1] / "genlm_core" / "tools" / "sis.py"
 
 
 def log(msg: str) -> None:
@@ -24,6 +34,35 @@ NextLogprobs = Callable[[list[int]], Awaitable[Any]]
 #: a program as ``timed_runs`` calls it: ``(next_logprobs, vocab, eos_id, prompt_ids, *,
 #: n_particles, max_tokens, seed)`` -> its figures (``particles``, ``calls``, ``steps``, ``copy_s``, ``sample_s``)
 Program = Callable[..., Awaitable[dict[str, Any]]]
+
+
+@functools.cache
+def program() -> ModuleType:
+    """:mod:`genlm_core.tools.sis`, imported where genlm-core is installed; elsewhere (the
+    anchor venv: genlm-backend 0.3.1, no genlm-core) the same file loaded by its path,
+    which needs only torch."""
+    try:
+        from genlm_core.tools import sis
+
+        return sis
+    except ImportError:
+        spec = importlib.util.spec_from_file_location("genlm_core_tools_sis", SIS_FILE)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # before running it: its dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+
+
+def figures(run: Any) -> dict[str, Any]:
+    """A :class:`~genlm_core.tools.sis.ParticleRun` as the benchmarks record it."""
+    return {
+        "particles": run.particles,
+        "calls": run.calls,
+        "steps": run.steps,
+        "copy_s": run.copy_s,
+        "sample_s": run.sample_s,
+    }
 
 
 # ---------------------------------------------------------------------- workload
@@ -38,42 +77,14 @@ async def sis(
     max_token_length: int = 10,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """The README's autobatched SIS. Returns the particles and the number of calls."""
-    import torch
-
-    valid = torch.tensor(
-        [i == eos_id or n <= max_token_length for i, n in enumerate(token_lengths)], dtype=torch.float
-    ).log()
-    eos_only = torch.nn.functional.one_hot(torch.tensor(eos_id), len(token_lengths)).float().log()
-    gen = torch.Generator().manual_seed(seed)
-    particles = [{"context": [], "log_weight": 0.0, "active": True} for _ in range(n_particles)]
-    calls = steps = 0
-    copy_s = sample_s = 0.0  # the program's own time: the row to the CPU, then the sampling
-
-    async def extend(p: dict[str, Any]) -> None:
-        nonlocal calls, copy_s, sample_s
-        calls += 1
-        logps = await next_logprobs(prompt_ids + p["context"])
-        t0 = time.perf_counter()
-        row = logps.float().cpu()  # on a GPU: waits for the device's queued work too
-        t1 = time.perf_counter()
-        mask = eos_only if len(p["context"]) >= max_tokens else valid
-        masked = row + mask
-        log_z = masked.logsumexp(dim=-1)
-        p["log_weight"] += float(log_z)
-        tok = int(torch.multinomial((masked - log_z).exp(), 1, generator=gen).item())
-        if tok == eos_id:
-            p["active"] = False
-        else:
-            p["context"].append(tok)
-        t2 = time.perf_counter()
-        copy_s += t1 - t0
-        sample_s += t2 - t1
-
-    while any(p["active"] for p in particles):
-        steps += 1
-        await asyncio.gather(*[extend(p) for p in particles if p["active"]])
-    return {"particles": particles, "calls": calls, "steps": steps, "copy_s": copy_s, "sample_s": sample_s}
+    """The README's autobatched SIS (:func:`genlm_core.tools.sis.run_particles` with the
+    README's mask: tokens of at most ``max_token_length`` bytes, empty ones included).
+    Returns the particles, the number of calls and steps, and the program's own time."""
+    sis = program()
+    valid = sis.length_mask(token_lengths, eos_id, max_token_length, min_token_length=0)
+    mask = sis.masking_function(valid, eos_id, max_tokens)
+    run = await sis.run_particles(next_logprobs, prompt_ids, mask, eos_id, n_particles=n_particles, seed=seed)
+    return figures(run)
 
 
 async def timed_runs(
@@ -124,7 +135,7 @@ async def timed_runs(
         log(f"  run: {res['calls']} calls in {walls[-1]:.2f} s")
         ran = tokens() - before
         calls = res["calls"]
-        texts = [p["context"] for p in res["particles"]]
+        texts = [p.context for p in res["particles"]]
         own.append({k: res[k] for k in ("steps", "copy_s", "sample_s")})
     wall = statistics.median(walls)
     return {

@@ -1,8 +1,8 @@
 """SMC with resampling: the README's SIS program with particles that die and duplicate.
 
 Each step every active particle asks for its context's next-token distribution (one
-``next_token_logprobs`` call; the particles run as asyncio coroutines, as in
-``sis_workload.sis``), draws its next token from the distribution restricted to the
+``next_token_logprobs`` call; the particles run as asyncio coroutines: the loop is
+``genlm_core.tools.sis.run_particles``, the one SIS program), draws its next token from the distribution restricted to the
 allowed tokens, and multiplies its weight by the mass that restriction kept. The
 constraint is a lipogram - no token holding a banned byte (``b"e"``), nor longer than
 ``max_token_length`` bytes; EOS always allowed and forced after ``max_tokens`` tokens -
@@ -10,19 +10,19 @@ so the kept mass differs from particle to particle, as a constrained program's d
 After every step, when the effective sample size falls below ``ess_threshold`` x N,
 the particles are resampled (systematic by default, or multinomial) with the run's
 seeded generator: particles die, others are duplicated, a copy takes its ancestor's
-context and every weight becomes the average. Standard library and torch only: the
-anchor venv (genlm-backend 0.3.1, no genlm-core) runs it too.
+context and every weight becomes the average. Standard library and torch only (the SIS
+loop through ``sis_workload.program``): the anchor venv (genlm-backend 0.3.1, no
+genlm-core) runs it too.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from sis_workload import NextLogprobs
+from sis_workload import NextLogprobs, figures, program
 
 RESAMPLING = ("systematic", "multinomial")
 
@@ -79,61 +79,44 @@ async def smc(
     """The program above. Returns the particles, the number of calls and steps, how
     often it resampled and how many particles died, and the program's own time
     (``copy_s``: the rows to the CPU; ``sample_s``: masking, drawing and resampling)."""
-    import torch
-
     if resampling not in RESAMPLING:
         raise ValueError(f"resampling {resampling!r}: use one of {', '.join(RESAMPLING)}")
-    valid = allowed_mask(byte_vocab, eos_id, max_token_length, banned)
-    eos_only = torch.nn.functional.one_hot(torch.tensor(eos_id), len(byte_vocab)).float().log()
-    gen = torch.Generator().manual_seed(seed)
-    particles = [{"context": [], "log_weight": 0.0, "active": True} for _ in range(n_particles)]
-    calls = steps = resamples = died = 0
-    copy_s = sample_s = 0.0
+    sis = program()
+    mask = sis.masking_function(
+        allowed_mask(byte_vocab, eos_id, max_token_length, banned), eos_id, max_tokens
+    )
+    resamples = died = 0
 
-    async def extend(p: dict[str, Any]) -> None:
-        nonlocal calls, copy_s, sample_s
-        calls += 1
-        logps = await next_logprobs(prompt_ids + p["context"])
+    def resample_when_due(run: Any, gen: Any) -> None:
+        nonlocal resamples, died
         t0 = time.perf_counter()
-        row = logps.float().cpu()
-        t1 = time.perf_counter()
-        masked = row + (eos_only if len(p["context"]) >= max_tokens else valid)
-        log_z = masked.logsumexp(dim=-1)
-        p["log_weight"] += float(log_z)
-        tok = int(torch.multinomial((masked - log_z).exp(), 1, generator=gen).item())
-        if tok == eos_id:
-            p["active"] = False
-        else:
-            p["context"].append(tok)
-        copy_s += t1 - t0
-        sample_s += time.perf_counter() - t1
-
-    while any(p["active"] for p in particles):
-        steps += 1
-        await asyncio.gather(*[extend(p) for p in particles if p["active"]])
-        t0 = time.perf_counter()
-        weights = [p["log_weight"] for p in particles]
-        if any(p["active"] for p in particles) and ess(weights) < ess_threshold * n_particles:
+        particles = run.particles
+        weights = [p.log_weight for p in particles]
+        if any(p.active for p in particles) and ess(weights) < ess_threshold * n_particles:
             resamples += 1
             ancestors = resample(weights, resampling, gen)
             died += n_particles - len(set(ancestors))
             top = max(weights)
             mean = top + math.log(sum(math.exp(w - top) for w in weights) / n_particles)
-            particles = [
-                {
-                    "context": list(particles[a]["context"]),
-                    "log_weight": mean,
-                    "active": particles[a]["active"],
-                }
+            run.particles = [
+                sis.Particle(prompt_ids, list(particles[a].context), mean, particles[a].active)
                 for a in ancestors
             ]
-        sample_s += time.perf_counter() - t0
-    return {
-        "particles": particles,
-        "calls": calls,
-        "steps": steps,
+        run.sample_s += time.perf_counter() - t0
+
+    run = await sis.run_particles(
+        next_logprobs,
+        prompt_ids,
+        mask,
+        eos_id,
+        n_particles=n_particles,
+        seed=seed,
+        after_step=resample_when_due,
+    )
+    out = figures(run)
+    return {k: out[k] for k in ("particles", "calls", "steps")} | {
         "resamples": resamples,
         "died": died,
-        "copy_s": copy_s,
-        "sample_s": sample_s,
+        "copy_s": out["copy_s"],
+        "sample_s": out["sample_s"],
     }

@@ -14,8 +14,10 @@ On a CUDA machine, within a time budget (default 350 s from the shell script's s
    genlm-hf's eager, static and fused paths in float32, bfloat16 and float16) and the
    discrimination of the check's models (rows of contexts that differ in one token are
    farther apart than the bound: the random weights are scaled for it, gpu_models.init_std);
-4. the GPU benchmarks, short repetitions, in :data:`PLAN`'s order (item 3's figures
-   first; the runs of :data:`OPTIONAL` only while the budget lasts): ``bench_hf_step
+4. the GPU benchmarks, short repetitions, in :data:`PLAN`'s order (the runs that give
+   the speed targets' figures, scripts/gpu_targets.py, first; the runs of
+   :data:`OPTIONAL` only while the budget lasts; every run is declared with its workload
+   in benchmarks/workloads.py): ``bench_hf_step
    --grow --graph-account --host-account`` (16 and 64 rows whose contexts grow by a token a call, as
    SIS's: the decode step over the KV pool; its graph's replay against the host's part), ``bench_burst`` (hf, 16 and 64 particles), ``bench_sis`` (SIS, 16
    particles and 64 in its sweep; against genlm-backend 0.3.1 where its reference stack
@@ -32,7 +34,7 @@ recorded and the next one runs; the exit status is 1 when any did.
 
 ``--dry-run-cpu`` runs the same steps on the CPU with the tiny offline model and the
 smallest settings (the tests only collected; the defect catalogue and the discrimination
-run whole), into ``build/gpu-check-dry-run/``: a check of this script, not figures.
+run whole; each benchmark run once, in the order of its first place in the plan), into ``build/gpu-check-dry-run/``: a check of this script, not figures.
 """
 
 from __future__ import annotations
@@ -71,159 +73,20 @@ REQUIRED_CUDA_TESTS = [
     # the output cache in host memory: hits back on the GPU
     "plugins/genlm_hf/tests/test_hf_cuda_conformance.py::TestHFCudaHostCacheConformance",
 ]
-#: bench_hf_step's settings: contexts growing a token a call, as SIS's (the decode step's
-#: path), with both accounts of a step (on a GPU, in a dry run on the CPU: there with the
-#: decode step on, the path the GPU's "auto" takes)
-HF_STEP = (
-    "--grow --rows 16 64 --repeat 5 --warmup 2 --graph-account --host-account".split(),
-    "--grow --rows 2 4 --repeat 1 --warmup 1 --past 4 --graph-account --host-account --static-decode on".split(),
-)
+from workloads import gpu_plan, gpu_runs  # noqa: E402  (benchmarks/workloads.py: each run declared once)
 
-
-def _sis_ab(gpu: str, dry: str) -> tuple[list[str], list[str]]:
-    """An A/B run of genlm-hf's SIS alone (no reference, no uncached loop) with the load()
-    options ``gpu`` (in a dry run ``dry``: the other side of the question on the CPU)."""
-    alone = ["--no-anchor", "--no-uncached", "--options"]
-    return (
-        ["--particles", "64", "--repeats", "2", *alone, gpu],
-        ["--particles", "6", "--max-tokens", "3", *alone, dry],
-    )
-
-
-def _hf_step_ab(*gpu: str, dry: list[str] | None = None) -> tuple[list[str], list[str]]:
-    """An A/B run of the hf step: :data:`HF_STEP` with the options ``gpu`` (in a dry run
-    ``dry``, by default the same)."""
-    return [*HF_STEP[0], *gpu], [*HF_STEP[1], *(gpu if dry is None else dry)]
-
-
-#: each benchmark's settings: (on a GPU, in a dry run on the CPU); short repetitions
-SIZES = {
-    "hf_step": HF_STEP,
-    # the same with the model's own forward in the static step: the fused step's before/after
-    "hf_step_unfused": _hf_step_ab("--fused-decode", "off"),
-    # the batches in the batcher's worker thread, not on the event loop (genlm-hf's default
-    # since the H200 check of d0aafca): the hand-over and hand-back against a loop kept
-    # free during a pass
-    "hf_step_thread": _hf_step_ab("--forward-thread", "on", dry=["--forward-thread", "off"]),
-    # the step without the output cache: on a GPU the step copies each row for the cache
-    # (a second batched copy) and, while the cache fills, takes new device memory for it
-    "hf_step_nocache": _hf_step_ab("--options", '{"cache_size": 0}'),
-    # the same with the output cache in host memory (genlm serve's setting): one transfer
-    # of the step's rows to the host instead of a device copy of each
-    "hf_step_cachecpu": _hf_step_ab("--options", '{"cache_to_cpu": true}'),
-    # issue 65: 64 particles of one 2,048-token prompt (genlm-hf holds and reads it once; raw
-    # transformers holds it in every row): the step against hf_step's 28-token one, <= 2x
-    "hf_step_prompt": (
-        "--grow --rows 64 --repeat 5 --warmup 2 --shared-prompt 2048".split(),
-        "--grow --rows 4 --repeat 1 --warmup 1 --past 4 --shared-prompt 64 --static-decode on".split(),
-    ),
-    "burst": (
-        ["--engines", "hf", "--particles", "16", "64", "--repeats", "1"],
-        ["--engines", "hf", "--particles", "4", "--max-tokens", "3", "--repeats", "1"],
-    ),
-    "sis": (  # two runs a figure (their median): the reference's speed moved 31% between two checks
-        ["--particles", "16", "--sweep", "64", "--repeats", "2"],
-        ["--particles", "4", "--max-tokens", "3", "--uncached-particles", "2", "--sweep", "6"],
-    ),
-    # genlm-hf's SIS at 64 particles in one pass a step (batch_size 64) against sis's run of
-    # the default batch_size (32: two passes a step): whether a larger default pays on a GPU
-    "sis_batch64": _sis_ab('{"batch_size": 64}', '{"batch_size": 8}'),
-    # the batches on the event loop's thread (a GPU engine runs them in the batcher's
-    # worker, beside the program's sampling): what the thread gives SIS on a GPU
-    "sis_thread": _sis_ab('{"forward_thread": true}', '{"forward_thread": false}'),
-    # the byte beam (genlm-hf's default on CUDA: the decode step), K=5 and K=1: its calls mix
-    # one-token extensions (decode steps) with new tokenisations' contexts (eager passes;
-    # the engine counters in its JSON say how many of each)
-    "bytes": (["--no-anchor", "--k", "5", "1"], ["--no-anchor", "--k", "2"]),
-    # the same beam on eager passes alone: what the decode step gives the beam on a GPU
-    "bytes_eager": (
-        ["--no-anchor", "--k", "5", "1", "--options", '{"static_decode": "off"}'],
-        ["--no-anchor", "--k", "2", "--options", '{"static_decode": "on"}'],
-    ),
-    "serve": (
-        # three SIS runs a client: one run was 21 steps, a few passes of noise in its figures
-        ["--clients", "4", "--particles", "16", "--max-tokens", "20", "--runs", "3", "--repeat", "5"],
-        ["--clients", "2", "--particles", "4", "--max-tokens", "3", "--runs", "1", "--repeat", "2"],
-    ),
-}
-#: the benchmark runs of a GPU check, in order: item 3's figures first (the hf step on both
-#: models, burst and SIS on the 1.7B, serve on the 135M), then the rest while the budget
-#: lasts (OPTIONAL: a run the budget leaves out is listed, not failed). The optional runs
-#: no check has made come first: the H200 check of d0aafca (benchmarks/results/gpu/
-#: nvidia-h200/d0aafca/) answered the step's A/B runs and the byte beam, and made the event
-#: loop genlm-hf's default, so its other side (the worker thread) comes first now
-PLAN = [
-    ("hf_step", "smollm2-1.7b-bf16"),
-    ("hf_step_prompt", "smollm2-1.7b-bf16"),
-    ("hf_step", "smollm2-135m-f32"),
-    ("burst", "smollm2-1.7b-bf16"),
-    ("sis", "smollm2-1.7b-bf16"),
-    ("serve", "smollm2-135m-f32"),
-    ("hf_step_thread", "smollm2-135m-f32"),
-    ("sis_thread", "smollm2-1.7b-bf16"),
-    ("serve", "smollm2-1.7b-bf16"),
-    ("sis", "smollm2-135m-f32"),
-    ("hf_step_nocache", "smollm2-135m-f32"),
-    ("hf_step_cachecpu", "smollm2-135m-f32"),
-    ("bytes", "smollm2-135m-f32"),
-    ("bytes_eager", "smollm2-135m-f32"),
-    ("hf_step_unfused", "smollm2-135m-f32"),
-    ("sis_batch64", "smollm2-1.7b-bf16"),
-    ("burst", "smollm2-135m-f32"),
-]
+#: each benchmark run's settings: (on a GPU, in a dry run on the CPU); short repetitions
+SIZES = {name: (list(run.gpu), list(run.dry)) for name, (_w, run) in gpu_runs().items()}
+#: the benchmark runs of a GPU check, in order (each run's place: its Slots in workloads.py)
+PLAN = [(name, model) for name, model, _optional in gpu_plan()]
 #: the runs left out when the budget is spent (listed in the summary, not failed)
-OPTIONAL = {
-    ("sis_batch64", "smollm2-1.7b-bf16"),
-    ("sis_thread", "smollm2-1.7b-bf16"),
-    ("hf_step_unfused", "smollm2-135m-f32"),
-    ("hf_step_thread", "smollm2-135m-f32"),
-    ("hf_step_nocache", "smollm2-135m-f32"),
-    ("hf_step_cachecpu", "smollm2-135m-f32"),
-    ("bytes", "smollm2-135m-f32"),
-    ("bytes_eager", "smollm2-135m-f32"),
-    ("serve", "smollm2-1.7b-bf16"),
-    ("burst", "smollm2-135m-f32"),
-    ("sis", "smollm2-135m-f32"),
-}
+OPTIONAL = {(name, model) for name, model, optional in gpu_plan() if optional}
 #: the results a benchmark writes under SIZES' options, when not its own name
-WRITES = {
-    "hf_step": "hf_step_grow",
-    "hf_step_unfused": "hf_step_grow",
-    "hf_step_thread": "hf_step_grow",
-    "hf_step_nocache": "hf_step_grow",
-    "hf_step_cachecpu": "hf_step_grow",
-    "hf_step_prompt": "hf_step_grow",
-    "bytes_eager": "bytes",
-}
+WRITES = {name: w.files[0] for name, (w, _run) in gpu_runs().items() if w.files[0] != name}
 #: the benchmark script of a run, when not ``bench_<name>.py``
-SCRIPTS = {
-    "hf_step_unfused": "hf_step",
-    "hf_step_thread": "hf_step",
-    "hf_step_nocache": "hf_step",
-    "hf_step_cachecpu": "hf_step",
-    "hf_step_prompt": "hf_step",
-    "sis_batch64": "sis",
-    "sis_thread": "sis",
-    "bytes_eager": "bytes",
-}
+SCRIPTS = {name: w.stem for name, (w, _run) in gpu_runs().items() if w.stem != name}
 #: the most seconds a step may take (and never past the budget)
-CAPS = {
-    "hf_step": 90,
-    "hf_step_unfused": 90,
-    "hf_step_thread": 90,
-    "hf_step_nocache": 90,
-    "hf_step_cachecpu": 90,
-    "hf_step_prompt": 150,
-    "burst": 90,
-    "sis": 90,
-    "sis_batch64": 60,
-    "sis_thread": 60,
-    "bytes": 60,
-    "bytes_eager": 60,
-    "serve": 150,
-    "defects": 240,
-    "discrimination": 120,
-}
+CAPS = {name: run.cap_s for name, (_w, run) in gpu_runs().items()} | {"defects": 240, "discrimination": 120}
 
 
 def log(msg: str) -> None:
@@ -463,10 +326,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
 
-    # 3. the defect catalogue on this device (issue 63): every gate fails on every defect
-    # (genlm_core.testing.defects, the tiny Llama on each genlm-hf path and dtype), and the
-    # check's models give rows that depend on their context (one token changed moves a row
-    # past the bound, or no rows check of them could fail)
+    # 3. the defect catalogue on this device: every gate fails on every defect
+    # (genlm_core.testing.defects, the tiny Llama on each genlm-hf path and dtype), since a
+    # gate that passes a defect on this device's kernels would let wrong rows through
+    # unseen; and the check's models give rows that depend on their context (one token
+    # changed moves a row past the bound, or no rows check of them could fail)
     if "defects" not in args.skip:
         check.run(
             Step(

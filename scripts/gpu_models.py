@@ -110,7 +110,8 @@ def init_std(hidden: int) -> float:
     sqrt(hidden)`` (0.1 for the 135M, 0.053 for the 1.7B, 0.3 for the tiny shape).
 
     Rows must depend on their context, or no check of them can tell a wrong context from a
-    right one (issue 63). With weights of standard deviation ``s`` over RMS-normalised
+    right one: the defect catalogue's gates compare rows against a bound, and a model whose
+    rows barely move with the context would pass a defect that feeds the wrong context. With weights of standard deviation ``s`` over RMS-normalised
     inputs of size ``d``, a query's and a key's entries have standard deviation ``s sqrt(d)``
     and their scaled dot product ``s^2 d``. The configs' own ``initializer_range`` 0.02
     gives 0.23 (135M) and 0.82 (1.7B): attention nearly uniform, each row an average of its

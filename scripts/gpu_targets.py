@@ -1,4 +1,7 @@
-"""Issue 44's speed targets (item 3), read from a GPU check's results folder.
+"""The GPU speed targets, read from a GPU check's results folder: the hf step's time at 64
+rows on both models, SIS against genlm-backend and the burst's calls/s at 64 particles on
+the 1.7B, and genlm serve against a backend per process (calls/s and GPU memory); the
+figures the GPU work set out to reach (docs/gpu.md lists them with each check's values).
 
 scripts/gpu_check.py puts this table at the top of ``summary.md`` and into ``check.json``:
 each figure, its target, and whether it is met. The figures come from the results the
@@ -59,7 +62,7 @@ def serve_figure(out: Path, tag: str, key: str) -> float | None:
 
 
 def targets(out: Path, dry: bool, tiny: str = "tiny-llama-f32") -> list[dict[str, Any]]:
-    """One row per figure of item 3: ``figure``, ``value``, ``target`` and ``met`` (True,
+    """One row per target figure: ``figure``, ``value``, ``target`` and ``met`` (True,
     False, or None where the figure is missing or the run is a dry run)."""
     large, small = (tiny, tiny) if dry else (LARGE, SMALL)
     specs = [

@@ -180,3 +180,19 @@ print(sorted(heavy & set(sys.modules)), sorted(v for v in {THREAD_VARS!r} if v i
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[] []"
+
+
+def test_the_readme_lists_every_workload_and_run_all_runs_them_all(run_all: ModuleType) -> None:
+    """benchmarks/workloads.py is the one list; the README's table names each section and
+    script, and ``run_all.py --help`` prints each one's line."""
+    from workloads import WORKLOADS
+
+    readme = (BENCH / "README.md").read_text()
+    assert [w.name for w in WORKLOADS] == list(run_all._sections(False))
+    for w in WORKLOADS:
+        assert f"`{w.name}`" in readme and f"`{w.script}`" in readme, w.name
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "run_all.py"), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert all(f"  {w.name} " in out.stdout for w in WORKLOADS)

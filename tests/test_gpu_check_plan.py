@@ -1,6 +1,7 @@
-"""The GPU check's plan (scripts/gpu_check.py): every figure of issue 44's targets table
-is read from a benchmark run the check makes before its optional ones, and a run the
-budget leaves out fails the check unless it is optional."""
+"""The GPU check's plan (scripts/gpu_check.py): every figure of the speed targets table
+(scripts/gpu_targets.py) is read from a benchmark run the check makes before its optional ones, and a run the
+budget leaves out fails the check unless it is optional. The plan's tables come from
+benchmarks/workloads.py, one entry a workload."""
 
 from __future__ import annotations
 
@@ -71,3 +72,18 @@ def test_a_spent_budget_fails_only_required_runs(tmp_path: Path) -> None:
     ran = check.run(gpu_check.Step("hf_step z", [sys.executable, "-c", "pass"], cap_s=60))
     left = check.run(gpu_check.Step("serve w", [sys.executable, "-c", "pass"], cap_s=90, optional=True))
     assert ran.rc == 0 and left.rc == 0 and "optional" in left.note
+
+
+def test_every_run_is_a_workloads_script_on_a_model_the_check_builds() -> None:
+    from workloads import WORKLOADS  # benchmarks/ is on sys.path: gpu_check put it there
+
+    tags = {tag for _shape, tag, _dtype in gpu_check.GPU_MODELS}
+    assert {tag for _name, tag in gpu_check.PLAN} <= tags
+    assert set(gpu_check.SIZES) == {name for name, _tag in gpu_check.PLAN}  # every run has a place
+    assert len(set(gpu_check.PLAN)) == len(gpu_check.PLAN)
+    for name in gpu_check.SIZES:
+        script = ROOT / "benchmarks" / f"bench_{gpu_check.SCRIPTS.get(name, name)}.py"
+        assert script.is_file(), name
+        assert name in gpu_check.CAPS
+    scripts = {w.script for w in WORKLOADS}
+    assert all((ROOT / "benchmarks" / s).is_file() for s in scripts)

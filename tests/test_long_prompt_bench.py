@@ -1,4 +1,4 @@
-"""``benchmarks/bench_long_prompt.py`` (issue 65, item 1): its instrument and its verdicts.
+"""``benchmarks/bench_long_prompt.py`` (long shared prompts): its instrument and its verdicts.
 
 Oracles: the minimum token count against a brute-force set of every prefix of every
 context asked for (and, end to end, against the SIS particles' own contexts); systematic
@@ -174,7 +174,7 @@ def test_smc_keeps_its_constraint_resamples_and_its_minimum_is_exact(bench: dict
     assert res["resamples"] > 0 and res["died"] > 0
     assert res["calls"] == len(asked) == tree.calls
     for p in res["particles"]:
-        assert all(b"e" not in vocab[t] for t in p["context"]) and len(p["context"]) <= 12
+        assert all(b"e" not in vocab[t] for t in p.context) and len(p.context) <= 12
     assert tree.tokens == all_prefixes(asked)
     # a resampled particle's history is shared: fewer nodes than calls past the prompt
     assert tree.tokens < len(prompt) + res["calls"]
