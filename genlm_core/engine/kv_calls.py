@@ -78,8 +78,12 @@ class KVCalls:
             release=engine.release_kv,
         )
         self._leaves_only = policy.release == "leaves" and _has_leaves_only(self.reuse.cache)
-        #: the core's decode step over kept batches (capability "kept_batches"), made on first use
+        #: the core's decode step over the engine's kept batches (capability "kept_batches")
         self._decode: DecodeBatches | None = None
+        if "kept_batches" in engine.supports:
+            from genlm_core.engine.decode_batches import DecodeBatches
+
+            self._decode = DecodeBatches(engine.decode_ops())
         self.counts = {"call_rounds": 0, "call_parts_split": 0, "rows_from_start": 0}
 
     # ------------------------------------------------------------------ calls
@@ -241,20 +245,14 @@ class KVCalls:
         ``decode_ops()``)."""
         import torch
 
-        return self._decode_batches().decode_step(
+        assert self._decode is not None, "decode_step needs the capability 'kept_batches'"
+        return self._decode.decode_step(
             rows, released, batch_size=batch_size, kv=self.reuse, forward=self.forward, cat=torch.cat
         )
 
     def end_burst(self, released: Any) -> None:
         if self._decode is not None:
             self._decode.end_burst(released, self.reuse)
-
-    def _decode_batches(self) -> DecodeBatches:
-        if self._decode is None:
-            from genlm_core.engine.decode_batches import DecodeBatches
-
-            self._decode = DecodeBatches(self.engine.decode_ops())
-        return self._decode
 
     # ------------------------------------------------------------------ state
     def clear(self) -> None:

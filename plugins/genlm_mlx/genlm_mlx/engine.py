@@ -191,7 +191,7 @@ class MLXEngine(Engine[MLXConfig]):
         self.clear_cache()
 
     def stats(self) -> dict[str, Any]:
-        return {"device": self.device, **self._decode.stats()}
+        return {"device": self.device}  # a burst's kept batches: the core's (decode_batches_*)
 
 
 def _download(model: str) -> Path:
