@@ -147,11 +147,9 @@ def _bursts(backend: Any) -> bool:
 
 
 def _decode_batches(backend: Any) -> bool:
-    """Bursts run over batches kept between steps: the engine's own, or the core's over an
-    engine's KV (capability "kept_batches", with KV reuse on)."""
+    """Bursts run over the core's kept batches of an engine's KV (capability
+    "kept_batches", with KV reuse on): the bookkeeping check_decode_batches tests."""
     engine = backend.engine
-    if "decode" in engine.supports:
-        return _bursts(backend)
     kv = getattr(backend, "kv_calls", None)
     return _bursts(backend) and "kept_batches" in engine.supports and kv is not None and kv.reuse.enabled
 
