@@ -118,7 +118,7 @@ class _Patches:
 
 
 def _model_step(llm: Any) -> tuple[Any, str] | None:
-    """The object and attribute of the engine's decode step (genlm-hf's ``DecodeStep``: the
+    """The object and attribute of the engine's decode step (genlm-hf's ``StaticStep``: the
     bucket's input copy and its graph's replay, or the step computed where there is no
     graph), or None."""
     step = getattr(llm.engine, "step", None)

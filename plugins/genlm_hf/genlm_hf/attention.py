@@ -100,8 +100,7 @@ class PoolPass:
         B, Hq, S, D = q.shape
         Hk = k.shape[1]
         G = Hq // Hk
-        store = self.pool.storage[layer]
-        keys, values = store[0], store[1]  # [Hk, slots, D]
+        keys, values = self.pool.layer_kv(layer)  # [Hk, slots, D]
         keys.index_copy_(1, self.write, k.transpose(0, 1).reshape(Hk, B * S, D))
         values.index_copy_(1, self.write, v.transpose(0, 1).reshape(Hk, B * S, D))
         U = self.mask.shape[-1]

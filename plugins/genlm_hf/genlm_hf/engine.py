@@ -5,21 +5,30 @@ call's rows with the deepest kept prefix of each (capability ``"resume"``:
 :mod:`genlm_core.engine.kv_calls`); each row forks that prefix's pages (no copy) and runs
 only the tokens past it; the engine hands its page table back and the core keeps it, so a
 particle that extends its context by one token costs one token of compute and one
-column of memory, and a prompt that many particles share is held once. Each pass reads
-the columns a group of its rows holds in the same pages once for all of them
-(:mod:`genlm_hf.attention`).
+column of memory, and a prompt that many particles share is held once.
 
-A call whose every row runs one new token (a step of SIS, SMC, a burst, the byte beam)
-runs as the decode step (:mod:`genlm_hf.step`) when ``static_decode`` is on (on CUDA by
-default): a fixed shape per bucket, captured as a CUDA graph; any other call runs one
-eager pass (:mod:`genlm_hf.passes`), or several when its rows' new tokens differ widely in
-number. Bursts are ordinary calls (capability ``"burst"``: the core's decode step). On
-the CPU the linear layers run through oneDNN over weights packed at load
+A call's path (:meth:`HFEngine.forward_rows`), one module a stage:
+
+1. each row forks its kept prefix (:class:`~genlm_hf.pass_layout.PassRow`);
+2. rows of very different new-token counts go to passes of their own
+   (:mod:`genlm_hf.pass_groups`);
+3. per pass, each row takes room for its new columns and the pass is laid out: which
+   columns a group of rows reads once as a shared span, which each row gathers
+   (:mod:`genlm_hf.pass_layout`);
+4. the pass runs: the static step (:mod:`genlm_hf.step`: a fixed shape per bucket,
+   captured as a CUDA graph) when every row runs one new token and ``static_decode`` is
+   on (on CUDA by default), else one eager pass (:mod:`genlm_hf.eager_pass`); both
+   attend through :mod:`genlm_hf.attention`, which reads the span once for its group;
+5. the rows' page tables go back to the core.
+
+Bursts are ordinary calls (capability ``"burst"``: the core's decode step). On the CPU
+the linear layers run through oneDNN over weights packed at load
 (:mod:`genlm_hf.cpu_linear`). LoRA adapters (peft) are the capability ``"lora"``.
 
 A model whose cache is not plain full-attention KV (sliding windows, recurrent state),
-or whose attention does not go through transformers' attention interface, runs every
-context whole in padded batches of the model's own forward, with no KV kept.
+or whose attention does not go through transformers' attention interface
+(:mod:`genlm_hf.pool_probe`), runs every context whole in padded batches of the model's
+own forward, with no KV kept (:mod:`genlm_hf.plain_pass`).
 
 Importing this module imports torch; ``genlm_core.load("hf", ...)`` loads it. Around a
 model and tokenizer loaded by hand: ``BaseLogprobBackend(HFEngine(model, tokenizer, config), config)``.
@@ -38,24 +47,17 @@ from genlm_core.engine.call_plan import MIN_COMMON
 from genlm_core.engine.kv_rows import KVPolicy, ResumeRow, RowsOut
 from genlm_hf.config import HFConfig
 from genlm_hf.cpu_linear import pack_linears, packing_problem, unpack_linears
+from genlm_hf.eager_pass import run_pass
 from genlm_hf.fused import FusedLlama, fused_reason
 from genlm_hf.loading import dtypes_on, load_model_and_tokenizer
-from genlm_hf.passes import (
-    PASS_COST,
-    PassRow,
-    extend_rows,
-    kv_layout_problem,
-    lay_out,
-    pass_groups,
-    pool_self_check,
-    probe_layout,
-    run_pass,
-    run_plain,
-)
-from genlm_hf.pool import PAGE, KVPool, KVSeq
+from genlm_hf.pass_groups import PASS_COST, pass_groups
+from genlm_hf.pass_layout import PassRow, extend_rows, lay_out
+from genlm_hf.plain_pass import run_plain
+from genlm_hf.pool import KVPool, KVSeq
 from genlm_hf.pool_budget import new_pool, pool_bound, too_long_for_pool
 from genlm_hf.pool_check import record_pool_check, self_check_failed
-from genlm_hf.step import DecodeStep
+from genlm_hf.pool_probe import kv_layout_problem, pool_self_check, probe_layout
+from genlm_hf.step import StaticStep
 
 __all__ = ["HFEngine"]
 
@@ -92,54 +94,54 @@ class HFEngine(Engine[HFConfig]):
         self._active_adapter: str | None = None
         #: why the pool cannot hold this model's KV (None: it does): the model's cache is
         #: not plain KV, or the pool's self-check failed on it (``pool_check``)
-        self.pool_off = kv_layout_problem(model)
+        self.pool_off_reason = kv_layout_problem(model)
         #: the pool's self-check at load: "passed", "failed: <why>", or "not run: <why>"
-        self.pool_check = f"not run: {self.pool_off}" if self.pool_off else "passed"
-        if self.pool_off is None:
+        self.pool_check = f"not run: {self.pool_off_reason}" if self.pool_off_reason else "passed"
+        if self.pool_off_reason is None:
             failed = pool_self_check(model, self.pad_id)
             if failed is not None:
-                self.pool_off = self.pool_check = f"failed: {failed}"
+                self.pool_off_reason = self.pool_check = f"failed: {failed}"
             record_pool_check(model, self.pool_check)
             if failed is not None:
                 self_check_failed(failed, config.kv_pool == "required")
         elif config.kv_pool == "required":
             raise ValueError(
-                f"hf: kv_pool='required' but this model cannot hold its KV in the pool ({self.pool_off}); "
+                f"hf: kv_pool='required' but this model cannot hold its KV in the pool ({self.pool_off_reason}); "
                 "pass kv_pool='auto' to run every call whole, without KV reuse"
             )
         #: every context's KV (genlm_hf.pool); None when the model's KV cannot be kept
         self.pool: KVPool | None = None
-        #: the decode step (genlm_hf.step), when static_decode is on
-        self.step: DecodeStep | None = None
+        #: the static one-token step (genlm_hf.step), when static_decode is on
+        self.step: StaticStep | None = None
         self.pool_bound: int | None = None
         reuse = bool(config.prefix_cache) and config.kv_cache_bytes != 0
-        if self.pool_off is None:
+        if self.pool_off_reason is None:
             device = torch.device(model.device)
             layout = probe_layout(model, self.pad_id)
             # without reuse the pool holds only the running call's KV, under the auto bound
             option = config.kv_cache_bytes if reuse else "auto"
-            bound = pool_bound(option, device, layout.column_bytes * PAGE)
+            bound = pool_bound(option, device, layout.page_bytes)
             #: the pool's bound in bytes (None: none)
             self.pool_bound = bound
             self.pool = new_pool(layout, bound)
-            self.step = _decode_step(model, config, self.pool, self.pad_id)
+            self.step = _static_step(model, config, self.pool, self.pad_id)
             capacity = self.pool.capacity()
             if capacity is not None:  # the longest context the bound holds: the core refuses longer
                 self.max_positions = capacity + 1
         #: whether the config asks to keep contexts between calls, and whether they are
         #: (their page tables, in the core's prefix cache)
         self.reuse_asked = reuse
-        self.reuse = reuse and self.pool_off is None
+        self.reuse = reuse and self.pool_off_reason is None
         #: linear layers packed for oneDNN on the CPU (genlm_hf.cpu_linear), and why not
         self.packed_linears = 0
-        self.packed_off: str | None = "cpu_packed_linears=False"
+        self.packed_off_reason: str | None = "cpu_packed_linears=False"
         if config.cpu_packed_linears:
-            self.packed_off = packing_problem(model)
-            if self.packed_off is None and self.step is not None and self.step.fused is not None:
-                self.packed_off = "the fused decode step reads the dense weights"
-            if self.packed_off is None:
+            self.packed_off_reason = packing_problem(model)
+            if self.packed_off_reason is None and self.step is not None and self.step.fused is not None:
+                self.packed_off_reason = "the fused decode step reads the dense weights"
+            if self.packed_off_reason is None:
                 self.packed_linears = pack_linears(model)
-        #: the cost of one more eager pass, in token positions (genlm_hf.passes.pass_groups)
+        #: the cost of one more eager pass, in token positions (genlm_hf.pass_groups)
         self.pass_cost = PASS_COST
         #: passes and what they read: rows, span columns read once for a group, private columns
         self.counts = {
@@ -177,7 +179,7 @@ class HFEngine(Engine[HFConfig]):
         while they do: releasing it would free nothing), reads nested contexts off a row's
         logits, and runs a long prefix several contexts share once, first."""
         return KVPolicy(
-            problem=self.pool_off,
+            problem=self.pool_off_reason,
             budget=None if self.reuse_asked else 0,
             release="leaves",
             read_off=self.pool is not None,  # a model run whole hands back last positions only
@@ -206,7 +208,7 @@ class HFEngine(Engine[HFConfig]):
         kept prefix (its pages forked, no copy) and running its new tokens only; hands back
         every context computed as a page table (the row's, and each read-off prefix's: the
         first columns of the row's). Rows of very different new-token counts run in passes
-        of their own (:func:`~genlm_hf.passes.pass_groups`)."""
+        of their own (:func:`~genlm_hf.pass_groups.pass_groups`)."""
         with torch.inference_mode():
             if self.pool is None:
                 contexts = [r.context for r in rows]
@@ -255,13 +257,13 @@ class HFEngine(Engine[HFConfig]):
         read-off prefixes first."""
         pool = self.pool
         assert pool is not None
-        extend_rows(rows)
+        new = extend_rows(rows)
         logits = None
         if self.step is not None and all(r.suffix == 1 for r in rows):
-            layout = lay_out(rows, pool.page, max_spans=1)
+            layout = lay_out(rows, new, max_spans=1)
             logits = self.step.run(rows, layout)
         if logits is None:
-            layout = lay_out(rows, pool.page)
+            layout = lay_out(rows, new)
             logits = run_pass(
                 self.model, pool, rows, layout, pad_id=self.pad_id, logits_to_keep=self.logits_to_keep
             )
@@ -299,10 +301,10 @@ class HFEngine(Engine[HFConfig]):
         if self.pool is not None:
             out.update(self.pool.stats())
         else:
-            out["kv_pool_off"] = self.pool_off
+            out["kv_pool_off"] = self.pool_off_reason
         if self.step is not None:
             out.update(self.step.stats())
-        out.update(cpu_packed_linears=self.packed_linears, cpu_packed_linears_off=self.packed_off)
+        out.update(cpu_packed_linears=self.packed_linears, cpu_packed_linears_off=self.packed_off_reason)
         return out
 
     # ------------------------------------------------------------------ LoRA (peft)
@@ -316,7 +318,7 @@ class HFEngine(Engine[HFConfig]):
             self.step.unfuse(f"LoRA adapter {name!r} loaded")
         if self.packed_linears:  # peft injects itself into nn.Linear layers only
             unpack_linears(self.model)
-            self.packed_linears, self.packed_off = 0, f"LoRA adapter {name!r} loaded"
+            self.packed_linears, self.packed_off_reason = 0, f"LoRA adapter {name!r} loaded"
         self.model.load_adapter(folder, adapter_name=name)
         self._adapters_loaded = True
         if active is not None:
@@ -334,7 +336,7 @@ class HFEngine(Engine[HFConfig]):
 
     # ------------------------------------------------------------------ housekeeping
     def clear_cache(self) -> None:
-        """Drop every kept context (their pages go back to the pool). The decode step's
+        """Drop every kept context (their pages go back to the pool). The static step's
         buckets stay, with their captured graphs: they hold no KV and no result a later call
         reads, and capturing them again would cost a program that clears its caches between
         runs an uncaptured step per bucket. :meth:`close` frees them. On the CPU the
@@ -355,8 +357,8 @@ class HFEngine(Engine[HFConfig]):
             torch.cuda.empty_cache()
 
 
-def _decode_step(model: Any, config: HFConfig, pool: KVPool, pad_id: int) -> DecodeStep | None:
-    """The engine's decode step per ``static_decode`` ("auto": on CUDA only, captured,
+def _static_step(model: Any, config: HFConfig, pool: KVPool, pad_id: int) -> StaticStep | None:
+    """The engine's static one-token step per ``static_decode`` ("auto": on CUDA only, captured,
     without graphs if a capture fails; "on": everywhere, captured on CUDA, a failed capture
     raises; "off": none)."""
     mode = config.static_decode
@@ -366,12 +368,12 @@ def _decode_step(model: Any, config: HFConfig, pool: KVPool, pad_id: int) -> Dec
     limit = getattr(model.config, "max_position_embeddings", None) or getattr(
         model.config, "n_positions", None
     )
-    fused, fused_off = None, "fused_decode=False"
+    fused, fused_off_reason = None, "fused_decode=False"
     if config.fused_decode:
-        fused_off = fused_reason(model)
-        if fused_off is None:
+        fused_off_reason = fused_reason(model)
+        if fused_off_reason is None:
             fused = FusedLlama.build(model)
-    return DecodeStep(
+    return StaticStep(
         model,
         pool,
         batch_size=config.batch_size,
@@ -380,7 +382,7 @@ def _decode_step(model: Any, config: HFConfig, pool: KVPool, pad_id: int) -> Dec
         max_columns=int(limit) if limit else None,
         strict=mode == "on",
         fused=fused,
-        fused_off=fused_off,
+        fused_off_reason=fused_off_reason,
     )
 
 

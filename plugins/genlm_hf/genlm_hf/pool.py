@@ -30,6 +30,11 @@ holds, kept prefixes and the rows of the pass running alike: the pool never pass
 
 Page 0 is never handed out: its first column is where padded positions of a pass write
 and read (finite values, masked out), so a pass needs no branch for padding.
+
+Page arithmetic lives here only: the passes ask a context for its slots
+(:meth:`KVSeq.slots`), the columns it shares with others (:meth:`KVSeq.shared_columns`)
+and whether they lie in order (:meth:`KVSeq.contiguous_start`), and the attention asks
+the pool for a layer's keys and values (:meth:`KVPool.layer_kv`).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import torch
 
 from genlm_hf.host_memory import drop_pages, no_huge_pages
 
-__all__ = ["PAGE", "KVLayout", "KVPool", "KVSeq", "PoolFullError"]
+__all__ = ["PAGE", "PAD_SLOT", "KVLayout", "KVPool", "KVSeq", "PoolFullError", "context_capacity"]
 
 #: token columns per page
 PAGE = 16
@@ -49,6 +54,12 @@ PAGE = 16
 PAD_SLOT = 0
 #: the pool's first size, in pages (it doubles from there, up to its bound)
 _FIRST_PAGES = 64
+
+
+def context_capacity(pages: int, page: int = PAGE) -> int:
+    """The longest context a pool of ``pages`` pages holds alone: its pages plus one copied
+    on write, beside the reserved page."""
+    return max(0, pages - 2) * page
 
 
 class PoolFullError(RuntimeError):
@@ -69,6 +80,11 @@ class KVLayout(NamedTuple):
     def column_bytes(self) -> int:
         """Bytes of one token's keys and values over every layer."""
         return self.layers * 2 * self.heads * self.head_dim * self.dtype.itemsize
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page of :data:`PAGE` columns."""
+        return self.column_bytes * PAGE
 
 
 class KVPool:
@@ -134,6 +150,16 @@ class KVPool:
         """Bytes of the pool's tensor."""
         return self.storage.numel() * self.storage.element_size()
 
+    def pages_holding(self, columns: int) -> int:
+        """The pages that ``columns`` columns fill, the last one partly."""
+        return (columns + self.page - 1) // self.page
+
+    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s keys and values, each ``[heads, slots, head_dim]`` (views of the
+        pool's tensor: a slot's column is ``[:, slot]``)."""
+        store = self.storage[layer]
+        return store[0], store[1]
+
     def take(self) -> int:
         """A free page (grown into when none is free), holding one reference; raises
         :class:`PoolFullError` when none is left (room is made before a pass: :meth:`shortfall`)."""
@@ -168,7 +194,13 @@ class KVPool:
     def capacity(self) -> int | None:
         """The longest context the bound holds alone (every other page released): its
         pages plus one copied on write, beside the reserved page (None: no bound)."""
-        return None if self.max_pages is None else max(0, self.max_pages - 2) * self.page
+        return None if self.max_pages is None else context_capacity(self.max_pages, self.page)
+
+    def bytes_to_hold(self, tokens: int) -> int:
+        """The bound that holds a context of ``tokens`` tokens alone (its pages, one copied
+        on write, the reserved page): the least ``max_bytes`` whose :meth:`capacity` is at
+        least ``tokens``."""
+        return (self.pages_holding(tokens) + 2) * self.page_bytes
 
     def trim(self) -> int:
         """Give the memory of the free pages above the highest page in use back to the OS
@@ -265,8 +297,7 @@ class KVSeq:
         n = self.length if length is None else length
         if not 0 <= n <= self.length:
             raise ValueError(f"fork({n}) of a context of {self.length} columns")
-        P = self.pool.page
-        pages = self.pages[: (n + P - 1) // P]
+        pages = self.pages[: self.pool.pages_holding(n)]
         self.pool.incref(pages)
         return KVSeq(self.pool, list(pages), n)
 
@@ -299,6 +330,29 @@ class KVSeq:
         stop = self.length if end is None else end
         P, pages = self.pool.page, self.pages
         return [pages[i // P] * P + i % P for i in range(start, stop)]
+
+    def contiguous_start(self, length: int) -> int | None:
+        """The slot of column 0 when columns ``[0, length)`` lie at consecutive slots (their
+        pages in order: a view of the pool reads them, no gather), else None."""
+        pages = self.pages[: self.pool.pages_holding(length)]
+        if all(pages[i] == pages[0] + i for i in range(len(pages))):
+            return pages[0] * self.pool.page
+        return None
+
+    def shared_columns(self, others: Iterable["KVSeq"]) -> int:
+        """How many first columns this context and every one of ``others`` hold at the same
+        slots: those of the pages they all begin with, up to the shortest length."""
+        pages, length = self.pages, self.length
+        common = len(pages)
+        for other in others:
+            theirs = other.pages
+            n = min(common, len(theirs))
+            k = 0
+            while k < n and theirs[k] == pages[k]:
+                k += 1
+            common = k
+            length = min(length, other.length)
+        return min(common * self.pool.page, length)
 
     def release(self) -> None:
         """Give back this context's references (idempotent)."""

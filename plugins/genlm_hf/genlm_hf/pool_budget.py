@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from genlm_hf.pool import PAGE, KVLayout, KVPool
+from genlm_hf.pool import PAGE, KVLayout, KVPool, context_capacity
 
 __all__ = ["MIN_AUTO_BYTES", "MIN_POOL_PAGES", "device_memory", "new_pool", "pool_bound", "too_long_for_pool"]
 
@@ -68,7 +68,7 @@ def pool_bound(option: Any, device: Any, page_bytes: int) -> int | None:
         raise ValueError(
             f"kv_cache_bytes={option} holds less than {MIN_POOL_PAGES} pages of this model's KV (a page of "
             f"{PAGE} tokens takes {page_bytes:,} bytes): pass at least {least} (a context of "
-            f"{(MIN_POOL_PAGES - 2) * PAGE} tokens), 'auto', or 0 to keep no KV between calls"
+            f"{context_capacity(MIN_POOL_PAGES)} tokens), 'auto', or 0 to keep no KV between calls"
         )
     if option > total:
         where = "GPU" if device.type == "cuda" else "machine"
@@ -96,7 +96,7 @@ def too_long_for_pool(pool: KVPool, tokens: int, bound: int | None = None) -> st
     """Why a context of ``tokens`` tokens does not fit in ``pool``'s bound (``bound``: the
     bytes it was given, else its whole pages), and the kv_cache_bytes it needs (its pages, a
     copy on write, the reserved page)."""
-    need = (-(-tokens // pool.page) + 2) * pool.page_bytes
+    need = pool.bytes_to_hold(tokens)
     given = bound if bound is not None else (pool.max_pages or 0) * pool.page_bytes
     return (
         f"the KV pool's bound (kv_cache_bytes={given}) holds a context of at "

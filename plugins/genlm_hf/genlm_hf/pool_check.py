@@ -1,6 +1,6 @@
 """The KV pool's self-check at load, made visible.
 
-Each load runs :func:`genlm_hf.passes.pool_self_check` (a 3-token context through the
+Each load runs :func:`genlm_hf.pool_probe.pool_self_check` (a 3-token context through the
 pool against the model's own forward). When it fails the engine runs every call whole,
 without KV reuse: rows stay exact but a long prompt costs its whole length every call.
 That must never pass unnoticed:

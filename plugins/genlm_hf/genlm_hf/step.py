@@ -1,10 +1,11 @@
-"""The decode step: a call whose every row runs one new token, run in a shape fixed per
-bucket so that it can be captured as a CUDA graph and replayed.
+"""The static step: a call whose every row runs one new token, run in a shape fixed per
+bucket so that it can be captured as a CUDA graph and replayed (:class:`StaticStep`,
+on when ``static_decode`` is; not the engine's ``"decode"`` capability).
 
 A program's particles call once a step, each on its context of the step before plus one
 token (SIS, SMC, a burst's steps, the byte beam's extensions). Over the KV pool such a
 call is one token a row: the rows fork their parents' pages and write one column each.
-The eager pass (:func:`genlm_hf.passes.run_pass`) builds its inputs, masks and
+The eager pass (:func:`genlm_hf.eager_pass.run_pass`) builds its inputs, masks and
 gathers with shapes that change every call, so it cannot be replayed; a
 :class:`StepBucket` has them fixed:
 
@@ -42,10 +43,10 @@ import torch
 from genlm_core.engine import note
 from genlm_hf.attention import PoolPass, SharedSpan, use_pool_attention
 from genlm_hf.fused import FusedLlama
-from genlm_hf.passes import Layout, PassRow
+from genlm_hf.pass_layout import Layout, PassRow
 from genlm_hf.pool import PAD_SLOT, KVPool
 
-__all__ = ["MAX_BUCKETS", "MIN_WIDTH", "DecodeStep", "StepBucket", "bucket_size"]
+__all__ = ["MAX_BUCKETS", "MIN_WIDTH", "StaticStep", "StepBucket", "bucket_size"]
 
 #: the fewest private columns of a bucket
 MIN_WIDTH = 16
@@ -122,7 +123,7 @@ class StepBucket:
         n = len(rows)
         ids = [r.ctx[-1] for r in rows] + [pad_id] * (B - n)
         pos = [r.depth for r in rows] + [0] * (B - n)
-        write = [r.new[0] for r in rows] + [PAD_SLOT] * (B - n)
+        write = [new[0] for new in layout.new] + [PAD_SLOT] * (B - n)
         private: list[int] = []
         for cols in layout.private:
             private += cols + [PAD_SLOT] * (U - len(cols))
@@ -173,8 +174,9 @@ class StepBucket:
         return self.out
 
 
-class DecodeStep:
-    """The buckets of one engine (see the module doc)."""
+class StaticStep:
+    """The one-token step of one engine in fixed shapes, captured on CUDA: its buckets
+    (see the module doc)."""
 
     def __init__(
         self,
@@ -187,7 +189,7 @@ class DecodeStep:
         max_columns: int | None,
         strict: bool = False,
         fused: FusedLlama | None = None,
-        fused_off: str | None = None,
+        fused_off_reason: str | None = None,
     ) -> None:
         self.model = model
         self.pool = pool
@@ -198,7 +200,7 @@ class DecodeStep:
         self.strict = strict  # a capture that fails raises (static_decode="on")
         #: the fused step new buckets run (genlm_hf.fused), and why there is none
         self.fused = fused
-        self.fused_off = fused_off
+        self.fused_off_reason = fused_off_reason
         self._fused_ran = False
         self.buckets: OrderedDict[tuple[int, int, int], StepBucket] = OrderedDict()
         self.steps = 0
@@ -275,7 +277,7 @@ class DecodeStep:
         """Buckets run the model's own forward from now on (an adapter was loaded: the fused
         step reads the base weights only)."""
         if self.fused is not None:
-            self.fused, self.fused_off = None, why
+            self.fused, self.fused_off_reason = None, why
             self.buckets.clear()
 
     def clear(self) -> None:
@@ -289,5 +291,5 @@ class DecodeStep:
             "static_declined": self.declined,
             "static_buckets": len(self.buckets),
             "fused_decode": self.fused is not None,
-            "fused_decode_off": self.fused_off,
+            "fused_decode_off": self.fused_off_reason,
         }

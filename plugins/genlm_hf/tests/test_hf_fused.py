@@ -20,8 +20,9 @@ import pytest
 import torch
 from genlm_hf.cache_names import output_cache
 from genlm_hf.fused import FusedLlama, fused_reason
-from genlm_hf.passes import PassRow, extend_rows, lay_out, probe_layout
+from genlm_hf.pass_layout import PassRow, extend_rows, lay_out
 from genlm_hf.pool import KVPool, KVSeq
+from genlm_hf.pool_probe import probe_layout
 from genlm_hf.step import StepBucket
 from hf_helpers import load_hf, make_lora_adapter
 
@@ -111,8 +112,7 @@ def _step(
         seq = prompt.fork()
         write(seq.extend(len(ctx) - 1 - shared), _model_kv(model, ctx[:-1]), shared)
         rows.append(PassRow(tuple(ctx), len(ctx) - 1, seq))
-    extend_rows(rows)
-    layout = lay_out(rows, pool.page, min_span=16, max_spans=1)
+    layout = lay_out(rows, extend_rows(rows), min_span=16, max_spans=1)
     if shared:  # the prompt's full pages: one span every row reads
         assert layout.spans[0] == (list(range(len(rows))), shared // pool.page * pool.page)
     B = rows_bucket
@@ -123,13 +123,13 @@ def _step(
     logits = bucket.run()[: len(rows)].clone()
     # the new token's KV went where the model's own prefill of the whole context puts it
     dtype = str(pool.layout.dtype).removeprefix("torch.")
-    for i, (ctx, r) in enumerate(zip(contexts, rows)):
+    for i, ctx in enumerate(contexts):
         whole = _model_kv(model, ctx)[0]
         col = len(ctx) - 1
         # layer 0's key and value: a norm and a projection of the token's embedding (and the
         # rope) on each side, well within one block's bound in the model's dtype
         for j, want in enumerate((whole.keys[0, :, col], whole.values[0, :, col])):
-            got = pool.storage[0, j, :, r.new[0]]
+            got = pool.storage[0, j, :, layout.new[i][0]]
             assert_rows_close(got, want, KV_SHAPE, dtype=dtype, what=f"row {i}: the new {'kv'[j]} written")
     return torch.log_softmax(logits.float(), dim=-1).cpu()
 

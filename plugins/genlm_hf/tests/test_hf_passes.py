@@ -1,4 +1,4 @@
-"""Rows of very different suffix lengths in passes of their own (genlm_hf.passes).
+"""Rows of very different suffix lengths in passes of their own (genlm_hf.pass_groups).
 
 The split is checked against brute force (every partition of a call's rows into passes:
 none costs less), and calls mixing long suffixes with short ones against the uncached
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from genlm_hf.passes import PASS_COST, pass_groups
+from genlm_hf.pass_groups import PASS_COST, pass_groups
 from hf_helpers import load_hf, reference
 
 from genlm_core.testing.tolerance import assert_rows_close, assert_tiny_close, model_shape

@@ -143,3 +143,44 @@ def test_growth_keeps_the_columns() -> None:
     assert pool.grown >= 1 and pool.pages >= 2 * first
     for i, s in enumerate(seqs):
         assert _read(pool, s) == [float(i)] * 3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_what_the_pool_hands_matches_the_slots_of_each_column(seed: int) -> None:
+    """The pool's page arithmetic against each column's slot (``slots``): the first
+    columns several contexts hold at the same slots, whether a context's first columns lie
+    at consecutive slots, the pages a count of columns fills, and the bound a context
+    needs (the least whose capacity holds it)."""
+    rng = random.Random(seed)
+    pool = KVPool(LAYOUT, None)
+    seqs = [KVSeq(pool)]
+    seqs[0].extend(rng.randrange(1, 4 * PAGE))
+    for _ in range(30):  # forks of forks, extended, some released: pages shared, copied, reused
+        parent = rng.choice(seqs)
+        child = parent.fork(rng.randrange(parent.length + 1))
+        child.extend(rng.randrange(1, 2 * PAGE))
+        seqs.append(child)
+        if rng.random() < 0.2 and len(seqs) > 2:
+            seqs.pop(rng.randrange(len(seqs) - 1)).release()
+    for _ in range(40):
+        group = rng.sample(seqs, rng.randrange(1, min(4, len(seqs)) + 1))
+        shortest = min(s.length for s in group)
+        agree = 0
+        while agree < shortest and len({s.slots(agree, agree + 1)[0] for s in group}) == 1:
+            agree += 1
+        assert group[0].shared_columns(group[1:]) == agree
+        seq, length = group[0], rng.randrange(1, group[0].length + 1)
+        slots = seq.slots(0, length)
+        want = slots[0] if slots == list(range(slots[0], slots[0] + length)) else None
+        assert seq.contiguous_start(length) == want
+    for columns in range(3 * PAGE + 1):
+        assert pool.pages_holding(columns) == len({col // PAGE for col in range(columns)})
+    for tokens in range(1, 3 * PAGE):
+        need = pool.bytes_to_hold(tokens)
+        assert KVPool(LAYOUT, need).capacity() >= tokens
+        assert KVPool(LAYOUT, need - pool.page_bytes).capacity() < tokens
+    keys, values = pool.layer_kv(1)
+    assert (
+        keys.data_ptr() == pool.storage[1, 0].data_ptr()
+        and values.data_ptr() == pool.storage[1, 1].data_ptr()
+    )

@@ -34,14 +34,14 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def broken_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pool's pass computes wrong rows (x1.5), as an attention it does not implement would."""
-    import genlm_hf.passes as passes
+    import genlm_hf.pool_probe as pool_probe
 
-    real = passes.run_pass
+    real = pool_probe.run_pass
 
     def wrong(*args: Any, **kwargs: Any) -> torch.Tensor:
         return real(*args, **kwargs) * 1.5
 
-    monkeypatch.setattr(passes, "run_pass", wrong)
+    monkeypatch.setattr(pool_probe, "run_pass", wrong)
 
 
 @pytest.mark.parametrize("which", ["llama", "gpt2"])
