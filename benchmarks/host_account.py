@@ -217,12 +217,12 @@ def account(llm: Any, step: Callable[[], None], rows: int, steps: int = 8) -> di
     timers = _Timers()
     wrap = timers.wrap
     patches = _Patches()
-    checks, rows = llm.context_checks, llm.rows  # the backend's parts: validation, the rows
+    checks, normalise = llm.context_checks, llm.rows  # the backend's parts: validation, the rows
     patches.set(checks, "validate", wrap("validate", type(checks).validate.__get__(checks)))
     patches.set(llm.batcher, "batch_fn", wrap("batch", llm.batcher.batch_fn))
     patches.set(llm.engine, "forward", wrap("forward", llm.engine.forward))
-    patches.set(rows, "normalised", wrap("normalise", type(rows).normalised.__get__(rows)))
-    row_errors = type(rows).row_errors.__get__(rows)
+    patches.set(normalise, "normalised", wrap("normalise", type(normalise).normalised.__get__(normalise)))
+    row_errors = type(normalise).row_errors.__get__(normalise)
     wait = wrap("device_wait", lambda: torch.cuda.synchronize(llm.device))
 
     def checked(*a: Any, **k: Any) -> Any:
@@ -230,7 +230,7 @@ def account(llm: Any, step: Callable[[], None], rows: int, steps: int = 8) -> di
             wait()
         return row_errors(*a, **k)
 
-    patches.set(rows, "row_errors", wrap("row_check", checked))
+    patches.set(normalise, "row_errors", wrap("row_check", checked))
     patches.set(rows_mod, "private_copies", wrap("row_copies", rows_mod.private_copies))
     cache = llm.output_cache
     for attr in ("adopt_many", "put_many"):
