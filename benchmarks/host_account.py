@@ -211,18 +211,18 @@ def account(llm: Any, step: Callable[[], None], rows: int, steps: int = 8) -> di
     contexts each call) on ``llm``, a genlm-core backend: see the module doc."""
     import torch
 
-    from genlm_core.engine.backend import rows as rows_mod  # where _normalised copies the rows
+    from genlm_core.engine.backend import rows as rows_mod  # where Rows.normalised copies the rows
 
     cuda = torch.device(llm.device).type == "cuda"
     timers = _Timers()
     wrap = timers.wrap
     patches = _Patches()
-    cls = type(llm)
-    patches.set(llm, "validate", wrap("validate", cls.validate.__get__(llm)))
+    checks, normalise = llm.context_checks, llm.rows  # the backend's parts: validation, the rows
+    patches.set(checks, "validate", wrap("validate", type(checks).validate.__get__(checks)))
     patches.set(llm.batcher, "batch_fn", wrap("batch", llm.batcher.batch_fn))
     patches.set(llm.engine, "forward", wrap("forward", llm.engine.forward))
-    patches.set(llm, "_normalised", wrap("normalise", cls._normalised.__get__(llm)))
-    row_errors = cls._row_errors.__get__(llm)
+    patches.set(normalise, "normalised", wrap("normalise", type(normalise).normalised.__get__(normalise)))
+    row_errors = type(normalise).row_errors.__get__(normalise)
     wait = wrap("device_wait", lambda: torch.cuda.synchronize(llm.device))
 
     def checked(*a: Any, **k: Any) -> Any:
@@ -230,7 +230,7 @@ def account(llm: Any, step: Callable[[], None], rows: int, steps: int = 8) -> di
             wait()
         return row_errors(*a, **k)
 
-    patches.set(llm, "_row_errors", wrap("row_check", checked))
+    patches.set(normalise, "row_errors", wrap("row_check", checked))
     patches.set(rows_mod, "private_copies", wrap("row_copies", rows_mod.private_copies))
     cache = llm.output_cache
     for attr in ("adopt_many", "put_many"):

@@ -403,14 +403,20 @@ def _positional(fn: Callable[..., Any]) -> int | None:
     return sum(p.kind in kinds for p in params)
 
 
+def loads_without_services(engine_class: type) -> bool:
+    """Whether ``engine_class`` loads by the 0.1 contract: ``load(checkpoint, config)``, or
+    the default ``load`` over ``__init__(checkpoint, config)`` (:func:`engine_loader`)."""
+    if _inherited(engine_class, "load"):
+        return _positional(engine_class) == 2
+    return _positional(engine_class.load) == 2
+
+
 def engine_loader(engine_class: type) -> Callable[[Any, Any, Any], Any]:
     """``engine_class.load`` as ``(checkpoint, config, services) -> engine``. An engine of the
-    0.1 contract (``load(checkpoint, config)``, or the default ``load`` over
-    ``__init__(checkpoint, config)``) loads without services, with a warning."""
-    from_base = _inherited(engine_class, "load")
-    old = _positional(engine_class) == 2 if from_base else _positional(engine_class.load) == 2
-    if not old:
+    0.1 contract (:func:`loads_without_services`) loads without services, with a warning."""
+    if not loads_without_services(engine_class):
         return engine_class.load
+    from_base = _inherited(engine_class, "load")
     what = f"{engine_class.__name__}.{'__init__' if from_base else 'load'}(checkpoint, config)"
 
     def load(checkpoint: Any, config: Any, services: Any) -> Any:

@@ -282,7 +282,7 @@ def test_drive_takes_its_old_keyword_names_with_a_warning(llm) -> None:
             Scripted([(0, [1], None)]),
             2,
             validate=llm.validate,
-            step=llm._burst_logprobs,
+            step=llm.bursts.step_logprobs,
             release=ended.append,
             vocab_size=llm.vocab_size,
             max_context_length=None,

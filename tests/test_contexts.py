@@ -117,7 +117,10 @@ def test_a_backend_checks_a_particles_new_id_only_and_still_refuses_a_bad_one() 
     try:
         prompt = list(range(1, 60))
         llm.next_token_logprobs_sync(prompt)
-        assert tuple(prompt[:-1]) not in llm._recent._seen and tuple(prompt) in llm._recent._seen
+        assert (
+            tuple(prompt[:-1]) not in llm.context_checks.recent._seen
+            and tuple(prompt) in llm.context_checks.recent._seen
+        )
         llm.next_token_logprobs_sync(prompt + [3])
         for bad, match in (
             (llm.vocab_size, "outside the vocabulary"),

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import genlm_core
-from genlm_core.engine import backend as backend_mod
 from genlm_core.engine.backend import rows as rows_mod
+from genlm_core.engine.backend.context_checks import ContextChecks
 from genlm_core.testing.models import tiny_llama
 from genlm_core.testing.tolerance import assert_backend_close
 
@@ -45,7 +45,9 @@ def _attributes(llm: Any) -> dict[str, Any]:
     """What the account replaces, as found (instance attributes by their presence)."""
     cache = llm.output_cache
     return {
-        "backend": dict(vars(llm)).keys() - {"_recent"},
+        "backend": set(vars(llm)),
+        "context_checks": set(vars(llm.context_checks)),
+        "rows": set(vars(llm.rows)),
         "batch_fn": llm.batcher.batch_fn,
         "engine": set(vars(llm.engine)),
         "step": set(vars(llm.engine.step)),
@@ -86,7 +88,7 @@ def test_the_account_measures_nested_stages_and_leaves_the_backend_as_it_was(llm
         before = _attributes(llm)
         out = ha.account(llm, step, ROWS, steps=4)
         assert _attributes(llm) == before
-        assert type(llm).validate is backend_mod.BaseLogprobBackend.validate
+        assert type(llm.context_checks).validate is ContextChecks.validate
         # a stage's time lies within its caller's, step by step, so their medians too
         assert out["host_model_step_ms"] <= out["host_forward_ms"] <= out["host_batch_ms"]
         assert out["host_batch_ms"] <= out["host_step_ms"]

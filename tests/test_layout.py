@@ -228,11 +228,9 @@ def test_a_plugins_old_backend_names_still_load_warning() -> None:
         mock_old.nothing  # noqa: B018
 
 
-#: modules that still warn themselves: the backend's class factory (its ``deprecated=``
-#: names an old plugin class) and genlm-compat, which repeats genlm-backend's and
+#: modules that still warn themselves: genlm-compat, which repeats genlm-backend's and
 #: genlm-bytes' own deprecations word for word
 WARNS_ITSELF = {
-    "genlm_core/engine/backend/base.py",
     "plugins/genlm_compat/genlm/backend/trie/__init__.py",
     "plugins/genlm_compat/genlm/bytes/trie.py",
     "plugins/genlm_compat/genlm/bytes/__init__.py",

@@ -290,7 +290,7 @@ def build_app(
     async def fetch_rows(contexts: list[tuple[int, ...]]) -> Any:
         """The rows of ``contexts`` through the backend's batcher (read only: cached rows
         are not copied; the encoder copies each row once, into the reply)."""
-        shared = getattr(backend, "_shared_row", None)
+        shared = getattr(getattr(backend, "logprob_calls", None), "shared_row", None)
         if shared is None:
             return await backend.batch_next_token_logprobs(contexts)
         unique = list(dict.fromkeys(contexts))

@@ -1,40 +1,54 @@
-"""`BaseLogprobBackend`: one class holding an engine, made of the parts of this package.
+"""`BaseLogprobBackend`: one class holding an engine, composed of the parts of this package.
 
 This module holds the engine: it reads what the engine says once (the vocabulary, the
 default EOS ids, the context limit: the smaller of the checkpoint's and the engine's),
-makes the one engine lock every engine call holds, the batchers and the output cache,
-and answers for the backend's state (``info``, ``stats``, health) and shutdown. The
-calls are its parts' (:mod:`genlm_core.engine.backend`).
+makes the one engine lock every engine call holds, the batchers, the output cache and the
+core's KV calls, hands each part what it works with, and answers for the backend's state
+(``info``, ``stats``, health) and shutdown. Every other call is one line handing it to its
+part (:mod:`genlm_core.engine.backend`).
+
+Kept in one module: it is the one class whose public surface (the LogprobBackend protocol,
+genlm-backend's names) callers and subclasses use; what it does past holding the engine
+lives in the parts' modules, and here each such call is one line handing over to its part.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from genlm_core import _deprecated
 from genlm_core.config import BackendConfig
-from genlm_core.engine.backend.burst_calls import BurstCalls
+from genlm_core.engine.backend.burst_calls import Bursts
 from genlm_core.engine.backend.cache_controls import CacheControls
-from genlm_core.engine.backend.logprob_calls import LogprobCalls
+from genlm_core.engine.backend.context_checks import ContextChecks
+from genlm_core.engine.backend.lifecycle import Lifecycle
+from genlm_core.engine.backend.logprob_calls import CachingBatch, LogprobCalls
 from genlm_core.engine.backend.lora_controls import LoraControls
+from genlm_core.engine.backend.rows import Rows
 from genlm_core.engine.backend.sample_calls import SampleCalls
 from genlm_core.engine.batching import AutoBatcher
 from genlm_core.engine.caches import output_cache_for
 from genlm_core.engine.checkpoint import Checkpoint, engine_context_limit, read_checkpoint
+from genlm_core.engine.contexts import Context
 from genlm_core.engine.contract import Engine, SampleRequest, check_engine
 from genlm_core.engine.heap import settle_after_load
 from genlm_core.engine.kv_calls import KVCalls
 from genlm_core.engine.lora import LoraAdapters
-from genlm_core.engine.memory import accelerator
 from genlm_core.engine.placement import Placement, place, refuse_unsupported
 from genlm_core.engine.services import EngineServices
-from genlm_core.engine.validation import RecentContexts
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from genlm_core.engine.burst import BurstReport, EngineControl
+    from genlm_core.protocols import PrefixKVCache
     from genlm_core.registry import Registration
 
 __all__ = ["BaseLogprobBackend", "backend_class", "registered_name"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def registration(engine_class: type) -> Registration | None:
@@ -51,8 +65,24 @@ def registered_name(engine_class: type) -> str | None:
     return reg.name if reg is not None else None
 
 
-class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, LoraControls):
-    """Shared implementation of the LogprobBackend protocol around an :class:`Engine`."""
+def _doc(part: Any) -> Callable[[F], F]:
+    """The part's docstring on the backend's call handing over to it (``help()``, the API
+    reference): the part says what the call does, once."""
+
+    def give(method: F) -> F:
+        method.__doc__ = part.__doc__
+        return method
+
+    return give
+
+
+class BaseLogprobBackend:
+    """Shared implementation of the LogprobBackend protocol around an :class:`Engine`.
+
+    Its parts (:mod:`genlm_core.engine.backend`), each built with what it works with:
+    :attr:`context_checks`, :attr:`rows`, :attr:`logprob_calls`, :attr:`sample_calls`,
+    :attr:`bursts`, :attr:`cache_controls` and :attr:`lora_controls`; they share the one
+    engine lock, the batcher, the output cache and the core's KV calls made here."""
 
     config_class: ClassVar[type[BackendConfig]] = BackendConfig
     #: registered name, for messages
@@ -82,7 +112,7 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
                 self.config_class if self.config_class is not BackendConfig else engine.config_class
             )
             config = config_class()
-        self.config = config
+        self.config = cfg = config
         self.engine = engine
         #: what the engine was loaded with: its placement (an engine built by hand: not placed)
         self.services = services if services is not None else EngineServices(config, name=self.backend_name)
@@ -105,17 +135,27 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
         if tokenizer_eos is None:
             tokenizer_eos = getattr(engine.tokenizer, "eos_token_id", None)
         self.eos_token_ids: list[int] = self.checkpoint.eos_token_ids(tokenizer_eos, self.vocab_size)
-        self._max_context_length = engine_context_limit(
-            self.checkpoint.max_context_length, None, _deprecated.engine_positions(engine)
-        )
-        cfg = self.config
+        positions = engine.max_positions
+        if positions is None and getattr(engine, "max_context_length", None) is not None:
+            positions = _deprecated.engine_positions(engine)  # an engine of genlm-core 0.1's contract
+        self._max_context_length = engine_context_limit(self.checkpoint.max_context_length, None, positions)
         #: the LoRA adapters loaded, by name, and the active one (capability "lora")
         self.adapters = LoraAdapters()
         #: held by every call into the engine: batches, samples, cache resets, adapters, close
         self.engine_lock = threading.RLock()
         self.output_cache = output_cache_for(cfg)
+        #: whether the backend is closed: every part refuses work once it is
+        self.lifecycle = Lifecycle(self.backend_name)
+        #: the engine's scores as normalised float32 rows
+        self.rows = Rows(
+            engine,
+            self.vocab_size,
+            self.backend_name,
+            self.kv_calls,
+            bool(getattr(self.output_cache, "to_cpu", False)),
+        )
         self.batcher: AutoBatcher[tuple[int, ...], Any] = AutoBatcher(
-            self._batch_fn,
+            CachingBatch(self.rows, self.output_cache),
             batch_size=cfg.batch_size,
             timeout=cfg.timeout,
             policy=cfg.batch_policy,
@@ -126,7 +166,7 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
         #: the engine's sampler, batched (None: samples are drawn from the rows)
         self.sampler: AutoBatcher[SampleRequest, list[int]] | None = (
             AutoBatcher(
-                self.engine.sample,
+                engine.sample,
                 batch_size=cfg.batch_size,
                 timeout=cfg.timeout,
                 name=f"{self.backend_name}-sample",
@@ -135,13 +175,50 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
             if "sample" in engine.supports
             else None
         )
-        self._recent = RecentContexts()  # validation checks a particle's new id only
-        #: where a row the output cache holds in host memory goes back to (None: the rows
-        #: are on the CPU already): see :meth:`own_row`
-        self._rows_accelerator = accelerator(
-            engine.rows_device if engine.rows_device is not None else self.device
+        # every part checks contexts through the backend's validate and reads its limit per
+        # call: a subclass refining either (genlm-compat: genlm-backend's errors, the model's
+        # whole window) holds for every call
+        validate, limit = self.validate, lambda: self.max_context_length
+        self.context_checks = ContextChecks(
+            self.lifecycle, self.vocab_size, limit, getattr(engine, "context_limit_error", None)
         )
-        self._closed = False
+        self.logprob_calls = LogprobCalls(
+            self.rows,
+            self.batcher,
+            self.output_cache,
+            self.engine_lock,
+            self.lifecycle,
+            validate=validate,
+            vocab_size=self.vocab_size,
+            batch_size=cfg.batch_size,
+            rows_device=engine.rows_device if engine.rows_device is not None else self.device,
+        )
+        self.sample_calls = SampleCalls(
+            self.logprob_calls,
+            self.sampler,
+            validate=validate,
+            context_limit=limit,
+            eos_token_ids=self.eos_token_ids,
+            vocab_size=self.vocab_size,
+        )
+        self.bursts = Bursts(
+            engine,
+            self.rows,
+            self.engine_lock,
+            self.lifecycle,
+            validate=validate,
+            context_limit=limit,
+            kv_calls=self.kv_calls,
+            vocab_size=self.vocab_size,
+            batch_size=cfg.batch_size,
+            name=self.backend_name,
+        )
+        self.cache_controls = CacheControls(
+            engine, self.engine_lock, self.output_cache, self.kv_calls, self.batcher, validate
+        )
+        self.lora_controls = LoraControls(
+            engine, self.engine_lock, self.adapters, self.cache_controls, self.backend_name
+        )
 
     @classmethod
     def from_checkpoint(
@@ -168,7 +245,10 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
             placement = place(config, checkpoint, reg.supported_devices() if reg is not None else None, name)
         refuse_unsupported(engine_class, placement, config, name)
         services = EngineServices(config, placement, name)
-        engine = _deprecated.engine_loader(engine_class)(checkpoint, config, services)
+        if _deprecated.loads_without_services(engine_class):  # an engine of genlm-core 0.1's contract
+            engine = _deprecated.engine_loader(engine_class)(checkpoint, config, services)
+        else:
+            engine = engine_class.load(checkpoint, config, services)
         try:
             backend = cls(engine, config, checkpoint, services=services, name=name)
         except BaseException:
@@ -230,7 +310,7 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
     @property
     def healthy(self) -> bool:
         """Whether the backend can answer."""
-        return not self._closed and self.engine.healthy
+        return not self.lifecycle.closed and self.engine.healthy
 
     def info(self) -> dict[str, Any]:
         """What runs where (the engine adds its process/parallel layout)."""
@@ -275,11 +355,168 @@ class BaseLogprobBackend(LogprobCalls, SampleCalls, BurstCalls, CacheControls, L
     def tokens_reused(self) -> int:
         return int(self.stats().get("engine", {}).get("tokens_reused", 0))
 
+    # ------------------------------------------------------------------ the parts' calls
+    # each hands the call to its part, whose docstring says what it does
+
+    @_doc(ContextChecks.validate)
+    def validate(self, token_ids: Any) -> Context:
+        return self.context_checks.validate(token_ids)
+
+    @_doc(LogprobCalls.own_row)
+    def own_row(self, row: Any) -> Any:
+        return self.logprob_calls.own_row(row)
+
+    @_doc(LogprobCalls.next_token_logprobs)
+    async def next_token_logprobs(self, token_ids: Sequence[int]) -> torch.Tensor:
+        return await self.logprob_calls.next_token_logprobs(token_ids)
+
+    @_doc(LogprobCalls.next_token_logprobs_sync)
+    def next_token_logprobs_sync(self, token_ids: Sequence[int]) -> torch.Tensor:
+        return self.logprob_calls.next_token_logprobs_sync(token_ids)
+
+    @_doc(LogprobCalls.batch_next_token_logprobs)
+    async def batch_next_token_logprobs(self, token_ids_list: Sequence[Sequence[int]]) -> torch.Tensor:
+        return await self.logprob_calls.batch_next_token_logprobs(token_ids_list)
+
+    @_doc(LogprobCalls.batch_next_token_logprobs_sync)
+    def batch_next_token_logprobs_sync(self, token_ids_list: Sequence[Sequence[int]]) -> torch.Tensor:
+        return self.logprob_calls.batch_next_token_logprobs_sync(token_ids_list)
+
+    @_doc(LogprobCalls.next_token_logprobs_uncached)
+    def next_token_logprobs_uncached(self, token_ids: Sequence[int]) -> torch.Tensor:
+        return self.logprob_calls.next_token_logprobs_uncached(token_ids)
+
+    @_doc(LogprobCalls.reset_async_queries)
+    def reset_async_queries(self) -> None:
+        self.logprob_calls.reset_async_queries()
+
+    @_doc(SampleCalls.sample_request)
+    def sample_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> SampleRequest:
+        return self.sample_calls.sample_request(
+            prompt_token_ids, max_tokens, eos_token_ids, temperature, seed
+        )
+
+    @_doc(SampleCalls.sample)
+    async def sample(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[int]:
+        return await self.sample_calls.sample(prompt_token_ids, max_tokens, eos_token_ids, temperature, seed)
+
+    @_doc(SampleCalls.run_sample)
+    async def run_sample(self, req: SampleRequest) -> list[int]:
+        return await self.sample_calls.run_sample(req)
+
+    @_doc(SampleCalls.sample_sync)
+    def sample_sync(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[int]:
+        return self.sample_calls.sample_sync(prompt_token_ids, max_tokens, eos_token_ids, temperature, seed)
+
+    @_doc(SampleCalls.run_sample_sync)
+    def run_sample_sync(self, req: SampleRequest) -> list[int]:
+        return self.sample_calls.run_sample_sync(req)
+
+    @_doc(SampleCalls.batch_sample)
+    async def batch_sample(
+        self,
+        prompt_token_ids_list: Sequence[Sequence[int]],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[list[int]]:
+        return await self.sample_calls.batch_sample(
+            prompt_token_ids_list, max_tokens, eos_token_ids, temperature, seed
+        )
+
+    @property
+    @_doc(Bursts.supports_burst)
+    def supports_burst(self) -> bool:
+        return self.bursts.supports_burst
+
+    @_doc(Bursts.run_burst)
+    def run_burst(self, control: EngineControl, max_steps: int) -> BurstReport:
+        return self.bursts.run_burst(control, max_steps)
+
+    @_doc(Bursts.burst)
+    async def burst(self, control: EngineControl, max_steps: int) -> BurstReport:
+        return await self.bursts.burst(control, max_steps)
+
+    @_doc(CacheControls.clear_cache)
+    def clear_cache(self) -> None:
+        self.cache_controls.clear_cache()
+
+    @property
+    @_doc(CacheControls.prefix_cache)
+    def prefix_cache(self) -> PrefixKVCache | None:
+        return self.cache_controls.prefix_cache
+
+    @property
+    @_doc(CacheControls.kv_reuse)
+    def kv_reuse(self) -> bool:
+        return self.cache_controls.kv_reuse
+
+    @_doc(CacheControls.cache_kv)
+    def cache_kv(self, prompt_token_ids: Sequence[int]) -> None:
+        self.cache_controls.cache_kv(prompt_token_ids)
+
+    @_doc(CacheControls.clear_kv_cache)
+    def clear_kv_cache(self) -> None:
+        self.cache_controls.clear_kv_cache()
+
+    @property
+    @_doc(LoraControls.supports_lora)
+    def supports_lora(self) -> bool:
+        return self.lora_controls.supports_lora
+
+    @property
+    @_doc(LoraControls.active_lora)
+    def active_lora(self) -> str | None:
+        return self.lora_controls.active_lora
+
+    @property
+    @_doc(LoraControls.loras)
+    def loras(self) -> dict[str, str]:
+        return self.lora_controls.loras
+
+    @_doc(LoraControls.load_lora)
+    def load_lora(self, path: Any, name: str = "default") -> None:
+        self.lora_controls.load_lora(path, name)
+
+    @_doc(LoraControls.add_new_lora)
+    def add_new_lora(self, lora_path: Any, lora_name: str = "default") -> None:
+        self.lora_controls.add_new_lora(lora_path, lora_name)
+
+    @_doc(LoraControls.set_lora)
+    def set_lora(self, name: str = "default") -> None:
+        self.lora_controls.set_lora(name)
+
+    @_doc(LoraControls.clear_lora)
+    def clear_lora(self) -> None:
+        self.lora_controls.clear_lora()
+
+    # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
         """Stop the batchers (waiting callers get an error) and release the engine."""
-        if self._closed:
+        if not self.lifecycle.close():
             return
-        self._closed = True
         self.batcher.close()
         if self.sampler is not None:
             self.sampler.close()
@@ -315,24 +552,18 @@ def backend_class(
     ``"genlm_hf.HFBackend"``) making or loading one warns that it goes in genlm-core 0.3
     (``genlm_core.load(name, ...)`` and ``BaseLogprobBackend(engine, config)`` replace it)."""
 
-    def warn() -> None:
-        if deprecated is not None:
-            import warnings
-
-            warnings.warn(
-                f"{deprecated} is deprecated and will be removed in genlm-core 0.3: use "
-                f"genlm_core.load({name!r}, model=...), or BaseLogprobBackend({engine_class.__name__}(...), "
-                "config) around an engine you built",
-                DeprecationWarning,
-                stacklevel=3,
-            )
+    advice = (
+        f"use genlm_core.load({name!r}, model=...), or BaseLogprobBackend({engine_class.__name__}(...), "
+        "config) around an engine you built"
+    )
 
     class Backend(BaseLogprobBackend):
         config_class = engine_class.config_class
         backend_name = name
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            warn()
+            if deprecated is not None:
+                _deprecated.warn(deprecated, advice)  # (the stack level: this call's caller)
             super().__init__(*args, **kwargs)
 
     Backend.engine_class = engine_class

@@ -3,44 +3,47 @@
 Contract: every tensor returned here belongs to its caller, who may modify it in place
 (SMC code masks rows): a cache hit is cloned, a computed row is the caller's own (the
 batcher copies it for every further caller of the same key), a batch is a fresh stack.
-A mixin of :class:`~genlm_core.engine.backend.BaseLogprobBackend` (over
-:class:`~genlm_core.engine.backend.rows.EngineRows`).
+A part of :class:`~genlm_core.engine.backend.BaseLogprobBackend` (its ``logprob_calls``),
+over its :class:`~genlm_core.engine.backend.rows.Rows`; :class:`CachingBatch` is the
+batch function of the backend's batcher.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from genlm_core.engine.backend.rows import EngineRows
 from genlm_core.engine.contexts import Context, run_distinct
-from genlm_core.engine.memory import moved_from_cpu, private_copy
+from genlm_core.engine.memory import accelerator, moved_from_cpu, private_copy
 from genlm_core.engine.row_checks import EngineOutputError
-from genlm_core.engine.validation import validate_context
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["LogprobCalls"]
+    from genlm_core.engine.backend.lifecycle import Lifecycle
+    from genlm_core.engine.backend.rows import Rows
+    from genlm_core.engine.batching import AutoBatcher
+    from genlm_core.protocols import RowCache
+
+__all__ = ["CachingBatch", "LogprobCalls"]
 
 
-class LogprobCalls(EngineRows):
-    """Validated contexts, cached and batched rows, and the public logprob calls."""
+class CachingBatch:
+    """The batcher's batch function: the rows of distinct contexts, each caller's own, the
+    readable ones kept in the output cache.
 
-    def validate(self, token_ids: Any) -> Context:
-        """The context as a tuple of ints, or a clear ``ValueError``."""
-        if self._closed:
-            raise RuntimeError(f"{self.backend_name}: the backend is closed")
-        return validate_context(
-            token_ids,
-            self.vocab_size,
-            self.max_context_length,
-            recent=self._recent,
-            limit_error=getattr(self.engine, "context_limit_error", None),
-        )
+    Args:
+        rows: computes and normalises the rows.
+        output_cache: where computed rows are kept (None: no output cache).
+    """
 
-    def _batch_fn(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor | EngineOutputError"]:
+    def __init__(self, rows: Rows, output_cache: RowCache | None) -> None:
+        self.rows = rows
+        self.output_cache = output_cache
+
+    def __call__(self, contexts: list[tuple[int, ...]]) -> list["torch.Tensor | EngineOutputError"]:
         # each caller gets a compact row of its own; the output cache adopts rows nobody else
         # holds (the normalised batch's, one block, no copy; on a GPU a copy of each made in
         # the callers' batched copy) where it can, else keeps a private copy of each; a row
@@ -48,7 +51,7 @@ class LogprobCalls(EngineRows):
         cache = self.output_cache
         adopt = getattr(cache, "adopt_many", None)  # the Cache protocol asks for put only
         for_cache: list[Any] | None = [] if adopt is not None else None
-        results = self._rows(contexts, for_cache=for_cache)
+        results = self.rows.compute(contexts, for_cache=for_cache)
         if cache is not None:
             good = [i for i, row in enumerate(results) if not isinstance(row, EngineOutputError)]
             if for_cache:
@@ -62,14 +65,56 @@ class LogprobCalls(EngineRows):
                     cache.put(contexts[i], results[i])
         return results
 
+
+class LogprobCalls:
+    """Validated contexts, cached and batched rows, and the public logprob calls.
+
+    Args:
+        rows: the rows computed outside the batcher (``next_token_logprobs_uncached``).
+        batcher: batches the rows of concurrent calls (its batch function: a
+            :class:`CachingBatch`), under ``engine_lock``.
+        output_cache: the rows kept by context (None: no output cache).
+        engine_lock: held by every call into the engine.
+        lifecycle: whether the backend is open.
+        validate: checks every context first: the backend's ``validate``
+            (:mod:`~genlm_core.engine.backend.context_checks`).
+        vocab_size: the vocabulary's size: each row's width.
+        batch_size: the most distinct contexts of one batch (the synchronous path's chunks).
+        rows_device: where the engine's rows come back (the device a cache hit goes back to).
+    """
+
+    def __init__(
+        self,
+        rows: Rows,
+        batcher: AutoBatcher[tuple[int, ...], Any],
+        output_cache: RowCache | None,
+        engine_lock: threading.RLock,
+        lifecycle: Lifecycle,
+        *,
+        validate: Callable[[Any], Context],
+        vocab_size: int,
+        batch_size: int,
+        rows_device: Any,
+    ) -> None:
+        self.rows = rows
+        self.batcher = batcher
+        self.output_cache = output_cache
+        self.engine_lock = engine_lock
+        self.lifecycle = lifecycle
+        self.validate = validate
+        self.vocab_size = vocab_size
+        self.batch_size = batch_size
+        self.rows_device = rows_device
+        #: where a row the output cache holds in host memory goes back to (None: the rows
+        #: are on the CPU already): see :meth:`own_row`
+        self.rows_accelerator = accelerator(rows_device)
+
     def _empty_rows(self) -> "torch.Tensor":
         """The answer to an empty batch: ``(0, vocab)`` float32 rows."""
         import torch
 
-        if self._closed:
-            raise RuntimeError(f"{self.backend_name}: the backend is closed")
-        device = self.engine.rows_device if self.engine.rows_device is not None else self.device
-        return torch.empty((0, self.vocab_size), dtype=torch.float32, device=device)
+        self.lifecycle.check_open()
+        return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.rows_device)
 
     def own_row(self, row: Any) -> Any:
         """A row the backend holds (an output cache's hit) as its caller's own: a private
@@ -77,20 +122,20 @@ class LogprobCalls(EngineRows):
         in host memory (``cache_to_cpu``) holds them on the CPU: they go back to the
         device, as genlm-backend's ``move_to_cpu`` cache handed them back, so that a hit
         and a computed row never come back on two devices."""
-        if self._rows_accelerator is None:  # (a CPU backend: no call more on its hits)
+        if self.rows_accelerator is None:  # (a CPU backend: no call more on its hits)
             return private_copy(row)
-        moved = moved_from_cpu(row, self._rows_accelerator)
+        moved = moved_from_cpu(row, self.rows_accelerator)
         return private_copy(row) if moved is None else moved
 
     def _placed(self, rows: list[Any]) -> list[Any]:
         """``rows`` on the backend's rows device, for a stack (which copies them): a row a
         cache holds on the CPU moved where the rows are not, the others as they are."""
-        device = self._rows_accelerator
+        device = self.rows_accelerator
         if device is None:
             return rows
         return [row if (moved := moved_from_cpu(row, device)) is None else moved for row in rows]
 
-    async def _shared_row(self, ctx: tuple[int, ...]) -> "torch.Tensor":
+    async def shared_row(self, ctx: tuple[int, ...]) -> "torch.Tensor":
         """The row of a validated context; may be the cached object: never hand it out."""
         if self.output_cache is not None:
             hit = self.output_cache.get(ctx)
@@ -98,7 +143,7 @@ class LogprobCalls(EngineRows):
                 return hit
         return await self.batcher.submit(ctx, key=ctx)
 
-    def _shared_row_sync(self, ctx: tuple[int, ...]) -> "torch.Tensor":
+    def shared_row_sync(self, ctx: tuple[int, ...]) -> "torch.Tensor":
         if self.output_cache is not None:
             hit = self.output_cache.get(ctx)
             if hit is not None:
@@ -133,7 +178,7 @@ class LogprobCalls(EngineRows):
         if not contexts:
             return self._empty_rows()
         unique = list(dict.fromkeys(contexts))
-        rows = dict(zip(unique, await asyncio.gather(*(self._shared_row(c) for c in unique))))
+        rows = dict(zip(unique, await asyncio.gather(*(self.shared_row(c) for c in unique))))
         return torch.stack(self._placed([rows[c] for c in contexts]))
 
     def batch_next_token_logprobs_sync(self, token_ids_list: Sequence[Sequence[int]]) -> "torch.Tensor":
@@ -150,7 +195,7 @@ class LogprobCalls(EngineRows):
                 if hit is not None:
                     hits[ctx] = hit
         computed = iter(
-            run_distinct([c for c in contexts if c not in hits], self.config.batch_size, self._batched_rows)
+            run_distinct([c for c in contexts if c not in hits], self.batch_size, self._batched_rows)
         )
         return torch.stack(self._placed([hits[c] if c in hits else next(computed) for c in contexts]))
 
@@ -162,7 +207,7 @@ class LogprobCalls(EngineRows):
         """One full forward pass, bypassing the output cache and engine caches."""
         ctx = self.validate(token_ids)
         with self.engine_lock:
-            return self._rows_or_raise([ctx], uncached=True)[0]
+            return self.rows.compute_or_raise([ctx], uncached=True)[0]
 
     def reset_async_queries(self) -> None:
         """genlm-backend's name: fail and drop waiting requests. Not needed after errors."""

@@ -1,17 +1,45 @@
 """LoRA adapters (capability ``"lora"``): the backend keeps the names and the active one,
-holds the engine lock and drops the caches a switch makes stale. A mixin of
-:class:`~genlm_core.engine.backend.BaseLogprobBackend`.
+holds the engine lock and drops the caches a switch makes stale. A part of
+:class:`~genlm_core.engine.backend.BaseLogprobBackend` (its ``lora_controls``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from genlm_core.engine.backend.cache_controls import CacheControls
+    from genlm_core.engine.contract import Engine
+    from genlm_core.engine.lora import LoraAdapters
 
 __all__ = ["LoraControls"]
 
 
 class LoraControls:
-    """``load_lora``, ``set_lora``, ``clear_lora`` and what is loaded."""
+    """``load_lora``, ``set_lora``, ``clear_lora`` and what is loaded.
+
+    Args:
+        engine: loads and switches the adapters (capability ``"lora"``).
+        engine_lock: held by every load and switch.
+        adapters: the adapters loaded, by name, and the active one.
+        cache_controls: drops what a switch makes stale.
+        name: the backend's name, for messages.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        engine_lock: threading.RLock,
+        adapters: LoraAdapters,
+        cache_controls: CacheControls,
+        name: str,
+    ) -> None:
+        self.engine = engine
+        self.engine_lock = engine_lock
+        self.adapters = adapters
+        self.cache_controls = cache_controls
+        self.name = name
 
     @property
     def supports_lora(self) -> bool:
@@ -21,7 +49,7 @@ class LoraControls:
     def _require_lora(self) -> None:
         if not self.supports_lora:
             raise NotImplementedError(
-                f"{self.backend_name}: this backend loads no LoRA adapters (its engine "
+                f"{self.name}: this backend loads no LoRA adapters (its engine "
                 f"{type(self.engine).__name__} does not declare the 'lora' capability); use a backend "
                 "that does (hf, vllm)"
             )
@@ -65,7 +93,4 @@ class LoraControls:
         with self.engine_lock:
             self.engine.use_adapter(name)
             self.adapters.active = name
-            if self.output_cache is not None:
-                self.output_cache.clear()
-            if not self.engine.adapter_keyed_kv:
-                self._clear_engine_caches()
+            self.cache_controls.drop_stale(engine_caches=not self.engine.adapter_keyed_kv)

@@ -4,8 +4,8 @@ Logits are normalised here (float32 ``log_softmax`` of the first ``vocab_size`` 
 row, padded vocabularies cut); an engine returning final rows (``returns = "logprobs"``)
 keeps its own. A row no caller may read (a NaN, no finite score:
 :mod:`~genlm_core.engine.row_checks`) is an :class:`EngineOutputError` in its place.
-A mixin of :class:`~genlm_core.engine.backend.BaseLogprobBackend`: it reads the backend's
-``engine``, ``vocab_size``, ``backend_name`` and ``output_cache``.
+A part of :class:`~genlm_core.engine.backend.BaseLogprobBackend` (its ``rows``): the
+engine, the vocabulary's size and the KV reuse it computes through are its own.
 """
 
 from __future__ import annotations
@@ -20,13 +20,40 @@ from genlm_core.engine.row_checks import EngineOutputError, row_error, unreadabl
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["EngineRows"]
+    from genlm_core.engine.contract import Engine
+    from genlm_core.engine.kv_calls import KVCalls
+
+__all__ = ["Rows"]
 
 
-class EngineRows:
-    """The backend's rows of an engine's scores (see the module)."""
+class Rows:
+    """The backend's rows of an engine's scores (see the module).
 
-    def _logits(self, out: Any) -> "torch.Tensor":
+    Args:
+        engine: computes the scores (``forward``, ``forward_uncached``) and says what they
+            are (``returns``).
+        vocab_size: the tokenizer's vocabulary: each row's width (a padded one is cut).
+        name: the backend's name, for messages.
+        kv_calls: where an engine that resumes from kept KV is called (None: the engine).
+        cache_to_cpu: whether the output cache moves the rows it keeps to the CPU (it
+            copies a batch's rows to the host in one transfer: no device copies for it).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        vocab_size: int,
+        name: str,
+        kv_calls: KVCalls | None = None,
+        cache_to_cpu: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.vocab_size = vocab_size
+        self.name = name
+        self.kv_calls = kv_calls
+        self.cache_to_cpu = cache_to_cpu
+
+    def logits(self, out: Any) -> "torch.Tensor":
         """An engine's logits as one ``(rows, vocab)`` float32 batch (padded vocabulary cut)."""
         import torch
 
@@ -36,19 +63,19 @@ class EngineRows:
             out = out.unsqueeze(0)
         if out.shape[-1] < self.vocab_size:
             raise EngineOutputError(
-                f"{self.backend_name}: the model returned {out.shape[-1]} scores per row, "
+                f"{self.name}: the model returned {out.shape[-1]} scores per row, "
                 f"fewer than the {self.vocab_size} tokens of its tokenizer"
             )
         return out[:, : self.vocab_size].to(torch.float32)
 
-    def _finalize(self, out: Any) -> "torch.Tensor":
+    def finalize(self, out: Any) -> "torch.Tensor":
         """The core's normalisation of an engine's logits: the float32 ``log_softmax`` of
-        :meth:`_logits`' batch (no copy before it where ``out`` is that batch already)."""
+        :meth:`logits`' batch (no copy before it where ``out`` is that batch already)."""
         import torch
 
-        return torch.log_softmax(self._logits(out), dim=-1)
+        return torch.log_softmax(self.logits(out), dim=-1)
 
-    def _rows(
+    def compute(
         self,
         contexts: list[tuple[int, ...]],
         uncached: bool = False,
@@ -67,23 +94,25 @@ class EngineRows:
         copy of each made in the callers' batched copy."""
         calls = self.kv_calls if self.kv_calls is not None else self.engine
         out = calls.forward_uncached(contexts) if uncached else calls.forward(contexts)
-        return self._normalised(out, contexts, for_cache)
+        return self.normalised(out, contexts, for_cache)
 
-    def _rows_or_raise(self, contexts: list[tuple[int, ...]], uncached: bool = False) -> list["torch.Tensor"]:
-        """:meth:`_rows`, raising the first row's error (a caller that needs every row)."""
-        rows = self._rows(contexts, uncached)
+    def compute_or_raise(
+        self, contexts: list[tuple[int, ...]], uncached: bool = False
+    ) -> list["torch.Tensor"]:
+        """:meth:`compute`, raising the first row's error (a caller that needs every row)."""
+        rows = self.compute(contexts, uncached)
         for row in rows:
             if isinstance(row, EngineOutputError):
                 raise row
         return rows  # type: ignore[return-value]
 
-    def _normalised(
+    def normalised(
         self,
         out: Any,
         contexts: Sequence[tuple[int, ...]],
         for_cache: list["torch.Tensor"] | None = None,
     ) -> list["torch.Tensor | EngineOutputError"]:
-        """The engine's scores as normalised float32 rows, each compact (see :meth:`_rows`)."""
+        """The engine's scores as normalised float32 rows, each compact (see :meth:`compute`)."""
         import torch
 
         copied = False  # the rows are private copies already (no compact() below)
@@ -93,10 +122,10 @@ class EngineRows:
             # checked is what a caller reads: each row cut to the vocabulary (a padded
             # column's NaN is no caller's; a finite one does not make a masked row readable)
             scores = [torch.as_tensor(r)[..., : self.vocab_size] for r in out]
-            rows = self._normalised_rows(scores)
+            rows = self.normalised_rows(scores)
         elif self.engine.returns == "logits":
-            scores = self._logits(out)
-            normalised = self._finalize(scores)  # a fresh batch: nobody else holds it
+            scores = self.logits(out)
+            normalised = self.finalize(scores)  # a fresh batch: nobody else holds it
             rows = list(normalised.unbind(0))
             n = len(rows)
             # each caller's row a tensor of its own, copied before _row_errors reads the
@@ -104,9 +133,8 @@ class EngineRows:
             # the step and the host's work runs beside it, not after it
             on_gpu = normalised.device.type in memory.BATCHED_COPY_DEVICES and n > 1
             # a cache that moves rows to the CPU takes the batch's rows as they are (it copies
-            # them to the host in one transfer): no device copies for it
-            to_cpu = bool(getattr(self.output_cache, "to_cpu", False))
-            if for_cache is not None and on_gpu and not to_cpu:
+            # them to the host in one transfer): no device copies for it (cache_to_cpu)
+            if for_cache is not None and on_gpu and not self.cache_to_cpu:
                 # on a GPU the output cache gets a copy of each row too, in the same batched
                 # copy: blocks of a batch's rows, long-lived and of every size, held the
                 # caching allocator's large segments (bench_serve's server on an H100: 2,636
@@ -124,21 +152,21 @@ class EngineRows:
             for row in rows:
                 if tuple(row.shape) != (self.vocab_size,):
                     raise EngineOutputError(
-                        f"{self.backend_name}: the engine returned a row of shape {tuple(row.shape)}, "
+                        f"{self.name}: the engine returned a row of shape {tuple(row.shape)}, "
                         f"not ({self.vocab_size},)"
                     )
             scores = out if isinstance(out, torch.Tensor) else rows
         if len(rows) != len(contexts):
             raise EngineOutputError(
-                f"{self.backend_name}: the engine returned {len(rows)} rows for {len(contexts)} "
+                f"{self.name}: the engine returned {len(rows)} rows for {len(contexts)} "
                 "contexts; forward() returns one row per context, in the order given"
             )
-        errors = self._row_errors(scores, contexts, "forward")
+        errors = self.row_errors(scores, contexts, "forward")
         if copied:
             return [errors.get(i, r) for i, r in enumerate(rows)]
         return [errors[i] if i in errors else compact(r) for i, r in enumerate(rows)]
 
-    def _normalised_rows(self, out: Sequence["torch.Tensor"]) -> list["torch.Tensor"]:
+    def normalised_rows(self, out: Sequence["torch.Tensor"]) -> list["torch.Tensor"]:
         """Each of an engine's rows of logits normalised alone: the float32 ``log_softmax``
         of its first ``vocab_size`` scores (the kernel normalises a row alike alone or in a
         batch), each a tensor of its own."""
@@ -148,31 +176,31 @@ class EngineRows:
         for row in out:
             if row.shape[-1] < self.vocab_size:
                 raise EngineOutputError(
-                    f"{self.backend_name}: the model returned {row.shape[-1]} scores per row, "
+                    f"{self.name}: the model returned {row.shape[-1]} scores per row, "
                     f"fewer than the {self.vocab_size} tokens of its tokenizer"
                 )
             rows.append(torch.log_softmax(row[..., : self.vocab_size].to(torch.float32), dim=-1))
         return rows
 
-    def _row_errors(
+    def row_errors(
         self, scores: Any, contexts: Sequence[tuple[int, ...]], call: str
     ) -> dict[int, EngineOutputError]:
         """Row index -> its error, for every row of the engine's ``scores`` no caller may
         read (one reduction over the batch; ``{}`` for a healthy one)."""
         return {
-            i: row_error(self.backend_name, self.engine, i, contexts[i], scores[i], call)
+            i: row_error(self.name, self.engine, i, contexts[i], scores[i], call)
             for i in unreadable_rows(scores)
         }
 
-    def _normalised_batch(self, out: Any, contexts: Sequence[tuple[int, ...]]) -> "torch.Tensor":
+    def normalised_batch(self, out: Any, contexts: Sequence[tuple[int, ...]]) -> "torch.Tensor":
         """An engine's decode-step scores of ``contexts`` as one ``(n, vocab)`` float32 tensor
         of normalised rows (no copy where the engine returned exactly that); a row no caller
         may read raises its :class:`EngineOutputError`."""
         import torch
 
         if self.engine.returns == "logits":
-            scores = self._logits(out)
-            out = self._finalize(scores)
+            scores = self.logits(out)
+            out = self.finalize(scores)
         else:
             if not isinstance(out, torch.Tensor):
                 out = torch.stack(list(out))
@@ -180,9 +208,9 @@ class EngineRows:
         n = len(contexts)
         if tuple(out.shape) != (n, self.vocab_size):
             raise EngineOutputError(
-                f"{self.backend_name}: the engine's decode step returned scores of shape "
+                f"{self.name}: the engine's decode step returned scores of shape "
                 f"{tuple(out.shape)}, not ({n}, {self.vocab_size})"
             )
-        for error in self._row_errors(scores, contexts, "decode_step").values():
+        for error in self.row_errors(scores, contexts, "decode_step").values():
             raise error
         return out.to(torch.float32)

@@ -1,21 +1,55 @@
 """Sampling: the checks and the clamp to the context limit, then the engine's sampler
 (capability ``"sample"``, concurrent calls batched into one engine call) or draws from
-the backend's own rows. A mixin of :class:`~genlm_core.engine.backend.BaseLogprobBackend`.
+the backend's own rows. A part of :class:`~genlm_core.engine.backend.BaseLogprobBackend`
+(its ``sample_calls``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
+from genlm_core.engine.contexts import Context
 from genlm_core.engine.contract import SampleRequest
 from genlm_core.engine.sampling import draw_tokens, draw_tokens_sync, sampling_temperature
+
+if TYPE_CHECKING:  # pragma: no cover
+    from genlm_core.engine.backend.logprob_calls import LogprobCalls
+    from genlm_core.engine.batching import AutoBatcher
 
 __all__ = ["SampleCalls"]
 
 
 class SampleCalls:
-    """``sample``, ``sample_sync``, ``batch_sample`` and the checked request they share."""
+    """``sample``, ``sample_sync``, ``batch_sample`` and the checked request they share.
+
+    Args:
+        logprob_calls: with no sampler, gives the rows drawn from.
+        sampler: the engine's sampler, batched (None: draws from the rows).
+        validate: checks every prompt and context first: the backend's ``validate``.
+        context_limit: the longest context accepted, read at each request (None: no
+            limit): what ``max_tokens`` is clamped to.
+        eos_token_ids: the EOS ids a request without its own stops at.
+        vocab_size: the vocabulary's size (each request's row width).
+    """
+
+    def __init__(
+        self,
+        logprob_calls: LogprobCalls,
+        sampler: AutoBatcher[SampleRequest, list[int]] | None,
+        *,
+        validate: Callable[[Any], Context],
+        context_limit: Callable[[], int | None],
+        eos_token_ids: Sequence[int],
+        vocab_size: int,
+    ) -> None:
+        self.logprob_calls = logprob_calls
+        self.sampler = sampler
+        self.validate = validate
+        self.context_limit = context_limit
+        self.eos_token_ids = eos_token_ids
+        self.vocab_size = vocab_size
 
     def sample_request(
         self,
@@ -31,7 +65,7 @@ class SampleCalls:
         ``max_context_length`` tokens)."""
         ctx = self.validate(prompt_token_ids)
         max_tokens, temperature, eos = self._check_sample_args(max_tokens, temperature, eos_token_ids)
-        limit = self.max_context_length
+        limit = self.context_limit()
         if limit is not None:
             max_tokens = max(0, min(max_tokens, limit + 1 - len(ctx)))
         return SampleRequest(
@@ -74,7 +108,8 @@ class SampleCalls:
             return []
         if self.sampler is not None:
             return list(await self.sampler.submit(req))
-        return await draw_tokens(req, lambda ctx: self._shared_row(self.validate(ctx)))  # read only
+        calls = self.logprob_calls
+        return await draw_tokens(req, lambda ctx: calls.shared_row(self.validate(ctx)))  # read only
 
     def sample_sync(
         self,
@@ -95,7 +130,8 @@ class SampleCalls:
             return []
         if self.sampler is not None:
             return list(self.sampler.run_sync([req])[0])
-        return draw_tokens_sync(req, lambda ctx: self._shared_row_sync(self.validate(ctx)))
+        calls = self.logprob_calls
+        return draw_tokens_sync(req, lambda ctx: calls.shared_row_sync(self.validate(ctx)))
 
     async def batch_sample(
         self,
@@ -117,6 +153,7 @@ class SampleCalls:
     def _check_sample_args(
         self, max_tokens: int, temperature: float, eos_token_ids: Sequence[int] | None
     ) -> tuple[int, float, set[int]]:
+        """``max_tokens`` checked, the temperature resolved, the EOS ids (None: the default)."""
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise ValueError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
         temperature = sampling_temperature(temperature)

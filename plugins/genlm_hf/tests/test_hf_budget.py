@@ -26,7 +26,7 @@ PAGE = 16
 
 
 def _uncached(llm: Any, contexts: list[tuple[int, ...]]) -> torch.Tensor:
-    return llm._finalize(torch.stack(llm.engine.forward_uncached(contexts)))
+    return llm.rows.finalize(torch.stack(llm.engine.forward_uncached(contexts)))
 
 
 def _text(rng: random.Random, n: int, V: int) -> tuple[int, ...]:

@@ -206,7 +206,7 @@ def _check_steps(llm: Any, program: list[list[tuple[int, ...]]], what: str) -> N
     llm.clear_cache()
     for step, contexts in enumerate(program):
         got = llm.batch_next_token_logprobs_sync(contexts)
-        ref = llm._finalize(torch.stack(llm.engine.forward_uncached(contexts)))
+        ref = llm.rows.finalize(torch.stack(llm.engine.forward_uncached(contexts)))
         assert_rows_close(got, ref, shape, what=f"{what}, step {step}: decode step vs uncached")
 
 

@@ -42,7 +42,7 @@ def long_llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def _uncached(llm: Any, contexts: list[Context]) -> torch.Tensor:
-    return llm._finalize(torch.stack(llm.engine.forward_uncached(contexts)))
+    return llm.rows.finalize(torch.stack(llm.engine.forward_uncached(contexts)))
 
 
 def _minimum(contexts: list[Context]) -> int:

@@ -107,4 +107,4 @@ def test_a_mixed_call_on_the_decode_step_splits_too(tiny_llama_path: str) -> Non
 
 
 def _uncached(llm: Any, contexts: list[tuple[int, ...]]) -> torch.Tensor:
-    return llm._finalize(torch.stack(llm.engine.forward_uncached(contexts)))
+    return llm.rows.finalize(torch.stack(llm.engine.forward_uncached(contexts)))

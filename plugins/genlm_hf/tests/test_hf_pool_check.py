@@ -94,7 +94,7 @@ def test_a_broken_pool_is_said_everywhere_under_auto(
         rng = random.Random(0)
         ctxs = [tuple(rng.randrange(3, llm.vocab_size) for _ in range(30)) for _ in range(3)]
         got = llm.batch_next_token_logprobs_sync(ctxs)  # the model's own forward: exact, slow
-        assert_tiny_close(got, llm._finalize(torch.stack(llm.engine.forward_uncached(ctxs))))
+        assert_tiny_close(got, llm.rows.finalize(torch.stack(llm.engine.forward_uncached(ctxs))))
     finally:
         llm.close()
     # genlm doctor, in a process of its own (it imports no engine), reads the record

@@ -76,7 +76,7 @@ def test_fuzzed_programs_match_the_uncached_model(tiny_llama_path: str, seed: in
                 before, live = live, _next(rng, live, before, token)
             live = list(dict.fromkeys(live))
             got = llm.batch_next_token_logprobs_sync(live)
-            ref = llm._finalize(torch.stack(llm.engine.forward_uncached(live)))
+            ref = llm.rows.finalize(torch.stack(llm.engine.forward_uncached(live)))
             assert_rows_close(got, ref, shape, what=f"seed {seed}, step {step} ({options})")
         pool = llm.engine.pool
         bound = options["kv_cache_bytes"]

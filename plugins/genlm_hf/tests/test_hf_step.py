@@ -85,7 +85,7 @@ def _check(on: Any, off: Any, program: list[list[Context]], dtype: str = "float3
     want = _drive(off, program)
     for step, (contexts, a, b) in enumerate(zip(program, got, want)):
         distinct = list(dict.fromkeys(contexts))
-        ref = on._finalize(torch.stack(on.engine.forward_uncached(distinct)))
+        ref = on.rows.finalize(torch.stack(on.engine.forward_uncached(distinct)))
         assert_rows_close(a, b, shape, dtype=dtype, what=f"step {step}: decode step vs eager pass")
         assert_rows_close(a, ref, shape, dtype=dtype, what=f"step {step}: decode step vs uncached")
     return stats
@@ -210,7 +210,7 @@ def test_a_failed_step_leaves_the_pool_whole(tiny_llama_path: str, monkeypatch) 
         monkeypatch.setattr(step_module.StepBucket, "run", real)
         for contexts in program[3:]:
             got = on.batch_next_token_logprobs_sync(contexts)
-            ref = on._finalize(torch.stack(on.engine.forward_uncached(contexts)))
+            ref = on.rows.finalize(torch.stack(on.engine.forward_uncached(contexts)))
             assert_rows_close(got, ref, shape, what="after a failed step")
     finally:
         on.close()
@@ -273,7 +273,7 @@ def test_a_graph_is_captured_again_when_the_pool_moves(tiny_llama_path: str, mon
                 # its bound at once, so the test grows it past the bound)
                 assert on.engine.pool._grow(past_bound=True)
             got = on.batch_next_token_logprobs_sync(contexts)
-            ref = on._finalize(torch.stack(on.engine.forward_uncached(contexts)))
+            ref = on.rows.finalize(torch.stack(on.engine.forward_uncached(contexts)))
             assert_rows_close(got, ref, shape, what=f"step {i}, replayed")
         # each bucket in use was captured over the first tensor, and again over the second
         assert captures.count(0) >= 1 and captures.count(1) >= 1 and set(captures) == {0, 1}

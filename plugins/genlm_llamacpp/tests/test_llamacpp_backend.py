@@ -225,7 +225,7 @@ async def test_sampling_seeded_with_eos(llm):
 
 def test_rows_normalised_one_by_one_equal_the_batch_normalised(llm):
     """The engine copies each row of logits out of llama.cpp's output buffer and the core
-    normalises each row alone (``BaseLogprobBackend._rows``); ``engine.logits`` copies the
+    normalises each row alone (``Rows.compute``); ``engine.logits`` copies the
     same logits into one batch, which the core normalises as a batch. Same logits, same
     float32 log_softmax: equal within the derived bound (bitwise here). Every row is a
     tensor of its own. (Contexts reach the engine distinct: the batcher and the sync path
@@ -234,10 +234,10 @@ def test_rows_normalised_one_by_one_equal_the_batch_normalised(llm):
     ctxs = list(dict.fromkeys(tuple(c) for c in _contexts(rng, 6, 1, 30)))
     llm.clear_cache()
     with llm.engine_lock:
-        ours = llm._rows_or_raise(ctxs)
+        ours = llm.rows.compute_or_raise(ctxs)
     llm.clear_cache()
     with llm.engine_lock:
-        default = llm._finalize(llm.engine.logits(ctxs))
+        default = llm.rows.finalize(llm.engine.logits(ctxs))
     assert len(ours) == len(ctxs)
     for a, b in zip(ours, default):
         assert a.shape == (len(llm.byte_vocab),) and a.dtype == torch.float32
