@@ -8,7 +8,8 @@ below) and returns milliseconds per step, each the median over the steps:
   host_step_ms            the whole step (``B`` concurrent calls, every caller's row)
   host_validate_ms        the calls' validation (``validate``), summed over the rows
   host_batch_ms           the batcher's batch function: everything below
-  host_forward_ms         the engine's ``forward``: the rows' placement, KV moves, the
+  host_forward_ms         the engine's call (``forward``, or the core's KV reuse around
+                          ``forward_rows``): the rows' placement, KV moves, the
                           model's step, the logits gathered
   host_model_step_ms      of which the decode step (genlm-hf's ``genlm_hf.step``): on a
                           GPU the graph's launch (its inputs' copy and the replay call),
@@ -220,7 +221,9 @@ def account(llm: Any, step: Callable[[], None], rows: int, steps: int = 8) -> di
     checks, normalise = llm.context_checks, llm.rows  # the backend's parts: validation, the rows
     patches.set(checks, "validate", wrap("validate", type(checks).validate.__get__(checks)))
     patches.set(llm.batcher, "batch_fn", wrap("batch", llm.batcher.batch_fn))
-    patches.set(llm.engine, "forward", wrap("forward", llm.engine.forward))
+    # the engine's call: through the core's KV reuse for an engine that resumes from kept KV
+    calls = llm.kv_calls if llm.kv_calls is not None else llm.engine
+    patches.set(calls, "forward", wrap("forward", calls.forward))
     patches.set(normalise, "normalised", wrap("normalise", type(normalise).normalised.__get__(normalise)))
     row_errors = type(normalise).row_errors.__get__(normalise)
     wait = wrap("device_wait", lambda: torch.cuda.synchronize(llm.device))
