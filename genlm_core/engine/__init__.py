@@ -1,17 +1,18 @@
 """The engine contract and what an engine plugin builds on, with one import point.
 
-A backend plugin writes an :class:`Engine` (``forward`` over distinct contexts, an
-optional sampler) that loads from the :class:`Checkpoint` the core read, with the
-:class:`EngineServices` the core lends it (the :class:`Placement`, KV reuse, the row
-width); the core's :class:`BaseLogprobBackend` holds it and does everything else::
+A backend plugin writes an :class:`Engine` (``forward`` over distinct contexts, or
+``forward_rows`` over rows resuming from kept KV; an optional sampler) that loads from the
+:class:`Checkpoint` the core read, with the :class:`EngineServices` the core hands it (a
+frozen value: the config, the :class:`Placement`, the backend's name); the core's
+:class:`BaseLogprobBackend` holds it and does everything else::
 
-    from genlm_core.engine import BackendConfig, Engine, EngineServices, KVCacheOptions
+    from genlm_core.engine import BackendConfig, Engine, KVCacheOptions, KVPolicy, ResumeRow, RowsOut
 
 The modules, one mechanism each, shared by every backend:
 
 =================  ======================================================================
 ``contract``       :class:`Engine`: what a plugin writes; :class:`SampleRequest`
-``services``       :class:`EngineServices`: what the core lends an engine at load
+``services``       :class:`EngineServices`: what the core hands an engine at load
 ``placement``      :class:`Placement`: device and dtype, decided once before the engine loads;
                    the one meaning of ``dtype`` on every engine
 ``backend``        :class:`BaseLogprobBackend`: holds an engine; validation, batching,
@@ -27,7 +28,11 @@ The modules, one mechanism each, shared by every backend:
 ``caches``         :class:`OutputCache`: next-token rows by whole context, LRU, bounded;
                    a backend's output cache resolved by name
 ``prefix_cache``   :class:`PrefixCache`: opaque engine KV per token prefix
-``kv_reuse``       :class:`KVReuse` and its options: automatic KV prefix reuse
+``kv_rows``        :class:`KVPolicy`, :class:`ResumeRow`, :class:`RowsOut`: what passes between
+                   the core and an engine that resumes from kept KV
+``kv_calls``       the core's side of KV reuse: lookups, rounds (``call_plan``), room, keeping
+``kv_reuse``       the core's prefix cache of engine payloads, its owners and counters;
+                   :class:`KVCacheOptions`
 ``memory``         what a value keeps alive, private copies for callers
 ``checkpoint``     one checkpoint policy, read once into a :class:`Checkpoint`
 ``gguf_metadata``  the key/value header of a GGUF file (context length, EOS id, dtype)
