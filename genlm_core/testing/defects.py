@@ -255,9 +255,10 @@ CATALOGUE: tuple[Defect, ...] = (
 # ---------------------------------------------------------------------------- injection
 class Injection:
     """A defect applied to ``backend``'s engine (see :func:`inject`): the engine's
-    ``forward``, ``forward_rows`` and decode step (its own, or the core's over its kept
-    batches) return the defect's rows, ``forward_uncached`` stays right. ``altered``
-    counts the rows it changed."""
+    ``forward`` (for an engine resuming from kept KV, the core's call around its
+    ``forward_rows``) and decode step (its own, or the core's over its kept batches) return
+    the defect's rows, ``forward_uncached`` stays right. ``altered`` counts the rows it
+    changed."""
 
     def __init__(self, backend: Any, defect: Defect) -> None:
         self.backend, self.defect = backend, defect
@@ -305,14 +306,18 @@ class Injection:
         forward = self._saved["forward"]
         engine.forward = lambda contexts: self._defective(list(contexts), lambda: forward(contexts))
         supports = getattr(engine, "supports", ())
-        if "resume" in supports:
-            engine.forward_rows = self._defective_rows
+        calls = getattr(self.backend, "kv_calls", None)
+        if calls is not None:
+            # the core's call around forward_rows: the defect sees the call's contexts after what
+            # the engine handed back is kept (a reference computed mid-call by an engine that
+            # empties its KV, llama.cpp, must not leave kept payloads the engine no longer holds)
+            kv_forward = calls.forward
+            calls.forward = lambda contexts: self._defective(list(contexts), lambda: kv_forward(contexts))
         if "decode" in supports:
             step = self._saved["decode_step"]
             engine.decode_step = lambda rows, released: self._defective(
                 list(rows.values()), lambda: step(rows, released)
             )
-        calls = getattr(self.backend, "kv_calls", None)
         if "kept_batches" in supports and calls is not None:
             kept_step = calls.decode_step
             calls.decode_step = lambda rows, released, batch_size: self._defective(
@@ -333,33 +338,18 @@ class Injection:
         self.backend.clear_cache()  # nothing computed before the defect is served during it
         return self
 
-    def _defective_rows(self, rows: list[Any]) -> Any:
-        """The engine's ``forward_rows`` with the defect in its rows (each row's read-off
-        contexts, then its own), what it hands back to keep untouched."""
-        from genlm_core.engine.kv_rows import RowsOut
-
-        computed: list[Any] = []
-
-        def run() -> Any:
-            computed.append(self._saved["forward_rows"](rows))
-            return computed[0].rows
-
-        contexts = [r.context[:n] for r in rows for n in (*r.read_off, len(r.context))]
-        out = self._defective(contexts, run)
-        res = computed[0]
-        return RowsOut(out, res.kept, res.computed, res.reused)
-
     def __exit__(self, *exc: Any) -> None:
         for name in _WRAPPED:
             self.engine.__dict__.pop(name, None)
         calls = getattr(self.backend, "kv_calls", None)
         if calls is not None:
             calls.__dict__.pop("decode_step", None)
+            calls.__dict__.pop("forward", None)
         self.backend.clear_cache()  # no defective row or state outlives the defect
 
 
 #: the engine's methods an injection replaces (and puts back)
-_WRAPPED = ("forward", "forward_uncached", "forward_rows", "decode_step", "clear_cache")
+_WRAPPED = ("forward", "forward_uncached", "decode_step", "clear_cache")
 
 
 def inject(backend: Any, defect: Defect) -> Injection:
