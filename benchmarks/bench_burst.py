@@ -78,7 +78,7 @@ def load(engine: str, args: argparse.Namespace) -> Any:
 
 
 class EngineClock:
-    """Seconds spent inside the engine's ``forward`` and its own ``decode_step`` (wrapped on
+    """Seconds spent inside the engine's ``forward``/``forward_rows`` and its own ``decode_step`` (wrapped on
     the instance; a call inside another counts once). ``sync``: called after each
     outermost call (a GPU's ``torch.cuda.synchronize``: the kernels' time, not their launch)."""
 
@@ -87,6 +87,8 @@ class EngineClock:
         self._depth = 0
         self._sync = sync
         names = ["forward"]
+        if "resume" in engine.supports:  # rows the core hands an engine resuming from kept KV
+            names.append("forward_rows")
         if "decode" in engine.supports:  # a decode step of the engine's own
             names.append("decode_step")
         for name in names:

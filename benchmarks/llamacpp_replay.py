@@ -18,8 +18,7 @@ def log(msg: str) -> None:
 
 
 class Recorder:
-    """Records the forward passes of a backend (the contexts of each ``engine.forward``
-    call) and, for llamacpp, every llama.cpp call its engine makes, grouped by pass."""
+    """Records the forward passes of a backend (the contexts of each engine call) and, for llamacpp, every llama.cpp call its engine makes, grouped by pass."""
 
     def __init__(self, llm: Any) -> None:
         self.llm = llm
@@ -27,7 +26,10 @@ class Recorder:
         self.ops: list[list[tuple[Any, ...]]] = []
         self.recording = False
         self.passes = 0  # forward passes, recorded or not
-        forward = llm.engine.forward  # what the batcher's batch function calls
+        # what the batcher's batch function calls: the core's KV reuse around the engine's
+        # forward_rows for an engine that resumes from kept KV, else the engine's forward
+        calls = llm.kv_calls if getattr(llm, "kv_calls", None) is not None else llm.engine
+        forward = calls.forward
 
         def recorded_forward(contexts: list[tuple[int, ...]]) -> Any:
             self.passes += 1
@@ -36,7 +38,7 @@ class Recorder:
                 self.ops.append([])
             return forward(contexts)
 
-        llm.engine.forward = recorded_forward
+        calls.forward = recorded_forward
         context = getattr(llm.engine, "context", None)  # llama.cpp's (genlm_llamacpp.llama_context)
         if context is not None and hasattr(context, "decode"):
             self._wrap_context(context)
