@@ -14,7 +14,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-__all__ = ["Hardware", "probe", "best_device", "DEVICE_ORDER"]
+__all__ = ["Hardware", "probe", "best_device", "host_memory", "DEVICE_ORDER"]
 
 #: Devices from the most to the least preferred.
 DEVICE_ORDER = ("cuda", "mps", "cpu")
@@ -86,3 +86,17 @@ def probe() -> Hardware:
 
 def best_device() -> str:
     return probe().devices[0]
+
+
+def host_memory() -> int:
+    """Bytes of the machine's RAM, or of its cgroup's limit where it has one (a container's
+    memory): the CPU's memory every engine sizes its default KV bound against."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            raw = f.read().strip()
+        if raw.isdigit():
+            total = min(total, int(raw))
+    except OSError:
+        pass
+    return total

@@ -73,7 +73,10 @@ class PoolPass:
     tokens write (``write``: ``rows x new`` of them, padded positions at the pool's pad
     slot), each row's private columns (``private``: ``rows x width`` slots, padded) and
     their additive mask (``mask``: ``[rows, 1, new, width]``, 0 or -inf), and the shared
-    spans."""
+    spans. ``causal``: every row's private columns are its new tokens and nothing else (a
+    prompt computed from its first token, or past a shared span), so the mask is the
+    top-left causal one for every real query: the fused kernel then skips the blocks above
+    the diagonal (half a long prompt's attention) instead of reading the mask."""
 
     def __init__(
         self,
@@ -82,12 +85,14 @@ class PoolPass:
         private: torch.Tensor,
         mask: torch.Tensor,
         shared: list[SharedSpan],
+        causal: bool = False,
     ) -> None:
         self.pool = pool
         self.write = write
         self.private = private
         self.mask = mask
         self.shared = shared
+        self.causal = causal
         #: layers whose attention ran (each once per pass: :func:`use_pool_attention` checks)
         self.layers_run = 0
 
@@ -147,9 +152,12 @@ class PoolPass:
         def per_query_head(x: torch.Tensor) -> torch.Tensor:  # [Hk, B, U, D] -> [B, Hq, U, D]
             return x.transpose(0, 1).unsqueeze(2).expand(B, Hk, G, U, D).reshape(B, Hq, U, D)
 
-        out, lse = _FLASH(
-            q, per_query_head(kp), per_query_head(vp), 0.0, False, attn_mask=self.mask, scale=scaling
-        )
+        if self.causal:  # the mask is top-left causal for every real query (see PoolPass)
+            out, lse = _FLASH(q, per_query_head(kp), per_query_head(vp), 0.0, True, scale=scaling)
+        else:
+            out, lse = _FLASH(
+                q, per_query_head(kp), per_query_head(vp), 0.0, False, attn_mask=self.mask, scale=scaling
+            )
         if spans:
             out = out.float()
             for span, ks, vs in spans:

@@ -92,6 +92,9 @@ def run_pass(
         private=device_ints(flat, device),
         mask=mask.unsqueeze(1).to(device, non_blocking=True),
         shared=spans,
+        # private columns = the new tokens alone (from the row's depth, as many as it computes):
+        # real query j reads columns 0..j, the top-left causal mask
+        causal=S > 1 and bool(((first == depth) & (width == suffix)).all()),
     )
     kwargs: dict[str, Any] = {
         "input_ids": device_ints(ids, device),

@@ -17,9 +17,9 @@ each call (:meth:`genlm_hf.pool.KVPool.trim`).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from genlm_core.registry.hardware import host_memory
 from genlm_hf.pool import PAGE, KVLayout, KVPool, context_capacity
 
 __all__ = ["MIN_AUTO_BYTES", "MIN_POOL_PAGES", "device_memory", "new_pool", "pool_bound", "too_long_for_pool"]
@@ -39,14 +39,7 @@ def device_memory(device: Any) -> tuple[int, int]:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return int(total), int(free)
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:  # a container's limit, where it has one
-        with open("/sys/fs/cgroup/memory.max") as f:
-            raw = f.read().strip()
-        if raw.isdigit():
-            total = min(total, int(raw))
-    except OSError:
-        pass
+    total = host_memory()
     return total, total
 
 
