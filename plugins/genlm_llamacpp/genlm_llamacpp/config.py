@@ -40,18 +40,23 @@ class LlamaCppConfig(BackendConfig):
         None,
         ge=1,
         description=(
-            "KV cells shared by all sequences: the cached prefixes and the contexts computing (None: "
-            "64 per sequence, n_seq_max * 64 = 8192 by default, and at least n_ctx; n_ctx when "
-            "batch_invariant; rounded up to a multiple of 256)"
+            "KV cells shared by all sequences: the cached prefixes and the contexts computing, a prefix "
+            "sequences share held once (None: 256 per sequence, n_seq_max * 256 = 65,536 by default - "
+            "256 particles extending a 4,096-token prompt by 200 tokens each - at least n_ctx and at most "
+            "a quarter of the machine's memory, since llama.cpp makes its whole KV buffer resident at load; "
+            "n_ctx when batch_invariant; rounded up to a multiple of 256). Too few cells for the particles "
+            "in flight make the core release and recompute kept prefixes (stats: call_parts_split, "
+            "rows_from_start)"
         ),
     )
     n_seq_max: int = Field(
-        128,
+        256,
         ge=2,
         le=256,
         description=(
-            "KV sequences (live contexts: cached prefixes and the batch computing); the default keeps 64 "
-            "particles' sequences with room for their copies"
+            "KV sequences (live contexts: cached prefixes and the batch computing; llama.cpp's most, "
+            "256, by default: a sequence per particle for up to 256 particles, each particle extending "
+            "its own in place while they share the prompt's cells)"
         ),
     )
     n_batch: int = Field(512, ge=1, description="most tokens per llama_decode call")

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import llama_cpp as L
 import numpy as np
 
+from genlm_core.registry.hardware import host_memory
 from genlm_llamacpp.cpu_buffers import extra_buffers_choice
 
-__all__ = ["LlamaContext", "NoKVSpace", "Row", "kv_type_for"]
+__all__ = ["LlamaContext", "NoKVSpace", "Row", "default_kv_cells", "kv_cell_bytes", "kv_type_for"]
 
 _backend_ready = False
 
@@ -32,6 +33,34 @@ def kv_type_for(dtype: str, weights_type: str) -> str:
     if dtype == "auto":  # the checkpoint's own precision
         return {"F32": "f32", "BF16": "bf16"}.get(weights_type, "f16")
     return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}[dtype]
+
+
+#: bytes of one KV entry per value of each cache type (q8_0: 34 bytes a block of 32)
+KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}
+#: default KV cells per sequence: 256 particles extending a 4,096-token prompt by 200
+#: tokens each (55,296 cells) fit in n_seq_max=256 sequences' 65,536 cells
+CELLS_PER_SEQUENCE = 256
+
+
+def kv_cell_bytes(model: object, kv_cache_type: str) -> int:
+    """Bytes of one token's keys and values over every layer of ``model``."""
+    layers = int(L.llama_model_n_layer(model))
+    heads = max(1, int(L.llama_model_n_head(model)))
+    kv_heads = int(L.llama_model_n_head_kv(model)) or heads
+    head_dim = int(L.llama_model_n_embd(model)) // heads
+    return int(2 * layers * kv_heads * head_dim * KV_TYPE_BYTES[kv_cache_type])
+
+
+def default_kv_cells(n_ctx: int, n_seq_max: int, cell_bytes: int, memory: int | None = None) -> int:
+    """``kv_cells=None``: :data:`CELLS_PER_SEQUENCE` cells per sequence (the prompt particles
+    share held once, every particle's own tokens), at least ``n_ctx``, and at most a quarter
+    of the machine's memory (llama.cpp zeroes its whole KV buffer at load, so the cells are
+    resident from the start; genlm-hf's ``kv_cache_bytes="auto"`` bound is that quarter too)."""
+    want = max(n_ctx, n_seq_max * CELLS_PER_SEQUENCE)
+    if memory is None:
+        memory = host_memory()
+    most = memory // 4 // max(1, cell_bytes)
+    return max(n_ctx, min(want, most))
 
 
 class NoKVSpace(RuntimeError):
@@ -98,8 +127,10 @@ class LlamaContext:
             n_ctx = min(self.n_ctx_train, 4096) if self.n_ctx_train > 0 else 4096
         #: every context computed alone (LlamaCppConfig.batch_invariant)
         self.batch_invariant = batch_invariant
+        #: bytes of one KV cell (keys and values of one token, every layer)
+        self.cell_bytes = kv_cell_bytes(self.model, kv_cache_type)
         if kv_cells is None:  # alone: one context at a time; else room for the particles in flight
-            kv_cells = n_ctx if self.batch_invariant else max(n_ctx, n_seq_max * 64)
+            kv_cells = n_ctx if self.batch_invariant else default_kv_cells(n_ctx, n_seq_max, self.cell_bytes)
         threads = n_threads or os.cpu_count() or 1
         cparams = L.llama_context_default_params()
         # llama.cpp pads the cells to a multiple of 256, but clamps n_batch to the
