@@ -140,6 +140,8 @@ class KVReuse:
         self._unread: dict[int, Sequence[int]] = {}
         self._storing: Sequence[int] | None = None  # the context being stored
         self.self_evictions = 0
+        #: contexts whose KV alone was larger than the whole budget (not kept)
+        self.oversized = 0
         self._owner = owner
         self._release = release
         #: id(owner) -> [owner, readers]: cached payloads plus calls holding it
@@ -221,7 +223,8 @@ class KVReuse:
         cache = self.cache
         if cache is None or kv is None:
             return False
-        if cache.budget is not None and cache.sizeof(kv) > cache.budget:
+        if cache.budget is not None and (size := cache.sizeof(kv)) > cache.budget:
+            self._too_large(len(context), size, cache.budget)
             return False
         self._read(kv, +1)
         self._storing = context  # an eviction now is the budget's (not a clear's, not on demand)
@@ -259,6 +262,21 @@ class KVReuse:
         if self._on_evict is not None:
             self._on_evict(payload)
         self._read(payload, -1)
+
+    def _too_large(self, tokens: int, size: int, budget: int) -> None:
+        """A context's KV larger than the whole budget is computed, not kept: every call
+        over it computes it from its start. Said once (``oversized`` counts them)."""
+        self.oversized += 1
+        if self.oversized == 1:
+            from genlm_core.engine.progress import note
+
+            note(
+                f"the prefix cache cannot keep the KV of a {tokens}-token context: it takes {size} "
+                f"against the whole budget ({self.budget_option}={budget}), so every call over it "
+                f"computes it from its start. Raise {self.budget_option} in load() to at least {size} "
+                "(more to keep particles' tokens too), or shorten the prompt",
+                advice=True,
+            )
 
     def _dropped_unread(self) -> None:
         self.self_evictions += 1
