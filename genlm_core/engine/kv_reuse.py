@@ -29,7 +29,7 @@ from genlm_core.config import GenlmConfig
 from genlm_core.engine.memory import sizeof as default_sizeof
 from genlm_core.protocols import PrefixKVCache
 
-__all__ = ["ComputeCounters", "KVCacheOptions", "KVReuse", "prefix_cache_class"]
+__all__ = ["ComputeCounters", "KVCacheOptions", "KVReuse", "prefix_cache_class", "too_large_for_budget"]
 
 
 class ComputeCounters:
@@ -92,6 +92,23 @@ def prefix_cache_class(name: str) -> type:
         "a prefix cache such as 'prefix' in prefix_cache_impl",
     )
     return cls
+
+
+def too_large_for_budget(tokens: int, size: int, budget: int, option: str) -> None:
+    """Warn that the KV of a ``tokens``-token context (``size`` in the budget's unit) is
+    larger than the whole prefix-cache budget (``option=budget``): it is computed, never
+    kept, so every call over it computes it from its start. The one sentence for it:
+    :meth:`KVReuse.store` says it, and an engine that leaves such payloads out itself
+    (genlm-mlx: no copy of KV it would not keep) says it through this."""
+    from genlm_core.engine.progress import note
+
+    note(
+        f"the prefix cache cannot keep the KV of a {tokens}-token context: it takes {size} "
+        f"against the whole budget ({option}={budget}), so every call over it computes it "
+        f"from its start. Raise {option} in load() to at least {size} (more to keep "
+        "particles' tokens too), or shorten the prompt",
+        advice=True,
+    )
 
 
 class KVReuse:
@@ -268,15 +285,7 @@ class KVReuse:
         over it computes it from its start. Said once (``oversized`` counts them)."""
         self.oversized += 1
         if self.oversized == 1:
-            from genlm_core.engine.progress import note
-
-            note(
-                f"the prefix cache cannot keep the KV of a {tokens}-token context: it takes {size} "
-                f"against the whole budget ({self.budget_option}={budget}), so every call over it "
-                f"computes it from its start. Raise {self.budget_option} in load() to at least {size} "
-                "(more to keep particles' tokens too), or shorten the prompt",
-                advice=True,
-            )
+            too_large_for_budget(tokens, size, budget, self.budget_option)
 
     def _dropped_unread(self) -> None:
         self.self_evictions += 1
