@@ -337,6 +337,27 @@ WORKLOADS: tuple[Workload, ...] = (
         files=("long_prompt",),
         needs="hf",
     ),
+    Workload(
+        "many-programs",
+        "bench_many_programs.py",
+        "8 SIS programs at once on one genlm-hf backend, each with its own ~900-token prompt, "
+        "16 particles x 30 tokens: calls/s against the programs one by one, the slowest program "
+        "against the mean, peak device memory, tokens computed against the minimum",
+        quick=QUICK,
+        files=("many_programs",),
+        needs="hf",
+        gpu=(
+            # issue 69, item 3 on a GPU: together >= 0.9x one by one, peak memory <= 1.5x one
+            # program's; the hook for bench_long_prompt.py's many-programs shape, once it has one
+            GpuRun(
+                "many_programs",
+                (),
+                ("--programs", "3", "--prompt-tokens", "48", "--particles", "3", "--tokens", "3"),
+                150,
+                (Slot(65, SMALL),),
+            ),
+        ),
+    ),
 )
 
 BY_NAME = {w.name: w for w in WORKLOADS}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The GPU check's steps (scripts/gpu_check.sh runs this; see docs/gpu.md).
 
-On a CUDA machine, within a time budget (default 350 s from the shell script's start):
+On a CUDA machine, within a time budget (default 450 s from the shell script's start):
 
 1. the models: SmolLM2-135M (float32) and SmolLM2-1.7B's shape (bfloat16) built with
    random weights from a real config and tokenizer (scripts/gpu_models.py);
@@ -21,8 +21,11 @@ On a CUDA machine, within a time budget (default 350 s from the shell script's s
    --grow --graph-account --host-account`` (16 and 64 rows whose contexts grow by a token a call, as
    SIS's: the decode step over the KV pool; its graph's replay against the host's part), ``bench_burst`` (hf, 16 and 64 particles), ``bench_sis`` (SIS, 16
    particles and 64 in its sweep; against genlm-backend 0.3.1 where its reference stack
-   is importable, see :func:`anchor`) and ``bench_serve`` (four SIS clients, one server;
-   GPU memory of every process). Each benchmark warms up in its timed runs' shape first
+   is importable, see :func:`anchor`), ``bench_serve`` (four SIS clients, one server;
+   GPU memory of every process), the long-prompt shapes: ``bench_hf_step --shared-prompt
+   2048`` (64 rows over one 2,048-token prompt, against the 28-token step) and
+   ``bench_many_programs`` (8 SIS programs at once, each with its own ~900-token prompt,
+   16 particles x 30 tokens, against the same programs one by one). Each benchmark warms up in its timed runs' shape first
    (the captured graphs are then the steady state's, as a program's later runs find them).
 
 Results: ``benchmarks/results/gpu/<device>/`` (``<device>``: the GPU's name, e.g.
@@ -35,6 +38,8 @@ recorded and the next one runs; the exit status is 1 when any did.
 ``--dry-run-cpu`` runs the same steps on the CPU with the tiny offline model and the
 smallest settings (the tests only collected; the defect catalogue and the discrimination
 run whole; each benchmark run once, in the order of its first place in the plan), into ``build/gpu-check-dry-run/``: a check of this script, not figures.
+It says first whether a GPU was found (``gpu_found`` in ``check.json``, and the summary's
+title); without ``--dry-run-cpu`` and with no GPU it says so and exits 2.
 """
 
 from __future__ import annotations
@@ -118,6 +123,8 @@ class Check:
         self.scratch = args.out / ".scratch"  # GENLM_BENCH_OUT: where each benchmark writes
         shutil.rmtree(self.scratch, ignore_errors=True)
         self.scratch.mkdir(parents=True)
+        #: whether torch saw a CUDA device (a dry run says so in its summary)
+        self.gpu_found = False
         self.env = dict(os.environ)
         self.env.update(
             GENLM_BENCH_OUT=str(self.scratch),
@@ -224,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="where the built models go (default: /tmp/genlm-gpu-models)",
     )
-    ap.add_argument("--budget", type=float, default=350.0, help="seconds for the whole check (default 350)")
+    ap.add_argument("--budget", type=float, default=450.0, help="seconds for the whole check (default 450)")
     ap.add_argument("--started", type=float, default=None, help=argparse.SUPPRESS)  # the shell script's start
     ap.add_argument(
         "--skip",
@@ -239,13 +246,25 @@ def main(argv: list[str] | None = None) -> int:
     dry = args.dry_run_cpu
     import torch
 
-    if not dry and not torch.cuda.is_available():
+    gpu_found = torch.cuda.is_available()
+    if not dry and not gpu_found:
         print(
-            f"gpu_check: no CUDA device (torch {torch.__version__}, built for CUDA {torch.version.cuda}); "
-            "run it on a machine with an NVIDIA GPU, or pass --dry-run-cpu to check the script on the CPU",
+            f"gpu_check: no GPU found (no CUDA device; torch {torch.__version__}, built for CUDA "
+            f"{torch.version.cuda}): run it on a machine with an NVIDIA GPU, or pass --dry-run-cpu to "
+            "check the script on the CPU",
             file=sys.stderr,
         )
         return 2
+    if dry:
+        log(
+            (
+                f"no GPU found (no CUDA device; torch {torch.__version__}): "
+                if not gpu_found
+                else f"a GPU is here ({torch.cuda.get_device_name()}) but --dry-run-cpu was asked: "
+            )
+            + "a dry run on the CPU, every step at tiny size (the long-prompt step and the many "
+            "programs included): a check of the script, no figures"
+        )
     from common import device_info
 
     device = "cpu" if dry else "cuda"
@@ -259,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{info['device_name']} ({device}), torch {info['torch']}, budget {args.budget:.0f} s; results: {args.out}"
     )
     check = Check(args)
+    check.gpu_found = gpu_found
     models = DRY_MODELS if dry else GPU_MODELS
     names = [*SIZES, *WRITES.values()]  # (hf_step-<tag>: an earlier run's, before --grow)
     stale = [f"{name}-{tag}.{ext}" for name in names for _, tag, _ in models for ext in ("json", "md")]
@@ -434,6 +454,7 @@ def report(check: Check, info: dict[str, Any], tests: dict[str, Any], anchor_why
         "device": info,
         "machine": machine(),
         "dry_run_cpu": check.args.dry_run_cpu,
+        "gpu_found": check.gpu_found,
         "budget_s": check.args.budget,
         "elapsed_s": elapsed,
         "steps": [{**r, "command": " ".join(s.cmd)} for r, s in zip(rows, check.steps)],
@@ -444,7 +465,12 @@ def report(check: Check, info: dict[str, Any], tests: dict[str, Any], anchor_why
     }
     (out / "check.json").write_text(json.dumps(payload, indent=2))
     md = [
-        f"# GPU check: {info['device_name']}" + (" (dry run on the CPU)" if check.args.dry_run_cpu else ""),
+        f"# GPU check: {info['device_name']}"
+        + (
+            f" (dry run on the CPU; {'a GPU is here' if check.gpu_found else 'no GPU found'})"
+            if check.args.dry_run_cpu
+            else ""
+        ),
         "",
         device_line(info),
         "",

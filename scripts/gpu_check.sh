@@ -4,7 +4,7 @@
 # their context) and the GPU benchmarks (hf step, burst, SIS - against genlm-backend 0.3.1 where its reference
 # stack is importable - and serve) on models built offline from a config with random
 # weights (SmolLM2-135M float32, SmolLM2-1.7B's shape bfloat16; scripts/gpu_models.py),
-# in under 6 minutes on an H100 (a 350 s budget; --budget S changes it). Writes each
+# in under 8 minutes on an H100 (a 450 s budget; --budget S changes it). Writes each
 # benchmark's JSON and Markdown, the tests' junit XML, summary.md and check.json into
 # benchmarks/results/gpu/<device>/ (e.g. nvidia-h100-80gb-hbm3). Exits 2 without CUDA,
 # 1 when a step failed or ran out of the budget.
@@ -67,7 +67,7 @@ if [ -n "$bundle" ]; then
 fi
 
 if [ $dry -eq 0 ] && ! $PY -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  echo "gpu_check: no CUDA device here ($PY: torch $($PY -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null || echo 'not importable'))." >&2
+  echo "gpu_check: no GPU found: no CUDA device here ($PY: torch $($PY -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null || echo 'not importable'))." >&2
   echo "gpu_check: run it on a machine with an NVIDIA GPU, or pass --dry-run-cpu to check the script on the CPU." >&2
   exit 2
 fi

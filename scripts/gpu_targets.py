@@ -1,7 +1,9 @@
 """The GPU speed targets, read from a GPU check's results folder: the hf step's time at 64
 rows on both models, SIS against genlm-backend and the burst's calls/s at 64 particles on
-the 1.7B, and genlm serve against a backend per process (calls/s and GPU memory); the
-figures the GPU work set out to reach (docs/gpu.md lists them with each check's values).
+the 1.7B, genlm serve against a backend per process (calls/s and GPU memory), the 64-row
+step over a 2,048-token prompt against the 28-token one, and many programs with their own
+long prompts on one engine (calls/s against one by one, peak GPU memory); the figures the
+GPU work set out to reach (docs/gpu.md lists them with each check's values).
 
 scripts/gpu_check.py puts this table at the top of ``summary.md`` and into ``check.json``:
 each figure, its target, and whether it is met. The figures come from the results the
@@ -40,6 +42,22 @@ def hf_step_ms(out: Path, tag: str, dry: bool) -> float | None:
     return row.get("step_ms") if row else None
 
 
+def prompt_step_ratio(out: Path, tag: str, dry: bool) -> float | None:
+    """The 64-row step over a 2,048-token shared prompt (``hf_step_prompt``) against the
+    step over the 28-token one (``hf_step_grow``), at the same row count."""
+    long = _load(out, f"hf_step_prompt-{tag}")
+    row = _at(long["rows"], "rows", 64, dry) if long else None
+    short = hf_step_ms(out, tag, dry) if row else None
+    if not row or not short or row.get("step_ms") is None:
+        return None
+    return row["step_ms"] / short
+
+
+def many_programs(out: Path, tag: str, key: str) -> float | None:
+    data = _load(out, f"many_programs-{tag}")
+    return ((data or {}).get("figures") or {}).get(key)
+
+
 def sis_ratio(out: Path, tag: str, dry: bool) -> float | None:
     data = _load(out, f"sis-{tag}")
     rec = (data or {}).get("hf") or {}
@@ -70,6 +88,24 @@ def targets(out: Path, dry: bool, tiny: str = "tiny-llama-f32") -> list[dict[str
         ("hf step, 64 rows, 135M f32 (ms)", hf_step_ms(out, small, dry), "<=", 5.0),
         ("SIS, 64 particles, 1.7B: genlm-hf / genlm-backend", sis_ratio(out, large, dry), ">=", 1.5),
         ("burst, 64 particles, 1.7B (calls/s)", burst_calls(out, large, dry), ">=", 3000.0),
+        (
+            "hf step, 64 rows, 1.7B bf16: 2,048-token prompt / 28-token prompt",
+            prompt_step_ratio(out, large, dry),
+            "<=",
+            2.0,
+        ),
+        (
+            "many programs (8 x 900-token prompts x 16 x 30), 135M: calls/s together / one by one",
+            many_programs(out, small, "together_over_sequential"),
+            ">=",
+            0.9,
+        ),
+        (
+            "many programs, 135M: peak GPU memory together / the largest alone",
+            many_programs(out, small, "memory_together_over_alone"),
+            "<=",
+            1.5,
+        ),
     ]
     for tag, label in ((small, "135M f32"), (large, "1.7B bf16")):
         specs.append(
@@ -109,7 +145,7 @@ def markdown(rows: list[dict[str, Any]], dry: bool) -> list[str]:
         return "dry run" if dry else ("yes" if row["met"] else "**no**")
 
     lines = [
-        "## Targets (issue 44, item 3)",
+        "## Targets (issue 44, item 3; issue 69, items 3 and 6)",
         "",
         "| figure | value | target | met |",
         "|---|---:|---|---|",

@@ -89,3 +89,22 @@ def test_a_budget_below_one_steps_contexts_is_reported_once(caplog) -> None:
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "kv_cache_tokens=6" in warnings[0].getMessage()
+
+
+def test_a_context_larger_than_the_whole_budget_is_reported_once(caplog) -> None:
+    """A payload larger than the whole budget is not kept (every call over that context
+    computes it from its start): counted, and one WARNING names the context's length, the
+    size it needs, the option and its value, and the fix; nothing kept is evicted for it."""
+    import logging
+
+    dropped: list[bytes] = []
+    kv = KVReuse(budget=6, sizeof=len, budget_option="kv_cache_tokens", on_evict=dropped.append)
+    with caplog.at_level(logging.WARNING, logger="genlm"):
+        assert kv.store((1,), b"ab")
+        assert not kv.store(tuple(range(9)), b"x" * 9)
+        assert not kv.store(tuple(range(12)), b"x" * 12)
+        assert kv.oversized == 2 and dropped == []
+        assert kv.lookup([(1, 2)]) == [(1, b"ab")]  # what was kept stays
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "9-token context" in warning and "kv_cache_tokens=6" in warning
+    assert "Raise kv_cache_tokens in load() to at least 9" in warning

@@ -65,6 +65,7 @@ __all__ = [
     "engine_context_limit",
     "looks_like_path",
     "positions",
+    "positions_entry",
     "read_config",
     "read_checkpoint",
     "read_generation_config",
@@ -113,11 +114,18 @@ def _sections(config: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def positions(config: Mapping[str, Any]) -> int | None:
     """The number of positions the model has (``N``), from a config.json mapping."""
+    found = positions_entry(config)
+    return None if found is None else found[1]
+
+
+def positions_entry(config: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The config.json key that gives the model's positions and its value (``N``), for
+    the sentence refusing a context past the model's window; None: it states none."""
     for section in _sections(config):
         for key in POSITION_KEYS:
             value = section.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
+                return key, value
     return None
 
 

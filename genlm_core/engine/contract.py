@@ -168,6 +168,10 @@ class Engine(Generic[ConfigT]):
     #: server's limit + 1): the core's context limit is then at most ``N - 1``, as for a
     #: checkpoint's (the predicted token needs a position too); None: no bound of its own
     max_positions: int | None = None
+    #: the load() option that sets :attr:`max_positions` (vLLM ``max_model_len``, llama.cpp
+    #: ``n_ctx``): a context past the limit it sets, below the model's own window, is refused
+    #: with its name and the fix (raise it, or truncate); None: the core names the model's window
+    max_positions_option: str | None = None
     #: where its rows come back, when not where it computes (an engine handing back numpy rows)
     rows_device: Any = None
     #: the model's configuration as the engine loaded it, for a checkpoint whose files were
@@ -317,8 +321,8 @@ class Engine(Generic[ConfigT]):
     def context_limit_error(self, tokens: int) -> str | None:
         """Why a context of ``tokens`` tokens, past the core's limit, does not fit, when the
         engine's own setting bounds it (its KV budget: the option, the size the context
-        needs, the fix), for the caller's ``ValueError``; None: the model's window does
-        (the core's sentence then says so)."""
+        needs, the fix), for the caller's ``ValueError``; None: the core's sentence names
+        what does (:attr:`max_positions_option`, or the model's window)."""
         return None
 
     def stats(self) -> dict[str, Any]:

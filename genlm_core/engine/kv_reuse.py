@@ -29,7 +29,7 @@ from genlm_core.config import GenlmConfig
 from genlm_core.engine.memory import sizeof as default_sizeof
 from genlm_core.protocols import PrefixKVCache
 
-__all__ = ["ComputeCounters", "KVCacheOptions", "KVReuse", "prefix_cache_class"]
+__all__ = ["ComputeCounters", "KVCacheOptions", "KVReuse", "prefix_cache_class", "too_large_for_budget"]
 
 
 class ComputeCounters:
@@ -94,6 +94,23 @@ def prefix_cache_class(name: str) -> type:
     return cls
 
 
+def too_large_for_budget(tokens: int, size: int, budget: int, option: str) -> None:
+    """Warn that the KV of a ``tokens``-token context (``size`` in the budget's unit) is
+    larger than the whole prefix-cache budget (``option=budget``): it is computed, never
+    kept, so every call over it computes it from its start. The one sentence for it:
+    :meth:`KVReuse.store` says it, and an engine that leaves such payloads out itself
+    (genlm-mlx: no copy of KV it would not keep) says it through this."""
+    from genlm_core.engine.progress import note
+
+    note(
+        f"the prefix cache cannot keep the KV of a {tokens}-token context: it takes {size} "
+        f"against the whole budget ({option}={budget}), so every call over it computes it "
+        f"from its start. Raise {option} in load() to at least {size} (more to keep "
+        "particles' tokens too), or shorten the prompt",
+        advice=True,
+    )
+
+
 class KVReuse:
     """A prefix cache of engine KV payloads, the engine resources they read, and the
     counters of the model calls using it.
@@ -140,6 +157,8 @@ class KVReuse:
         self._unread: dict[int, Sequence[int]] = {}
         self._storing: Sequence[int] | None = None  # the context being stored
         self.self_evictions = 0
+        #: contexts whose KV alone was larger than the whole budget (not kept)
+        self.oversized = 0
         self._owner = owner
         self._release = release
         #: id(owner) -> [owner, readers]: cached payloads plus calls holding it
@@ -221,7 +240,8 @@ class KVReuse:
         cache = self.cache
         if cache is None or kv is None:
             return False
-        if cache.budget is not None and cache.sizeof(kv) > cache.budget:
+        if cache.budget is not None and (size := cache.sizeof(kv)) > cache.budget:
+            self._too_large(len(context), size, cache.budget)
             return False
         self._read(kv, +1)
         self._storing = context  # an eviction now is the budget's (not a clear's, not on demand)
@@ -259,6 +279,13 @@ class KVReuse:
         if self._on_evict is not None:
             self._on_evict(payload)
         self._read(payload, -1)
+
+    def _too_large(self, tokens: int, size: int, budget: int) -> None:
+        """A context's KV larger than the whole budget is computed, not kept: every call
+        over it computes it from its start. Said once (``oversized`` counts them)."""
+        self.oversized += 1
+        if self.oversized == 1:
+            too_large_for_budget(tokens, size, budget, self.budget_option)
 
     def _dropped_unread(self) -> None:
         self.self_evictions += 1

@@ -237,12 +237,16 @@ def build_app(
         """Every context valid for the backend and within the server's limits (in a worker
         thread: a large request costs the loop nothing)."""
         token_budget(sum(len(c) for c in contexts), lim, f"a request with {len(contexts)} {what}s")
-        limit = state.max_context_length
+        # the server's own option, where it binds below the model's limit (the backend's
+        # validate names the model's, or the engine's option, and the fix)
+        limit = lim.max_context_length
         out = []
         for i, c in enumerate(contexts):
-            if limit is not None and len(c) > limit:
+            if limit is not None and len(c) > limit and limit == state.max_context_length:
                 raise ValueError(
-                    f"{what} {i} has {len(c)} tokens, more than the server's limit of {limit}; shorten it"
+                    f"{what} {i} has {len(c)} tokens, more than the server's limit of {limit} "
+                    f"(genlm serve --max-context-length {limit}): shorten it (keep its last tokens), "
+                    "or start the server with a larger --max-context-length"
                 )
             try:
                 out.append(backend.validate(c))

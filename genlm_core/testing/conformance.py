@@ -68,6 +68,9 @@ class LogprobBackendConformance:
     program_steps: int = 8
     #: the lengths of the programs' first contexts (random, between the two)
     program_prompt_lengths: tuple[int, int] = (1, 8)
+    #: the longest context :meth:`test_context_past_the_limit` computes (the context of
+    #: exactly the limit, where the limit is at most this; the refusals at any limit)
+    limit_context_max: int = 512
 
     @pytest.fixture
     def backend(self) -> Any:  # pragma: no cover - plugins override
@@ -302,6 +305,19 @@ class LogprobBackendConformance:
             await backend.batch_next_token_logprobs([good[0], [-1]])
         self.assert_close(
             backend, backend.next_token_logprobs_sync(good[0]), expected[0], "a row after bad inputs"
+        )
+
+    def test_context_past_the_limit(self, backend: Any) -> None:
+        """A context one token past ``max_context_length`` is refused on every path with a
+        ``ValueError`` naming its length, the limit, what sets it (the model's window, or
+        the load() option below it: a KV budget, ``n_ctx``, ``max_model_len``) and the fix;
+        the calls beside it get their rows, and its prefixes are computed as from a cleared
+        cache (:mod:`genlm_core.testing.limits`)."""
+        from genlm_core.testing.limits import check_context_limit, checkpoint_window
+
+        window = checkpoint_window(self.checkpoint_source(backend))
+        check_context_limit(
+            backend, self.token_ids(backend), window, self.assert_close, self.limit_context_max
         )
 
     def test_no_state_kept_across_event_loops(self, backend: Any) -> None:

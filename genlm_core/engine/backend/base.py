@@ -22,7 +22,7 @@ from genlm_core import _deprecated
 from genlm_core.config import BackendConfig
 from genlm_core.engine.backend.burst_calls import Bursts
 from genlm_core.engine.backend.cache_controls import CacheControls
-from genlm_core.engine.backend.context_checks import ContextChecks
+from genlm_core.engine.backend.context_checks import ContextChecks, limit_reason
 from genlm_core.engine.backend.lifecycle import Lifecycle
 from genlm_core.engine.backend.logprob_calls import CachingBatch, LogprobCalls
 from genlm_core.engine.backend.lora_controls import LoraControls
@@ -180,7 +180,7 @@ class BaseLogprobBackend:
         # whole window) holds for every call
         validate, limit = self.validate, lambda: self.max_context_length
         self.context_checks = ContextChecks(
-            self.lifecycle, self.vocab_size, limit, getattr(engine, "context_limit_error", None)
+            self.lifecycle, self.vocab_size, limit, limit_reason(engine, self.checkpoint)
         )
         self.logprob_calls = LogprobCalls(
             self.rows,

@@ -69,6 +69,8 @@ class LlamaCppEngine(Engine[LlamaCppConfig]):
     #: bursts: the core's decode step over forward; each row resumes its sequence
     supports = frozenset({"burst", "resume"})
     forward_in_thread = False  # llama.cpp computes on every core already
+    #: named when a context is past the limit it sets below the model's window
+    max_positions_option = "n_ctx"
 
     def __init__(
         self,
@@ -263,6 +265,18 @@ class LlamaCppEngine(Engine[LlamaCppConfig]):
             self._drop_all_kv()
             raise
         return out
+
+    def context_limit_error(self, tokens: int) -> str | None:
+        """The KV cells' bound, when ``kv_cells`` below ``n_ctx`` is what refuses a context of
+        ``tokens`` tokens (else the core names n_ctx or the model's window)."""
+        ctx = self.context
+        if ctx.max_context >= ctx.n_positions:
+            return None
+        return (
+            f"llama.cpp's KV cache was given kv_cells={ctx.max_context}, fewer cells than n_ctx="
+            f"{ctx.n_positions} positions; a context of {tokens} tokens needs kv_cells >= {tokens + 1}: "
+            "raise kv_cells in load() (unset, it is at least n_ctx), or truncate the context (keep its last tokens)"
+        )
 
     def _drop_all_kv(self) -> None:
         """Empty llama.cpp's whole KV cache (every sequence free)."""

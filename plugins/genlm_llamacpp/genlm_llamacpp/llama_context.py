@@ -159,6 +159,7 @@ class LlamaContext:
                 f"n_batch={n_batch}) for {path!r}"
             )
         self.max_context = min(n_ctx, kv_cells)  # the longest context accepted
+        self.n_positions = n_ctx  # n_ctx, resolved: what bounds a context when kv_cells does not
         self.n_ctx = int(L.llama_n_ctx(self.ctx))  # KV cells: llama.cpp rounds up to 256s
         self.n_batch = int(L.llama_n_batch(self.ctx))
         self.n_seq_max = int(L.llama_n_seq_max(self.ctx))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from genlm_core.config import ConfigError
 from genlm_core.engine import Checkpoint, Engine, EngineServices, SampleRequest, note
+from genlm_core.engine.kv_reuse import too_large_for_budget
 from genlm_core.engine.kv_rows import KVPolicy, ResumeRow, RowsOut
 from genlm_mlx.config import MLXConfig
 
@@ -79,6 +80,7 @@ class MLXEngine(Engine[MLXConfig]):
             bool(config.prefix_cache) and config.kv_cache_bytes != 0 and self.kv_reuse_problem is None
         )
         self._kv_token_bytes = 0  # KV bytes per token, known after the first payload
+        self._said_too_large = False  # a context's KV past the whole budget was reported
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -148,6 +150,10 @@ class MLXEngine(Engine[MLXConfig]):
             if kv is not None:
                 self._kv_token_bytes = kv.nbytes // max(1, kv.shape[3])
                 kept.append((ctx, kv))
+            elif max_kv_tokens is not None and len(ctx) > max_kv_tokens and not self._said_too_large:
+                self._said_too_large = True  # left out above: the core never sees it
+                size = len(ctx) * self._kv_token_bytes
+                too_large_for_budget(len(ctx), size, budget, "kv_cache_bytes")  # type: ignore[arg-type]
         return RowsOut(torch.from_numpy(out.logits), kept, computed=out.computed, reused=out.reused)
 
     def decode_ops(self) -> Any:

@@ -111,7 +111,7 @@ def test_cache_kv_prefix_is_reused(llm):
         backend.close()
 
 
-def test_cached_equals_uncached_after_eviction(tiny_llama_path):
+def test_cached_equals_uncached_after_eviction(tiny_llama_path, caplog):
     # budget of ~3 payloads of 8 tokens: constant LRU eviction along growing contexts
     per_token = 2 * 2 * 1 * 32 * 4  # layers * (k, v) * kv_heads * head_dim * float32
     llm = genlm_core.load(
@@ -128,11 +128,16 @@ def test_cached_equals_uncached_after_eviction(tiny_llama_path):
             assert stats["kv_bytes"] <= llm.config.kv_cache_bytes
         assert llm.prefix_cache.stats()["kv_evictions"] > 0
         assert llm.prefix_cache.stats()["kv_entries"] >= 1
-        # a context whose KV exceeds the whole budget is computed but never stored
+        # a context whose KV exceeds the whole budget is computed but never stored, and
+        # one warning names the budget's option, the bytes that context needs and the fix
         long = _contexts(6, 1, 30, 30)[0]
-        row = llm.next_token_logprobs_sync(long)
+        with caplog.at_level("WARNING", logger="genlm"):
+            row = llm.next_token_logprobs_sync(long)
         assert_tiny_close(row, llm.next_token_logprobs_uncached(long))
         assert tuple(long) not in llm.prefix_cache.kv_prefixes()
+        (note,) = [r.getMessage() for r in caplog.records if "cannot keep the KV" in r.getMessage()]
+        budget = llm.config.kv_cache_bytes
+        assert f"30-token context: it takes {30 * per_token}" in note and f"kv_cache_bytes={budget}" in note
     finally:
         llm.close()
     with warnings.catch_warnings():

@@ -27,6 +27,8 @@ class MockEngine(Engine[MockConfig]):
 
     config_class = MockConfig
     supports = frozenset({"burst"})
+    #: named when a context is past the limit it sets
+    max_positions_option = "max_context_length"
 
     def __init__(self, tokenizer: Any = None, config: MockConfig | None = None) -> None:
         config = config or MockConfig()

@@ -111,6 +111,7 @@ def test_limits_fail_the_offending_request_only(oracle) -> None:
                 llm.next_token_logprobs_sync(list(range(9)))
             status, body = _post(srv.url, "/v1/logprobs", frame.encode_contexts([list(range(9))]))
             assert status == 400 and b"more than the server's limit of 8" in body
+            assert b"a larger --max-context-length" in body  # the option that sets it, and the fix
             status, body = _post(srv.url, "/v1/logprobs", frame.encode_contexts([[1]] * 5))
             assert status == 400 and b"above the limit 4" in body
             status, body = _post(srv.url, "/v1/logprobs", b"GLMF" + bytes(5000))

@@ -60,6 +60,8 @@ class VLLMEngine(Engine[VLLMConfig]):
 
     config_class = VLLMConfig
     supports = frozenset({"sample", "decode", "lora"})
+    #: named when a context is past the limit it sets below the model's window
+    max_positions_option = "max_model_len"
     #: vLLM keys its prefix cache (and the sessions here) by adapter: a switch keeps them
     adapter_keyed_kv = True
     #: a burst's rows are decoded one token over the KV their session kept; the step loop's
@@ -168,7 +170,13 @@ class VLLMEngine(Engine[VLLMConfig]):
             launch.engine_environment(kwargs, device),
             summarise_repeats("vllm"),  # e.g. one cast warning per weight
         ):
-            llm = LLM(**kwargs)
+            try:
+                llm = LLM(**kwargs)
+            except ValueError as exc:  # the KV space below one context: this backend's options
+                better = launch.kv_space_error(exc, config, kwargs, device)
+                if better is None:
+                    raise
+                raise better from exc
         note(f"vllm: engine ready in {time.perf_counter() - t0:.0f} s")
         try:
             return cls(llm, config, device=device)

@@ -116,6 +116,31 @@ def prepare_environment(config: VLLMConfig, device: str) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
 
 
+def kv_space_error(
+    exc: BaseException, config: VLLMConfig, kwargs: dict[str, Any], device: str
+) -> ValueError | None:
+    """vLLM's refusal to start when its KV space cannot hold one request of ``max_model_len``
+    tokens, with this backend's options: on the CPU the space is ``VLLM_CPU_KVCACHE_SPACE``
+    (``cpu_kvcache_gib`` when unset), not the ``gpu_memory_utilization`` vLLM names; None
+    for any other error."""
+    text = str(exc)
+    if not isinstance(exc, ValueError) or "KV cache" not in text or "max_model_len" not in text:
+        return None
+    length = kwargs.get("max_model_len") or "the model's window"
+    if device == "cpu":
+        space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_gib))
+        fix = (
+            f"its KV space here is VLLM_CPU_KVCACHE_SPACE={space} GiB (the load() option cpu_kvcache_gib="
+            f"{config.cpu_kvcache_gib} sets it when the variable is unset): raise it"
+        )
+    else:
+        fix = f"raise gpu_memory_utilization (now {config.gpu_memory_utilization})"
+    return ValueError(
+        f"vllm: the KV space cannot hold one context of max_model_len={length} tokens; {fix}, or lower "
+        f"max_model_len in load() (vLLM: {text})"
+    )
+
+
 def cpu_binding(world_size: int) -> str:
     """``VLLM_CPU_OMP_THREADS_BIND`` for ``world_size`` CPU ranks: this process's cores
     split into that many contiguous lists (vLLM's own ``auto`` needs one NUMA node per
