@@ -335,20 +335,25 @@ class ResidentSessions:
 
     Bounds: at most ``resident_rows`` rows, at most the engine's ``max_num_seqs`` less one
     less a burst's live sessions (a paused session holds one of vLLM's request slots:
-    with every slot held nothing new is scheduled), and their tokens at most half of the
-    KV cache's (a paused session's blocks cannot be preempted). Rows idle for
+    with every slot held nothing new is scheduled), and their KV blocks at most half of the
+    KV cache (a paused session's blocks cannot be preempted), counting the full blocks rows
+    share through the prefix cache once. Rows idle for
     ``resident_idle_s`` end at the next engine call."""
 
     def __init__(self, engine: SessionEngine, max_rows: int, idle_s: float | None) -> None:
         from genlm_core.engine.resident import ResidentRows
 
         self.engine = engine
-        self.rows = ResidentRows(max_rows, idle_s)
         llm_engine = engine.llm.llm_engine
         self.max_seqs = int(llm_engine.vllm_config.scheduler_config.max_num_seqs)
         cache = llm_engine.vllm_config.cache_config
         blocks = getattr(cache, "num_gpu_blocks", None)
         block_size = int(getattr(cache, "block_size", None) or 16)
+        # rows started from one prompt share its full KV blocks (prefix-cache hits): a shared
+        # prompt counts once, not once per row (64 particles of a 907-token prompt hold 7
+        # shared blocks and 2 of their own each, not 64 x 1107 tokens)
+        shared = bool(cache.enable_prefix_caching)
+        self.rows = ResidentRows(max_rows, idle_s, block_size=block_size if shared else None)
         #: tokens the rows may hold at once (None: the KV cache's size is unknown)
         self.token_budget = int(blocks) * block_size // 2 if blocks else None
 
