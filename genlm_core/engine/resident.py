@@ -13,7 +13,8 @@ for the distinct contexts of a call,
   context per call (two particles that shared a row and now differ: the first continues
   it, the other starts afresh);
 * which contexts start afresh (the engine runs them from their prompt: its prefix cache
-  supplies what it holds) and which of those stay resident after the call: rows live at
+  supplies what it holds; an engine that can copy a live row's KV forks the row holding
+  the longest prefix, ``Placement.source``) and which of those stay resident after the call: rows live at
   once are at most ``capacity`` (the engine's bound of the call, at most ``max_rows``),
   the least recently used rows no context continues are evicted first to make room,
   and fresh contexts past the bound run once and end;
@@ -71,6 +72,10 @@ class Placement:
     depth: int = 0
     #: keys of the context's full KV blocks (``ResidentRows(block_size=...)``), else ()
     blocks: tuple[int, ...] = ()
+    #: a context that starts afresh: the live row (of the same key, live through the call)
+    #: holding its longest proper prefix at most ``max_gap`` tokens shorter, whose state an
+    #: engine that can copy KV forks from (its ``context`` is what that state holds now)
+    source: ResidentRow | None = None
 
     @property
     def new_tokens(self) -> Context:
@@ -231,6 +236,10 @@ class ResidentRows:
         self.evicted += len(evicted)
         self.resumed += continued
         self.restarted += len(fresh)
+        if fresh:  # what a fresh context can fork from: a row continued now (as it was), or idle
+            before = {p.row.context: p.row for p in placements if p.row is not None}
+            for p in fresh:
+                p.source = self._parent(p.context, key, before)
         return Plan(placements, evicted)
 
     def _blocks(self, row: ResidentRow) -> tuple[int, ...]:
@@ -239,9 +248,15 @@ class ResidentRows:
             return ()
         return block_keys(row.context, self.block_size, row.blocks)
 
-    def _parent(self, ctx: Context, key: Hashable) -> ResidentRow | None:
+    def _parent(
+        self, ctx: Context, key: Hashable, also: dict[Context, ResidentRow] | None = None
+    ) -> ResidentRow | None:
+        """The row of ``key`` holding ``ctx``'s longest proper prefix at most ``max_gap``
+        tokens shorter, among the live rows and ``also``."""
         for n in range(len(ctx) - 1, max(0, len(ctx) - 1 - self.max_gap), -1):
             row = self.rows.get(ctx[:n])
+            if row is None and also:
+                row = also.get(ctx[:n])
             if row is not None and row.key == key:
                 return row
         return None

@@ -71,6 +71,14 @@ class VLLMConfig(BackendConfig):
     cpu_kvcache_gib: int = Field(
         1, ge=1, description="VLLM_CPU_KVCACHE_SPACE default on CPU when the variable is unset"
     )
+    fork_kv: bool = Field(
+        True,
+        description="a row that starts afresh from a live row's context plus up to 16 tokens (the "
+        "second and later particles extending one prompt, a resampled particle's duplicates) "
+        "copies that row's KV blocks past vLLM's prefix-cache hit (its partial last block) "
+        "instead of prefilling them: genlm_vllm.fork's KV connector (kv_transfer_config); off "
+        "when engine_opts sets its own kv_transfer_config; same numbers",
+    )
     resident: bool = Field(
         True,
         description="resident path: every row of an ordinary call stays a vLLM streaming-input "

@@ -246,6 +246,10 @@ def engine_kwargs(
             kw[name] = value
     if config.enable_lora:
         kw.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=config.max_loras)
+    if config.fork_kv and "kv_transfer_config" not in config.engine_opts:
+        from genlm_vllm.fork import transfer_config
+
+        kw["kv_transfer_config"] = transfer_config()  # a new row copies a live row's last KV block
     kw.update(config.engine_opts)
     procs = list(kw.get("logits_processors") or [])
     if CaptureLogitsProcessor not in procs:

@@ -49,7 +49,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from genlm_core.engine.kv_reuse import ComputeCounters
 
-__all__ = ["DecodeSessions", "SessionEngine", "Session", "Turn", "run_turns"]
+__all__ = ["DecodeSessions", "SessionEngine", "Session", "Turn", "fork_enabled", "run_turns"]
+
+
+def fork_enabled(llm: Any) -> bool:
+    """Whether the engine runs genlm's fork connector (:mod:`genlm_vllm.fork`)."""
+    config = getattr(getattr(llm.llm_engine, "vllm_config", None), "kv_transfer_config", None)
+    return bool(
+        config is not None
+        and config.kv_connector == "ForkConnector"
+        and config.kv_connector_module_path == "genlm_vllm.fork"
+    )
 
 
 class SessionEngine(Protocol):
@@ -83,12 +93,15 @@ class Session:
 class Turn:
     """One row of an engine step: ``session`` resumed with ``tokens`` (None: a new request
     whose prompt is ``tokens``), leaving it at ``context``; a new request is a session
-    (kept after its turn) when ``resumable``, else it ends with its turn."""
+    (kept after its turn) when ``resumable``, else it ends with its turn. ``fork``: for a
+    new request, a live session whose KV holds the prompt's first tokens (the session,
+    how many): copied rather than prefilled where the engine forks (:mod:`genlm_vllm.fork`)."""
 
     session: Session | None
     tokens: Context
     context: Context
     resumable: bool = True
+    fork: tuple[Session, int] | None = None
 
 
 def _unstall(
@@ -151,7 +164,8 @@ def run_turns(
     try:
         for i, (turn, tag) in enumerate(zip(turns, tags)):
             s = turn.session
-            params = row_params(tag, read_prefix_cache)
+            fork = turn.fork if s is None and read_prefix_cache else None
+            params = row_params(tag, read_prefix_cache, (fork[0].request_id, fork[1]) if fork else None)
             resumable = s is not None or turn.resumable
             request = llm_engine.input_processor.process_inputs(
                 request_id=s.request_id if s is not None else f"{engine.namespace}-row-{next(_IDS)}",
@@ -223,6 +237,10 @@ def run_turns(
 
 _IDS = itertools.count()
 
+#: the most tokens a row that starts afresh may extend the session it forks (as far as a
+#: resident row's context may extend it: ``ResidentRows.max_gap``)
+FORK_GAP = 16
+
 
 class DecodeSessions:
     """The live sessions of one engine, keyed by burst handle (see the module doc)."""
@@ -232,6 +250,8 @@ class DecodeSessions:
         ``llm``, ``lora_request``, tags, ``fetch`` and counters)."""
         self.engine = engine
         self.live: dict[int, Session] = {}
+        #: whether a row that starts afresh forks a session's KV (:mod:`genlm_vllm.fork`)
+        self.forks = fork_enabled(engine.llm)
         #: sessions started from a prompt / resumed with new tokens / closed unfinished
         self.started = 0
         self.resumed = 0
@@ -267,11 +287,20 @@ class DecodeSessions:
                 plan.append((h, best, ctx[len(best.context) :]))
             else:
                 plan.append((h, None, ctx))
+        # a row that starts afresh forks the deepest session of the step holding a prefix of
+        # it (a resampled particle's parent, continued by a sibling): its KV as it is now
+        forks: dict[int, tuple[Session, int]] = {}
+        if self.forks:
+            held = {s.context: s for _, s, _ in plan if s is not None}
+            for h, s, ctx in plan:
+                src = None if s is not None else self._source(ctx, held)
+                if src is not None:
+                    forks[h] = (src, len(src.context))
         self._abort(free)
         order = {h: i for i, h in enumerate(rows)}
         plan.sort(key=lambda p: order[p[0]])
         try:
-            return self._run(plan, rows)
+            return self._run(plan, rows, forks)
         except BaseException:
             self.close_all()
             raise
@@ -284,14 +313,26 @@ class DecodeSessions:
     #: deprecated: :meth:`take_turn` and :meth:`end_burst` (genlm_vllm._deprecated)
     step = _deprecated.sessions_step
 
+    def _source(self, ctx: Context, held: Mapping[Context, Session]) -> Session | None:
+        """The session of ``held`` whose context is ``ctx``'s longest proper prefix at most
+        :data:`FORK_GAP` tokens shorter (under the active adapter)."""
+        for n in range(len(ctx) - 1, max(0, len(ctx) - 1 - FORK_GAP), -1):
+            s = held.get(ctx[:n])
+            if s is not None and s.lora is self.engine.lora_request:
+                return s
+        return None
+
     def _extends(self, s: Session, ctx: Context) -> bool:
         n = len(s.context)
         return s.lora is self.engine.lora_request and len(ctx) > n and ctx[:n] == s.context
 
     def _run(
-        self, plan: list[tuple[int, Session | None, Context]], rows: Mapping[int, Context]
+        self,
+        plan: list[tuple[int, Session | None, Context]],
+        rows: Mapping[int, Context],
+        forks: Mapping[int, tuple[Session, int]],
     ) -> "torch.Tensor":
-        turns = [Turn(s, tokens, rows[h]) for h, s, tokens in plan]
+        turns = [Turn(s, tokens, rows[h], fork=forks.get(h)) for h, s, tokens in plan]
         resident = self.engine.resident  # ordinary calls' paused rows: ended if the burst waits on them
         out, sessions = run_turns(
             self.engine, turns, on_stall=resident.end_idle if resident is not None else None
@@ -356,6 +397,9 @@ class ResidentSessions:
         self.rows = ResidentRows(max_rows, idle_s, block_size=block_size if shared else None)
         #: tokens the rows may hold at once (None: the KV cache's size is unknown)
         self.token_budget = int(blocks) * block_size // 2 if blocks else None
+        #: whether the engine forks a live row's KV (:mod:`genlm_vllm.fork`): a context that
+        #: starts afresh copies the blocks of the row holding its prefix (a particle's parent)
+        self.forks = fork_enabled(engine.llm)
 
     def key(self) -> Any:
         """What a row is computed under: the adapter (its name and fresh id; vLLM's
@@ -373,8 +417,15 @@ class ResidentSessions:
         self._end(self.rows.expire())
         plan = self.rows.plan(unique, key, self.capacity(burst_rows), self.token_budget)
         self._end(plan.evicted)
+        forks = self.forks
         turns = [
-            Turn(p.row.state if p.row is not None else None, p.new_tokens, p.context, p.keep)
+            Turn(
+                p.row.state if p.row is not None else None,
+                p.new_tokens,
+                p.context,
+                p.keep,
+                (p.source.state, len(p.source.context)) if forks and p.source is not None else None,
+            )
             for p in plan.placements
         ]
         try:
