@@ -16,8 +16,10 @@ for the distinct contexts of a call,
   supplies what it holds; an engine that can copy a live row's KV forks the row holding
   the longest prefix, ``Placement.source``) and which of those stay resident after the call: rows live at
   once are at most ``capacity`` (the engine's bound of the call, at most ``max_rows``),
-  the least recently used rows no context continues are evicted first to make room,
-  and fresh contexts past the bound run once and end;
+  the least recently used rows no context continues are evicted first to make room
+  (never a row used after the least recently used row the call continues: another
+  particle of the same step, split off by the batcher), and fresh contexts past the
+  bound run once and end;
 * which rows have been idle longer than ``idle_s`` (:meth:`expire`, checked at every
   call: an engine that gets no calls keeps its rows until the next one).
 
@@ -36,6 +38,7 @@ context ran from its prompt), evicted (by the bound), expired (idle), and the li
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -207,14 +210,23 @@ class ResidentRows:
         # a context a live row holds exactly (no new token to run over it): replaced
         evicted = [self.rows.pop(p.context) for p in placements if p.context in self.rows]
         room = max(0, cap - continued)  # rows for the fresh contexts and the idle ones
+        # idle rows used since the least recently used row this call continues are the other
+        # particles of its step (a step the batcher splits into several calls): a fresh
+        # context does not end them, or each would restart at its own call and end another's
+        # row in turn (LRU thrash: every row restarting, every step)
+        floor = min((p.row.last_used for p in placements if p.row is not None), default=math.inf)
+        protected = [r for r in self.rows.values() if r.last_used > floor]
         held = _Held(self.block_size)  # continued rows count, whatever the budget is
         if token_budget is not None:
+            for row in protected:
+                row.blocks = self._blocks(row)
+                held.add(row.context, row.blocks)
             for p in placements:
                 if p.row is not None:
                     held.add(p.context, p.blocks)
         want = 0
         for p in fresh:
-            if want >= room or (
+            if want >= room - len(protected) or (
                 token_budget is not None and held.tokens + held.cost(p.context, p.blocks) > token_budget
             ):
                 break
@@ -224,8 +236,9 @@ class ResidentRows:
                 held.add(p.context, p.blocks)
         if token_budget is not None:
             for row in self.rows.values():
-                row.blocks = self._blocks(row)
-                held.add(row.context, row.blocks)
+                if row.last_used <= floor:
+                    row.blocks = self._blocks(row)
+                    held.add(row.context, row.blocks)
         while self.rows and (
             len(self.rows) + want > room or (token_budget is not None and held.tokens > token_budget)
         ):
