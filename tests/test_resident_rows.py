@@ -150,5 +150,13 @@ def test_a_fresh_context_forks_the_row_holding_its_prefix() -> None:
     assert first.row is not None and first.source is None  # continues its row
     # a sibling forks the row the first continues, as it was before the call
     assert second.row is None and second.source is first.row and second.source.context == (1, 2, 3)
+    assert second.source_depth == 3
     assert third.row is not None and third.new_tokens == (9, 9)
     assert fourth.source is None
+    rows.commit(plan, [("state", p.context) for p in plan.placements], None)
+    # a later call of the same step (the batcher split it): the row continued first still
+    # holds the prompt its step extends, and the others fork it
+    plan = rows.plan([(1, 2, 3, 6), (7, 8, 5)], None)
+    assert plan.placements[0].row is None and plan.placements[0].source is first.row
+    assert plan.placements[0].source.context == (1, 2, 3, 4) and plan.placements[0].source_depth == 3
+    assert plan.placements[1].source is third.row and plan.placements[1].source_depth == 2

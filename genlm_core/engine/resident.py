@@ -61,6 +61,8 @@ class ResidentRow:
     last_used: float = 0.0
     #: keys of the context's full KV blocks (``ResidentRows(block_size=...)``), else ()
     blocks: tuple[int, ...] = ()
+    #: the context it held before its last continuation (its state still holds it)
+    previous: Context = ()
 
 
 @dataclass
@@ -75,10 +77,12 @@ class Placement:
     depth: int = 0
     #: keys of the context's full KV blocks (``ResidentRows(block_size=...)``), else ()
     blocks: tuple[int, ...] = ()
-    #: a context that starts afresh: the live row (of the same key, live through the call)
-    #: holding its longest proper prefix at most ``max_gap`` tokens shorter, whose state an
-    #: engine that can copy KV forks from (its ``context`` is what that state holds now)
+    #: a context that starts afresh: a live row (of the same key, live through the call)
+    #: whose state holds the context's first :attr:`source_depth` tokens, its longest
+    #: proper prefix a row holds or held before its last step, at most ``max_gap`` tokens
+    #: shorter: an engine that can copy KV forks that state
     source: ResidentRow | None = None
+    source_depth: int = 0
 
     @property
     def new_tokens(self) -> Context:
@@ -249,10 +253,18 @@ class ResidentRows:
         self.evicted += len(evicted)
         self.resumed += continued
         self.restarted += len(fresh)
-        if fresh:  # what a fresh context can fork from: a row continued now (as it was), or idle
-            before = {p.row.context: p.row for p in placements if p.row is not None}
+        if fresh:
+            # what a fresh context can fork: a row holding its prefix, or that held it before
+            # its last step (a prompt's row, continued by the first particle of a step that
+            # the batcher split: the others fork it at the next calls), or continued now
+            before = {r.previous: r for r in self.rows.values() if r.previous}
+            for p in placements:
+                if p.row is not None:
+                    before[p.row.context] = p.row
+                    if p.row.previous:
+                        before.setdefault(p.row.previous, p.row)
             for p in fresh:
-                p.source = self._parent(p.context, key, before)
+                p.source, p.source_depth = self._match(p.context, key, before)
         return Plan(placements, evicted)
 
     def _blocks(self, row: ResidentRow) -> tuple[int, ...]:
@@ -261,18 +273,22 @@ class ResidentRows:
             return ()
         return block_keys(row.context, self.block_size, row.blocks)
 
-    def _parent(
+    def _parent(self, ctx: Context, key: Hashable) -> ResidentRow | None:
+        return self._match(ctx, key)[0]
+
+    def _match(
         self, ctx: Context, key: Hashable, also: dict[Context, ResidentRow] | None = None
-    ) -> ResidentRow | None:
-        """The row of ``key`` holding ``ctx``'s longest proper prefix at most ``max_gap``
-        tokens shorter, among the live rows and ``also``."""
+    ) -> tuple[ResidentRow | None, int]:
+        """The row of ``key`` under ``ctx``'s longest proper prefix at most ``max_gap``
+        tokens shorter, among the live rows' contexts and ``also``, and that prefix's
+        length (None, 0: none)."""
         for n in range(len(ctx) - 1, max(0, len(ctx) - 1 - self.max_gap), -1):
             row = self.rows.get(ctx[:n])
             if row is None and also:
                 row = also.get(ctx[:n])
             if row is not None and row.key == key:
-                return row
-        return None
+                return row, n
+        return None, 0
 
     def commit(self, plan: Plan, states: Sequence[Any], key: Hashable) -> None:
         """The call ran: ``states[i]`` is the engine state of placement ``i`` (read where
@@ -282,6 +298,7 @@ class ResidentRows:
             if not p.keep:
                 continue
             row = p.row if p.row is not None else ResidentRow(p.context, state, key)
+            row.previous = row.context if p.row is not None else ()
             row.context, row.state, row.last_used, row.blocks = p.context, state, now, p.blocks
             self.rows[p.context] = row
 

@@ -424,7 +424,7 @@ class ResidentSessions:
                 p.new_tokens,
                 p.context,
                 p.keep,
-                (p.source.state, len(p.source.context)) if forks and p.source is not None else None,
+                (p.source.state, p.source_depth) if forks and p.source is not None else None,
             )
             for p in plan.placements
         ]
