@@ -252,10 +252,12 @@ class DecodeSessions:
         self.live: dict[int, Session] = {}
         #: whether a row that starts afresh forks a session's KV (:mod:`genlm_vllm.fork`)
         self.forks = fork_enabled(engine.llm)
-        #: sessions started from a prompt / resumed with new tokens / closed unfinished
+        #: sessions started from a prompt / resumed with new tokens / closed unfinished; rows
+        #: that shared another row of their step (same context, no session of their own)
         self.started = 0
         self.resumed = 0
         self.sessions_closed = 0
+        self.shared = 0
 
     #: deprecated: :attr:`sessions_closed` (genlm_vllm._deprecated)
     closed = _deprecated.sessions_closed
@@ -296,14 +298,30 @@ class DecodeSessions:
                 src = None if s is not None else self._source(ctx, held)
                 if src is not None:
                     forks[h] = (src, len(src.context))
+        # a row that would start afresh on a context another row of the step runs (a burst's
+        # first step: every particle on the prompt; a resampled particle's copies) shares that
+        # row and holds no session until it diverges: then it forks the other's
+        shared: dict[int, int] = {}  # handle -> the handle whose row it shares
+        run: dict[Context, int] = {rows[h]: h for h, s, _ in plan if s is not None}
+        for h, s, _ in plan:
+            if s is None:
+                other = run.setdefault(rows[h], h)
+                if other != h:
+                    shared[h] = other
+        plan = [p for p in plan if p[0] not in shared]
         self._abort(free)
         order = {h: i for i, h in enumerate(rows)}
         plan.sort(key=lambda p: order[p[0]])
         try:
-            return self._run(plan, rows, forks)
+            out = self._run(plan, rows, forks)
         except BaseException:
             self.close_all()
             raise
+        self.shared += len(shared)
+        if not shared:
+            return out
+        where = {h: i for i, (h, _, _) in enumerate(plan)}
+        return out[[where[shared.get(h, h)] for h in rows]]
 
     def end_burst(self, released: Collection[int]) -> None:
         """The burst ended: the sessions of ``released`` end (their full blocks stay in
@@ -365,6 +383,7 @@ class DecodeSessions:
             "decode_sessions": len(self.live),
             "decode_sessions_started": self.started,
             "decode_sessions_resumed": self.resumed,
+            "decode_rows_shared": self.shared,
         }
 
 

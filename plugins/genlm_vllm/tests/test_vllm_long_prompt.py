@@ -61,9 +61,10 @@ def assert_uncached(llm, contexts, rows) -> None:
 
 
 def test_a_shared_prompt_is_computed_once(smol_backend) -> None:
-    """SmolLM2 (128-token KV blocks): a 300-token prompt (2 full blocks and 44 tokens), 8
-    particles, 5 steps; at step 1 the particles pair up on 4 tokens (resampled duplicates),
-    at step 2 each pair diverges (forks 45 tokens past the last full block)."""
+    """SmolLM2 (32-token KV blocks, the CPU default): a 300-token prompt (9 full blocks and
+    12 tokens), 8 particles, 5 steps; at step 1 the particles pair up on 4 tokens (resampled
+    duplicates), at step 2 each pair diverges (forks 13 tokens past the last full block)."""
+    assert scheduler(smol_backend).block_size == 32
     llm = smol_backend
     llm.clear_cache()
     prompt = tuple(range(1000, 1300))
