@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from genlm_core.config import BackendConfig
-from genlm_core.engine import Engine, KVCacheOptions
+from genlm_core.engine import Engine, KVCacheOptions, kv_resident
 from genlm_core.engine.kv_calls import KVCalls
 from genlm_core.engine.kv_resident import sis_token_bound
 from genlm_core.engine.kv_rows import KVPolicy, ResumeRow, RowsOut
@@ -249,3 +249,40 @@ def test_with_resampling_rows_stay_right_and_within_no_reuse() -> None:
             stats = run(budget, "resident", calls, page)
             assert minimum(calls) <= stats["tokens_computed"] <= no_reuse_past_prompt, (page, budget)
             assert stats["rows_from_start"] == 0, (page, budget)
+
+
+def smc_calls(seed: int = 0, tokens: int = 30, every: int = 5) -> list[list[Context]]:
+    """SMC's calls: every ``every`` steps half the particles die and the other half
+    duplicate (each survivor's two children extend its context)."""
+    rng = random.Random(seed)
+    prompt = CALLS[0][0]
+    particles = [prompt] * N
+    calls = [[prompt]]
+    for k in range(1, tokens):
+        if k % every == 0:
+            live = rng.sample(particles, N // 2)
+            particles = live + live
+        particles = [p + (rng.randrange(1, 10**6),) for p in particles]
+        calls.append(sorted(set(particles)))
+    return calls
+
+
+@pytest.mark.parametrize("stale_calls", [kv_resident.STALE_CALLS, 10**9])
+def test_particles_that_died_give_their_room_to_the_living(
+    stale_calls: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget that holds every live particle: the lineages of particles that died at a
+    resampling (old ranks, never read again) go once no call read them for STALE_CALLS
+    calls, so the survivors' second children stay and nothing is computed twice. Were
+    they kept by rank alone (``STALE_CALLS`` never reached), the dead would keep their
+    pages and the children would be recomputed at every step."""
+    default = kv_resident.STALE_CALLS
+    monkeypatch.setattr(kv_resident, "STALE_CALLS", stale_calls)
+    page, tokens = 8, 30
+    calls = smc_calls(tokens=tokens)
+    budget = units(P, page) + N * units(P % page + tokens - 1, page)
+    got = tokens_computed(budget, "resident", calls, page)
+    if stale_calls == default:
+        assert got == minimum(calls)
+    else:
+        assert got > 1.5 * minimum(calls)

@@ -105,7 +105,7 @@ class KVCalls:
             return self._forward(contexts)
         except BaseException:
             if self.policy.drops_kv:  # the engine emptied its KV: nothing kept is valid
-                self.reuse.forget()
+                self._forget_kept()
             raise
 
     def forward_uncached(self, contexts: list[Context]) -> Any:
@@ -114,7 +114,7 @@ class KVCalls:
             out = self.engine.forward_uncached(contexts)
         finally:
             if self.policy.drops_kv:
-                self.reuse.forget()
+                self._forget_kept()
         self.reuse.count(sum(map(len, contexts)), 0)
         return out
 
@@ -126,9 +126,11 @@ class KVCalls:
         calls = 1  # the call counts once, however many parts it runs in
         lineages = self.lineages
         floor = lineages.next_rank if lineages is not None else 0  # lineages this call starts rank from here
+        if lineages is not None:
+            lineages.begin_call()
         while pending:
             rounds += 1
-            looked: dict[Context, tuple[int, Any]] | None = dict(zip(pending, reuse.lookup(pending)))
+            looked: dict[Context, tuple[int, Any]] | None = dict(zip(pending, self._lookup(pending)))
             assert looked is not None
             branching = reuse.enabled and policy.branch_tokens is not None and rounds <= MAX_BRANCH_ROUNDS
             plan = plan_round(
@@ -205,7 +207,7 @@ class KVCalls:
         round's lookup while it is valid); read-off contexts the row no longer runs (a
         deeper prefix was kept since the round was planned) are left for a later round."""
         if looked is None or any(p.ctx not in looked for p in part):
-            looked = dict(zip((p.ctx for p in part), self.reuse.lookup([p.ctx for p in part])))
+            looked = dict(zip((p.ctx for p in part), self._lookup([p.ctx for p in part])))
         rows, missed = [], []
         for p in part:
             depth, payload = looked[p.ctx]
@@ -214,13 +216,20 @@ class KVCalls:
             rows.append(ResumeRow(p.ctx, depth, payload, read_off, p.wanted))
         return rows, missed
 
+    def _lookup(self, contexts: list[Context]) -> list[tuple[int, Any]]:
+        """The deepest kept prefix of each context (their lineages read by this call)."""
+        found = self.reuse.lookup(contexts)
+        if self.lineages is not None:
+            self.lineages.touch(p for _, p in found if p is not None)
+        return found
+
     def _owners(self, rows: list[ResumeRow]) -> list[Any]:
         owner = self.engine.kv_owner
         return [o for o in (owner(r.payload) for r in rows if r.payload is not None) if o is not None]
 
     def _make_room(self, rows: list[ResumeRow], limit: int | None = None) -> tuple[bool, bool]:
         """Release kept contexts the rows do not read (and, with ``limit``, only those of a
-        lineage younger than ``limit``) until the engine has room for them.
+        lineage younger than ``limit`` or stale) until the engine has room for them.
         Returns (whether they fit, whether anything was released)."""
         engine = self.engine
         if engine.kv_shortfall(rows) <= 0:
@@ -234,10 +243,12 @@ class KVCalls:
         def keep(payload: Any) -> bool:
             if id(payload) in read:
                 return True
-            if limit is not None and lineages is not None and lineages.rank(payload) <= limit:
-                return True
             o = owner(payload)
-            return o is not None and id(o) in read
+            if o is not None and id(o) in read:
+                return True
+            if limit is None or lineages is None or lineages.stale(payload):
+                return False
+            return lineages.rank(payload) <= limit
 
         # one row under "resident": a context others extend goes too once no leaf can (its
         # extensions may have been computed apart from it and hold none of its memory)
@@ -255,8 +266,8 @@ class KVCalls:
         if self._ranked:
             assert self.lineages is not None
             if leaves_first:
-                return cache.evict_lru_kv(keep, leaves_first=True, rank=self.lineages.rank)  # type: ignore[call-arg]
-            return cache.evict_lru_kv(keep, leaves_only=self._leaves_only, rank=self.lineages.rank)  # type: ignore[call-arg]
+                return cache.evict_lru_kv(keep, leaves_first=True, rank=self.lineages.victim_key)  # type: ignore[call-arg]
+            return cache.evict_lru_kv(keep, leaves_only=self._leaves_only, rank=self.lineages.victim_key)  # type: ignore[call-arg]
         if self._leaves_only:
             return cache.evict_lru_kv(keep, leaves_only=True)  # type: ignore[call-arg]
         return cache.evict_lru_kv(keep)
@@ -288,7 +299,7 @@ class KVCalls:
 
     def _admit(self, payload: Any, rank: int) -> bool:
         """Whether the cache's own budget (``KVPolicy.budget``) has room for ``payload`` of
-        lineage ``rank``, made by releasing younger lineages (leaves first): False when
+        lineage ``rank``, made by releasing stale or younger lineages (leaves first): False when
         only older ones could make it (the payload is then not kept)."""
         cache = self.reuse.cache
         budget = getattr(cache, "budget", None)
@@ -301,7 +312,7 @@ class KVCalls:
         lineages = self.lineages
 
         def keep(p: Any) -> bool:
-            return lineages.rank(p) < rank
+            return not lineages.stale(p) and lineages.rank(p) < rank
 
         while cache.kv_bytes + size > budget:  # type: ignore[attr-defined]
             if self._evict(cache, keep, leaves_first=True) is None:
@@ -335,7 +346,12 @@ class KVCalls:
         """The engine freed all its KV itself: drop every payload without handing any back."""
         if self._decode is not None:
             self._decode.clear()
-        self.reuse.forget()
+        self._forget_kept()
+
+    def _forget_kept(self) -> None:
+        self.reuse.forget()  # (the cache tells no one of what it drops)
+        if self.lineages is not None:
+            self.lineages.clear()
 
     def stats(self) -> dict[str, Any]:
         out = {**self.reuse.stats(), **self.counts}

@@ -26,6 +26,9 @@ once. Then:
 
 * room goes youngest rank first, leaves first (a context others extend, such as the
   prompt, goes only once nothing extends it: releasing it frees nothing they hold);
+  before any of them, contexts of a lineage no call read for :data:`STALE_CALLS` calls
+  (a particle that died at a resampling, a program that ended), least recently read
+  first;
 * a call's rows run oldest rank first when they do not fit together, and a part of
   several rows releases only contexts younger than its youngest resident row: a
   particle recomputed this call never pushes out an older particle's context; a single
@@ -70,28 +73,63 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["Lineages", "kept_particles", "sis_token_bound"]
+__all__ = ["STALE_CALLS", "Lineages", "kept_particles", "sis_token_bound"]
 
 Context = tuple[int, ...]
 
 
+#: calls a lineage may go unread before its kept contexts count as stale (a particle
+#: that died, or a program that ended): stale contexts go first, least recently read first
+STALE_CALLS = 4
+
+
 class Lineages:
-    """The rank of every kept payload (by ``id``; forgotten when the cache drops it) and
-    which payloads a later context has extended already (``claimed``)."""
+    """The rank of every kept payload (by ``id``; forgotten when the cache drops it), which
+    payloads a later context has extended already (``claimed``), and the last call that
+    read each lineage (:meth:`begin_call`, :meth:`touch`)."""
 
     def __init__(self) -> None:
         self._rank: dict[int, int] = {}
         self._claimed: set[int] = set()
         self._next = 0
+        self._call = 0
+        #: rank -> [the last call that read the lineage, its kept payloads]
+        self._lineage: dict[int, list[int]] = {}
 
     @property
     def next_rank(self) -> int:
         """The rank the next new lineage takes (younger than every rank given so far)."""
         return self._next
 
+    def begin_call(self) -> None:
+        self._call += 1
+
+    def touch(self, payloads: Iterable[Any]) -> None:
+        """The current call reads ``payloads`` (their lineages are live)."""
+        for p in payloads:
+            rank = self._rank.get(id(p))
+            if rank is not None:
+                self._lineage[rank][0] = self._call
+
     def rank(self, payload: Any) -> int:
         """The payload's rank (a payload the core did not rank: younger than all)."""
         return self._rank.get(id(payload), self._next)
+
+    def stale(self, payload: Any) -> bool:
+        """Whether no call read the payload's lineage for :data:`STALE_CALLS` calls."""
+        rank = self._rank.get(id(payload))
+        return rank is not None and self._call - self._lineage[rank][0] > STALE_CALLS
+
+    def victim_key(self, payload: Any) -> tuple[int, int]:
+        """The order kept payloads go in, largest first: stale ones (least recently read
+        first), then the youngest lineage's."""
+        rank = self._rank.get(id(payload))
+        if rank is None:
+            return (1, 0)
+        last = self._lineage[rank][0]
+        if self._call - last > STALE_CALLS:
+            return (1, -last)
+        return (0, rank)
 
     def priority(self, payload: Any, taken: set[int] | None = None) -> int | None:
         """The rank a row resuming from ``payload`` carries on (its lineage's), or None
@@ -118,17 +156,30 @@ class Lineages:
         return rank
 
     def set(self, payload: Any, rank: int) -> None:
-        self._rank[id(payload)] = rank
+        """``payload`` is kept, of lineage ``rank`` (read by the current call)."""
+        key = id(payload)
+        if key in self._rank:
+            self.forget(payload)
+        self._rank[key] = rank
+        entry = self._lineage.setdefault(rank, [self._call, 0])
+        entry[0] = self._call
+        entry[1] += 1
 
     def forget(self, payload: Any) -> None:
         """The cache dropped ``payload``."""
         key = id(payload)
-        self._rank.pop(key, None)
+        rank = self._rank.pop(key, None)
         self._claimed.discard(key)
+        if rank is not None:
+            entry = self._lineage[rank]
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._lineage[rank]
 
     def clear(self) -> None:
         self._rank.clear()
         self._claimed.clear()
+        self._lineage.clear()
 
     def order(self, payloads: Sequence[Any]) -> list[int]:
         """Indices of rows resuming from ``payloads``, oldest lineage first (new lineages

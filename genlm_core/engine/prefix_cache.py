@@ -211,7 +211,7 @@ class PrefixCache:
         keep: Callable[[Any], bool] | None = None,
         leaves_first: bool = False,
         leaves_only: bool = False,
-        rank: Callable[[Any], int] | None = None,
+        rank: Callable[[Any], Any] | None = None,
     ) -> Any:
         """Evict the least recently used KV payload for which ``keep`` is not true (an
         engine short of another resource than the one ``budget`` counts, e.g. sequence
@@ -228,13 +228,13 @@ class PrefixCache:
         ``leaves_only``: leaves or nothing (None when every leaf is kept): losing a context
         that others extend (the least recently used entry is often the shared prompt) makes
         every context that extends it compute it again.
-        ``rank``: of those, the payload of the largest rank goes first (least recently used
-        among equal ranks): the core's lineage ranks
-        (:mod:`genlm_core.engine.kv_resident`), youngest first."""
+        ``rank``: of those, the payload of the largest rank (any ordered value) goes first,
+        least recently used among equal ranks: the core's lineage order
+        (:mod:`genlm_core.engine.kv_resident`: stale first, then youngest)."""
         with self._lock:
             for leaves in (True,) if leaves_only else (True, False) if leaves_first else (False,):
                 best: tuple[int, PrefixNode] | None = None
-                best_rank = 0
+                best_rank: Any = None
                 for key, node in self._kv_lru.items():
                     if leaves and node.children:
                         continue
