@@ -88,6 +88,9 @@ class LlamaCppEngine(Engine[LlamaCppConfig]):
         self.batch_invariant: bool = context.batch_invariant
         self.decode_calls = 0
         self.kv_cache_tokens = config.kv_cache_tokens
+        if self.kv_cache_tokens and not self.batch_invariant:
+            # the budget bounds the cells of a context computed alone: the core refuses longer
+            self.max_positions = min(self.max_positions, self.kv_cache_tokens + 1)
 
     @classmethod
     def load(
@@ -161,6 +164,17 @@ class LlamaCppEngine(Engine[LlamaCppConfig]):
         if self.kv_cache_tokens is not None:
             free = min(free, self.kv_cache_tokens - self.ledger.used)
         return max(0, sequences - len(self.free_sequences)) + max(0, cells - free)
+
+    def context_limit_error(self, tokens: int) -> str | None:
+        """``kv_cache_tokens``, when it is what refuses a context of ``tokens`` tokens."""
+        budget = self.kv_cache_tokens
+        if not budget or self.batch_invariant or tokens <= budget or tokens > self.context.max_context - 1:
+            return None
+        return (
+            f"the KV budget (kv_cache_tokens={budget}) holds a context of at most {budget} tokens; a "
+            f"context of {tokens} tokens needs kv_cache_tokens >= {tokens}: raise it in load(), or "
+            "shorten the context"
+        )
 
     # ------------------------------------------------------------------ model calls
     def forward_rows(self, rows: list[ResumeRow]) -> RowsOut:

@@ -244,3 +244,20 @@ def test_rows_normalised_one_by_one_equal_the_batch_normalised(llm):
         assert_tiny_close(a, b)
         assert a.untyped_storage().nbytes() == a.numel() * 4  # compact: owns exactly its row
     assert len({a.untyped_storage().data_ptr() for a in ours}) == len(ours)
+
+
+def test_a_context_longer_than_the_kv_budget_is_refused_naming_it(tiny_gguf, oracle):
+    """kv_cache_tokens bounds the cells a context computed alone takes: a longer context
+    is refused before it reaches llama.cpp (a ValueError naming the option and the value
+    it needs), and the engine keeps serving the others."""
+    llm = genlm_core.load(
+        "llamacpp", model=str(tiny_gguf), kv_cache_type="f32", n_threads=2, kv_cache_tokens=24, cache_size=0
+    )
+    try:
+        assert llm.max_context_length == 24
+        with pytest.raises(ValueError, match=r"kv_cache_tokens=24\).*needs kv_cache_tokens >= 30"):
+            llm.next_token_logprobs_sync(list(range(1, 31)))
+        ctx = list(range(1, 25))
+        assert_tiny_close(llm.next_token_logprobs_sync(ctx), oracle.logprobs(ctx))
+    finally:
+        llm.close()
