@@ -286,3 +286,48 @@ def test_particles_that_died_give_their_room_to_the_living(
         assert got == minimum(calls)
     else:
         assert got > 1.5 * minimum(calls)
+
+
+class Whole(Engine):
+    """Each kept context owns its whole KV: the cache's budget counts it
+    (``KVPolicy.budget``, ``kv_size``: its length), as genlm-mlx's bytes."""
+
+    supports = frozenset({"resume"})
+
+    def __init__(self, budget: int, release: str) -> None:
+        self.budget = budget
+        self.release = release
+
+    def kv_policy(self) -> KVPolicy:
+        return KVPolicy(budget=self.budget, release=self.release)  # type: ignore[arg-type]
+
+    def kv_size(self, payload: Payload) -> int:
+        return len(payload.context)
+
+    def kv_owner(self, payload: Payload) -> None:
+        return None
+
+    def forward_rows(self, rows: list[ResumeRow]) -> RowsOut:
+        for r in rows:
+            assert r.payload is None or r.payload.context == r.context[: r.depth]
+        return RowsOut(torch.zeros(len(rows), 4), [(r.context, Payload(r.context, [])) for r in rows])
+
+
+@pytest.mark.parametrize("release", ["resident", "lru"])
+def test_under_a_cache_budget_the_prompt_stays_and_what_cannot_stay_is_not_kept(release: str) -> None:
+    """A budget the cache counts (each kept context its whole length) that holds the prompt
+    and three particles: under "resident" a particle's context is kept only when younger
+    ones make room, so the prompt (the oldest) stays and three particles resume every
+    step; least recently used, storing each step's contexts pushes the prompt out (it
+    is found only through the particles) and every particle runs from its start."""
+    budget = P + 3 * (P + T)
+    kv = KVCalls(Whole(budget, release), Config(), "whole")
+    for contexts in CALLS:
+        kv.forward(contexts)
+    tokens = kv.stats()["tokens_computed"]
+    no_particle_kept = P + N * T * (T - 1) // 2
+    three_kept = no_particle_kept - 3 * (T * (T - 1) // 2 - (T - 1))
+    if release == "resident":
+        assert tokens <= three_kept
+    else:
+        assert tokens > no_particle_kept + (T - 2) * P  # the prompt computed again every step

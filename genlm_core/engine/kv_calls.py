@@ -278,29 +278,33 @@ class KVCalls:
         held until all are stored). Under "resident" each takes its row's lineage rank, and
         under a budget the cache counts it is kept only when younger contexts make room."""
         reuse, owner, lineages = self.reuse, self.engine.kv_owner, self.lineages
-        ranks: dict[Context, int] = {}
+        # context -> its rank, the kept context it supersedes (its lineage's, branched off by none)
+        ranks: dict[Context, tuple[int, Any]] = {}
         if lineages is not None:
-            for r in rows:
-                rank = lineages.inherit(r.payload)
-                ranks[r.context] = rank
+            inherited = [lineages.inherit(r.payload) for r in rows]  # (every row's, then the sharing)
+            for r, (rank, carries) in zip(rows, inherited):
+                value = rank, r.payload if carries and not lineages.shared(r.payload) else None
+                ranks[r.context] = value
                 for n in r.read_off:
-                    ranks[r.context[:n]] = rank
+                    ranks[r.context[:n]] = value
         owners = [o for o in (owner(p) for _, p in kept) if o is not None]
         with reuse.hold(owners):
             for context, payload in kept:
-                rank = ranks.get(context)
+                rank, superseded = ranks.get(context, (None, None))
                 if lineages is not None and rank is None:
-                    rank = lineages.inherit(None)
-                if rank is not None and not self._admit(payload, rank):
+                    rank, _ = lineages.inherit(None)
+                if rank is not None and not self._admit(payload, rank, superseded):
                     continue  # it cannot stay: its owner goes back once nothing reads it
                 if reuse.store(context, payload) and rank is not None:
                     assert lineages is not None
                     lineages.set(payload, rank)
 
-    def _admit(self, payload: Any, rank: int) -> bool:
+    def _admit(self, payload: Any, rank: int, source: Any = None) -> bool:
         """Whether the cache's own budget (``KVPolicy.budget``) has room for ``payload`` of
-        lineage ``rank``, made by releasing stale or younger lineages (leaves first): False when
-        only older ones could make it (the payload is then not kept)."""
+        lineage ``rank``, made by releasing first ``source`` (the context of its lineage it
+        carries on, which a payload that owns its memory makes redundant; never one another
+        lineage branched off, such as a prompt), then stale or younger lineages (leaves
+        first): False when only older ones could make it (the payload is then not kept)."""
         cache = self.reuse.cache
         budget = getattr(cache, "budget", None)
         used = getattr(cache, "kv_bytes", None)
@@ -314,8 +318,11 @@ class KVCalls:
         def keep(p: Any) -> bool:
             return not lineages.stale(p) and lineages.rank(p) < rank
 
+        if source is not None and cache.kv_bytes + size > budget:  # type: ignore[attr-defined]
+            cache.evict_lru_kv(lambda p: p is not source)
         while cache.kv_bytes + size > budget:  # type: ignore[attr-defined]
             if self._evict(cache, keep, leaves_first=True) is None:
+                self.reuse._dropped_unread()  # the budget holds less than one step keeps: said once
                 return False
         return True
 

@@ -91,6 +91,7 @@ class Lineages:
     def __init__(self) -> None:
         self._rank: dict[int, int] = {}
         self._claimed: set[int] = set()
+        self._shared: set[int] = set()  # payloads other lineages branched off
         self._next = 0
         self._call = 0
         #: rank -> [the last call that read the lineage, its kept payloads]
@@ -144,16 +145,24 @@ class Lineages:
             taken.add(key)
         return self._rank[key]
 
-    def inherit(self, payload: Any) -> int:
-        """The rank of the contexts a row resuming from ``payload`` computed: the payload's,
-        which it claims, or a new one."""
+    def inherit(self, payload: Any) -> tuple[int, bool]:
+        """The rank of the contexts a row resuming from ``payload`` computed, and whether
+        they carry its lineage on: the payload's rank, which the row claims, or a new one
+        (a row resuming from a payload another claimed branches off it: it is shared)."""
         rank = self.priority(payload)
         if rank is None:
+            if payload is not None and id(payload) in self._rank:
+                self._shared.add(id(payload))
             rank = self._next
             self._next += 1
-        else:
-            self._claimed.add(id(payload))
-        return rank
+            return rank, False
+        self._claimed.add(id(payload))
+        return rank, True
+
+    def shared(self, payload: Any) -> bool:
+        """Whether a lineage branched off ``payload``'s context (a prompt): the context
+        that carries its own lineage on does not supersede it."""
+        return id(payload) in self._shared
 
     def set(self, payload: Any, rank: int) -> None:
         """``payload`` is kept, of lineage ``rank`` (read by the current call)."""
@@ -170,6 +179,7 @@ class Lineages:
         key = id(payload)
         rank = self._rank.pop(key, None)
         self._claimed.discard(key)
+        self._shared.discard(key)
         if rank is not None:
             entry = self._lineage[rank]
             entry[1] -= 1
@@ -179,6 +189,7 @@ class Lineages:
     def clear(self) -> None:
         self._rank.clear()
         self._claimed.clear()
+        self._shared.clear()
         self._lineage.clear()
 
     def order(self, payloads: Sequence[Any]) -> list[int]:
