@@ -58,14 +58,20 @@ and the tokens computed are at most
       <= P + (T - 1) R + (N - R) T (T - 1) / 2,     R = R_{T-1} = the fewest kept.
 
 ``R_k`` only grows with ``B``, so more budget never computes more, and it falls one
-particle at a time as ``B`` shrinks (steps of ``k (T - 1) / 2`` tokens or less, never a
-jump to recomputing every particle). Below ``P + T`` (the prompt and one recomputed row)
-nothing is kept past the prompt; below ``P + 1`` the prompt cannot stay and each row runs
-from its start. An engine whose memory comes in pages (genlm-hf: 16 tokens) rounds each
-term up to pages, and its room for a row counts a page for a possible copy on write
-(``genlm_hf.pool.KVPool.pages_for``); ``benchmarks/results/long_prompt_kv_budget.md``
-states that bound in pages. ``tests/test_kv_budget.py`` checks the bound against a
-brute-force count over the calls at several budgets.
+particle at a time as ``B`` shrinks: a budget one unit smaller keeps at most one particle
+fewer at each step, at most ``T (T - 1) / 2`` tokens more in all (never a jump to
+recomputing every particle). Below ``P + T`` (the prompt and one recomputed row) nothing
+is kept past the prompt; a budget below one context is refused for that context (the
+engine's limit: genlm-hf's ``kv_cache_bytes``, genlm-llamacpp's ``kv_cache_tokens``).
+
+An engine whose memory comes in pages (genlm-hf: 16 tokens) counts units of pages: the
+prompt holds ``ceil(P / 16)``, a particle its own copy of the prompt's partial last page
+and its tail, ``ceil((P mod 16 + k) / 16)``, and so does a recomputed row (``page=16``
+below; genlm-hf's room for a row is counted exactly,
+``genlm_hf.pool.KVPool.pages_to_extend``). ``tests/test_kv_budget.py`` checks the bound
+against a brute-force count over the calls at every budget, on tokens and on pages;
+``benchmarks/bench_kv_budget_grid.py`` runs it over genlm-hf's pool accounting and
+``benchmarks/results/long_prompt_kv_budget.md`` has the measured table.
 """
 
 from __future__ import annotations
