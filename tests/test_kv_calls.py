@@ -155,7 +155,7 @@ def test_without_read_off_a_nested_context_is_a_row_of_its_own() -> None:
 
 
 def test_room_is_made_by_releasing_the_least_recently_used_unread_context() -> None:
-    llm = backend(KVPolicy(), capacity=30)
+    llm = backend(KVPolicy(release="lru"), capacity=30)
     A, B, C = (1,) * 8, (2,) * 8, (3,) * 8
     for c in (A, B, C):
         check_rows(llm, [c])
@@ -164,6 +164,23 @@ def test_room_is_made_by_releasing_the_least_recently_used_unread_context() -> N
     assert llm.engine.calls[-1][0].depth == 8  # A itself was kept: the row read it
     assert llm.engine.used <= 30
     llm.close()
+
+
+def test_room_is_made_by_releasing_the_youngest_lineage_by_default() -> None:
+    """Under "resident" a lineage's rank is its first keeping: C + (1,) (C's lineage, the
+    youngest, though the most recently used) goes where LRU lets B go; C itself is not a
+    leaf (C + (1,) extends it) and goes only after."""
+    A, B, C = (1,) * 8, (2,) * 8, (3,) * 8
+    released = {}
+    for release in ("resident", "lru"):
+        llm = backend(KVPolicy(release=release), capacity=41)
+        for c in (A, B, C, C + (1,)):
+            check_rows(llm, [c])
+        check_rows(llm, [A + (1,)])  # 33 held + 9 > 41
+        released[release] = llm.engine.released
+        assert llm.engine.calls[-1][0].depth == 8
+        llm.close()
+    assert released == {"resident": [C + (1,)], "lru": [B]}
 
 
 def test_leaves_go_first_under_the_leaves_rule() -> None:
@@ -242,7 +259,7 @@ def test_the_engine_holds_nothing_of_the_core() -> None:
 
 
 def test_a_bad_policy_is_refused_naming_the_fix() -> None:
-    with pytest.raises(ValueError, match="KVPolicy.release is 'mru': use 'lru' or 'leaves'"):
+    with pytest.raises(ValueError, match="KVPolicy.release is 'mru': use 'resident', 'lru' or 'leaves'"):
         KVPolicy(release="mru")  # type: ignore[arg-type]
 
     class NoPolicy(Resumes):

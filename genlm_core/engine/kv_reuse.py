@@ -183,6 +183,7 @@ class KVReuse:
         budget_option: str = "kv_cache_bytes",
         owner: Callable[[Any], Any] | None = None,
         release: Callable[[Any], None] | None = None,
+        on_evict: Callable[[Any], None] | None = None,
     ) -> "KVReuse":
         """The KV reuse of an engine's :class:`~genlm_core.engine.kv_rows.KVPolicy` under ``config``'s options
         (:class:`KVCacheOptions`): on when ``prefix_cache`` is, ``budget`` is not 0 and the
@@ -205,6 +206,7 @@ class KVReuse:
             owner=owner,
             release=release,
             budget_option=budget_option,
+            on_evict=on_evict,
         )
 
     @property

@@ -44,9 +44,16 @@ class KVPolicy:
             nothing between calls).
         budget_option: the load() option that sets ``budget`` (named when it is too small).
         release: which kept contexts the core releases when the engine lacks room:
-            ``"lru"`` the least recently used; ``"leaves"`` the least recently used that no
-            kept context extends (a prompt that particles share stays while they do: where
-            a kept context reads its prefix's memory, releasing the prefix frees nothing).
+            ``"resident"`` (the default) the shared prompt and a fixed subset of particles
+            stay, the youngest lineage goes first, leaves only, and a call's rows run oldest
+            lineage first when they do not fit together
+            (:mod:`genlm_core.engine.kv_resident`: the cost past the budget is bounded by
+            its arithmetic); ``"lru"`` the least recently used; ``"leaves"`` the least
+            recently used that no kept context extends (a prompt that particles share stays
+            while they do: where a kept context reads its prefix's memory, releasing the
+            prefix frees nothing). ``"lru"`` and ``"leaves"`` recompute every particle's
+            tail each step once a call's rows run in parts (each part releases the
+            others').
         read_off: the engine hands back the rows of contexts nested in a row's context
             (:attr:`ResumeRow.read_off`), so a call's nested contexts run once.
         branch_tokens: the fewest new tokens several contexts of a call must share for the
@@ -58,14 +65,14 @@ class KVPolicy:
     problem: str | None = None
     budget: int | None = None
     budget_option: str = "kv_cache_bytes"
-    release: Literal["lru", "leaves"] = "lru"
+    release: Literal["resident", "lru", "leaves"] = "resident"
     read_off: bool = False
     branch_tokens: int | None = None
     drops_kv: bool = False
 
     def __post_init__(self) -> None:
-        if self.release not in ("lru", "leaves"):
-            raise ValueError(f"KVPolicy.release is {self.release!r}: use 'lru' or 'leaves'")
+        if self.release not in ("resident", "lru", "leaves"):
+            raise ValueError(f"KVPolicy.release is {self.release!r}: use 'resident', 'lru' or 'leaves'")
         if self.branch_tokens is not None and self.branch_tokens < 1:
             raise ValueError(f"KVPolicy.branch_tokens is {self.branch_tokens}: use None or a count >= 1")
 

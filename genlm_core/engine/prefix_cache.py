@@ -207,7 +207,11 @@ class PrefixCache:
             self.on_evict_kv(payload)
 
     def evict_lru_kv(
-        self, keep: Callable[[Any], bool] | None = None, leaves_first: bool = False, leaves_only: bool = False
+        self,
+        keep: Callable[[Any], bool] | None = None,
+        leaves_first: bool = False,
+        leaves_only: bool = False,
+        rank: Callable[[Any], Any] | None = None,
     ) -> Any:
         """Evict the least recently used KV payload for which ``keep`` is not true (an
         engine short of another resource than the one ``budget`` counts, e.g. sequence
@@ -223,18 +227,32 @@ class PrefixCache:
         emptied nodes are pruned, so its parent may become a leaf).
         ``leaves_only``: leaves or nothing (None when every leaf is kept): losing a context
         that others extend (the least recently used entry is often the shared prompt) makes
-        every context that extends it compute it again."""
+        every context that extends it compute it again.
+        ``rank``: of those, the payload of the largest rank (any ordered value) goes first,
+        least recently used among equal ranks: the core's lineage order
+        (:mod:`genlm_core.engine.kv_resident`: stale first, then youngest)."""
         with self._lock:
             for leaves in (True,) if leaves_only else (True, False) if leaves_first else (False,):
+                best: tuple[int, PrefixNode] | None = None
+                best_rank: Any = None
                 for key, node in self._kv_lru.items():
                     if leaves and node.children:
                         continue
-                    if keep is None or not keep(node.kv):
-                        payload = node.kv
-                        del self._kv_lru[key]
-                        self._drop_kv(node)
-                        self._prune(node)
-                        return payload
+                    if keep is not None and keep(node.kv):
+                        continue
+                    if rank is None:
+                        best = key, node
+                        break
+                    r = rank(node.kv)
+                    if best is None or r > best_rank:
+                        best, best_rank = (key, node), r
+                if best is not None:
+                    key, node = best
+                    payload = node.kv
+                    del self._kv_lru[key]
+                    self._drop_kv(node)
+                    self._prune(node)
+                    return payload
             return None
 
     def _prune(self, node: PrefixNode) -> None:

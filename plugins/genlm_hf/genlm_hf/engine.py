@@ -175,13 +175,14 @@ class HFEngine(Engine[HFConfig]):
     # ------------------------------------------------------------------ KV reuse ("resume")
     def kv_policy(self) -> KVPolicy:
         """Kept contexts are page tables over the pool (they cost the cache nothing: the
-        pool bounds the KV); the core releases leaves first (a prompt particles share stays
-        while they do: releasing it would free nothing), reads nested contexts off a row's
-        logits, and runs a long prefix several contexts share once, first."""
+        pool bounds the KV); past the pool's bound the core keeps the prompt and a fixed
+        subset of particles (release ``"resident"``: leaves go, a prompt particles share
+        stays while they do, releasing it would free nothing), reads nested contexts off a
+        row's logits, and runs a long prefix several contexts share once, first."""
         return KVPolicy(
             problem=self.pool_off_reason,
             budget=None if self.reuse_asked else 0,
-            release="leaves",
+            release="resident",
             read_off=self.pool is not None,  # a model run whole hands back last positions only
             branch_tokens=MIN_COMMON,
         )
@@ -196,11 +197,13 @@ class HFEngine(Engine[HFConfig]):
         owner.release()
 
     def kv_shortfall(self, rows: list[ResumeRow]) -> int:
-        """Pages the rows' new columns may take that the pool's bound does not hold free."""
+        """Pages the rows' new columns take that the pool's bound does not hold free (a
+        row writing on where its kept context stopped copies no page:
+        :meth:`~genlm_hf.pool.KVPool.pages_to_extend`)."""
         pool = self.pool
         if pool is None:
             return 0
-        return pool.shortfall(pool.pages_for((len(r.context), r.depth) for r in rows))
+        return pool.shortfall(pool.pages_to_extend((r.payload, r.depth, len(r.context)) for r in rows))
 
     # ------------------------------------------------------------------ model calls
     def forward_rows(self, rows: list[ResumeRow]) -> RowsOut:

@@ -20,7 +20,7 @@ A page is freed when the last context holding it releases it (:meth:`KVSeq.relea
 On the CPU the pool's tensor reserves ``max_bytes`` at once (memory becomes resident as
 pages are written, lowest pages first, and freed pages are reused first); on a GPU it
 grows by doubling up to ``max_bytes`` (a copy per doubling). Before a pass, the pages
-it may take are counted (:meth:`KVPool.pages_for`) and what the bound lacks for them
+it may take are counted (:meth:`KVPool.pages_to_extend`) and what the bound lacks for them
 (:meth:`KVPool.shortfall`) is released by the core, which keeps the contexts (its
 prefix cache, genlm_core.engine.kv_calls), or the pass runs in parts; a take that finds
 no page raises :class:`PoolFullError`. So ``max_bytes`` bounds every byte of KV the engine
@@ -185,6 +185,28 @@ class KVPool:
         and may be copied on write."""
         P = self.page
         return sum((n + P - 1) // P - (d + P - 1) // P + (1 if d % P else 0) for n, d in spans)
+
+    def pages_to_extend(self, forks: Iterable[tuple["KVSeq | None", int, int]]) -> int:
+        """The pages extending forks takes, exactly, each ``(source, depth, length)``: a
+        context forked from ``source`` at ``depth`` tokens and extended to ``length``. As
+        :meth:`pages_for`, but the partial page at ``depth`` is copied only where the fork
+        cannot write on in place (:meth:`KVSeq.extend`: its written columns do not end at
+        ``depth``, or another fork of the same call writes on there first): a particle's
+        step that extends its own last context takes no page until it fills one."""
+        P = self.page
+        total = 0
+        writers: set[int] = set()
+        used = self.used
+        for source, depth, length in forks:
+            total += (length + P - 1) // P - (depth + P - 1) // P
+            col = depth % P
+            if col:
+                page = source.pages[depth // P] if source is not None else -1
+                if page >= 0 and used[page] == col and page not in writers:
+                    writers.add(page)  # the first fork writes on in place
+                else:
+                    total += 1
+        return total
 
     def shortfall(self, pages: int) -> int:
         """How many of ``pages`` pages neither are free nor fit under the bound (0: the

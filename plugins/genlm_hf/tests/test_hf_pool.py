@@ -132,6 +132,48 @@ def test_pages_for_bounds_what_forks_take(seed: int) -> None:
         src.release()
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_pages_to_extend_is_what_a_call_of_forks_takes(seed: int) -> None:
+    """Oracle: the pages a call's forks really take, extended one after another as a pass
+    does (copies on write included), counted by the pool: ``pages_to_extend`` counts them
+    exactly, before any is taken. Sources are kept contexts and their chains (a particle's
+    step writes on in place), several forks share a source and a depth (the first writes
+    on, the others copy), and some start from nothing."""
+    rng = random.Random(seed)
+    pool = KVPool(LAYOUT, None)
+    for _ in range(12):
+        kept: list[KVSeq] = []
+        for _ in range(rng.randrange(1, 4)):
+            root = KVSeq(pool)
+            root.extend(rng.randrange(1, 3 * PAGE))
+            kept.append(root)
+            for _ in range(rng.randrange(0, 3)):  # a chain: each step forks the last at its end
+                step = kept[-1].fork()
+                step.extend(rng.randrange(1, PAGE))
+                kept.append(step)
+        forks: list[tuple[KVSeq | None, int, int]] = []
+        for _ in range(rng.randrange(1, 6)):
+            if rng.random() < 0.2:
+                forks.append((None, 0, rng.randrange(1, 2 * PAGE)))
+                continue
+            src = rng.choice(kept)
+            depth = rng.choice([src.length, src.length, rng.randrange(1, src.length + 1)])
+            forks.append((src, depth, depth + rng.randrange(1, 2 * PAGE)))
+        forks += forks[: rng.randrange(0, 2)]  # the same fork twice: the second copies
+        expected = pool.pages_to_extend(forks)
+        before = pool.pages_in_use
+        made = []
+        for src, depth, length in forks:
+            seq = src.fork(depth) if src is not None else KVSeq(pool)
+            seq.extend(length - depth)
+            made.append(seq)
+        assert pool.pages_in_use - before == expected, forks
+        assert expected <= pool.pages_for((n, d) for _, d, n in forks)
+        for seq in made + kept:
+            seq.release()
+    assert pool.pages_in_use == 0
+
+
 def test_growth_keeps_the_columns() -> None:
     pool = KVPool(LAYOUT, None)
     first = pool.pages

@@ -103,8 +103,9 @@ class LlamaCppConfig(BackendConfig):
         None,
         ge=0,
         description=(
-            "tokens of KV the prefix cache keeps, summed over its sequences (LRU; 0: no prefix "
-            "reuse; None: bounded only by kv_cells and n_seq_max)"
+            "KV cells (tokens) the kept prefixes and the rows computing may hold, a prompt that "
+            "sequences share counted once; past it the prompt and a fixed subset of particles stay "
+            "(0: no prefix reuse; None: bounded only by kv_cells and n_seq_max)"
         ),
     )
 

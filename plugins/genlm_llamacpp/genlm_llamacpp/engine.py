@@ -9,8 +9,7 @@ Importing this module does not import llama_cpp; creating an engine does.
   core normalises each row.
 * KV prefix reuse (capability ``"resume"``): each computed context keeps its sequence and
   is handed back to the core as a payload naming the sequence and how many of its
-  positions the context covers (its size is that token count, bounded by
-  ``kv_cache_tokens``). The sequence is the payload's owner: the core counts the kept
+  positions the context covers. The sequence is the payload's owner: the core counts the kept
   prefixes reading it and hands it back (:meth:`LlamaCppEngine.release_kv`: ``seq_rm``)
   when none is left. A row resumes the sequence of its kept prefix in place when that
   prefix is where the sequence ends (a particle's one-token step: one token computed, no
@@ -19,8 +18,9 @@ Importing this module does not import llama_cpp; creating an engine does.
   only its remaining tokens.
 * Before the core hands over a set of rows it asks what they lack
   (:meth:`LlamaCppEngine.kv_shortfall`: sequences and KV cells, counted by
-  :mod:`genlm_llamacpp.kv_cells`) and releases least recently used kept prefixes the rows
-  do not read, or runs the rows in parts.
+  :mod:`genlm_llamacpp.kv_cells`, the cells under ``kv_cache_tokens`` too) and releases
+  kept prefixes the rows do not read (the prompt and a fixed subset of particles stay:
+  :mod:`genlm_core.engine.kv_resident`), or runs the rows in parts.
 * The byte vocabulary comes from the GGUF's tokenizer (:mod:`genlm_llamacpp.tokenizer`);
   the checkpoint (the GGUF file, its context length and EOS id) is the core's reading.
 """
@@ -90,6 +90,9 @@ class LlamaCppEngine(Engine[LlamaCppConfig]):
         self.batch_invariant: bool = context.batch_invariant
         self.decode_calls = 0
         self.kv_cache_tokens = config.kv_cache_tokens
+        if self.kv_cache_tokens and not self.batch_invariant:
+            # the budget bounds the cells of a context computed alone: the core refuses longer
+            self.max_positions = min(self.max_positions, self.kv_cache_tokens + 1)
 
     @classmethod
     def load(
@@ -128,11 +131,13 @@ class LlamaCppEngine(Engine[LlamaCppConfig]):
 
     # ------------------------------------------------------------------ KV reuse ("resume")
     def kv_policy(self) -> KVPolicy:
-        """Kept prefixes count tokens (``kv_cache_tokens``); none when every context is
-        computed alone (``batch_invariant``); an uncached or failed call empties llama.cpp's
-        whole KV cache."""
+        """No kept prefix when every context is computed alone (``batch_invariant``) or
+        ``kv_cache_tokens=0``; otherwise the cells bound the KV (``kv_shortfall``: a prompt
+        that sequences share holds its cells once, so the budget counts distinct cells, not
+        each kept prefix's length); an uncached or failed call empties llama.cpp's whole KV
+        cache."""
         return KVPolicy(
-            budget=0 if self.batch_invariant else self.kv_cache_tokens,
+            budget=0 if self.batch_invariant or self.kv_cache_tokens == 0 else None,
             budget_option="kv_cache_tokens",
             drops_kv=True,
         )
@@ -151,12 +156,27 @@ class LlamaCppEngine(Engine[LlamaCppConfig]):
 
     def kv_shortfall(self, rows: list[ResumeRow]) -> int:
         """The sequences and KV cells the rows need beyond the free ones (a row extending
-        its source's sequence in place takes no sequence; a copied prefix shares its cells)."""
+        its source's sequence in place takes no sequence; a copied prefix shares its cells);
+        free cells are those under ``kv_cache_tokens`` too, where it is set."""
         if self.batch_invariant:
             return 0
         sequences = len(rows) - len(_in_place(rows))
         cells = sum(r.new_tokens for r in rows)
-        return max(0, sequences - len(self.free_sequences)) + max(0, cells - self.ledger.free)
+        free = self.ledger.free
+        if self.kv_cache_tokens is not None:
+            free = min(free, self.kv_cache_tokens - self.ledger.used)
+        return max(0, sequences - len(self.free_sequences)) + max(0, cells - free)
+
+    def context_limit_error(self, tokens: int) -> str | None:
+        """``kv_cache_tokens``, when it is what refuses a context of ``tokens`` tokens."""
+        budget = self.kv_cache_tokens
+        if not budget or self.batch_invariant or tokens <= budget or tokens > self.context.max_context - 1:
+            return None
+        return (
+            f"the KV budget (kv_cache_tokens={budget}) holds a context of at most {budget} tokens; a "
+            f"context of {tokens} tokens needs kv_cache_tokens >= {tokens}: raise it in load(), or "
+            "shorten the context"
+        )
 
     # ------------------------------------------------------------------ model calls
     def forward_rows(self, rows: list[ResumeRow]) -> RowsOut:

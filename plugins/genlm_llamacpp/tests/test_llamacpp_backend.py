@@ -119,9 +119,9 @@ def test_particles_extend_one_token_at_a_time(llm, oracle):
 
 
 def test_eviction_keeps_results_right_and_sequences_accounted(tiny_gguf, oracle):
-    """Four sequences and a 40-token budget for the prefix cache: contexts evict each
-    other constantly; every result still agrees with HF, and every llama.cpp sequence
-    is either free or held by exactly one cached prefix (none leaks)."""
+    """Four sequences and a budget of 40 KV cells: contexts evict each other constantly;
+    every result still agrees with HF, the cells in use stay within the budget, and every
+    llama.cpp sequence is either free or read by cached prefixes (none leaks)."""
     llm = genlm_core.load(
         "llamacpp",
         model=str(tiny_gguf),
@@ -140,9 +140,9 @@ def test_eviction_keeps_results_right_and_sequences_accounted(tiny_gguf, oracle)
             for ctx, row in zip(ctxs, rows):
                 assert_tiny_close(row, oracle.logprobs(ctx))
             stats = llm.stats()
-            cached = stats["prefix_cache"]["kv_entries"]
-            assert stats["engine"]["free_sequences"] + cached == 4
-            assert stats["prefix_cache"]["kv_bytes"] <= 40
+            held = len(llm.kv_calls.reuse._readers)  # sequences cached prefixes read
+            assert stats["engine"]["free_sequences"] + held == 4
+            assert stats["engine"]["kv_cells_used"] <= 40
         assert llm.stats()["prefix_cache"]["kv_evictions"] > 0
         # a reused prefix after evictions is still right
         again = llm.next_token_logprobs_sync(base[0] + [9])
@@ -244,3 +244,20 @@ def test_rows_normalised_one_by_one_equal_the_batch_normalised(llm):
         assert_tiny_close(a, b)
         assert a.untyped_storage().nbytes() == a.numel() * 4  # compact: owns exactly its row
     assert len({a.untyped_storage().data_ptr() for a in ours}) == len(ours)
+
+
+def test_a_context_longer_than_the_kv_budget_is_refused_naming_it(tiny_gguf, oracle):
+    """kv_cache_tokens bounds the cells a context computed alone takes: a longer context
+    is refused before it reaches llama.cpp (a ValueError naming the option and the value
+    it needs), and the engine keeps serving the others."""
+    llm = genlm_core.load(
+        "llamacpp", model=str(tiny_gguf), kv_cache_type="f32", n_threads=2, kv_cache_tokens=24, cache_size=0
+    )
+    try:
+        assert llm.max_context_length == 24
+        with pytest.raises(ValueError, match=r"kv_cache_tokens=24\).*needs kv_cache_tokens >= 30"):
+            llm.next_token_logprobs_sync(list(range(1, 31)))
+        ctx = list(range(1, 25))
+        assert_tiny_close(llm.next_token_logprobs_sync(ctx), oracle.logprobs(ctx))
+    finally:
+        llm.close()
