@@ -36,6 +36,19 @@ def tokens_bound(run: dict[str, Any], prefix: str, targets: dict[str, Any]) -> f
     return bound
 
 
+#: tokens of a page of genlm-hf's KV pool (genlm_hf.pool.PAGE): a particle's last page is
+#: held whole
+HELD_PAGE_TOKENS = 16
+
+
+def own_tokens(run: dict[str, Any]) -> int:
+    """Tokens of KV a run may hold besides the prompts: every particle's own tokens (the
+    minimum past the prompts) and each particle's last partial page of genlm-hf's pool
+    (:data:`HELD_PAGE_TOKENS`; llama.cpp's cells have no pages)."""
+    particles = run["particles"] * len(run.get("prompt_lengths") or [1])
+    return max(0, (run.get("minimum_tokens") or 0) - run["prompt_tokens"]) + particles * HELD_PAGE_TOKENS
+
+
 def kv_held_tokens(run: dict[str, Any]) -> tuple[float, str] | None:
     """Tokens of KV the engine held at the end of the shape's last run, by its own
     counter, and the counter's name: llama.cpp's KV cells in use; genlm-hf's pool bytes
@@ -108,10 +121,12 @@ def smoke(result: dict[str, Any]) -> list[str]:
             )
         copies = run["particles"] / 2
         held = kv_held_tokens(run)
-        if held is not None and held[0] > copies * run["prompt_tokens"]:
+        own = own_tokens(run)
+        if held is not None and held[0] > copies * run["prompt_tokens"] + own:
             problems.append(
                 f"{name}: the engine holds {held[0]:.0f} tokens of KV ({held[1]}), more than "
-                f"{copies:g} copies of the prompt ({run['prompt_tokens']} tokens): the prompt is held per particle"
+                f"{copies:g} copies of the prompt ({run['prompt_tokens']} tokens) and the particles' own "
+                f"{own} tokens: the prompt is held per particle"
             )
         if run["kind"] == "vllm" or is_many(run):
             continue

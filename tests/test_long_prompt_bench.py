@@ -334,10 +334,13 @@ def test_smoke_fails_on_recomputed_or_copied_prompts_and_never_on_timings(
     )
     assert report.tokens_bound({**vllm, "calls": 3}, "", {}) == 1.10 * 968  # the issue's bound where larger
     # prompt copies by the engine's own KV counter: 16 copies (32 / 2) the most allowed
+    # (and the particles' own tokens: report.own_tokens)
+    own = report.own_tokens(_run("mlx", "907x32x3:sis", 1.0))
+    most = 16 * 907 + own
     for stats, per_token in (
-        ({"engine": {"kv_cells_used": 16 * 907}}, 1),  # llama.cpp's cells: tokens
-        ({"engine": {"kv_pool_bytes_in_use": 16 * 907 * 46080}}, 46080),  # genlm-hf's pool: bytes
-        ({"prefix_cache": {"kv_bytes": 16 * 907 * 46080}}, 46080),  # genlm-mlx's prefix cache: bytes
+        ({"engine": {"kv_cells_used": most}}, 1),  # llama.cpp's cells: tokens
+        ({"engine": {"kv_pool_bytes_in_use": most * 46080}}, 46080),  # genlm-hf's pool: bytes
+        ({"prefix_cache": {"kv_bytes": most * 46080}}, 46080),  # genlm-mlx's prefix cache: bytes
     ):
         copied = _run("mlx", "907x32x3:sis", 1.0, stats_end=stats)
         assert report.smoke({"runs": [copied]}) == []
@@ -345,8 +348,9 @@ def test_smoke_fails_on_recomputed_or_copied_prompts_and_never_on_timings(
         key = next(iter(values))
         values[key] += per_token
         assert report.smoke({"runs": [copied]}) == [
-            f"long-prompt mlx 907x32x3:sis: the engine holds {16 * 907 + 1} tokens of KV ({section}.{key}), "
-            "more than 16 copies of the prompt (907 tokens): the prompt is held per particle"
+            f"long-prompt mlx 907x32x3:sis: the engine holds {most + 1} tokens of KV ({section}.{key}), "
+            f"more than 16 copies of the prompt (907 tokens) and the particles' own {own} tokens: the "
+            "prompt is held per particle"
         ]
     assert report.kv_held_tokens(_run("vllm", "907x32x3:sis", 1.0, stats_end={"engine": {}})) is None
     not_judged = _run("reference", "907x32x3:sis", 1.0, tokens=None)
@@ -568,7 +572,8 @@ def test_many_programs_smoke_judges_both_ways_and_every_prompt(bench: dict[str, 
     together = _many("llamacpp", tokens_computed=2 * 2757)
     assert "computed again" in smoke({"runs": [together]})[0]
     # prompt copies: N/2 = 2 copies of every program's prompt by the engine's counter
-    held = _many("hf", stats_end={"engine": {"kv_pool_bytes_in_use": 2 * 3 * 907 * 46080 + 46080}})
+    own = bench["long_prompt_smoke"].own_tokens(_many("hf"))
+    held = _many("hf", stats_end={"engine": {"kv_pool_bytes_in_use": (2 * 3 * 907 + own) * 46080 + 46080}})
     assert "more than 2 copies of the prompt (2721 tokens)" in smoke({"runs": [held]})[0]
     held["stats_end"]["engine"]["kv_pool_bytes_in_use"] -= 46080
     assert smoke({"runs": [held]}) == []

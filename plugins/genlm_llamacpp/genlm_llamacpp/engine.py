@@ -167,17 +167,6 @@ class LlamaCppEngine(Engine[LlamaCppConfig]):
             free = min(free, self.kv_cache_tokens - self.ledger.used)
         return max(0, sequences - len(self.free_sequences)) + max(0, cells - free)
 
-    def context_limit_error(self, tokens: int) -> str | None:
-        """``kv_cache_tokens``, when it is what refuses a context of ``tokens`` tokens."""
-        budget = self.kv_cache_tokens
-        if not budget or self.batch_invariant or tokens <= budget or tokens > self.context.max_context - 1:
-            return None
-        return (
-            f"the KV budget (kv_cache_tokens={budget}) holds a context of at most {budget} tokens; a "
-            f"context of {tokens} tokens needs kv_cache_tokens >= {tokens}: raise it in load(), or "
-            "shorten the context"
-        )
-
     # ------------------------------------------------------------------ model calls
     def forward_rows(self, rows: list[ResumeRow]) -> RowsOut:
         """Each row's logits copied out of llama.cpp's output buffer into a row of its own
@@ -291,11 +280,22 @@ class LlamaCppEngine(Engine[LlamaCppConfig]):
         ``tokens`` tokens (else the core names n_ctx or the model's window)."""
         ctx = self.context
         if ctx.max_context >= ctx.n_positions:
-            return None
+            return self._budget_limit_error(tokens)
         return (
             f"llama.cpp's KV cache was given kv_cells={ctx.max_context}, fewer cells than n_ctx="
             f"{ctx.n_positions} positions; a context of {tokens} tokens needs kv_cells >= {tokens + 1}: "
             "raise kv_cells in load() (unset, it is at least n_ctx), or truncate the context (keep its last tokens)"
+        )
+
+    def _budget_limit_error(self, tokens: int) -> str | None:
+        """``kv_cache_tokens``, when it is what refuses a context of ``tokens`` tokens."""
+        budget = self.kv_cache_tokens
+        if not budget or self.batch_invariant or tokens <= budget or tokens > self.context.max_context - 1:
+            return None
+        return (
+            f"the KV budget (kv_cache_tokens={budget}) holds a context of at most {budget} tokens; a "
+            f"context of {tokens} tokens needs kv_cache_tokens >= {tokens}: raise it in load(), or "
+            "shorten the context"
         )
 
     def _drop_all_kv(self) -> None:

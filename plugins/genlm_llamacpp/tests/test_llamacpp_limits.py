@@ -7,13 +7,12 @@ the limit is accepted):
 * ``kv_cells`` below ``n_ctx``: the cells bound a context (the message names kv_cells and
   the cells that context needs);
 * ``n_ctx`` below the model's window (256 positions): the message names n_ctx;
-* ``kv_cache_tokens`` below one prompt: the prompt is computed (rows exact), not kept, and
-  one warning names the option, the size that prompt needs and the fix.
+* ``kv_cache_tokens`` below one prompt is refused naming the option and the size needed
+  (``test_llamacpp_backend.py``).
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
@@ -52,30 +51,5 @@ def test_an_option_below_the_window_is_named(tiny_gguf: Any, options: dict, limi
             llm.next_token_logprobs_sync(ids[: limit + 1])
         assert names in str(err.value), str(err.value)
         check_context_limit(llm, ids, WINDOW, _close, at_limit_max=limit)
-    finally:
-        llm.close()
-
-
-def test_a_prompt_larger_than_the_prefix_budget_is_computed_and_said_once(
-    tiny_gguf: Any, caplog: pytest.LogCaptureFixture
-) -> None:
-    llm = _load(tiny_gguf, kv_cache_tokens=24)
-    try:
-        prompt = list(range(10, 50))  # 40 tokens: more than the whole budget
-        contexts = [prompt + [t] for t in (60, 61, 62)]
-        with caplog.at_level(logging.WARNING, logger="genlm"):
-            first = llm.batch_next_token_logprobs_sync([prompt, *contexts])
-            again = llm.batch_next_token_logprobs_sync([c + [7] for c in contexts])
-        for ctx, row in zip([prompt, *contexts], first):
-            _close(
-                llm, row, llm.next_token_logprobs_uncached(ctx), f"{len(ctx)} tokens over a 24-token budget"
-            )
-        for ctx, row in zip(contexts, again):
-            _close(llm, row, llm.next_token_logprobs_uncached(ctx + [7]), "the next step")
-        assert llm.kv_calls.reuse.oversized >= 1
-        (warning,) = [r.getMessage() for r in caplog.records if "cannot keep the KV" in r.getMessage()]
-        assert "kv_cache_tokens=24" in warning and "Raise kv_cache_tokens in load() to at least" in warning
-        short = llm.next_token_logprobs_sync(prompt[:10])  # still serving, and keeping what fits
-        _close(llm, short, llm.next_token_logprobs_uncached(prompt[:10]), "a context within the budget")
     finally:
         llm.close()
