@@ -170,9 +170,13 @@ def test_a_full_pool_releases_particles_not_their_prompt(
     first but then, with every leaf a pass reads, the least recently used context others
     extend (``leaves_first``: the prompt, when its last page is partial - 60 tokens - so
     that the pass's rows do not hold all of its pages)."""
+    import dataclasses
+
+    from genlm_hf.engine import HFEngine
+
     from genlm_core.engine.prefix_cache import PrefixCache
 
-    if policy != "engine":
+    if policy != "engine":  # the core releasing by the cache's order alone (no lineage ranks)
         real = PrefixCache.evict_lru_kv
         first = policy == "leaves_first"
         monkeypatch.setattr(
@@ -181,6 +185,10 @@ def test_a_full_pool_releases_particles_not_their_prompt(
             lambda self, keep=None, leaves_first=False, leaves_only=False: real(
                 self, keep if first else None, leaves_first=first
             ),
+        )
+        declared = HFEngine.kv_policy
+        monkeypatch.setattr(
+            HFEngine, "kv_policy", lambda self: dataclasses.replace(declared(self), release="lru")
         )
     # 64 + 8 x 20 columns need 4 + 8 x 2 pages (60: 4 + 8 x 2, each particle copying the
     # prompt's partial page); the pool has 13 (one reserved)
