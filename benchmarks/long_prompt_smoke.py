@@ -62,10 +62,11 @@ def smoke(result: dict[str, Any]) -> list[str]:
       many-programs run: its programs together and one after another (a program
       computing another's prompt, or its own again, costs that prompt's tokens);
     - prompt copies: the KV the engine holds at the end by its own counter
-      (:func:`kv_held_tokens`) at most N/2 x the prompt's tokens (a many-programs run:
-      N/2 x every program's prompt): an engine that holds a copy of a prompt for more
-      than half of its N particles exceeds it; one that holds it once holds the prompt
-      and the particles' own tokens;
+      (:func:`kv_held_tokens`) at most the minimum (each prompt once, every particle's
+      own tokens) plus N/2 - 1 more copies of the prompt (a many-programs run: of every
+      program's prompt): an engine that holds a copy of a prompt for more than half of
+      its N particles exceeds it; one that holds it once holds about the minimum (genlm-hf
+      rounds each context up to its 16-token pages);
     - one program of N particles: the shape's peak RSS above the RSS when it started at
       most N/2 x the prompt's KV bytes (the model's config and the engine's KV dtype):
       one that holds the prompt once grows by one prompt's KV plus what a forward pass
@@ -108,10 +109,11 @@ def smoke(result: dict[str, Any]) -> list[str]:
             )
         copies = run["particles"] / 2
         held = kv_held_tokens(run)
-        if held is not None and held[0] > copies * run["prompt_tokens"]:
+        if held is not None and held[0] > run["minimum_tokens"] + (copies - 1) * run["prompt_tokens"]:
             problems.append(
-                f"{name}: the engine holds {held[0]:.0f} tokens of KV ({held[1]}), more than "
-                f"{copies:g} copies of the prompt ({run['prompt_tokens']} tokens): the prompt is held per particle"
+                f"{name}: the engine holds {held[0]:.0f} tokens of KV ({held[1]}) for a minimum of "
+                f"{run['minimum_tokens']}, more than {copies:g} copies of the prompt ({run['prompt_tokens']} "
+                "tokens): the prompt is held per particle"
             )
         if run["kind"] == "vllm" or is_many(run):
             continue
