@@ -37,16 +37,8 @@ def tokens_bound(run: dict[str, Any], prefix: str, targets: dict[str, Any]) -> f
 
 
 #: tokens of a page of genlm-hf's KV pool (genlm_hf.pool.PAGE): a particle's last page is
-#: held whole
+#: held whole, so a run may hold up to a page a particle past the minimum
 HELD_PAGE_TOKENS = 16
-
-
-def own_tokens(run: dict[str, Any]) -> int:
-    """Tokens of KV a run may hold besides the prompts: every particle's own tokens (the
-    minimum past the prompts) and each particle's last partial page of genlm-hf's pool
-    (:data:`HELD_PAGE_TOKENS`; llama.cpp's cells have no pages)."""
-    particles = run["particles"] * len(run.get("prompt_lengths") or [1])
-    return max(0, (run.get("minimum_tokens") or 0) - run["prompt_tokens"]) + particles * HELD_PAGE_TOKENS
 
 
 def kv_held_tokens(run: dict[str, Any]) -> tuple[float, str] | None:
@@ -75,10 +67,11 @@ def smoke(result: dict[str, Any]) -> list[str]:
       many-programs run: its programs together and one after another (a program
       computing another's prompt, or its own again, costs that prompt's tokens);
     - prompt copies: the KV the engine holds at the end by its own counter
-      (:func:`kv_held_tokens`) at most N/2 x the prompt's tokens (a many-programs run:
-      N/2 x every program's prompt): an engine that holds a copy of a prompt for more
-      than half of its N particles exceeds it; one that holds it once holds the prompt
-      and the particles' own tokens;
+      (:func:`kv_held_tokens`) at most the minimum (each prompt once, every particle's
+      own tokens) plus N/2 - 1 more copies of the prompt (a many-programs run: of every
+      program's prompt): an engine that holds a copy of a prompt for more than half of
+      its N particles exceeds it; one that holds it once holds about the minimum (genlm-hf
+      rounds each context up to its 16-token pages);
     - one program of N particles: the shape's peak RSS above the RSS when it started at
       most N/2 x the prompt's KV bytes (the model's config and the engine's KV dtype):
       one that holds the prompt once grows by one prompt's KV plus what a forward pass
@@ -121,12 +114,17 @@ def smoke(result: dict[str, Any]) -> list[str]:
             )
         copies = run["particles"] / 2
         held = kv_held_tokens(run)
-        own = own_tokens(run)
-        if held is not None and held[0] > copies * run["prompt_tokens"] + own:
+        # each particle's last page of genlm-hf's pool is held whole (HELD_PAGE_TOKENS)
+        pages = (
+            run["particles"]
+            * (run.get("programs") or len(run.get("prompt_lengths") or [1]))
+            * HELD_PAGE_TOKENS
+        )
+        if held is not None and held[0] > run["minimum_tokens"] + (copies - 1) * run["prompt_tokens"] + pages:
             problems.append(
-                f"{name}: the engine holds {held[0]:.0f} tokens of KV ({held[1]}), more than "
-                f"{copies:g} copies of the prompt ({run['prompt_tokens']} tokens) and the particles' own "
-                f"{own} tokens: the prompt is held per particle"
+                f"{name}: the engine holds {held[0]:.0f} tokens of KV ({held[1]}) for a minimum of "
+                f"{run['minimum_tokens']}, more than {copies:g} copies of the prompt ({run['prompt_tokens']} "
+                "tokens): the prompt is held per particle"
             )
         if run["kind"] == "vllm" or is_many(run):
             continue
