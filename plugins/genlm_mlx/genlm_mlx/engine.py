@@ -5,9 +5,11 @@ Importing this module does not import mlx; creating an engine does.
 * ``forward`` left-pads the batch's contexts and prefills them together in steps of
   ``prefill_step_size`` (:func:`genlm_mlx.prefill.forward`).
 * KV prefix reuse (capability ``"resume"``): the KV state of every computed context is
-  handed back to the core (one contiguous mlx array per prefix), which keeps it in its
-  prefix cache, LRU-evicted under ``kv_cache_bytes``, and hands it back with a later
-  context that extends it (:mod:`genlm_core.engine.kv_calls`). Models whose caches cannot
+  handed back to the core as a chain of segments (its prefix's, then its own new tokens:
+  :class:`genlm_mlx.shared_prefix.KVChain`), which keeps it in its prefix cache under
+  ``kv_cache_bytes`` (each context counts its own tokens), and hands it back with a later
+  context that extends it (:mod:`genlm_core.engine.kv_calls`). Rows that extend one prompt
+  read its KV once, not a copy each (:mod:`genlm_mlx.shared_prefix`). Models whose caches cannot
   be reused (recurrent or sliding-window layers) get a warning and no prefix caching.
 * ``sample`` uses mlx-lm's ``generate_step`` and ``make_sampler``, seeded
   (:mod:`genlm_mlx.sampling`).
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from genlm_core.config import ConfigError
 from genlm_core.engine import Checkpoint, Engine, EngineServices, SampleRequest, note
+from genlm_core.engine.call_plan import MIN_COMMON
 from genlm_core.engine.kv_reuse import too_large_for_budget
 from genlm_core.engine.kv_rows import KVPolicy, ResumeRow, RowsOut
 from genlm_mlx.config import MLXConfig
@@ -70,8 +73,6 @@ class MLXEngine(Engine[MLXConfig]):
         self.model_config = model_config
         self.prefill_step_size = config.prefill_step_size
         self._batch_size = config.batch_size
-        #: what the core's decode step over kept batches calls (a burst's rows, KV kept between steps)
-        self._decode_ops = MLXDecodeOps(model, config.prefill_step_size)
         self.kv_cache_bytes = config.kv_cache_bytes
         #: why the model's caches cannot be resumed (None: they can)
         self.kv_reuse_problem = prefill.kv_reuse_problem(model)
@@ -79,6 +80,12 @@ class MLXEngine(Engine[MLXConfig]):
         self.reuse = (
             bool(config.prefix_cache) and config.kv_cache_bytes != 0 and self.kv_reuse_problem is None
         )
+        #: why rows cannot read a prompt's KV once (None: they do; :mod:`genlm_mlx.shared_prefix`)
+        self.sharing_problem = prefill.sharing_problem(model) if self.reuse else "no KV is kept"
+        if self.reuse and self.sharing_problem is not None:
+            note(f"mlx: each row holds its own copy of a shared prompt's KV: {self.sharing_problem}")
+        #: what the core's decode step over kept batches calls (a burst's rows, KV kept between steps)
+        self._decode_ops = MLXDecodeOps(model, config.prefill_step_size, share=self.sharing_problem is None)
         self._kv_token_bytes = 0  # KV bytes per token, known after the first payload
         self._said_too_large = False  # a context's KV past the whole budget was reported
 
@@ -119,7 +126,13 @@ class MLXEngine(Engine[MLXConfig]):
 
     # ------------------------------------------------------------------ model calls
     def kv_policy(self) -> KVPolicy:
-        return KVPolicy(problem=self.kv_reuse_problem, budget=self.kv_cache_bytes)
+        # branch_tokens: rows that share a prompt nobody kept yet run it once first
+        return KVPolicy(problem=self.kv_reuse_problem, budget=self.kv_cache_bytes, branch_tokens=MIN_COMMON)
+
+    def kv_size(self, payload: Any) -> int:
+        """A kept context's own tokens of KV: the segments it shares with the prefixes it
+        extends are counted by them (kept while it is: release ``"resident"``)."""
+        return payload.own_bytes()
 
     def forward_rows(self, rows: list[ResumeRow]) -> RowsOut:
         """The rows' logits, each resuming from its kept prefix's KV (the batch runs from
@@ -144,11 +157,14 @@ class MLXEngine(Engine[MLXConfig]):
             self.prefill_step_size,
             want_kv=True,
             max_kv_tokens=max_kv_tokens,
+            depths=[r.depth for r in rows],
+            share=self.sharing_problem is None,
         )
         kept = []
         for ctx, kv in zip(contexts, out.payloads or []):
             if kv is not None:
-                self._kv_token_bytes = kv.nbytes // max(1, kv.shape[3])
+                own = kv.segments[-1]
+                self._kv_token_bytes = own.nbytes // max(1, own.shape[3])
                 kept.append((ctx, kv))
             elif max_kv_tokens is not None and len(ctx) > max_kv_tokens and not self._said_too_large:
                 self._said_too_large = True  # left out above: the core never sees it

@@ -226,7 +226,8 @@ def test_bfloat16_model_gives_float32(tiny_llama_path):
         assert_rows_close(
             lp, ref.next_token_logprobs_sync(ctx), tiny_shape(), dtype="bfloat16", other_dtype="float32"
         )
-        assert isinstance(llm.prefix_cache.deepest_kv(ctx)[1], mx.array)
+        (kept,) = llm.prefix_cache.deepest_kv(ctx)[1].segments  # the context's own KV, in bf16
+        assert isinstance(kept, mx.array) and kept.dtype == mx.bfloat16 and kept.shape[3] == len(ctx)
     finally:
         llm.close()
         ref.close()
