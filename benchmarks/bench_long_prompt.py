@@ -29,7 +29,7 @@ computed once per particle, invisible there, dominates here. This benchmark runs
   stopped after ``--time-cap`` seconds: "did not finish in N s", with what it did).
 
 Each run: a warm-up (the timed shape with another seed; ``--warmup short``: 2 particles
-x 2 tokens), then ``--repeats`` timed runs from clean caches (median). Its row:
+x 2 tokens; ``none``, the smoke's default: its counters need none), then ``--repeats`` timed runs from clean caches (median). Its row:
 
   calls/s            next-token calls per second of wall time (median run)
   tokens computed    the engine's ``tokens_computed`` over the last timed run
@@ -163,7 +163,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cap-all", action="store_true", help="stop every engine's run at --time-cap")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per shape (median)")
     p.add_argument(
-        "--warmup", choices=["shape", "short"], default=None, help="default: shape (--smoke, --quick: short)"
+        "--warmup",
+        choices=["shape", "short", "none"],
+        default=None,
+        help="default: shape (--quick: short; --smoke: none, its counters need none)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resampling", choices=["systematic", "multinomial"], default="systematic")
@@ -225,7 +228,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for label in args.options:
         if label not in args.engines:
             p.error(f"--options {label}=...: no engine {label!r} in --engines {' '.join(args.engines)}")
-    args.warmup = args.warmup or ("short" if args.smoke or args.quick else "shape")
+    # the smoke reads counters alone: a warm-up (a pass over the long prompt) would only cost CI time
+    args.warmup = args.warmup or ("none" if args.smoke else "short" if args.quick else "shape")
     if args.one_process is None:
         args.one_process = args.smoke
     if args.vllm_kv_gib is None:  # the smoke's shapes hold a few thousand tokens; 1 GiB: ~23k of SmolLM2's

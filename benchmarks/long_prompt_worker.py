@@ -389,6 +389,7 @@ def run_shape(spec: dict[str, Any], loaded: Loaded) -> dict[str, Any]:
             reset,
             engine.tokens_computed,
             full_warmup=spec.get("warmup", "shape") == "shape",
+            warmup=spec.get("warmup", "shape") != "none",
             program=program,
         )
     )
@@ -453,6 +454,7 @@ def run_many(spec: dict[str, Any], loaded: Loaded) -> dict[str, Any]:
             repeats=int(spec["repeats"]),
             program=program,
             full_warmup=spec.get("warmup", "shape") == "shape",
+            warmup=spec.get("warmup", "shape") != "none",
         )
     )
     end = engine.stats()

@@ -5,8 +5,8 @@ program with its own long prompt and its own particles, and the instances run at
 against one engine. :func:`many_runs` runs K such programs (``sis_workload.sis`` or
 ``smc_workload.smc``; program ``i``: prompt ``i``, seed ``seed + i``) on one engine:
 
-1. a warm-up: program 0 alone (its shape with another seed; ``short``: 2 particles x 2
-   tokens), so that what the engine prepares once is not in a figure, and the memory one
+1. a warm-up (``none`` in a smoke run): program 0 alone (its shape with another seed;
+   ``short``: 2 particles x 2 tokens), so that what the engine prepares once is not in a figure, and the memory one
    program needs is measured before any run of all of them;
 2. then ``repeats`` times: **one after another** - each program alone from clean caches
    (its calls, wall time, tokens computed, minimum, peak RSS) - then **together** - the
@@ -193,14 +193,17 @@ async def many_runs(
     repeats: int,
     program: Program,
     full_warmup: bool = True,
+    warmup: bool = True,
 ) -> dict[str, Any]:
-    """The warm-up, then ``repeats`` x (one after another, together); see the module."""
+    """The warm-up (``warmup=False``: none, a run that reads counters alone), then
+    ``repeats`` x (one after another, together); see the module."""
     if not prompts:
         raise ValueError("many_runs needs at least one program's prompt")
-    hooks.phase("warm-up")
-    hooks.reset()
-    n, k = (particles, tokens) if full_warmup else (2, 2)
-    await program(hooks.call, vocab, eos_id, prompts[0], n_particles=n, max_tokens=k, seed=seed + 10_000)
+    if warmup:
+        hooks.phase("warm-up")
+        hooks.reset()
+        n, k = (particles, tokens) if full_warmup else (2, 2)
+        await program(hooks.call, vocab, eos_id, prompts[0], n_particles=n, max_tokens=k, seed=seed + 10_000)
     seq, tog = [], []
     for r in range(repeats):
         hooks.phase(f"run {r + 1}: one after another")

@@ -97,6 +97,7 @@ async def timed_runs(
     tokens: Callable[[], int] = lambda: 0,
     full_warmup: bool = True,
     program: Program | None = None,
+    warmup: bool = True,
 ) -> dict[str, Any]:
     """A warm-up run, then ``args.repeats`` timed runs from clean caches (median reported).
 
@@ -105,17 +106,19 @@ async def timed_runs(
     prepares once per shape (a GPU's captured decode graphs, which clearing the caches
     keeps) is not in the figure, as a program's later runs do not pay it.
     ``full_warmup=False``: 2 particles x 2 tokens (a backend with nothing to prepare per
-    shape, whose every call costs the same).
+    shape, whose every call costs the same). ``warmup=False``: none (a run that reads
+    counters alone: a smoke run).
 
     ``program``: the program run (default :func:`sis`), called as ``sis`` is, with
     ``token_lengths`` as its second argument (``smc_workload.smc`` takes the byte
     vocabulary there); ``program_result`` holds what the last timed run returned (less its particles)."""
     program = program or sis
-    reset()
     n, k = (args.particles, args.max_tokens) if full_warmup else (2, 2)
-    await program(
-        make_next(), token_lengths, eos_id, prompt_ids, n_particles=n, max_tokens=k, seed=args.seed + 1
-    )
+    if warmup:
+        reset()
+        await program(
+            make_next(), token_lengths, eos_id, prompt_ids, n_particles=n, max_tokens=k, seed=args.seed + 1
+        )
     walls, calls, texts, ran, own = [], 0, [], 0, []
     for _ in range(args.repeats):
         reset()

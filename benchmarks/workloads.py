@@ -335,8 +335,9 @@ WORKLOADS: tuple[Workload, ...] = (
         "programs with their own 907-token prompts x 16 particles x 30 tokens, in process and "
         "through genlm serve: together against one after another, memory against one program's, "
         "the slowest program) (``--smoke``: 907 x 32 x 3 SIS, 907 x 32 x 8 SMC and 3 programs x "
-        "907 x 4 x 3 SIS on every engine, one process each, and the 3 programs through genlm "
-        "serve on hf; counters only)",
+        "907 x 4 x 3 SIS on every engine, one process each, no warm-up (MLX: 907 x 32 x 3 and "
+        "the 3 programs from 3-token prompts), and the 3 programs through genlm serve on hf; "
+        "counters only)",
         quick=("--smoke",),
         files=("long_prompt",),
         needs="hf",

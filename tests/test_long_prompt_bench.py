@@ -507,6 +507,12 @@ def test_many_programs_counts_against_an_engine_that_holds_every_prefix_once(
     assert res["peak_over_one_program"] == res["together_peak_bytes"] / res["one_program_peak_bytes"]
     assert len(res["walls"]) == len(res["sequential_walls"]) == 2
     assert [len(c) for c in engine.asked["warm-up"]][:2] == [4, 4]  # program 0, 2 particles
+    # no warm-up (the smoke's): no call before the runs, the same counters
+    cold = FakeEngine(cache=True)
+    again = _many_runs(bench, cold, prompts, warmup=False)
+    assert "warm-up" not in cold.asked and set(cold.asked) == {"run 1: one after another", "run 1: together"}
+    for key in ("calls", "minimum_tokens", "tokens_computed", "sequential_minimum_tokens"):
+        assert again[key] == res[key], key
     assert 0 < res["slowest_over_mean"] <= 1
 
 
@@ -618,6 +624,7 @@ def test_the_smoke_runs_every_engine_each_in_one_process(bench: dict[str, Module
         ("mlx", ["907x32x3:sis", "many3x3x4x3:sis"]),  # SMOKE_LEAVE_OUT, SMOKE_ADD
     ]
     assert blp.parse_args(["--smoke"]).vllm_kv_gib == 1 and blp.parse_args([]).vllm_kv_gib == 4
+    assert [blp.parse_args(a).warmup for a in (["--smoke"], ["--quick"], [])] == ["none", "short", "shape"]
     shapes = ["--shapes", "serve2x907x4x3:sis", "907x32x3:sis"]
     assert jobs(["--engines", "hf", "vllm", *shapes]) == [  # a process a shape, every engine a shape
         ("hf", ["serve2x907x4x3:sis"]),
