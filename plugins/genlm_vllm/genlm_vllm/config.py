@@ -91,9 +91,10 @@ class VLLMConfig(BackendConfig):
         description="VLLM_CPU_KVCACHE_SPACE (GiB of KV cache, allocated at start) on CPU when the "
         "variable is unset: 2 holds the long-prompt benchmark's shapes resident (a row set may "
         "take half the cache) at 32-token blocks, measured for SmolLM2-135M in float32 (45 KiB "
-        "of KV per token: 46.6k tokens): 907 x 256 x 30 holds 17.3k, 4096 x 64 x 200 18.4k, "
-        "907 x 64 x 200 15.2k; at 1 GiB (11.6k for rows) particles past it re-prefill every "
-        "step; a larger model needs proportionally more",
+        "of KV per token: 46.6k tokens): 907 x 256 x 30 holds 17.3k, 4096 x 64 x 200 18.5k, "
+        "907 x 64 x 200 15.3k; at 1 GiB (11.6k for rows) 33 of 64 rows stayed resident at "
+        "4096 x 64 x 200 and the others re-prefilled every step (2.44x the minimum tokens); a "
+        "larger model needs proportionally more",
     )
     fork_kv: bool = Field(
         True,

@@ -100,7 +100,8 @@ class ForkConnector(KVConnectorBase_V1, SupportsHMA):
         self._live: dict[str, Request] = {}  # request id -> request, while it holds KV
         self._planned: dict[str, tuple[str, int, int]] = {}  # request id -> (source, start, tokens)
         self._copies: list[tuple[int, int]] = []
-        #: scheduler side: forks made, tokens copied, forks refused (source gone or different)
+        #: scheduler side: forks made, tokens copied, forks refused (source gone or different;
+        #: a fork whose tokens vLLM's prefix cache holds in full is neither)
         self.counts = {"forks": 0, "fork_tokens": 0, "forks_refused": 0}
 
     # ------------------------------------------------------------------ scheduler
@@ -113,6 +114,8 @@ class ForkConnector(KVConnectorBase_V1, SupportsHMA):
         if not ask or not self.enabled:
             return 0, False
         source_id, tokens = str(ask[0]), int(ask[1])
+        if tokens <= num_computed_tokens:  # vLLM's prefix cache holds them all: nothing to copy
+            return 0, False
         if not self._can_fork(request, source_id, tokens, num_computed_tokens):
             self.counts["forks_refused"] += 1
             return 0, False
@@ -123,8 +126,8 @@ class ForkConnector(KVConnectorBase_V1, SupportsHMA):
         source = self._live.get(source_id)
         if source is None or source is request or source.is_finished():
             return False
-        # the request computes at least one token of its own (vLLM needs one), past the hit
-        if not start < tokens < request.num_tokens or source.num_computed_tokens < tokens:
+        # the request computes at least one token of its own (vLLM needs one)
+        if tokens >= request.num_tokens or source.num_computed_tokens < tokens:
             return False
         if _adapter(source) != _adapter(request):
             return False
