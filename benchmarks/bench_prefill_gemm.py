@@ -111,8 +111,10 @@ def packed_linear() -> Any:
         return None
     import torch
 
-    probe = torch.nn.Linear(64, 48, bias=False)
-    return PackedLinear if packing_problem(probe) is None else None
+    class Probe(torch.nn.Linear):  # what packing_problem reads of a model: its device and dtype
+        device = torch.device("cpu")
+
+    return PackedLinear if packing_problem(Probe(64, 48, bias=False)) is None else None
 
 
 def gemm_rate(s: dict[str, int], tokens: int, repeats: int) -> dict[str, Any]:
