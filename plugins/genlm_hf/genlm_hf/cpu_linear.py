@@ -12,8 +12,8 @@ test derives (:mod:`genlm_core.testing.tolerance`).
 
 :func:`pack_linears` swaps every plain ``nn.Linear`` (and transformers' ``Conv1D``, GPT-2's
 linear layers) of a float32 or bfloat16 CPU model for a :class:`PackedLinear` holding its
-packed weight; the dense weight goes (no weight is held twice: a head tied to the input
-embedding computes over the embedding's dense weight, which oneDNN reorders per call). :func:`unpack_linears` swaps them back,
+packed weight; the dense weight goes (no weight is held twice, except a head tied to the
+input embedding, which the embedding keeps). :func:`unpack_linears` swaps them back,
 exactly (the packed weight reordered back to the dense layout): LoRA adapters (peft)
 inject themselves into ``nn.Linear`` layers only.
 
@@ -48,19 +48,8 @@ class PackedLinear(torch.nn.Module):
     ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        #: a head tied to the input embedding computes over the embedding's own dense weight
-        #: (oneDNN reorders it per call): packing it would hold the vocabulary's matrix twice
-        #: (113 MB for SmolLM2's 49k x 576, 544 MB for Qwen2.5-0.5B's 152k x 896) for a
-        #: product 1.03-1.3x faster (5.3 vs 6.7 ms at 32 rows of SmolLM2's head, 2 threads,
-        #: bit for bit the same rows)
-        self.shared = tied is not None and not transposed and weight.data_ptr() == tied.data_ptr()
-        #: the weight in oneDNN's blocked layout (an opaque mkldnn tensor, not a parameter);
-        #: None when :attr:`shared`
-        self.packed = (
-            None
-            if self.shared
-            else torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
-        )
+        #: the weight in oneDNN's blocked layout (an opaque mkldnn tensor, not a parameter)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
         self.bias = None if bias is None else bias.detach()
         #: the layer it replaced stored ``W^T`` (transformers' ``Conv1D``)
         self.transposed = transposed
@@ -69,15 +58,11 @@ class PackedLinear(torch.nn.Module):
         self.tied = tied
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.packed if self.packed is not None else self.tied
-        return torch.ops.mkldnn._linear_pointwise(x, w, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def dense_weight(self) -> torch.Tensor:
         """The weight in the dense layout of the layer it replaced (``(out, in)``, or
         ``(in, out)`` for a ``Conv1D``)."""
-        if self.packed is None:
-            assert self.tied is not None
-            return self.tied.detach()
         w = self.packed.to_dense()
         return w.t().contiguous() if self.transposed else w
 
@@ -109,16 +94,14 @@ def packing_problem(model: Any) -> str | None:
         gen = torch.Generator().manual_seed(0)
         w = torch.randn(48, 64, generator=gen).to(dtype)
         x = torch.randn(5, 64, generator=gen).to(dtype)
-        tied = torch.nn.Parameter(w, requires_grad=False)
         got = PackedLinear(w, None)(x).float()
-        got_shared = PackedLinear(tied, None, tied=tied)(x).float()  # a tied head's path
         want = torch.nn.functional.linear(x.float(), w.float())
     except Exception as exc:  # noqa: BLE001 - any failure of the operators: keep MKL
         return f"oneDNN's linear failed here ({exc!r})"
     # 64 products of |x w| ~ 1: float32 rounding is ~1e-5 of the sum, bfloat16's ~1e-2 of it
     tol = 1e-4 if dtype == torch.float32 else 0.1
     scale = float(want.abs().max()) + 1.0
-    if not max(float((got - want).abs().max()), float((got_shared - want).abs().max())) <= tol * scale:
+    if not float((got - want).abs().max()) <= tol * scale:
         return "oneDNN's linear disagreed with torch.nn.functional.linear here"
     return None
 
@@ -147,9 +130,9 @@ def pack_linears(model: Any) -> int:
             parent, name, PackedLinear(w if linear else w.t(), child.bias, transposed=not linear, tied=tied)
         )
         # packing read every page of the weight: those of a mapped checkpoint go back to the
-        # OS (not a tied head's: it computes over the embedding's weight, every page each call)
-        if tied is None or not linear:
-            _drop_file_pages(w, mapped)
+        # OS (a tied embedding's too: a lookup reads a few rows, which the kernel reads
+        # again from the file)
+        _drop_file_pages(w, mapped)
         del child, w
     return len(found)
 

@@ -54,13 +54,6 @@ def test_unpacking_gives_back_the_weights_and_the_tie() -> None:
     n = pack_linears(model)
     assert n == 8 and isinstance(model.lm_head, PackedLinear)  # q k v o, gate up down, head
     assert model.lm_head.tied is model.model.embed_tokens.weight
-    # the tied head computes over the embedding's weight: no second copy of the vocabulary
-    assert model.lm_head.shared and model.lm_head.packed is None
-    assert all(
-        m.packed is not None
-        for m in model.modules()
-        if isinstance(m, PackedLinear) and m is not model.lm_head
-    )
     with torch.inference_mode():
         got = model(ids).logits
     assert float((got - want).abs().max()) < 1e-4 * float(want.abs().max())  # float32 rounding
